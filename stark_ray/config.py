@@ -1,0 +1,122 @@
+"""Frozen settings of a run. Where the paper leaves a value open, the default is ours (see docs/method.md)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+POLICIES = ("epsilon_greedy", "greedy", "best_of_k")
+ABLATIONS = ("none", "search_agent", "ma_only")
+BACKENDS = ("cpu_cpp", "cuda", "cuda_nvrtc", "triton")
+PROVIDERS = ("openai", "anthropic", "replay")
+
+# USD per million tokens (input, output). Overridable with AgentConfig.prices or a TOML [prices] table.
+DEFAULT_PRICES: dict[str, tuple[float, float]] = {
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "o3": (2.00, 8.00),
+    "o4-mini": (1.10, 4.40),
+    "claude-sonnet-4-20250514": (3.00, 15.00),
+    "claude-sonnet-4-5": (3.00, 15.00),
+    "claude-opus-4-1": (15.00, 75.00),
+    "claude-3-5-haiku-latest": (0.80, 4.00),
+}
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    budget: int = 30  # B: evaluated candidates, debug fixes included
+    policy: str = "epsilon_greedy"
+    ablation: str = "none"
+    epsilon: float = 0.3
+    n_root: int = 5  # the root gets at most this many children
+    n_child: int = 3  # a node with more than this many children, all failed, is pruned
+    top_r: int = 5  # leaderboard entries shown to the plan agent
+    k: int = 0  # Best-of-K width; 0 = the whole budget goes to root children
+    max_debug_chain: int = 2  # at most this many debug fixes in a row on one lineage
+    window_chars: int = 24_000  # size limit of one context window (code shown per node shrinks to fit)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.budget < 1:
+            raise ValueError(f"budget must be >= 1, got {self.budget}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.ablation not in ABLATIONS:
+            raise ValueError(f"unknown ablation {self.ablation!r}; choose one of {', '.join(ABLATIONS)}")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
+        if self.n_root < 1 or self.n_child < 0 or self.top_r < 0:
+            raise ValueError("n_root must be >= 1; n_child and top_r >= 0")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    provider: str = "openai"
+    model: str = "gpt-4o"
+    base_url: str | None = None
+    temperature_plan: float = 0.8
+    temperature_code: float = 0.1
+    temperature_debug: float = 0.1
+    temperature_single: float = 0.1
+    max_tokens: int = 8192
+    timeout_s: float = 180.0  # per call
+    max_retries: int = 4  # the SDKs' own retry with backoff on 429 / 5xx / timeouts
+    cassette: str | None = None  # replay provider: the JSONL to read
+    record: str | None = None  # any provider: write a cassette here
+    prices: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def temperature(self, role: str) -> float:
+        return float(getattr(self, f"temperature_{role}", self.temperature_code))
+
+    def price(self, model: str) -> tuple[float, float]:
+        table = {**DEFAULT_PRICES, **self.prices}
+        if model in table:
+            return table[model]
+        # dated variants ("gpt-4o-2024-08-06") fall back to their family
+        best = max((k for k in table if model.startswith(k)), key=len, default=None)
+        return table[best] if best else (0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    backend: str = "cpu_cpp"
+    trials: int = 5  # correctness trials, fresh inputs each
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    max_rel_err: float = 1e-2  # ||out - ref|| / ||ref|| must stay below this as well
+    warmup: int = 3
+    timing_trials: int = 20
+    compile_timeout_s: float = 300.0
+    run_timeout_s: float = 120.0
+    build_dir: str | None = None  # persistent build cache; default ~/.cache/stark-ray/build
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.trials < 1 or self.timing_trials < 1:
+            raise ValueError("trials and timing_trials must be >= 1")
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def merge(cfg: Any, values: dict[str, Any]) -> Any:
+    """Return a copy of the frozen dataclass ``cfg`` with the known keys of ``values`` replaced."""
+    names = {f.name for f in fields(cfg)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown setting(s) for {type(cfg).__name__}: {', '.join(unknown)}")
+    return replace(cfg, **values)

@@ -1,0 +1,1 @@
+"""Evaluation of candidates: task loading, isolated workers, correctness, timing."""

@@ -1,0 +1,1 @@
+"""LLM providers behind one small protocol (see base.py)."""

@@ -1,0 +1,221 @@
+"""The data model, defined once.
+
+A search tree is made of :class:`Node` s; each evaluated node carries an :class:`EvalResult`; every LLM call
+yields an :class:`LLMUsage`. All three flatten to plain records (dicts of str/int/float/bool/None) — the same
+records become Parquet rows, so :func:`attempt_schema` and :func:`llm_call_schema` are derived from here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# Which agent wrote a node.
+AGENT_REFERENCE = "reference"
+AGENT_PLAN_CODE = "plan+code"
+AGENT_DEBUG = "debug"
+AGENT_SINGLE = "single"
+
+# Where an evaluation stopped.
+STAGE_OK = "ok"
+STAGE_PARSE = "parse"  # the agent produced no candidate (bad reply, invalid scaffold, LLM failure)
+STAGE_COMPILE = "compile"  # import / build of ModelNew failed
+STAGE_RUNTIME = "runtime"  # ModelNew raised while running
+STAGE_CORRECTNESS = "correctness"  # ran, but outputs differ from the reference
+STAGE_TIMEOUT = "timeout"
+STAGE_CRASH = "crash"  # the worker process died (segfault, abort, OOM kill)
+
+LOG_LIMIT = 4000  # characters of log kept per attempt (for the debug agent and the Parquet row)
+
+
+def excerpt(text: str, limit: int = LOG_LIMIT) -> str:
+    """Keep the head and the tail of a long log: compilers put the first error early, Python the last."""
+    text = text.replace("\r\n", "\n")
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    tail = limit - head - 40
+    return f"{text[:head]}\n... [{len(text) - head - tail} characters cut] ...\n{text[-tail:]}"
+
+
+@dataclass
+class EvalResult:
+    """What the evaluator observed about one candidate."""
+
+    compiled: bool = False
+    correct: bool = False
+    runtime_ms: float | None = None
+    ref_runtime_ms: float | None = None
+    speedup: float | None = None
+    stage: str = STAGE_COMPILE
+    error: str | None = None  # one line: what went wrong
+    log: str = ""  # excerpt of compiler / runtime output, for the debug agent
+    max_abs_err: float | None = None
+    rel_err: float | None = None
+    flags: list[str] = field(default_factory=list)
+    compile_s: float | None = None
+    eval_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.compiled and self.correct and self.runtime_ms is not None and "suspicious" not in self.flags
+
+    @staticmethod
+    def failed(stage: str, error: str, log: str = "") -> EvalResult:
+        return EvalResult(compiled=stage not in (STAGE_PARSE, STAGE_COMPILE), stage=stage, error=error,
+                          log=excerpt(log))
+
+
+@dataclass
+class LLMUsage:
+    """One LLM call: who asked, what it cost, how it went."""
+
+    role: str
+    provider: str
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    ok: bool = True
+    error: str | None = None
+    node_id: int | None = None  # the node this call produced (set once known)
+
+    def to_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_record(rec: dict[str, Any]) -> LLMUsage:
+        names = {f.name for f in fields(LLMUsage)}
+        return LLMUsage(**{k: v for k, v in rec.items() if k in names})
+
+
+@dataclass
+class Node:
+    """One node of a search tree. The root is the reference; every other node is one evaluated candidate."""
+
+    id: int
+    parent: int | None
+    depth: int
+    source: str
+    agent: str
+    instruction: str = ""  # what the agent was asked to do (plan instructions, or the debug intent)
+    scaffold: str | None = None  # the plan agent's anchored scaffold, when there was one
+    result: EvalResult = field(default_factory=EvalResult)
+    children: list[int] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    @property
+    def correct(self) -> bool:
+        return self.result.ok
+
+    @property
+    def score(self) -> float:
+        """Runtime in ms; +inf for anything not correct (lower is better)."""
+        if self.result.ok and self.result.runtime_ms is not None:
+            return self.result.runtime_ms
+        return math.inf
+
+    # --- plain records -------------------------------------------------------------------------------
+    def to_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "node_id": self.id,
+            "parent_id": self.parent,
+            "depth": self.depth,
+            "agent": self.agent,
+            "instruction": self.instruction,
+            "scaffold": self.scaffold,
+            "source": self.source,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost_usd": self.cost_usd,
+        }
+        r = asdict(self.result)
+        r["flags"] = ",".join(self.result.flags)
+        rec.update(r)
+        return rec
+
+    @staticmethod
+    def from_record(rec: dict[str, Any]) -> Node:
+        res_names = {f.name for f in fields(EvalResult)}
+        res = {k: rec[k] for k in res_names if k in rec}
+        flags = res.get("flags") or ""
+        res["flags"] = [f for f in flags.split(",") if f] if isinstance(flags, str) else list(flags)
+        return Node(
+            id=int(rec["node_id"]),
+            parent=None if rec.get("parent_id") is None else int(rec["parent_id"]),
+            depth=int(rec["depth"]),
+            source=rec["source"],
+            agent=rec["agent"],
+            instruction=rec.get("instruction") or "",
+            scaffold=rec.get("scaffold"),
+            result=EvalResult(**res),
+            input_tokens=int(rec.get("input_tokens") or 0),
+            output_tokens=int(rec.get("output_tokens") or 0),
+            cost_usd=float(rec.get("cost_usd") or 0.0),
+        )
+
+
+# --- Arrow schemas (pyarrow imported lazily so the core stays light) --------------------------------------
+def attempt_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("task", pa.string()),
+            ("seq", pa.int64()),  # order in which the attempt finished (0 = the reference)
+            ("node_id", pa.int64()),
+            ("parent_id", pa.int64()),
+            ("depth", pa.int64()),
+            ("agent", pa.string()),
+            ("instruction", pa.string()),
+            ("scaffold", pa.string()),
+            ("source", pa.string()),
+            ("input_tokens", pa.int64()),
+            ("output_tokens", pa.int64()),
+            ("cost_usd", pa.float64()),
+            ("compiled", pa.bool_()),
+            ("correct", pa.bool_()),
+            ("runtime_ms", pa.float64()),
+            ("ref_runtime_ms", pa.float64()),
+            ("speedup", pa.float64()),
+            ("stage", pa.string()),
+            ("error", pa.string()),
+            ("log", pa.string()),
+            ("max_abs_err", pa.float64()),
+            ("rel_err", pa.float64()),
+            ("flags", pa.string()),
+            ("compile_s", pa.float64()),
+            ("eval_s", pa.float64()),
+        ]
+    )
+
+
+def llm_call_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("task", pa.string()),
+            ("seq", pa.int64()),
+            ("role", pa.string()),
+            ("provider", pa.string()),
+            ("model", pa.string()),
+            ("input_tokens", pa.int64()),
+            ("output_tokens", pa.int64()),
+            ("cost_usd", pa.float64()),
+            ("latency_s", pa.float64()),
+            ("ok", pa.bool_()),
+            ("error", pa.string()),
+            ("node_id", pa.int64()),
+        ]
+    )
