@@ -1,0 +1,122 @@
+"""Search policies: which node to expand next.
+
+Vocabulary (STARK.md):
+- *repairable*: a failed node that holds a candidate (it compiled or not, ran or not) and whose debug chain is
+  shorter than ``max_debug_chain``; selecting it sends it to the debug agent.
+- *expandable*: a node some agent can work on: a correct node (plan + code) or a repairable failed one.
+- *root throttling*: the root gets at most ``n_root`` children; after that it is not selectable.
+- *dead branch*: a node with more than ``n_child`` children and no correct node below it; it and its whole
+  subtree are not selectable.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol
+
+from stark_ray.records import Node
+from stark_ray.search.tree import Tree
+
+
+class Policy(Protocol):
+    def select(self, tree: Tree, rng: random.Random) -> Node | None:
+        """The node to expand next, or None when nothing is left to expand."""
+        ...
+
+
+def repairable(tree: Tree, node: Node, max_debug_chain: int) -> bool:
+    return (not node.correct and not node.is_root and tree.has_candidate(node)
+            and tree.debug_chain(node.id) < max_debug_chain)
+
+
+def is_dead(tree: Tree, node: Node, n_child: int) -> bool:
+    return len(node.children) > n_child and not any(d.correct for d in tree.descendants(node.id))
+
+
+class Rules:
+    """Selectability shared by the tree policies."""
+
+    def __init__(self, n_root: int = 5, n_child: int = 3, max_debug_chain: int = 2) -> None:
+        self.n_root, self.n_child, self.max_debug_chain = n_root, n_child, max_debug_chain
+
+    def pruned(self, tree: Tree, node: Node) -> bool:
+        return any(is_dead(tree, n, self.n_child) for n in [node, *tree.ancestors(node.id)])
+
+    def selectable(self, tree: Tree, node: Node) -> bool:
+        if node.is_root and len(node.children) >= self.n_root:
+            return False
+        if not (node.correct or repairable(tree, node, self.max_debug_chain)):
+            return False
+        return not self.pruned(tree, node)
+
+    def expandable_leaves(self, tree: Tree) -> list[Node]:
+        return [n for n in tree.leaves() if self.selectable(tree, n)]
+
+    def best_correct(self, tree: Tree) -> Node | None:
+        """The fastest selectable correct node; the reference competes with its own runtime."""
+        correct = [n for n in tree if n.correct and self.selectable(tree, n)]
+        return min(correct, key=lambda n: (n.score, n.id), default=None)
+
+
+class EpsilonGreedy:
+    """STARK's adapted ε-greedy: exploit the best correct node, or with probability ε explore a uniformly
+    chosen expandable leaf. When nothing is selectable any more the root is offered again (past its throttle)
+    rather than ending the search with budget left."""
+
+    def __init__(self, epsilon: float = 0.3, rules: Rules | None = None) -> None:
+        self.epsilon = epsilon
+        self.rules = rules or Rules()
+
+    def select(self, tree: Tree, rng: random.Random) -> Node | None:
+        explore = rng.random() < self.epsilon  # always draw, so the RNG stream does not depend on the tree
+        leaves = self.rules.expandable_leaves(tree)
+        best = self.rules.best_correct(tree)
+        if explore and leaves:
+            return leaves[rng.randrange(len(leaves))]
+        if best is not None:
+            return best
+        if leaves:
+            return leaves[rng.randrange(len(leaves))]
+        return tree.root
+
+
+class Greedy(EpsilonGreedy):
+    """Always the best correct node (ε = 0); failed leaves are repaired only when nothing correct is left."""
+
+    def __init__(self, rules: Rules | None = None) -> None:
+        super().__init__(epsilon=0.0, rules=rules)
+
+
+class BestOfK:
+    """K independent samples from the root, no feedback between them (KernelBench's sampling agent).
+
+    With ``repair`` (the ``ma_only`` ablation) a failed sample is handed to the debug agent along its own
+    chain before the next sample is drawn. ``k = 0`` draws samples until the budget is spent.
+    """
+
+    def __init__(self, k: int = 0, repair: bool = False, max_debug_chain: int = 2) -> None:
+        self.k, self.repair, self.max_debug_chain = k, repair, max_debug_chain
+
+    def select(self, tree: Tree, rng: random.Random) -> Node | None:
+        if self.repair and tree.evaluated:
+            latest = tree[len(tree) - 1]
+            if repairable(tree, latest, self.max_debug_chain):
+                return latest
+        if self.k and len(tree.root.children) >= self.k:
+            return None
+        return tree.root
+
+
+def make_policy(policy: str, ablation: str = "none", epsilon: float = 0.3, n_root: int = 5, n_child: int = 3,
+                max_debug_chain: int = 2, k: int = 0) -> Policy:
+    """The policy a run uses. ``ma_only`` means agents + Best-of-K whatever ``policy`` says."""
+    rules = Rules(n_root=n_root, n_child=n_child, max_debug_chain=max_debug_chain)
+    if ablation == "ma_only":
+        return BestOfK(k=k, repair=True, max_debug_chain=max_debug_chain)
+    if policy == "best_of_k":
+        return BestOfK(k=k, repair=False)
+    if policy == "greedy":
+        return Greedy(rules)
+    if policy == "epsilon_greedy":
+        return EpsilonGreedy(epsilon, rules)
+    raise ValueError(f"unknown policy {policy!r}")

@@ -1,0 +1,88 @@
+"""Who expands a node: the STARK team (plan + code, debug) or the single agent of the ablation.
+
+A team turns (tree, node) into an :class:`AgentResult`, building the role's context window itself, so the
+loop does not care which agents are behind it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from stark_ray.agents import code as code_agent
+from stark_ray.agents import debug as debug_agent
+from stark_ray.agents import single as single_agent
+from stark_ray.agents.base import AgentResult, TaskInfo
+from stark_ray.config import AgentConfig, SearchConfig
+from stark_ray.llm.base import LLMClient
+from stark_ray.records import AGENT_DEBUG, AGENT_PLAN_CODE, AGENT_SINGLE, Node
+from stark_ray.search.tree import Tree
+from stark_ray.search.windows import code_window, debug_window, plan_window
+
+
+class Team(Protocol):
+    def improve(self, tree: Tree, node: Node) -> AgentResult: ...
+    def repair(self, tree: Tree, node: Node) -> AgentResult: ...
+    def agent_name(self, mode: str) -> str: ...
+
+
+@dataclass
+class StarkTeam:
+    """Plan agent + code agent for correct nodes, debug agent for failed ones.
+
+    With ``feedback=False`` (Best-of-K, the ``ma_only`` ablation) the windows hold only the node and the root,
+    so samples do not learn from each other.
+    """
+
+    client: LLMClient
+    agents: AgentConfig
+    search: SearchConfig
+    task: TaskInfo
+    feedback: bool = True
+
+    def improve(self, tree: Tree, node: Node) -> AgentResult:
+        if self.feedback:
+            pw, cw = plan_window(tree, node, self.search.top_r), code_window(tree, node)
+        else:
+            pw = cw = _bare(tree, node)
+        return code_agent.plan_and_code(self.client, self.agents, self.task, node, pw, cw,
+                                        self.search.window_chars)
+
+    def repair(self, tree: Tree, node: Node) -> AgentResult:
+        window = debug_window(tree, node) if self.feedback else _bare(tree, node)
+        return debug_agent.debug(self.client, self.agents, self.task, node, window, self.search.window_chars)
+
+    def agent_name(self, mode: str) -> str:
+        return AGENT_PLAN_CODE if mode == "improve" else AGENT_DEBUG
+
+
+@dataclass
+class SingleAgentTeam:
+    """The ``search_agent`` ablation: one agent plans, codes and debugs in one prompt."""
+
+    client: LLMClient
+    agents: AgentConfig
+    search: SearchConfig
+    task: TaskInfo
+
+    def improve(self, tree: Tree, node: Node) -> AgentResult:
+        window = plan_window(tree, node, self.search.top_r)
+        return single_agent.single(self.client, self.agents, self.task, node, window, self.search.window_chars)
+
+    def repair(self, tree: Tree, node: Node) -> AgentResult:
+        window = debug_window(tree, node)
+        return single_agent.single(self.client, self.agents, self.task, node, window, self.search.window_chars)
+
+    def agent_name(self, mode: str) -> str:
+        return AGENT_SINGLE
+
+
+def _bare(tree: Tree, node: Node) -> list[Node]:
+    return [node] if node.is_root else [node, tree.root]
+
+
+def make_team(client: LLMClient, agents: AgentConfig, search: SearchConfig, task: TaskInfo) -> Team:
+    if search.ablation == "search_agent":
+        return SingleAgentTeam(client, agents, search, task)
+    feedback = search.ablation != "ma_only" and search.policy != "best_of_k"
+    return StarkTeam(client, agents, search, task, feedback=feedback)

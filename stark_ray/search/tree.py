@@ -1,0 +1,135 @@
+"""Tree memory: every evaluated candidate as a node under the reference, plus the leaderboard."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from typing import Any
+
+from stark_ray.records import AGENT_DEBUG, AGENT_REFERENCE, STAGE_PARSE, EvalResult, LLMUsage, Node
+
+
+class Tree:
+    """A search tree rooted at the reference implementation (node 0).
+
+    Nodes are only ever added, never changed (observations come with the node), which is what makes the tree
+    rebuildable from its records: ``Tree.from_records(t.to_records())`` equals ``t``.
+    """
+
+    def __init__(self, root: Node) -> None:
+        if root.parent is not None or root.id != 0:
+            raise ValueError("the root must be node 0 without a parent")
+        self.nodes: dict[int, Node] = {0: root}
+
+    @staticmethod
+    def with_reference(source: str, result: EvalResult) -> Tree:
+        return Tree(Node(id=0, parent=None, depth=0, source=source, agent=AGENT_REFERENCE,
+                         instruction="reference implementation", result=result))
+
+    # --- growth ------------------------------------------------------------------------------------------
+    def add(self, parent: int, source: str, agent: str, result: EvalResult, instruction: str = "",
+            scaffold: str | None = None, usage: Iterable[LLMUsage] = ()) -> Node:
+        p = self.nodes[parent]
+        calls = list(usage)
+        node = Node(
+            id=len(self.nodes), parent=parent, depth=p.depth + 1, source=source, agent=agent,
+            instruction=instruction, scaffold=scaffold, result=result,
+            input_tokens=sum(u.input_tokens for u in calls), output_tokens=sum(u.output_tokens for u in calls),
+            cost_usd=sum(u.cost_usd for u in calls),
+        )
+        self._attach(node)
+        return node
+
+    def _attach(self, node: Node) -> None:
+        if node.id in self.nodes:
+            raise ValueError(f"node {node.id} is already in the tree")
+        if node.parent not in self.nodes:
+            raise ValueError(f"node {node.id} names parent {node.parent}, which is not in the tree")
+        self.nodes[node.id] = node
+        self.nodes[node.parent].children.append(node.id)
+
+    # --- queries -----------------------------------------------------------------------------------------
+    @property
+    def root(self) -> Node:
+        return self.nodes[0]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes.values())
+
+    def __getitem__(self, node_id: int) -> Node:
+        return self.nodes[node_id]
+
+    @property
+    def evaluated(self) -> int:
+        """Attempts so far (every node but the root), failed agent steps included: the budget counter."""
+        return len(self.nodes) - 1
+
+    def children(self, node_id: int) -> list[Node]:
+        return [self.nodes[c] for c in self.nodes[node_id].children]
+
+    def siblings(self, node_id: int) -> list[Node]:
+        parent = self.nodes[node_id].parent
+        if parent is None:
+            return []
+        return [self.nodes[c] for c in self.nodes[parent].children if c != node_id]
+
+    def ancestors(self, node_id: int) -> list[Node]:
+        """Parent, grandparent, ..., root."""
+        out = []
+        parent = self.nodes[node_id].parent
+        while parent is not None:
+            out.append(self.nodes[parent])
+            parent = self.nodes[parent].parent
+        return out
+
+    def descendants(self, node_id: int) -> list[Node]:
+        out, stack = [], list(reversed(self.nodes[node_id].children))
+        while stack:
+            n = self.nodes[stack.pop()]
+            out.append(n)
+            stack.extend(reversed(n.children))
+        return out
+
+    def leaves(self) -> list[Node]:
+        return [n for n in self.nodes.values() if not n.children]
+
+    def debug_chain(self, node_id: int) -> int:
+        """How many debug fixes in a row led to this node (0 when it was not written by the debug agent)."""
+        count, node = 0, self.nodes[node_id]
+        while node.agent == AGENT_DEBUG and node.parent is not None:
+            count += 1
+            node = self.nodes[node.parent]
+        return count
+
+    def leaderboard(self, r: int | None = None) -> list[Node]:
+        """The correct candidates (the reference excluded), fastest first; ties broken by age."""
+        board = sorted((n for n in self.nodes.values() if n.correct and not n.is_root),
+                       key=lambda n: (n.score, n.id))
+        return board if r is None else board[:r]
+
+    def best(self) -> Node | None:
+        board = self.leaderboard(1)
+        return board[0] if board else None
+
+    def failures(self) -> int:
+        return sum(1 for n in self.nodes.values() if not n.is_root and not n.correct)
+
+    def has_candidate(self, node: Node) -> bool:
+        return node.result.stage != STAGE_PARSE and bool(node.source)
+
+    # --- plain records -----------------------------------------------------------------------------------
+    def to_records(self) -> list[dict[str, Any]]:
+        return [n.to_record() for n in sorted(self.nodes.values(), key=lambda n: n.id)]
+
+    @staticmethod
+    def from_records(records: Iterable[dict[str, Any]]) -> Tree:
+        nodes = sorted((Node.from_record(r) for r in records), key=lambda n: n.id)
+        if not nodes or nodes[0].id != 0:
+            raise ValueError("records hold no root (node 0)")
+        tree = Tree(replace(nodes[0], children=[]))
+        for node in nodes[1:]:
+            tree._attach(replace(node, children=[]))
+        return tree

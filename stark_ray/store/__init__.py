@@ -1,0 +1,1 @@
+"""Results on disk: Parquet part files written atomically, read back with DuckDB."""

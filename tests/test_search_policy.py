@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from search_helpers import add, bad, hand_built, ok, reference_tree
+
+from stark_ray.records import AGENT_DEBUG, STAGE_CORRECTNESS, STAGE_PARSE
+from stark_ray.search.policy import BestOfK, EpsilonGreedy, Greedy, Rules, is_dead, make_policy
+from stark_ray.search.tree import Tree
+
+
+def draws(policy, tree: Tree, n: int = 2000, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        node = policy.select(tree, rng)
+        out.append(-1 if node is None else node.id)
+    return out
+
+
+def test_epsilon_zero_always_picks_the_best_correct_node() -> None:
+    t = hand_built()
+    assert set(draws(EpsilonGreedy(0.0), t, 300)) == {9}
+    assert set(draws(Greedy(), t, 300)) == {9}
+
+
+def test_exploration_covers_every_expandable_leaf_uniformly() -> None:
+    t = hand_built()
+    rules = Rules(n_root=5, n_child=3)
+    leaves = {n.id for n in rules.expandable_leaves(t)}
+    assert leaves == {6, 7, 8, 9, 10}
+    seen = draws(EpsilonGreedy(1.0, rules), t, 5000)
+    assert set(seen) == leaves
+    for leaf in leaves:  # uniform: each about 1/5 of the draws
+        assert abs(seen.count(leaf) / len(seen) - 0.2) < 0.03
+
+
+def test_exploration_includes_repairable_failed_leaves_but_not_parse_failures() -> None:
+    t = reference_tree()
+    a = add(t, 0, ok(5.0))
+    b = add(t, a, bad(STAGE_CORRECTNESS))
+    c = add(t, a, bad(STAGE_PARSE))  # no candidate to repair
+    seen = set(draws(EpsilonGreedy(1.0), t, 500))
+    assert b in seen and c not in seen
+
+
+def test_epsilon_mixes_exploit_and_explore() -> None:
+    t = hand_built()
+    seen = draws(EpsilonGreedy(0.3), t, 5000)
+    # exploit picks 9 with 0.7, exploration adds 0.3/5
+    assert abs(seen.count(9) / len(seen) - (0.7 + 0.3 / 5)) < 0.03
+
+
+def test_root_is_never_selected_past_n_root_children() -> None:
+    t = reference_tree()  # only the root is correct, so exploit wants the root
+    rules = Rules(n_root=3, n_child=3, max_debug_chain=2)
+    policy = EpsilonGreedy(0.3, rules)
+    rng = random.Random(1)
+    root_picks = 0
+    for _ in range(30):
+        others_left = bool(rules.expandable_leaves(t))
+        node = policy.select(t, rng)
+        assert node is not None
+        if node.is_root:
+            # past n_root only as the fallback when nothing else is left
+            assert len(t.root.children) < 3 or not others_left
+            root_picks += len(t.root.children) < 3
+        # every attempt is wrong but repairable, until its debug chain runs out
+        add(t, node.id, bad(STAGE_CORRECTNESS), "plan+code" if node.is_root else AGENT_DEBUG)
+    assert root_picks == 3
+
+
+def test_when_nothing_else_is_left_the_root_is_offered_again() -> None:
+    t = reference_tree()
+    rules = Rules(n_root=2, n_child=3, max_debug_chain=0)
+    for _ in range(2):
+        add(t, 0, bad())  # not repairable with max_debug_chain=0
+    assert not rules.expandable_leaves(t)
+    assert EpsilonGreedy(0.3, rules).select(t, random.Random(0)).is_root
+
+
+def test_dead_branches_are_pruned_with_their_subtree() -> None:
+    t = reference_tree()
+    a = add(t, 0, ok(5.0))
+    fails = [add(t, a, bad()) for _ in range(4)]  # more than n_child=3 children, all failed
+    rules = Rules(n_root=5, n_child=3)
+    assert is_dead(t, t[a], 3)
+    assert all(rules.pruned(t, t[f]) for f in fails)
+    seen = set(draws(EpsilonGreedy(0.5, rules), t, 1000))
+    assert a not in seen and not seen & set(fails)
+    assert seen == {0}
+    # a correct fix below revives the branch
+    add(t, fails[0], ok(4.0), AGENT_DEBUG)
+    assert not is_dead(t, t[a], 3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1000), st.sampled_from(["ok", "fail", "parse"]),
+                          st.floats(1.0, 20.0)), min_size=1, max_size=40),
+       st.integers(0, 10_000), st.floats(0.0, 1.0))
+def test_selection_invariants_on_random_trees(shape, seed, eps) -> None:
+    t = reference_tree()
+    for parent_pick, kind, ms in shape:
+        parent = parent_pick % len(t)
+        result = ok(ms) if kind == "ok" else bad(STAGE_PARSE if kind == "parse" else STAGE_CORRECTNESS)
+        add(t, parent, result)
+    rules = Rules(n_root=3, n_child=2, max_debug_chain=2)
+    policy = EpsilonGreedy(eps, rules)
+    selectable = [n for n in t if rules.selectable(t, n)]
+    for node_id in draws(policy, t, 30, seed):
+        node = t[node_id]
+        if selectable:
+            assert rules.selectable(t, node)  # never pruned, never the throttled root, never a dead end
+        else:
+            assert node.is_root
+    if eps == 0.0 and any(n.correct for n in selectable):
+        best = min((n for n in selectable if n.correct), key=lambda n: (n.score, n.id))
+        assert set(draws(policy, t, 20, seed)) == {best.id}
+
+
+def test_same_seed_same_choices() -> None:
+    t = hand_built()
+    assert draws(EpsilonGreedy(0.4), t, 200, seed=7) == draws(EpsilonGreedy(0.4), t, 200, seed=7)
+    assert draws(EpsilonGreedy(0.4), t, 200, seed=7) != draws(EpsilonGreedy(0.4), t, 200, seed=8)
+
+
+def test_best_of_k_samples_the_root_k_times() -> None:
+    t = reference_tree()
+    policy = BestOfK(k=3)
+    rng = random.Random(0)
+    for _ in range(3):
+        node = policy.select(t, rng)
+        assert node is not None and node.is_root
+        add(t, 0, bad())
+    assert policy.select(t, rng) is None
+
+
+def test_best_of_k_with_repair_debugs_each_sample_along_its_own_chain() -> None:
+    t = reference_tree()
+    policy = BestOfK(k=2, repair=True, max_debug_chain=2)
+    rng = random.Random(0)
+    a = add(t, 0, bad())
+    assert policy.select(t, rng).id == a
+    b = add(t, a, bad(), AGENT_DEBUG)
+    assert policy.select(t, rng).id == b
+    add(t, b, bad(), AGENT_DEBUG)  # chain of 2 fixes: give up on this sample
+    assert policy.select(t, rng).is_root
+    add(t, 0, ok(3.0))
+    assert policy.select(t, rng) is None
+
+
+def test_make_policy_maps_ablations() -> None:
+    assert isinstance(make_policy("epsilon_greedy"), EpsilonGreedy)
+    assert isinstance(make_policy("greedy"), Greedy)
+    p = make_policy("epsilon_greedy", ablation="ma_only")
+    assert isinstance(p, BestOfK) and p.repair
+    assert isinstance(make_policy("best_of_k", k=4), BestOfK)
