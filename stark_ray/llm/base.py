@@ -55,7 +55,7 @@ class LLMError(Exception):
 
 
 class ConfigError(Exception):
-    """A user mistake in provider settings (missing key, unknown provider, missing cassette): one clear line."""
+    """A user mistake in provider settings (missing key, unknown provider, bad cassette): one clear line."""
 
 
 @runtime_checkable

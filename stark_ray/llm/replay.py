@@ -1,0 +1,191 @@
+"""Record LLM exchanges to a JSONL cassette, and replay them without a provider.
+
+One line per successful call::
+
+    {"role": "plan", "prompt_sha256": "...", "prompt": "<LLMRequest.prompt_text()>", "reply": "...",
+     "model": "gpt-4o", "input_tokens": 812, "output_tokens": 403, "truncated": false}
+
+Replay serves each agent role from its own queue. An entry whose prompt hash equals the request's is preferred
+(the earliest unused one), so a run that follows the recorded path replays exactly even if calls finish in a
+different order. Otherwise the next unused entry of that role is served anyway, with a warning and a count in
+``ReplayClient.mismatches``: a changed prompt should not stop a replay, but it should be visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stark_ray.config import AgentConfig
+from stark_ray.llm.base import Completion, ConfigError, LLMClient, LLMError, LLMRequest
+from stark_ray.llm.usage import call_cost
+from stark_ray.records import LLMUsage
+
+log = logging.getLogger("stark_ray.llm.replay")
+
+HINT_CHARS = 80
+
+
+def prompt_sha256(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class CassetteEntry:
+    role: str
+    prompt_sha256: str
+    prompt: str | None
+    reply: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    truncated: bool
+
+    @staticmethod
+    def from_json(obj: Any) -> CassetteEntry:
+        """Validate one decoded line; raises ValueError saying what is wrong."""
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+        for name in ("role", "reply"):
+            if not isinstance(obj.get(name), str):
+                raise ValueError(f"field {name!r} must be a string")
+        prompt = obj.get("prompt")
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError("field 'prompt' must be a string")
+        digest = obj.get("prompt_sha256")
+        if digest is None:
+            if prompt is None:
+                raise ValueError("needs 'prompt_sha256' or 'prompt'")
+            digest = prompt_sha256(prompt)
+        if not isinstance(digest, str):
+            raise ValueError("field 'prompt_sha256' must be a string")
+        tokens = [obj.get(n, 0) for n in ("input_tokens", "output_tokens")]
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in tokens):
+            raise ValueError("token counts must be non-negative integers")
+        truncated = obj.get("truncated", False)
+        if not isinstance(truncated, bool):
+            raise ValueError("field 'truncated' must be true or false")
+        model = obj.get("model", "")
+        if not isinstance(model, str):
+            raise ValueError("field 'model' must be a string")
+        return CassetteEntry(role=obj["role"], prompt_sha256=digest, prompt=prompt, reply=obj["reply"],
+                             model=model, input_tokens=tokens[0], output_tokens=tokens[1],
+                             truncated=truncated)
+
+
+def load_cassette(path: str | os.PathLike[str]) -> list[CassetteEntry]:
+    """Read a cassette; ConfigError (with file name and line number) when it is missing or malformed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read cassette {path}: {exc}") from exc
+    entries = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(CassetteEntry.from_json(json.loads(line)))
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            raise ConfigError(f"malformed cassette {path}:{lineno}: {exc}") from exc
+    return entries
+
+
+def first_difference(recorded: str, actual: str) -> str:
+    """A short hint: the first line where two prompts differ."""
+    old, new = recorded.splitlines(), actual.splitlines()
+    for i in range(max(len(old), len(new))):
+        a = old[i] if i < len(old) else "<end>"
+        b = new[i] if i < len(new) else "<end>"
+        if a != b:
+            return f"line {i + 1}: recorded {a[:HINT_CHARS]!r}, now {b[:HINT_CHARS]!r}"
+    return "same lines, different whitespace"
+
+
+class ReplayClient:
+    """An :class:`~stark_ray.llm.base.LLMClient` that answers from a recorded cassette. Thread-safe."""
+
+    def __init__(self, path: str | os.PathLike[str], *, provider: str = "replay", model: str | None = None,
+                 cfg: AgentConfig | None = None) -> None:
+        self.path = Path(path)
+        self.provider = provider
+        self.cfg = cfg or AgentConfig()
+        self.mismatches = 0
+        entries = load_cassette(self.path)
+        self.model = model or (cfg.model if cfg else None) or (entries[0].model if entries else "replay")
+        self._queues: dict[str, list[CassetteEntry]] = {}
+        for e in entries:
+            self._queues.setdefault(e.role, []).append(e)
+        self._used: dict[str, list[bool]] = {r: [False] * len(q) for r, q in self._queues.items()}
+        self._lock = threading.Lock()
+
+    def remaining(self, role: str) -> int:
+        with self._lock:
+            return self._used.get(role, []).count(False)
+
+    def complete(self, request: LLMRequest) -> Completion:
+        prompt = request.prompt_text()
+        entry, exact = self._take(request.role, prompt_sha256(prompt))
+        if not exact:
+            hint = "prompt hash differs" if entry.prompt is None else first_difference(entry.prompt, prompt)
+            log.warning("replay %s: %s prompt differs from the recorded one (%s); serving the next recorded "
+                        "reply", self.path.name, request.role, hint)
+        model = entry.model or self.model
+        usage = LLMUsage(role=request.role, provider=self.provider, model=model,
+                         input_tokens=entry.input_tokens, output_tokens=entry.output_tokens,
+                         cost_usd=call_cost(self.cfg, model, entry.input_tokens, entry.output_tokens))
+        return Completion(text=entry.reply, usage=usage, truncated=entry.truncated,
+                          extra={"replayed": True, "exact": exact})
+
+    def _take(self, role: str, digest: str) -> tuple[CassetteEntry, bool]:
+        with self._lock:
+            queue, used = self._queues.get(role, []), self._used.get(role, [])
+            free = [i for i, u in enumerate(used) if not u]
+            if not free:
+                raise LLMError(f"cassette {self.path.name}: no more {role!r} replies ({len(queue)} recorded)",
+                               kind="cassette_exhausted", transient=False)
+            exact = next((i for i in free if queue[i].prompt_sha256 == digest), None)
+            i = free[0] if exact is None else exact
+            used[i] = True
+            if exact is None:
+                self.mismatches += 1
+            return queue[i], exact is not None
+
+
+class RecordingClient:
+    """Wraps any client and appends each successful exchange to a cassette (one flushed line per call).
+
+    Lines are appended, so a crashed run keeps what it recorded and a resumed run adds to it. Failed calls
+    (an LLMError from the inner client) are not recorded. Thread-safe.
+    """
+
+    def __init__(self, inner: LLMClient, path: str | os.PathLike[str]) -> None:
+        self.inner = inner
+        self.path = Path(path)
+        self.provider = inner.provider
+        self.model = inner.model
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def complete(self, request: LLMRequest) -> Completion:
+        completion = self.inner.complete(request)
+        prompt = request.prompt_text()
+        line = json.dumps({
+            "role": request.role,
+            "prompt_sha256": prompt_sha256(prompt),
+            "prompt": prompt,
+            "reply": completion.text,
+            "model": completion.usage.model,
+            "input_tokens": completion.usage.input_tokens,
+            "output_tokens": completion.usage.output_tokens,
+            "truncated": completion.truncated,
+        }, ensure_ascii=False)
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:  # closed (so flushed) per line
+            f.write(line + "\n")
+        return completion

@@ -1,0 +1,175 @@
+"""Recording exchanges to a cassette and replaying them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from llm_server import OPENAI_PATH, FakeLLMServer, ok, unauthorized
+
+from stark_ray.config import AgentConfig
+from stark_ray.llm.base import Completion, ConfigError, LLMError, LLMRequest, Message
+from stark_ray.llm.openai_provider import OpenAIClient
+from stark_ray.llm.replay import RecordingClient, ReplayClient, prompt_sha256
+from stark_ray.records import LLMUsage
+
+LOGGER = "stark_ray.llm.replay"
+
+
+def req(role: str, text: str, system: str = "sys") -> LLMRequest:
+    return LLMRequest(role=role, system=system, messages=(Message("user", text),), temperature=0.2)
+
+
+PLAN_1, CODE_1, PLAN_2 = req("plan", "plan one"), req("code", "code one"), req("plan", "plan two")
+
+
+@pytest.fixture
+def cassette(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Three exchanges (plan, code, plan) recorded through the real OpenAI SDK; a failed call in between."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-rec")
+    path = tmp_path / "runs" / "cassette.jsonl"
+    with FakeLLMServer() as server:
+        server.script(OPENAI_PATH, ok("reply plan 1", input_tokens=100, output_tokens=10), unauthorized(),
+                      ok("reply code 1", input_tokens=200, output_tokens=20, truncated=True),
+                      ok("reply plan 2", input_tokens=300, output_tokens=30))
+        cfg = AgentConfig(base_url=server.openai_base_url, max_retries=0, timeout_s=5)
+        rec = RecordingClient(OpenAIClient(cfg), path)
+        assert (rec.provider, rec.model) == ("openai", "gpt-4o")
+        rec.complete(PLAN_1)
+        with pytest.raises(LLMError):
+            rec.complete(CODE_1)  # the 401: not recorded
+        assert len(path.read_text().splitlines()) == 1  # flushed as soon as it was recorded
+        rec.complete(CODE_1)
+        rec.complete(PLAN_2)
+    yield path
+
+
+def lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_recording_writes_one_line_per_successful_call(cassette: Path) -> None:
+    recs = lines(cassette)
+    assert [r["role"] for r in recs] == ["plan", "code", "plan"]
+    assert [r["reply"] for r in recs] == ["reply plan 1", "reply code 1", "reply plan 2"]
+    first = recs[0]
+    assert first["prompt"] == PLAN_1.prompt_text()
+    assert first["prompt_sha256"] == prompt_sha256(PLAN_1.prompt_text())
+    assert (first["model"], first["input_tokens"], first["output_tokens"]) == ("gpt-4o", 100, 10)
+    assert [r["truncated"] for r in recs] == [False, True, False]
+
+
+def test_exact_replay(cassette: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rp = ReplayClient(cassette, cfg=AgentConfig(prices={"gpt-4o": (1.0, 2.0)}))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        a, b, c = rp.complete(PLAN_1), rp.complete(CODE_1), rp.complete(PLAN_2)
+    assert [x.text for x in (a, b, c)] == ["reply plan 1", "reply code 1", "reply plan 2"]
+    assert b.truncated and not a.truncated
+    assert (a.usage.input_tokens, a.usage.output_tokens, a.usage.model) == (100, 10, "gpt-4o")
+    assert a.usage.cost_usd == pytest.approx((100 * 1.0 + 10 * 2.0) / 1e6)
+    assert a.usage.provider == "replay" and a.usage.role == "plan"
+    assert rp.mismatches == 0 and not caplog.records
+    assert all(x.extra["exact"] for x in (a, b, c))
+
+
+def test_exact_match_wins_over_order(cassette: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rp = ReplayClient(cassette)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert rp.complete(PLAN_2).text == "reply plan 2"  # asked out of order
+        assert rp.complete(PLAN_1).text == "reply plan 1"
+    assert rp.mismatches == 0 and not caplog.records
+
+
+def test_changed_prompt_warns_and_serves_in_order(cassette: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rp = ReplayClient(cassette)
+    changed = req("plan", "plan one, edited")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        comp = rp.complete(changed)
+    assert comp.text == "reply plan 1" and comp.extra["exact"] is False
+    assert rp.mismatches == 1
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING and record.name == LOGGER
+    assert "line 4" in record.getMessage() and "plan one, edited" in record.getMessage()
+    assert rp.complete(PLAN_2).text == "reply plan 2"  # the rest still matches exactly
+    assert rp.mismatches == 1
+
+
+def test_exhausted_role(cassette: Path) -> None:
+    rp = ReplayClient(cassette)
+    rp.complete(CODE_1)
+    assert rp.remaining("code") == 0 and rp.remaining("plan") == 2
+    with pytest.raises(LLMError) as info:
+        rp.complete(CODE_1)
+    assert (info.value.kind, info.value.transient) == ("cassette_exhausted", False)
+    with pytest.raises(LLMError) as info:
+        rp.complete(req("debug", "never recorded"))
+    assert info.value.kind == "cassette_exhausted"
+
+
+def test_malformed_cassette_names_the_line(cassette: Path) -> None:
+    good = cassette.read_text().splitlines()
+    cassette.write_text(good[0] + "\n\n" + "{not json\n" + good[1] + "\n")
+    with pytest.raises(ConfigError, match=r"cassette\.jsonl:3"):
+        ReplayClient(cassette)
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('["a list"]', "not a JSON object"),
+    ('{"role": "plan", "prompt": "p"}', "reply"),
+    ('{"role": "plan", "reply": "r"}', "prompt_sha256"),
+    ('{"role": "plan", "prompt": "p", "reply": "r", "input_tokens": "many"}', "token"),
+])
+def test_invalid_entries(tmp_path: Path, line: str, problem: str) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=problem) as info:
+        ReplayClient(path)
+    assert "c.jsonl:1" in str(info.value)
+
+
+def test_missing_cassette(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.jsonl"):
+        ReplayClient(tmp_path / "nope.jsonl")
+
+
+def test_hash_only_entry(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "c.jsonl"
+    entry = {"role": "code", "prompt_sha256": prompt_sha256(CODE_1.prompt_text()), "reply": "r"}
+    path.write_text(json.dumps(entry) + "\n" + json.dumps(entry) + "\n")
+    rp = ReplayClient(path, model="label")
+    assert rp.complete(CODE_1).extra["exact"] is True
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        comp = rp.complete(req("code", "other"))
+    assert comp.text == "r" and rp.mismatches == 1 and "hash" in caplog.text
+    assert comp.usage.model == "label"
+
+
+class _Echo:
+    provider, model = "echo", "echo-1"
+
+    def complete(self, request: LLMRequest) -> Completion:
+        text = request.messages[-1].content
+        usage = LLMUsage(role=request.role, provider="echo", model="echo-1", input_tokens=len(text),
+                         output_tokens=1)
+        return Completion(text=f"re: {text}", usage=usage)
+
+
+def test_recording_is_thread_safe(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    rec = RecordingClient(_Echo(), path)
+    threads = [threading.Thread(target=lambda i=i: [rec.complete(req("code", f"t{i} c{j} " + "x" * 5000))
+                                                    for j in range(20)]) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    recs = lines(path)
+    assert len(recs) == 8 * 20
+    assert all(r["reply"] == "re: " + r["prompt"].split("\n")[-1] for r in recs)  # type: ignore[union-attr]
+    rp = ReplayClient(path)
+    assert rp.complete(req("code", "t3 c7 " + "x" * 5000)).text == "re: t3 c7 " + "x" * 5000
+    assert rp.mismatches == 0
