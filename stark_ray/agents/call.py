@@ -1,0 +1,51 @@
+"""One LLM call for an agent: build the request with the role's temperature, never raise on LLM failure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stark_ray.config import AgentConfig
+from stark_ray.llm.base import LLMClient, LLMError, LLMRequest, Message
+from stark_ray.records import LLMUsage
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The text of a reply, or the one-line error of a failed call; usage when the provider reported it."""
+
+    text: str | None
+    usage: LLMUsage | None
+    error: str | None = None
+    truncated: bool = False
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def request(cfg: AgentConfig, role: str, system: str, messages: list[Message]) -> LLMRequest:
+    return LLMRequest(role=role, system=system, messages=tuple(messages), temperature=cfg.temperature(role),
+                      max_tokens=cfg.max_tokens)
+
+
+def ask(client: LLMClient, cfg: AgentConfig, role: str, system: str, messages: list[Message]) -> Reply:
+    """Call the model once. LLMError (and any other exception from the client) becomes ``Reply.error``."""
+    try:
+        completion = client.complete(request(cfg, role, system, messages))
+    except LLMError as exc:
+        return Reply(None, exc.usage, f"{role}: LLM call failed ({exc.kind}): {one_line(str(exc))}")
+    except Exception as exc:  # a provider bug must not end the search
+        return Reply(None, None, f"{role}: LLM call failed ({type(exc).__name__}): {one_line(str(exc))}")
+    text = completion.text if isinstance(completion.text, str) else ""
+    return Reply(text, completion.usage, None, bool(completion.truncated))
+
+
+def parse_error(role: str, error: str, reply: Reply) -> str:
+    """``role: error`` on one line, noting when the reply hit max_tokens."""
+    hint = " (the reply hit max_tokens)" if reply.truncated else ""
+    return f"{role}: {one_line(error)}{hint}"
+
+
+def usages(*replies: Reply) -> list[LLMUsage]:
+    return [r.usage for r in replies if r.usage is not None]

@@ -1,0 +1,1 @@
+"""Prompt text (templates/), reply parsing (parser.py) and context-window rendering (render.py)."""

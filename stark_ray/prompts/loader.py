@@ -1,0 +1,52 @@
+"""Prompt templates: text files in ``templates/`` with ``{{name}}`` placeholders.
+
+:func:`fill` substitutes in one pass, so text inserted for one placeholder (model output, code with braces) is
+never scanned for further placeholders. A placeholder without a value is a programming error (KeyError).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib.resources import files
+
+from stark_ray.config import BACKENDS
+
+ROLES = ("plan", "code", "debug", "single")
+TARGETS = {
+    "cpu_cpp": "C++ on the CPU, built with torch.utils.cpp_extension.load_inline",
+    "cuda": "CUDA C++, built with torch.utils.cpp_extension.load_inline",
+    "cuda_nvrtc": "CUDA kernels compiled at run time by NVRTC",
+    "triton": "Triton kernels",
+}
+_PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
+
+
+@cache
+def load(name: str) -> str:
+    """The text of ``templates/<name>.txt``."""
+    return (files("stark_ray.prompts") / "templates" / f"{name}.txt").read_text(encoding="utf-8")
+
+
+def placeholders(text: str) -> set[str]:
+    return set(_PLACEHOLDER.findall(text))
+
+
+def fill(template: str, /, **values: str) -> str:
+    """``templates/<template>.txt`` with every ``{{key}}`` replaced by ``values[key]``."""
+    text = load(template)
+
+    def _sub(m: re.Match[str]) -> str:
+        return values[m.group(1)]
+
+    return _PLACEHOLDER.sub(_sub, text).strip() + "\n"
+
+
+def system_prompt(role: str, backend: str) -> str:
+    """The system prompt of an agent role for a target backend."""
+    if role not in ROLES:
+        raise ValueError(f"unknown agent role {role!r}; choose one of {', '.join(ROLES)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return fill(f"role_{role}", target=TARGETS[backend], format=load("candidate_format").strip(),
+                backend=load(f"backend_{backend}").strip())

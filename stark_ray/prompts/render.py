@@ -1,0 +1,220 @@
+"""Render tree nodes for a prompt, and a whole context window under a character limit.
+
+A node is shown with its header (id, parent, depth, agent), its instruction, its observations (stage, error,
+runtime, speedup, flags), a log excerpt when it failed, and its code — the full source, or a unified diff
+against its parent when that is shorter and the parent's source is known. Nodes whose code the prompt shows
+elsewhere (the selected node and the reference, normally) get a pointer instead of their code, and no log
+excerpt (the prompt shows the selected node's log with its code where it matters).
+
+Detail levels, from most to least: ``FULL`` (code + log excerpt up to 1500 characters), ``CODE`` (code + log
+excerpt up to 300), ``BRIEF`` (no code, no log, instruction clipped). :func:`render_window` keeps the window
+under ``limit`` characters and is deterministic:
+
+1. the selected node i and the root are always shown, at the most detail that fits (root first degraded);
+2. the others are ordered by priority — children of i first (what was already tried from i), then correct
+   nodes fastest first, then the rest; ties keep the caller's order — and added at ``BRIEF`` while they fit
+   in half of the characters left (coverage);
+3. the shown others are then upgraded, in priority order, to ``FULL`` or else ``CODE`` when the upgrade fits
+   (detail);
+4. more others are added at ``BRIEF`` while they fit; the rest are dropped and counted in a footer;
+5. a last guard cuts the text if it is still too long (only possible with absurdly small limits).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Iterable, Mapping
+
+from stark_ray.records import AGENT_REFERENCE, Node, excerpt
+
+FULL, CODE, BRIEF = 0, 1, 2
+_LOG_CHARS = {FULL: 1500, CODE: 300, BRIEF: 0}
+_INSTRUCTION_CHARS = {FULL: 2000, CODE: 1200, BRIEF: 300}
+_SEP = "\n\n"
+_FOOTER_RESERVE = 90
+
+
+def fenced(text: str, lang: str = "") -> str:
+    """``text`` in a code fence longer than any backtick run inside it."""
+    runs = [len(m.group(0)) for m in re.finditer(r"`{3,}", text)]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    return f"{fence}{lang}\n{text.rstrip()}\n{fence}"
+
+
+def clip(text: str, limit: int) -> str:
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    return text[: max(0, limit - 15)].rstrip() + " ...[clipped]"
+
+
+def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:
+    lines = difflib.unified_diff(old.splitlines(), new.splitlines(), old_name, new_name, lineterm="", n=2)
+    return "\n".join(lines)
+
+
+def _fmt_ms(ms: float | None) -> str:
+    return "n/a" if ms is None or not math.isfinite(ms) else f"{ms:.4g} ms"
+
+
+def describe_result(node: Node) -> str:
+    """One or two lines of observations."""
+    r = node.result
+    if node.is_root or node.agent == AGENT_REFERENCE:
+        line = f"Result: the reference (PyTorch), runtime {_fmt_ms(r.runtime_ms)}"
+    elif r.ok:
+        speed = f"; speedup {r.speedup:.3g}x over the reference" if r.speedup is not None else ""
+        line = f"Result: correct; runtime {_fmt_ms(r.runtime_ms)}{speed}"
+    else:
+        line = f"Result: failed at stage {r.stage!r}: {clip(r.error or 'no error message', 300)}"
+        if r.max_abs_err is not None:
+            line += f" (max abs error {r.max_abs_err:.3g})"
+    if r.flags:
+        line += f"\nFlags: {', '.join(r.flags)}"
+    return line
+
+
+def _header(node: Node, selected: bool) -> str:
+    tags = []
+    if selected:
+        tags.append("selected")
+    if node.is_root:
+        tags.append("reference")
+    tag = f" ({', '.join(tags)})" if tags else ""
+    parent = "" if node.parent is None else f"child of node {node.parent}, "
+    return f"## Node {node.id}{tag} — {parent}depth {node.depth}, by {node.agent}"
+
+
+def _code_part(node: Node, parent_source: str | None, elsewhere: bool) -> str:
+    if elsewhere:
+        return "Code: shown in full elsewhere in this prompt."
+    if not node.source.strip():
+        return "Code: none (the agent produced no candidate)."
+    if parent_source is not None and node.parent is not None:
+        diff = unified_diff(parent_source, node.source, f"node {node.parent}", f"node {node.id}")
+        if not diff:
+            return f"Code: identical to node {node.parent}."
+        if len(diff) < len(node.source):
+            return f"Code (diff against node {node.parent}):\n{fenced(diff, 'diff')}"
+    return f"Code:\n{fenced(node.source, 'python')}"
+
+
+def render_node(node: Node, *, level: int = FULL, parent_source: str | None = None, selected: bool = False,
+                code_elsewhere: bool = False) -> str:
+    """One node at the given detail level (see the module docstring)."""
+    parts = [_header(node, selected)]
+    if node.instruction.strip():
+        parts.append(f"Instruction: {clip(node.instruction, _INSTRUCTION_CHARS[level])}")
+    parts.append(describe_result(node))
+    log_chars = 0 if code_elsewhere else _LOG_CHARS[level]
+    if log_chars and not node.result.ok and node.result.log.strip():
+        parts.append(f"Log excerpt:\n{fenced(excerpt(node.result.log, log_chars), 'text')}")
+    if level != BRIEF:
+        parts.append(_code_part(node, parent_source, code_elsewhere))
+    return "\n".join(parts)
+
+
+def _priority(others: list[Node], selected: Node) -> list[Node]:
+    def key(item: tuple[int, Node]) -> tuple[int, int, float, int]:
+        index, n = item
+        return (0 if n.parent == selected.id else 1, 0 if n.correct else 1, n.score if n.correct else 0.0,
+                index)
+
+    return [n for _, n in sorted(enumerate(others), key=key)]
+
+
+def _dedupe(nodes: Iterable[Node]) -> list[Node]:
+    seen: set[int] = set()
+    out: list[Node] = []
+    for n in nodes:
+        if n.id not in seen:
+            seen.add(n.id)
+            out.append(n)
+    return out
+
+
+class _Renderer:
+    """Caches renderings of one window at each level."""
+
+    def __init__(self, nodes: list[Node], selected: Node, sources: Mapping[int, str],
+                 code_elsewhere: frozenset[int]) -> None:
+        self.selected = selected
+        self.sources = {**{n.id: n.source for n in nodes}, **sources}
+        self.code_elsewhere = code_elsewhere
+        self.cache: dict[tuple[int, int], str] = {}
+
+    def text(self, node: Node, level: int) -> str:
+        key = (node.id, level)
+        if key not in self.cache:
+            parent = self.sources.get(node.parent) if node.parent is not None else None
+            self.cache[key] = render_node(node, level=level, parent_source=parent,
+                                          selected=node.id == self.selected.id,
+                                          code_elsewhere=node.id in self.code_elsewhere)
+        return self.cache[key]
+
+
+def render_window(window: list[Node], selected: Node, limit: int, *, sources: Mapping[int, str] | None = None,
+                  code_elsewhere: Iterable[int] = ()) -> str:
+    """The window as text of at most ``limit`` characters (see the module docstring for the rules).
+
+    ``sources`` optionally maps node ids to source code for parents outside the window (better diffs);
+    ``code_elsewhere`` lists nodes whose code the prompt already shows (they get a pointer instead).
+    """
+    limit = max(0, limit)
+    nodes = _dedupe([selected, *window])
+    root = next((n for n in nodes if n.is_root), None)
+    head = [selected] if root is None or root.id == selected.id else [selected, root]
+    head_ids = {n.id for n in head}
+    others = _priority([n for n in nodes if n.id not in head_ids], selected)
+    r = _Renderer(nodes, selected, sources or {}, frozenset(code_elsewhere))
+    budget = limit - (_FOOTER_RESERVE if others else 0)
+
+    levels = {n.id: FULL for n in head}
+    for node in reversed(head):  # degrade the root first, then the selected node
+        while _size(r, head, levels) > budget and levels[node.id] < BRIEF:
+            levels[node.id] += 1
+    used = _size(r, head, levels)
+
+    shown: list[Node] = []
+    brief_budget = used + (budget - used) // 2  # half of what is left for coverage, half for detail
+    used = _add_brief(r, others, shown, levels, used, brief_budget)
+    for node in shown:
+        for level in (FULL, CODE):
+            if budget - used < 120:
+                break
+            delta = len(r.text(node, level)) - len(r.text(node, BRIEF))
+            if used + delta <= budget:
+                levels[node.id] = level
+                used += delta
+                break
+    _add_brief(r, others[len(shown):], shown, levels, used, budget)
+
+    parts = [r.text(n, levels[n.id]) for n in [*head, *shown]]
+    omitted = len(others) - len(shown)
+    if omitted:
+        plural = "s" if omitted != 1 else ""
+        parts.append(f"({omitted} more related attempt{plural} omitted to fit the window)")
+    text = _SEP.join(parts)
+    if len(text) > limit:
+        marker = "\n[window cut to fit]"
+        text = text[: max(0, limit - len(marker))] + marker if limit > len(marker) else text[:limit]
+    return text
+
+
+def _add_brief(r: _Renderer, candidates: list[Node], shown: list[Node], levels: dict[int, int], used: int,
+               budget: int) -> int:
+    """Append candidates at BRIEF, in order, while they fit; return the new size."""
+    for node in candidates:
+        cost = len(_SEP) + len(r.text(node, BRIEF))
+        if used + cost > budget:
+            break
+        shown.append(node)
+        levels[node.id] = BRIEF
+        used += cost
+    return used
+
+
+def _size(r: _Renderer, nodes: list[Node], levels: dict[int, int]) -> int:
+    return sum(len(r.text(n, levels[n.id])) for n in nodes) + len(_SEP) * max(0, len(nodes) - 1)

@@ -1,0 +1,351 @@
+"""Agents driven by a scripted fake client: requests, temperatures, re-asks, rejections, windows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from stark_ray.agents import code as code_agent
+from stark_ray.agents import debug as debug_agent
+from stark_ray.agents import plan as plan_agent
+from stark_ray.agents import single as single_agent
+from stark_ray.agents.base import AgentResult, TaskInfo
+from stark_ray.config import AgentConfig
+from stark_ray.llm.base import Completion, LLMClient, LLMError, LLMRequest
+from stark_ray.prompts.anchors import insert_anchors
+from stark_ray.prompts.loader import ROLES, TARGETS, load, placeholders, system_prompt
+from stark_ray.prompts.parser import extract_code
+from stark_ray.prompts.render import render_window
+from stark_ray.records import (
+    AGENT_DEBUG,
+    AGENT_PLAN_CODE,
+    AGENT_REFERENCE,
+    STAGE_COMPILE,
+    STAGE_OK,
+    EvalResult,
+    LLMUsage,
+    Node,
+)
+
+REFERENCE = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, a, b):
+        c = a + b
+        return torch.relu(c)
+
+
+def get_inputs():
+    return [torch.randn(1024), torch.randn(1024)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+CANDIDATE = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CPP = r"""
+torch::Tensor add_relu(torch::Tensor a, torch::Tensor b) {
+    auto out = torch::empty_like(a);
+    return out;
+}
+"""
+
+_ext = load_inline(name="add_relu_t", cpp_sources=_CPP, functions=["add_relu"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return _ext.add_relu(a, b)
+'''
+
+TASK = TaskInfo(name="19_AddReLU", reference_source=REFERENCE, backend="cpu_cpp",
+                hardware="x86-64 CPU, 16 cores, AVX-512")
+
+
+@dataclass
+class ScriptedClient:
+    """Returns canned replies in order (an exception in the script is raised instead) and records requests."""
+
+    script: list[str | BaseException]
+    provider: str = "fake"
+    model: str = "fake-1"
+    requests: list[LLMRequest] = field(default_factory=list)
+
+    def complete(self, request: LLMRequest) -> Completion:
+        self.requests.append(request)
+        item = self.script.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        usage = LLMUsage(role=request.role, provider=self.provider, model=self.model,
+                         input_tokens=len(request.prompt_text()) // 4, output_tokens=len(item) // 4)
+        return Completion(text=item, usage=usage)
+
+
+def ok_result(ms: float) -> EvalResult:
+    return EvalResult(compiled=True, correct=True, runtime_ms=ms, ref_runtime_ms=1.0, speedup=1.0 / ms,
+                      stage=STAGE_OK)
+
+
+def root() -> Node:
+    return Node(0, None, 0, REFERENCE, AGENT_REFERENCE, result=ok_result(1.0))
+
+
+def candidate(node_id: int = 1, parent: int = 0) -> Node:
+    return Node(node_id, parent, 1, CANDIDATE, AGENT_PLAN_CODE, instruction="1. fuse add and relu",
+                result=ok_result(0.5))
+
+
+def failed(node_id: int = 2) -> Node:
+    res = EvalResult.failed(STAGE_COMPILE, "error: 'empty_likee' is not a member of 'torch'",
+                            "main.cpp:7:20: error: 'empty_likee' is not a member of 'torch'\n"
+                            "ninja: build stopped")
+    return Node(node_id, 0, 1, CANDIDATE.replace("empty_like", "empty_likee"), AGENT_PLAN_CODE,
+                instruction="1. fuse add and relu into one parallel loop", result=res)
+
+
+def plan_reply(parent: str, spans: dict[int, tuple[int, int]] | None = None) -> str:
+    spans = spans or {1: (0, 0), 2: (9, 11)}
+    scaffold = insert_anchors(parent, spans)
+    lines = "\n".join(f"INSTRUCTION {k}: change span {k} carefully" for k in spans)
+    return f"The elementwise ops are memory bound.\n\n```python\n{scaffold}\n```\n\n{lines}\n"
+
+
+def code_reply(source: str = CANDIDATE) -> str:
+    return f"Here is the implementation.\n\n```python\n{source}```\n"
+
+
+def test_fake_client_is_an_llm_client() -> None:
+    assert isinstance(ScriptedClient([]), LLMClient)
+
+
+def test_plan_and_code_happy_path() -> None:
+    client = ScriptedClient([plan_reply(REFERENCE), code_reply()])
+    cfg = AgentConfig()
+    res = code_agent.plan_and_code(client, cfg, TASK, root(), [root()], [root()], 24_000)
+    assert res.ok and res.error is None
+    assert res.source == CANDIDATE
+    assert [r.role for r in client.requests] == ["plan", "code"]
+    assert [r.temperature for r in client.requests] == [0.8, 0.1]
+    assert all(r.max_tokens == cfg.max_tokens for r in client.requests)
+    assert res.instruction.startswith("1. change span 1") and "\n2. change span 2" in res.instruction
+    assert res.scaffold is not None and "<<<IMPROVE BEGIN 2>>>" in res.scaffold
+    assert [u.role for u in res.usage] == ["plan", "code"]
+    plan_prompt = client.requests[0].prompt_text()
+    assert "x86-64 CPU, 16 cores" in plan_prompt and "class Model(nn.Module)" in plan_prompt
+    assert "load_inline" in client.requests[0].system and "INSTRUCTION 1:" in client.requests[0].system
+    code_prompt = client.requests[1].messages[0].content
+    assert "<<<IMPROVE BEGIN 2>>>" in code_prompt and "INSTRUCTION 2: change span 2 carefully" in code_prompt
+
+
+def test_temperatures_follow_the_config() -> None:
+    cfg = AgentConfig(temperature_plan=0.55, temperature_code=0.2, temperature_debug=0.3,
+                      temperature_single=0.4, max_tokens=1234)
+    client = ScriptedClient([plan_reply(REFERENCE), code_reply(), code_reply(), "PLAN: x\n" + code_reply()])
+    code_agent.plan_and_code(client, cfg, TASK, root(), [root()], [root()], 8000)
+    debug_agent.debug(client, cfg, TASK, failed(), [failed(), root()], 8000)
+    single_agent.single(client, cfg, TASK, root(), [root()], 8000)
+    assert [(r.role, r.temperature) for r in client.requests] == [
+        ("plan", 0.55), ("code", 0.2), ("debug", 0.3), ("single", 0.4)]
+    assert {r.max_tokens for r in client.requests} == {1234}
+
+
+def test_plan_reasks_once_after_a_bad_scaffold() -> None:
+    bad = plan_reply(REFERENCE).replace("c = a + b", "c = a.add(b)")
+    client = ScriptedClient([bad, plan_reply(REFERENCE)])
+    step = plan_agent.plan(client, AgentConfig(), TASK, root(), [root()], 8000)
+    assert step.ok, step.error
+    assert step.asks == 2 and len(client.requests) == 2 and len(step.usage) == 2
+    second = client.requests[1]
+    assert [m.role for m in second.messages] == ["user", "assistant", "user"]
+    assert second.messages[1].content == bad
+    assert "c = a + b" in second.messages[2].content  # the error names the line that differs
+    assert second.temperature == 0.8
+
+
+def test_plan_gives_up_after_two_bad_replies() -> None:
+    bad = plan_reply(REFERENCE) + "INSTRUCTION 7: an anchor that does not exist\n"
+    client = ScriptedClient([bad, bad])
+    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+    assert not res.ok and res.source is None
+    assert len(client.requests) == 2 and len(res.usage) == 2
+    assert res.error is not None and res.error.startswith("plan:") and "anchor 7" in res.error
+    assert "\n" not in res.error
+
+
+def test_code_output_with_anchors_is_rejected() -> None:
+    leftover = CANDIDATE.replace("class ModelNew", "# <<<IMPROVE END 2>>>\nclass ModelNew")
+    for body in (leftover, leftover.replace("# <<<", "<<<")):
+        client = ScriptedClient([plan_reply(REFERENCE), code_reply(body)])
+        res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+        assert res.source is None and res.error is not None
+        assert res.error.startswith("code:") and "anchor marker" in res.error
+        assert res.scaffold is not None and len(res.usage) == 2
+
+
+def test_code_output_without_model_new_is_rejected() -> None:
+    client = ScriptedClient([plan_reply(REFERENCE), code_reply(REFERENCE)])
+    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+    assert res.source is None and "ModelNew" in (res.error or "")
+
+
+def test_truncated_code_reply_is_an_error() -> None:
+    client = ScriptedClient([plan_reply(REFERENCE), "```python\n" + CANDIDATE[:200]])
+    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+    assert res.source is None and "truncated" in (res.error or "")
+
+
+def test_debug_prompt_carries_log_error_and_intent() -> None:
+    node = failed()
+    client = ScriptedClient(["The call had a typo.\n" + code_reply()])
+    res = debug_agent.debug(client, AgentConfig(), TASK, node, [node, root()], 8000)
+    assert res.ok and res.source == CANDIDATE
+    req = client.requests[0]
+    assert req.role == "debug" and req.temperature == 0.1
+    text = req.messages[0].content
+    assert "main.cpp:7:20" in text and "ninja: build stopped" in text
+    assert "fuse add and relu into one parallel loop" in text
+    assert "empty_likee" in text and 'stage "compile"' in text
+    assert res.instruction.startswith("debug: fix compile failure of node 2")
+    assert "intent: 1. fuse add and relu into one parallel loop" in res.instruction
+
+
+@pytest.mark.parametrize("agent", ["plan_and_code", "debug", "single"])
+def test_llm_errors_become_error_results(agent: str) -> None:
+    usage = LLMUsage(role="x", provider="fake", model="fake-1", ok=False, error="429")
+    client = ScriptedClient([LLMError("rate limited\nafter 4 retries", kind="rate_limit", usage=usage)])
+    res = _run(agent, client, failed() if agent == "debug" else root())
+    assert res.source is None and res.error is not None and not res.ok
+    assert "rate_limit" in res.error and "\n" not in res.error
+    assert res.usage == [usage]
+
+
+@pytest.mark.parametrize("agent", ["plan_and_code", "debug", "single"])
+def test_unexpected_client_exceptions_do_not_escape(agent: str) -> None:
+    client = ScriptedClient([RuntimeError("socket closed")])
+    res = _run(agent, client, failed() if agent == "debug" else root())
+    assert res.source is None and "socket closed" in (res.error or "")
+
+
+@pytest.mark.parametrize("reply", ["", "I cannot help with that.", "```python\nclass ModelNew(:\n```",
+                                   "<think>hmm", "\x00\r\n```", "```python\n# <<<IMPROVE BEGIN 1>>>\n```"])
+def test_garbage_replies_are_error_results(reply: str) -> None:
+    for agent in ("debug", "single"):
+        res = _run(agent, ScriptedClient([reply]), failed())
+        assert res.source is None and res.error is not None and "\n" not in res.error
+    res = _run("plan_and_code", ScriptedClient([reply, reply]), root())
+    assert res.source is None and res.error is not None
+
+
+def _run(agent: str, client: ScriptedClient, node: Node) -> AgentResult:
+    cfg = AgentConfig()
+    if agent == "plan_and_code":
+        return code_agent.plan_and_code(client, cfg, TASK, node, [node, root()], [node, root()], 8000)
+    if agent == "debug":
+        return debug_agent.debug(client, cfg, TASK, node, [node, root()], 8000)
+    return single_agent.single(client, cfg, TASK, node, [node, root()], 8000)
+
+
+def test_single_fixes_failed_nodes_and_improves_correct_ones() -> None:
+    client = ScriptedClient(["PLAN: fix the typo in empty_like\n" + code_reply(),
+                             "**PLAN:** vectorize the loop\n" + code_reply(),
+                             code_reply()])
+    fixed = single_agent.single(client, AgentConfig(), TASK, failed(), [failed(), root()], 8000)
+    assert fixed.ok
+    assert fixed.instruction == "single: fix compile failure of node 2: fix the typo in empty_like"
+    assert "failed at stage 'compile'" in client.requests[0].messages[0].content
+    assert "main.cpp:7:20" in client.requests[0].messages[0].content
+    better = single_agent.single(client, AgentConfig(), TASK, candidate(), [candidate(), root()], 8000)
+    assert better.ok and better.instruction == "single: vectorize the loop"
+    assert "Make candidate 1 faster" in client.requests[1].messages[0].content
+    no_plan = single_agent.single(client, AgentConfig(), TASK, root(), [root()], 8000)
+    assert no_plan.ok and no_plan.instruction == f"single: {single_agent.NO_PLAN}"
+    assert all(r.temperature == 0.1 and r.role == "single" for r in client.requests)
+
+
+def test_code_agent_needs_a_valid_plan() -> None:
+    step = plan_agent.PlanStep(scaffold=None, error="plan: no anchors")
+    client = ScriptedClient([])
+    res = code_agent.code(client, AgentConfig(), TASK, root(), step, [root()], 8000)
+    assert res.error == "plan: no anchors" and not client.requests
+
+
+# --- prompts -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", sorted(TARGETS))
+@pytest.mark.parametrize("role", ROLES)
+def test_system_prompts_render_for_every_role_and_backend(role: str, backend: str) -> None:
+    text = system_prompt(role, backend)
+    assert "{{" not in text and "class ModelNew(nn.Module)" in text
+    example = extract_code(load(f"backend_{backend}"))
+    assert example.ok and example.warnings == ()
+
+
+def test_user_templates_have_known_placeholders() -> None:
+    expected = {"task", "window", "node_id", "stage", "intent", "error", "log", "code"}
+    assert placeholders(load("user_debug")) == expected
+    assert "scaffold" in placeholders(load("user_code"))
+    with pytest.raises(ValueError):
+        system_prompt("plan", "opencl")
+
+
+# --- windows -------------------------------------------------------------------------------------------
+def deep_tree(n: int = 200, source_chars: int = 6000) -> list[Node]:
+    nodes = [Node(0, None, 0, REFERENCE, AGENT_REFERENCE, result=ok_result(10.0))]
+    for i in range(1, n):
+        parent = i - 1 if i % 3 else max(0, i - 2)
+        body = "\n".join(f"    x{j} = {i} * {j}  # filler of node {i}" for j in range(source_chars // 40))
+        source = f"import torch\n\n\ndef kernel_{i}():\n{body}\n"
+        if i % 4 == 0:
+            res = EvalResult.failed(STAGE_COMPILE, f"error {i}", "compiler says no\n" * 400)
+        else:
+            res = ok_result(10.0 / (1 + i % 17))
+        agent = AGENT_PLAN_CODE if i % 5 else AGENT_DEBUG
+        nodes.append(Node(i, parent, nodes[parent].depth + 1, source, agent,
+                          instruction=f"instruction {i} " + "detail " * 300, result=res))
+    return nodes
+
+
+@pytest.mark.parametrize("limit", [500, 4000, 24_000, 100_000])
+def test_window_stays_under_the_limit_on_a_deep_tree(limit: int) -> None:
+    nodes = deep_tree()
+    selected = nodes[150]
+    text = render_window(nodes, selected, limit)
+    assert len(text) <= limit
+    assert text == render_window(nodes, selected, limit)  # deterministic
+    if limit >= 4000:
+        assert "## Node 150 (selected)" in text and "## Node 0 (reference)" in text
+    if 4000 <= limit <= 24_000:
+        assert "omitted to fit the window" in text
+
+
+def test_window_prefers_children_and_fast_nodes_and_uses_diffs() -> None:
+    nodes = deep_tree(30, 2000)
+    selected = nodes[10]
+    child = Node(99, 10, selected.depth + 1, selected.source.replace("x3 = 10 * 3", "x3 = 30"),
+                 AGENT_PLAN_CODE, instruction="tweak", result=ok_result(9.0))
+    text = render_window([*nodes, child], selected, 20_000)
+    shown = [int(line.split()[2]) for line in text.split("\n") if line.startswith("## Node ")]
+    assert shown[:5] == [10, 0, 11, 99, 12]  # i, root, then i's children: correct (fastest first), failed
+    assert "Code (diff against node 10)" in text and "+    x3 = 30" in text
+
+
+def test_agent_prompts_stay_bounded_on_a_deep_tree() -> None:
+    nodes = deep_tree()
+    node = nodes[120]
+    client = ScriptedClient([code_reply()])
+    debug_agent.debug(client, AgentConfig(), TASK, node, nodes, 6000)
+    prompt = client.requests[0].messages[0].content
+    fixed = len(REFERENCE) + len(node.source) + 4000 + 3000  # reference, failing code, log, template text
+    assert len(prompt) <= 6000 + fixed
