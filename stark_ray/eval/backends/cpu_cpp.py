@@ -1,0 +1,46 @@
+"""cpu_cpp: candidates build C++ with ``torch.utils.cpp_extension.load_inline`` and run on the CPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from stark_ray.eval.backends.base import Backend
+from stark_ray.eval.build_cache import BuildCache
+from stark_ray.eval.hardware import describe_cpu
+
+if TYPE_CHECKING:
+    from stark_ray.eval.timing import Timer
+
+PROMPT_NOTES = ("Candidates are C++ built at import with torch.utils.cpp_extension.load_inline "
+                "(cpp_sources, functions, extra_cflags); compile with -O3, and with -fopenmp for "
+                "at::parallel_for to run in parallel.")
+
+
+class CpuCppBackend(Backend):
+    name: ClassVar[str] = "cpu_cpp"
+    device: ClassVar[str] = "cpu"
+
+    def __init__(self) -> None:
+        self.cache: BuildCache | None = None
+
+    def prepare_worker(self, build_dir: Path, threads: int) -> None:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+        # STARK_RAY_PCH=0 turns the precompiled header off (to compare, or where gcc rejects it)
+        self.cache = BuildCache(build_dir, use_pch=os.environ.get("STARK_RAY_PCH", "1") != "0")
+        self.cache.install()
+
+    def synchronize(self) -> None:
+        """Nothing is queued on the CPU."""
+
+    def timer(self) -> Timer:
+        from stark_ray.eval.timing import CpuTimer
+
+        return CpuTimer()
+
+    def describe_hardware(self, threads: int) -> str:
+        return f"{describe_cpu(threads)}\n{PROMPT_NOTES}"

@@ -1,0 +1,126 @@
+"""A persistent build cache for ``torch.utils.cpp_extension`` builds, keyed by a hash of the sources.
+
+Installed inside the worker process before a candidate is imported, it wraps ``load_inline`` and ``load`` so
+that the extension's build directory becomes ``<cache>/<hash16>`` and its name ``<name>_<hash16>``, where the
+hash covers everything that shapes the binary (sources, functions, flags, torch and Python versions). An
+identical candidate then loads in well under a second (ninja finds nothing to do), and two candidates that
+reuse the same ``name`` never collide. Builds are verbose so that the compiler's output lands in the worker's
+log. Concurrent builds of one key are serialized with a kernel lock (released if the holder is killed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import platform
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stark_ray.eval.hardware import cpu_signature
+from stark_ray.eval.locks import file_lock
+from stark_ray.eval.pch import ensure_pch
+
+DEFAULT_BUILD_DIR = Path("~/.cache/stark-ray/build")
+
+# arguments that do not change the binary: left out of the key (build_directory is ours to choose)
+_NOT_HASHED = {"build_directory", "verbose", "keep_intermediates", "use_pch"}
+
+
+def cache_root(build_dir: str | None) -> Path:
+    return Path(build_dir).expanduser() if build_dir else DEFAULT_BUILD_DIR.expanduser()
+
+
+def build_key(arguments: dict[str, Any]) -> str:
+    import torch
+
+    blob = {k: v for k, v in arguments.items() if k not in _NOT_HASHED}
+    # -march=native and friends make a binary CPU-specific: a shared cache must not hand it to another CPU
+    blob["__env__"] = [torch.__version__, sys.version, platform.machine(), cpu_signature()]
+    text = json.dumps(blob, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _file_contents(paths: Any) -> list[str]:
+    out = []
+    for p in _as_list(paths):
+        try:
+            out.append(Path(p).read_text(errors="replace"))
+        except OSError:
+            out.append(f"<missing {p}>")
+    return out
+
+
+class BuildCache:
+    """Wraps cpp_extension.load_inline / load; ``install()`` patches them in this process."""
+
+    def __init__(self, root: Path, use_pch: bool = True) -> None:
+        self.root = root
+        self.use_pch = use_pch
+        self.builds: list[str] = []  # keys built or loaded through the cache, in order
+
+    def install(self) -> None:
+        from torch.utils import cpp_extension
+
+        original_inline = cpp_extension.load_inline
+        original_load = cpp_extension.load
+        if getattr(original_inline, "__stark_cached__", False):
+            return
+        inline = self._wrap(original_inline, is_inline=True)
+        load = self._wrap(original_load, is_inline=False)
+        cpp_extension.load_inline = inline
+        cpp_extension.load = load
+
+    def _wrap(self, original: Callable[..., Any], is_inline: bool) -> Callable[..., Any]:
+        signature = inspect.signature(original)
+
+        def cached(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            arguments = dict(bound.arguments)
+            for name in ("cpp_sources", "cuda_sources", "sycl_sources", "functions", "extra_cflags",
+                         "extra_cuda_cflags", "extra_ldflags", "extra_include_paths"):
+                if isinstance(arguments.get(name), list):  # load_inline mutates its lists: give it copies
+                    arguments[name] = list(arguments[name])
+            key_fields = dict(arguments)
+            if not is_inline:
+                key_fields["__source_contents__"] = _file_contents(arguments.get("sources"))
+            key = build_key(key_fields)
+            base = re.sub(r"\W", "_", str(arguments.get("name", "ext"))) or "ext"
+            arguments["name"] = f"{base}_{key}"
+            build_dir = self.root / key
+            build_dir.mkdir(parents=True, exist_ok=True)
+            arguments["build_directory"] = str(build_dir)
+            arguments["verbose"] = True
+            if is_inline:
+                arguments["use_pch"] = False  # torch's own PCH lives in the torch install; ours is per flags
+                self._add_pch(arguments)
+            self.builds.append(key)
+            with file_lock(self.root / f"{key}.lock"):
+                (build_dir / "lock").unlink(missing_ok=True)  # torch's baton, stale if a build was killed
+                return original(**arguments)
+
+        cached.__stark_cached__ = True  # type: ignore[attr-defined]
+        cached.__wrapped__ = original  # type: ignore[attr-defined]
+        cached.__doc__ = original.__doc__
+        return cached
+
+    def _add_pch(self, arguments: dict[str, Any]) -> None:
+        if not self.use_pch or arguments.get("no_implicit_headers"):
+            return
+        if arguments.get("cuda_sources") or arguments.get("sycl_sources") or arguments.get("with_cuda"):
+            return
+        cflags = [str(f) for f in _as_list(arguments.get("extra_cflags"))]
+        includes = [str(p) for p in _as_list(arguments.get("extra_include_paths"))]
+        include_dir = ensure_pch(self.root, cflags, includes)
+        if include_dir is not None:
+            arguments["extra_include_paths"] = [*includes, str(include_dir)]
+            arguments["extra_cflags"] = [*cflags, "-Winvalid-pch"]

@@ -1,0 +1,105 @@
+"""Compare a candidate's outputs with the reference's: structure, shape, dtype, NaNs, tolerances."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    max_abs_err: float = 0.0
+    rel_err: float = 0.0  # ||out - ref|| / ||ref|| (0 when both are all zeros, inf when only ref is)
+    problem: str = ""  # one line when not ok
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    max_rel_err: float
+
+
+def _flatten(value: Any, prefix: str = "output") -> list[tuple[str, Any]]:
+    if isinstance(value, list | tuple):
+        return [item for i, v in enumerate(value) for item in _flatten(v, f"{prefix}[{i}]")]
+    return [(prefix, value)]
+
+
+def _compare_tensor(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Comparison:
+    if out.shape != ref.shape:
+        return Comparison(False, math.inf, math.inf,
+                          f"{name}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+    if out.dtype != ref.dtype:
+        return Comparison(False, math.inf, math.inf, f"{name}: dtype {out.dtype}, expected {ref.dtype}")
+    if out.numel() == 0:
+        return Comparison(True)
+    if out.device != ref.device:
+        out = out.to(ref.device)
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(torch.float64)
+    nan_o, nan_r = torch.isnan(o), torch.isnan(r)
+    if not torch.equal(nan_o, nan_r):
+        where = "NaN where the reference has a number" if bool((nan_o & ~nan_r).any()) else \
+            "a number where the reference has NaN"
+        return Comparison(False, math.inf, math.inf, f"{name}: {where}")
+    inf_mismatch = ~torch.eq(torch.isinf(o) & (o > 0), torch.isinf(r) & (r > 0)) | \
+        ~torch.eq(torch.isinf(o) & (o < 0), torch.isinf(r) & (r < 0))
+    if bool(inf_mismatch.any()):
+        return Comparison(False, math.inf, math.inf, f"{name}: infinities differ from the reference")
+    finite = torch.isfinite(r)
+    diff = torch.where(finite, o - r, torch.zeros_like(o))
+    max_abs = float(diff.abs().max())
+    diff_norm = float(torch.linalg.vector_norm(diff))
+    ref_norm = float(torch.linalg.vector_norm(torch.where(finite, r, torch.zeros_like(r))))
+    rel = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)
+    close = bool(torch.allclose(o, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True))
+    if not close:
+        return Comparison(False, max_abs, rel,
+                          f"{name}: values differ (max_abs_err {max_abs:.3g}, rel_err {rel:.3g}; "
+                          f"atol {tol.atol:g}, rtol {tol.rtol:g})")
+    if ref_norm > 0 and rel > tol.max_rel_err:
+        return Comparison(False, max_abs, rel,
+                          f"{name}: normalized error {rel:.3g} exceeds {tol.max_rel_err:g} (max_abs_err "
+                          f"{max_abs:.3g})")
+    return Comparison(True, max_abs, rel)
+
+
+def _compare_plain(name: str, out: Any, ref: Any, tol: Tolerance) -> Comparison:
+    if isinstance(ref, float | int) and isinstance(out, float | int) and not isinstance(ref, bool):
+        same = math.isclose(out, ref, rel_tol=tol.rtol, abs_tol=tol.atol) or (
+            math.isnan(out) and math.isnan(ref))
+    else:
+        try:
+            same = bool(out == ref)
+        except Exception:
+            same = False
+    if same:
+        return Comparison(True)
+    return Comparison(False, problem=f"{name}: got {out!r:.60}, expected {ref!r:.60}")
+
+
+def compare_outputs(out: Any, ref: Any, tol: Tolerance) -> Comparison:
+    """Compare a tensor, or a (nested) tuple/list of tensors and plain values, element by element."""
+    outs, refs = _flatten(out), _flatten(ref)
+    if len(outs) != len(refs):
+        return Comparison(False, math.inf, math.inf, f"returned {len(outs)} outputs, expected {len(refs)}")
+    worst = Comparison(True)
+    for (name, o), (_, r) in zip(outs, refs, strict=True):
+        if isinstance(r, torch.Tensor):
+            if not isinstance(o, torch.Tensor):
+                return Comparison(False, math.inf, math.inf,
+                                  f"{name}: got {type(o).__name__}, expected a tensor")
+            c = _compare_tensor(name, o, r, tol)
+        elif isinstance(o, torch.Tensor):
+            return Comparison(False, math.inf, math.inf, f"{name}: got a tensor, expected {type(r).__name__}")
+        else:
+            c = _compare_plain(name, o, r, tol)
+        if not c.ok:
+            return c
+        worst = Comparison(True, max(worst.max_abs_err, c.max_abs_err), max(worst.rel_err, c.rel_err))
+    return worst

@@ -1,0 +1,76 @@
+"""Correctness: several trials with fresh seeded inputs (more than one distribution), against the reference.
+
+Per trial: ``torch.manual_seed(seed + trial)`` then ``get_inputs()``; floating inputs scaled on the last
+trials (:func:`~stark_ray.eval.inputs.trial_scale`). The candidate runs first (it cannot read a reference
+output that does not exist yet) on its own clone of the inputs, then the reference on another; the
+candidate's clone must be unchanged afterwards, and the outputs must match in structure, shape, dtype, NaN
+pattern, ``allclose`` and normalized error.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.compare import Tolerance, compare_outputs
+from stark_ray.eval.diagnostics import describe_exception
+from stark_ray.eval.inputs import clone_all, make_inputs, same_values, trial_scale
+from stark_ray.eval.tasks import TaskError
+from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME
+
+
+@dataclass
+class CorrectnessReport:
+    stage: str  # STAGE_OK, STAGE_CORRECTNESS or STAGE_RUNTIME
+    error: str | None = None
+    log: str = ""
+    max_abs_err: float | None = None
+    rel_err: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.stage == STAGE_OK
+
+
+def trial_label(trial: int, trials: int) -> str:
+    scale = trial_scale(trial, trials)
+    return f"trial {trial + 1}/{trials}" + ("" if scale == 1.0 else f" (inputs x{scale:g})")
+
+
+def check_correctness(reference: Callable[..., Any], candidate: Callable[..., Any],
+                      get_inputs: Callable[[], Any], cfg: EvalConfig, device: str = "cpu",
+                      task_name: str = "task") -> CorrectnessReport:
+    tol = Tolerance(cfg.atol, cfg.rtol, cfg.max_rel_err)
+    worst_abs = worst_rel = 0.0
+    for trial in range(cfg.trials):
+        label = trial_label(trial, cfg.trials)
+        seed = cfg.seed + trial
+        inputs = make_inputs(get_inputs, seed, trial_scale(trial, cfg.trials), device)
+        cand_inputs, ref_inputs = clone_all(inputs), clone_all(inputs)
+        with torch.no_grad():
+            torch.manual_seed(seed)
+            try:
+                out = candidate(*cand_inputs)
+            except Exception as e:
+                return CorrectnessReport(STAGE_RUNTIME, f"{label}: {describe_exception(e)}",
+                                         log=traceback.format_exc())
+            torch.manual_seed(seed)
+            try:
+                ref = reference(*ref_inputs)
+            except Exception as e:
+                why = describe_exception(e)
+                raise TaskError(f"task {task_name}: reference forward failed: {why}") from None
+        if not same_values(cand_inputs, inputs):
+            return CorrectnessReport(STAGE_CORRECTNESS, f"{label}: the candidate modified its inputs")
+        c = compare_outputs(out, ref, tol)
+        if not c.ok:
+            problem = f"{label}: {c.problem}"
+            return CorrectnessReport(STAGE_CORRECTNESS, problem, log=problem, max_abs_err=c.max_abs_err,
+                                     rel_err=c.rel_err)
+        worst_abs, worst_rel = max(worst_abs, c.max_abs_err), max(worst_rel, c.rel_err)
+    return CorrectnessReport(STAGE_OK, max_abs_err=worst_abs, rel_err=worst_rel)

@@ -1,0 +1,66 @@
+"""Kill a process and everything it started, including children that left its process group.
+
+ninja starts every compiler command in a process group of its own, so killing the worker's group leaves a
+running ``cc1plus`` behind. The tree is frozen top-down first (SIGSTOP until no new descendant shows up: a
+stopped process cannot fork), then everything is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _parents() -> dict[int, int]:
+    """pid -> ppid for every process visible in /proc."""
+    parents: dict[int, int] = {}
+    for entry in PROC.iterdir() if PROC.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+        if len(fields) > 1:
+            parents[int(entry.name)] = int(fields[1])
+    return parents
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def kill_tree(pid: int, rounds: int = 20) -> None:
+    """SIGKILL ``pid``, its process group, and all its descendants wherever their group is."""
+    frozen: set[int] = set()
+    for _ in range(rounds):
+        new = ({pid} | descendants(pid)) - frozen
+        if not new:
+            break
+        for p in new:
+            _signal(p, signal.SIGSTOP)
+        frozen |= new
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for p in frozen | {pid}:
+        _signal(p, signal.SIGKILL)

@@ -1,0 +1,157 @@
+"""Pieces of the evaluator that need no worker process: comparison, inputs, diagnostics, environment, keys."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from stark_ray.eval.build_cache import build_key
+from stark_ray.eval.compare import Tolerance, compare_outputs
+from stark_ray.eval.diagnostics import (
+    clean_log,
+    compiler_log,
+    crash_location,
+    describe_exception,
+    first_compiler_error,
+)
+from stark_ray.eval.evaluator import precheck
+from stark_ray.eval.inputs import make_inputs, same_values, scale_floats, trial_scale
+from stark_ray.eval.sandbox_env import PACKAGE_ROOT, is_secret, worker_env
+from stark_ray.eval.timing import CpuTimer, Stats, time_interleaved
+from stark_ray.records import STAGE_COMPILE
+
+TOL = Tolerance(atol=1e-2, rtol=1e-2, max_rel_err=1e-2)
+
+
+def test_compare_equal_and_close() -> None:
+    ref = torch.randn(100, 10)
+    c = compare_outputs(ref + 1e-4, ref, TOL)
+    assert c.ok and 0 < c.max_abs_err < 2e-4 and 0 < c.rel_err < 1e-3
+
+
+def test_compare_reports_the_problem() -> None:
+    ref = torch.randn(4, 5)
+    assert "shape (5, 4), expected (4, 5)" in compare_outputs(ref.t(), ref, TOL).problem
+    assert "dtype torch.float64" in compare_outputs(ref.double(), ref, TOL).problem
+    bad = compare_outputs(ref + 1.0, ref, TOL)
+    assert not bad.ok and bad.max_abs_err == pytest.approx(1.0) and "values differ" in bad.problem
+    assert "got int, expected a tensor" in compare_outputs(3, ref, TOL).problem
+
+
+def test_compare_nan_pattern_must_match() -> None:
+    ref = torch.tensor([1.0, float("nan"), 3.0])
+    assert compare_outputs(ref.clone(), ref, TOL).ok
+    out = torch.tensor([1.0, 2.0, 3.0])
+    assert "a number where the reference has NaN" in compare_outputs(out, ref, TOL).problem
+    assert "NaN where the reference" in compare_outputs(ref, out, TOL).problem
+
+
+def test_compare_normalized_error_bound() -> None:
+    # every element within atol + rtol*|ref|, yet 5% off overall: allclose alone would pass it
+    ref = torch.full((1000,), 0.1)
+    c = compare_outputs(ref * 1.05, ref, TOL)
+    assert not c.ok and "normalized error" in c.problem and c.rel_err == pytest.approx(0.05, rel=1e-3)
+
+
+def test_compare_zero_reference_guard() -> None:
+    zeros = torch.zeros(10)
+    assert compare_outputs(zeros.clone(), zeros, TOL).rel_err == 0.0
+    c = compare_outputs(zeros + 1e-3, zeros, TOL)  # allclose decides when ||ref|| = 0
+    assert c.ok and math.isinf(c.rel_err)
+
+
+def test_compare_tuples() -> None:
+    a, b = torch.randn(3), torch.randn(2, 2)
+    assert compare_outputs((a.clone(), b.clone()), (a, b), TOL).ok
+    assert "returned 1 outputs, expected 2" in compare_outputs((a,), (a, b), TOL).problem
+    assert compare_outputs([a, b + 5], [a, b], TOL).problem.startswith("output[1]: ")
+
+
+def test_trial_scales_include_another_distribution() -> None:
+    assert [trial_scale(t, 5) for t in range(5)] == [1.0, 1.0, 1.0, 0.125, 4.0]
+    assert [trial_scale(t, 2) for t in range(2)] == [1.0, 4.0]
+    assert trial_scale(0, 1) == 1.0
+
+
+def test_inputs_seeded_and_scaled() -> None:
+    def get_inputs() -> list[object]:
+        return [torch.randn(4), torch.arange(3), 7]
+
+    a, b = make_inputs(get_inputs, 3), make_inputs(get_inputs, 3)
+    assert same_values(a, b) and not same_values(a, make_inputs(get_inputs, 4))
+    scaled = scale_floats(a, 4.0)
+    assert torch.equal(scaled[0], a[0] * 4) and torch.equal(scaled[1], a[1]) and scaled[2] == 7
+
+
+def test_timing_interleaves_and_reports() -> None:
+    calls: list[str] = []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        calls.append("f")
+        return x + 1
+
+    def g(x: torch.Tensor) -> torch.Tensor:
+        calls.append("g")
+        return x * 2
+
+    sf, sg = time_interleaved([f, g], lambda: [torch.randn(16)], CpuTimer(), warmup=1, trials=4, seed=0)
+    assert calls == ["f", "g", "g", "f"] * 2 + ["f", "g"]
+    assert sf.n == sg.n == 4 and sf.median > 0 and len(sf.samples) == 4
+    assert Stats.of([1.0, 2.0, 3.0]).median == 2.0
+
+
+def test_first_compiler_error_and_log() -> None:
+    out = ("[1/2] c++ -MMD -MF main.o.d -c /home/u/.cache/stark-ray/build/abc/main.cpp -o main.o\n"
+           "FAILED: main.o\n"
+           "/home/u/.cache/stark-ray/build/abc/main.cpp: In function 'at::Tensor f(at::Tensor)':\n"
+           "/home/u/.cache/stark-ray/build/abc/main.cpp:7:12: error: 'y' was not declared in this scope\n"
+           "    7 |     return y;\n"
+           "/home/u/.cache/stark-ray/build/abc/main.cpp:9:1: error: second\n"
+           "ninja: build stopped: subcommand failed.\n")
+    assert first_compiler_error(out) == "main.cpp:7:12: error: 'y' was not declared in this scope"
+    log = compiler_log(out)
+    assert "main.cpp:7:12: error:" in log and "/home/u" not in log and "-MMD" not in log
+    assert first_compiler_error("/usr/bin/ld: main.o: undefined reference to `foo'\n") is not None
+    assert first_compiler_error("all good\n") is None
+
+
+def test_crash_location_and_one_line() -> None:
+    dump = ('noise\nFatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n'
+            '  File "/tmp/stark-eval-x/candidate.py", line 12 in forward\n'
+            '  File "/x/torch/nn/modules/module.py", line 1 in _call_impl\n'
+            "Extension modules: numpy, torch._C\n")
+    assert crash_location(dump) == "candidate.py:12 in forward"
+    assert "Extension modules" not in clean_log(dump) and "/tmp/stark-eval-x" not in clean_log(dump)
+    assert describe_exception(RuntimeError("first\nsecond")) == "RuntimeError: first"
+    assert describe_exception(SystemExit()) == "SystemExit"
+
+
+def test_worker_env_has_no_credentials() -> None:
+    base = {"OPENAI_API_KEY": "sk", "GITHUB_TOKEN": "t", "hf_token": "t", "PATH": "/bin", "TOKENIZERS": "1"}
+    env = worker_env(Path("/tmp/w"), 2, base)
+    assert not any(is_secret(k) for k in env)
+    assert env["PATH"] == "/bin" and env["TOKENIZERS"] == "1" and env["OMP_NUM_THREADS"] == "2"
+    assert env["TMPDIR"] == "/tmp/w"
+    assert env["PYTHONPATH"].split(":")[0] == str(PACKAGE_ROOT)
+
+
+def test_build_key_covers_sources_flags_and_name() -> None:
+    base = {"name": "ext", "cpp_sources": "int f();", "functions": ["f"], "extra_cflags": ["-O3"]}
+    key = build_key(base)
+    assert len(key) == 16 and key == build_key(dict(base))
+    assert key == build_key({**base, "build_directory": "/elsewhere", "verbose": True})
+    for change in ({"cpp_sources": "int g();"}, {"extra_cflags": ["-O2"]}, {"name": "other"},
+                   {"functions": ["g"]}):
+        assert build_key({**base, **change}) != key
+
+
+def test_precheck() -> None:
+    bad = precheck("class ModelNew(\n")
+    assert bad is not None and bad.stage == STAGE_COMPILE
+    assert (bad.error or "").startswith("candidate.py:1: syntax error")
+    missing = precheck("class Model:\n    pass\n")
+    assert missing is not None and "no ModelNew" in (missing.error or "")
+    assert precheck("class ModelNew:\n    pass\n") is None
