@@ -1,0 +1,116 @@
+"""The ``stark`` command line. User mistakes end in one clear line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, AgentConfig, EvalConfig, SearchConfig
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="STARK on Ray: LLM agents that search for faster GPU kernels.")
+err = Console(stderr=True)
+
+EXIT_USAGE = 2  # bad task file, bad settings, missing key
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@app.callback()
+def _root() -> None:
+    """STARK on Ray: LLM agents that search for faster GPU kernels."""
+
+
+@app.command()
+def optimize(
+    task: Annotated[Path | None, typer.Argument(help="KernelBench-style task file (class Model, get_inputs, "
+                                                     "get_init_inputs).", show_default=False)] = None,
+    ref_path: Annotated[Path | None, typer.Option("--ref-path", "--ref_path", help="Same as TASK.")] = None,
+    budget: Annotated[int, typer.Option("--budget", "-B", help="Evaluated candidates (debug fixes count).")] = 30,
+    provider: Annotated[str | None, typer.Option(help="openai | anthropic | replay (default: openai, or "
+                                                      "replay when --cassette is given).")] = None,
+    model: Annotated[str, typer.Option(help="Model name for every agent.")] = "gpt-4o",
+    epsilon: Annotated[float, typer.Option(help="Exploration probability of the ε-greedy policy.")] = 0.3,
+    ablation: Annotated[str, typer.Option(help=f"{' | '.join(ABLATIONS)}")] = "none",
+    policy: Annotated[str, typer.Option(help=f"{' | '.join(POLICIES)}")] = "epsilon_greedy",
+    backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = "cpu_cpp",
+    seed: Annotated[int, typer.Option(help="Seeds the policy and the evaluator's inputs.")] = 0,
+    out: Annotated[Path, typer.Option(help="Where run directories go.")] = Path("runs"),
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (vLLM, SGLang, Ollama).")] = None,
+    cassette: Annotated[Path | None, typer.Option(help="Replay recorded LLM exchanges from this JSONL.")] = None,
+    record: Annotated[Path | None, typer.Option(help="Record every LLM exchange to this JSONL.")] = None,
+    n_root: Annotated[int, typer.Option(help="The root gets at most this many children.")] = 5,
+    n_child: Annotated[int, typer.Option(help="Prune a node with more failed children than this.")] = 3,
+    top_r: Annotated[int, typer.Option(help="Leaderboard entries shown to the plan agent.")] = 5,
+    k: Annotated[int, typer.Option(help="Best-of-K width (0: the whole budget).")] = 0,
+    trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = 5,
+    timeout: Annotated[float, typer.Option(help="Seconds per LLM call.")] = 180.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
+) -> None:
+    """Search for a faster implementation of TASK and write the best one to the run directory."""
+    from stark_ray.eval.tasks import TaskError, load_task
+    from stark_ray.llm.base import ConfigError
+    from stark_ray.llm.factory import check_credentials, make_client
+    from stark_ray.optimize import Reporter
+    from stark_ray.optimize import optimize as run_optimize
+
+    path = _one_task(task, ref_path)
+    try:
+        search_cfg = SearchConfig(budget=budget, policy=policy, ablation=ablation, epsilon=epsilon,
+                                  n_root=n_root, n_child=n_child, top_r=top_r, k=k, seed=seed)
+        agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model,
+                                base_url=base_url, cassette=str(cassette) if cassette else None,
+                                record=str(record) if record else None, timeout_s=timeout)
+        eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed)
+    except ValueError as e:
+        fail(str(e))
+    try:
+        check_credentials(agent_cfg)  # before any work
+        the_task = load_task(path)
+        client = make_client(agent_cfg)
+    except (ConfigError, TaskError) as e:
+        fail(str(e))
+
+    reporter: Reporter
+    if quiet:
+        reporter = Reporter()
+    else:
+        from stark_ray.progress import RichReporter
+        reporter = RichReporter(err)
+    try:
+        summary = run_optimize(the_task, client, search_cfg, agent_cfg, eval_cfg, out, reporter)
+    except TaskError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        fail("interrupted; attempts recorded so far are in the run directory", 130)
+    if quiet:
+        typer.echo(f"{summary.task}: {summary.attempts} attempts, best speedup "
+                   f"{summary.best_speedup if summary.best_speedup is None else round(summary.best_speedup, 3)}"
+                   f", results in {summary.run_dir}")
+
+
+def _one_task(task: Path | None, ref_path: Path | None) -> Path:
+    if task is not None and ref_path is not None and task != ref_path:
+        fail("give the task once: either TASK or --ref-path")
+    path = task or ref_path
+    if path is None:
+        fail("no task given: stark optimize TASK.py (or --ref-path TASK.py)")
+    return path
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:  # pragma: no cover - interactive
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

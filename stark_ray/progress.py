@@ -1,0 +1,60 @@
+"""The live view of ``stark optimize``: a progress bar plus one line per attempt."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from stark_ray.agents.base import AgentResult
+from stark_ray.eval.tasks import Task
+from stark_ray.llm.usage import UsageTotals
+from stark_ray.optimize import Reporter, RunSummary
+from stark_ray.records import Node
+from stark_ray.search.tree import Tree
+
+
+def describe(node: Node) -> str:
+    r = node.result
+    if node.correct:
+        return f"[green]correct[/] {r.runtime_ms:.3f} ms, {r.speedup:.2f}×" if r.speedup else "[green]correct[/]"
+    flags = f" [{', '.join(r.flags)}]" if r.flags else ""
+    return f"[red]{r.stage}[/]{flags}: {(r.error or '').splitlines()[0][:110] if r.error else ''}"
+
+
+class RichReporter(Reporter):
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("best {task.fields[best]}  failures {task.fields[fails]}  {task.fields[cost]}"),
+            TimeElapsedColumn(), console=self.console, transient=False,
+        )
+        self._bar = None
+
+    def start(self, task: Task, budget: int, reference: Node) -> None:
+        ms = reference.result.runtime_ms
+        self.console.print(f"[bold]{task.name}[/]: reference {ms:.3f} ms; budget {budget} attempts")
+        self.progress.start()
+        self._bar = self.progress.add_task("attempt", total=budget, best="—", fails=0, cost="")
+
+    def attempt(self, node: Node, step: AgentResult, tree: Tree, usage: UsageTotals) -> None:
+        best = tree.best()
+        self.progress.console.print(
+            f"  [{tree.evaluated:>3}] node {node.id:<3} ← {node.parent:<3} {node.agent:<9} {describe(node)}")
+        self.progress.update(self._bar, completed=tree.evaluated,
+                             best=f"{best.result.speedup:.2f}×" if best and best.result.speedup else "—",
+                             fails=tree.failures(),
+                             cost=f"${usage.cost_usd:.3f}" if usage.cost_usd else f"{usage.calls} calls")
+
+    def finish(self, summary: RunSummary) -> None:
+        self.progress.stop()
+        if summary.best_correct:
+            self.console.print(
+                f"[bold green]best[/]: node {summary.best_node}, {summary.best_runtime_ms:.3f} ms vs "
+                f"reference {summary.ref_runtime_ms:.3f} ms = [bold]{summary.best_speedup:.2f}×[/]")
+        else:
+            self.console.print("[bold red]no correct candidate[/] in this run")
+        self.console.print(
+            f"{summary.attempts} attempts, {summary.failures} failed, {summary.llm_calls} LLM calls, "
+            f"{summary.tokens['input'] + summary.tokens['output']} tokens, ${summary.cost_usd:.4f}; "
+            f"results in {summary.run_dir}")

@@ -1,0 +1,94 @@
+"""The command line as a user meets it: the real `stark` entry point in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "examples" / "tasks"
+
+
+def stark(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT,
+          timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    base["COLUMNS"] = "200"  # keep rich from wrapping the one error line
+    return subprocess.run([sys.executable, "-m", "stark_ray.cli", *args], capture_output=True, text=True,
+                          env={**base, **(env or {})}, cwd=cwd, timeout=timeout)
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@pytest.fixture()
+def cassette(tmp_path: Path) -> str:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    return str(path)
+
+
+def test_syntax_error_in_task_file(tmp_path: Path, cassette: str) -> None:
+    task = tmp_path / "broken.py"
+    task.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x)\n        return x\n")
+    line = one_error_line(stark("optimize", str(task), "--cassette", cassette, "--out", str(tmp_path)))
+    assert "broken.py:3" in line and "syntax" in line
+
+
+def test_task_missing_a_name(tmp_path: Path, cassette: str) -> None:
+    task = tmp_path / "noinit.py"
+    task.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+                    "def get_inputs():\n    return [torch.randn(4)]\n")
+    line = one_error_line(stark("optimize", str(task), "--cassette", cassette, "--out", str(tmp_path)))
+    assert "get_init_inputs" in line
+
+
+def test_task_whose_forward_fails(tmp_path: Path, cassette: str) -> None:
+    task = tmp_path / "fails.py"
+    task.write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n    def forward(self, x):\n        return x @ torch.ones(3, 3)\n\n"
+        "def get_inputs():\n    return [torch.randn(4, 5)]\n\n"
+        "def get_init_inputs():\n    return []\n")
+    line = one_error_line(stark("optimize", str(task), "--cassette", cassette, "--out", str(tmp_path)))
+    assert "forward" in line and "RuntimeError" in line
+    assert not list(tmp_path.glob("fails-*")), "no run directory for a task that cannot run"
+
+
+def test_missing_task_file(tmp_path: Path, cassette: str) -> None:
+    line = one_error_line(stark("optimize", str(tmp_path / "nope.py"), "--cassette", cassette))
+    assert "nope.py" in line
+
+
+def test_missing_api_key_is_one_line_before_any_work(tmp_path: Path) -> None:
+    line = one_error_line(stark("optimize", str(TASKS / "1_LeakyReluScale.py"), "--out", str(tmp_path)))
+    assert "OPENAI_API_KEY" in line
+    line = one_error_line(stark("optimize", "--ref_path", str(TASKS / "1_LeakyReluScale.py"),
+                                "--provider", "anthropic", "--out", str(tmp_path)))
+    assert "ANTHROPIC_API_KEY" in line
+    assert not any(tmp_path.iterdir())
+
+
+def test_bad_settings_are_one_line(tmp_path: Path, cassette: str) -> None:
+    task = str(TASKS / "1_LeakyReluScale.py")
+    assert "epsilon" in one_error_line(stark("optimize", task, "--cassette", cassette, "--epsilon", "2"))
+    assert "policy" in one_error_line(stark("optimize", task, "--cassette", cassette, "--policy", "random"))
+    assert "ablation" in one_error_line(stark("optimize", task, "--cassette", cassette, "--ablation", "x"))
+    assert "budget" in one_error_line(stark("optimize", task, "--cassette", cassette, "-B", "0"))
+    assert "no task" in one_error_line(stark("optimize", "--cassette", cassette))
+
+
+def test_malformed_cassette_names_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"role": "plan", "reply": "x", "prompt": "p"}\nnot json\n')
+    line = one_error_line(stark("optimize", str(TASKS / "1_LeakyReluScale.py"), "--cassette", str(bad)))
+    assert "bad.jsonl:2" in line
