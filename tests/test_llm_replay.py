@@ -84,6 +84,23 @@ def test_exact_match_wins_over_order(cassette: Path, caplog: pytest.LogCaptureFi
     assert rp.mismatches == 0 and not caplog.records
 
 
+def test_prompts_that_differ_only_in_measured_numbers_match_quietly(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    recorded = [req("plan", "scalar loop: runtime 8.587 ms, speedup 1.41x"),
+                req("plan", "simd loop: runtime 2.767 ms, speedup 3.55x")]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"role": "plan", "prompt": r.prompt_text(), "reply": f"reply {i}"}) + "\n"
+                            for i, r in enumerate(recorded)))
+    rp = ReplayClient(path)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        # asked out of order, with other measurements: each finds its own entry by shape
+        second = rp.complete(req("plan", "simd loop: runtime 2.91 ms, speedup 3.2x"))
+        first = rp.complete(req("plan", "scalar loop: runtime 7.9 ms, speedup 1.5x"))
+    assert (first.text, second.text) == ("reply 0", "reply 1")
+    assert first.extra["match"] == "shape" and first.extra["exact"] is False
+    assert rp.mismatches == 0 and not caplog.records
+
+
 def test_changed_prompt_warns_and_serves_in_order(cassette: Path, caplog: pytest.LogCaptureFixture) -> None:
     rp = ReplayClient(cassette)
     changed = req("plan", "plan one, edited")

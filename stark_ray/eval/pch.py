@@ -69,12 +69,12 @@ def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[st
     gch = include_dir / HEADER.with_suffix(".h.gch")
     failed = include_dir / "FAILED"
     if gch.exists():
-        return include_dir
+        return _with_stub(include_dir)
     if failed.exists():
         return None
     with file_lock(root / "pch" / f"{key}.lock"):
         if gch.exists():
-            return include_dir
+            return _with_stub(include_dir)
         gch.parent.mkdir(parents=True, exist_ok=True)
         for stale in gch.parent.glob("*.tmp*"):  # left by a build killed mid-way
             stale.unlink(missing_ok=True)
@@ -89,4 +89,20 @@ def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[st
                   flush=True)
             return None
         os.replace(tmp, gch)
+    return _with_stub(include_dir)
+
+
+# A source that includes torch/extension.h itself (most do) includes it a second time after load_inline's own
+# first line. gcc uses a .gch only for the first include; for the second it looks for the header beside the
+# .gch, so one must be there. It forwards to the real header, which #pragma once then skips.
+STUB = "// stark-ray: stands beside the precompiled header; forwards to torch's own.\n" \
+       "#pragma once\n#include_next <torch/extension.h>\n"
+
+
+def _with_stub(include_dir: Path) -> Path:
+    stub = include_dir / HEADER
+    if not stub.exists():
+        tmp = stub.with_name(f"{stub.name}.tmp{os.getpid()}")
+        tmp.write_text(STUB)
+        os.replace(tmp, stub)
     return include_dir

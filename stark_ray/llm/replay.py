@@ -7,8 +7,10 @@ One line per successful call::
 
 Replay serves each agent role from its own queue. An entry whose prompt hash equals the request's is preferred
 (the earliest unused one), so a run that follows the recorded path replays exactly even if calls finish in a
-different order. Otherwise the next unused entry of that role is served anyway, with a warning and a count in
-``ReplayClient.mismatches``: a changed prompt should not stop a replay, but it should be visible.
+different order; next an entry whose prompt differs only in numbers (runtimes and speedups are measured anew
+in every run, so a faithful replay never reproduces them digit for digit). Otherwise the next unused entry
+of that role is served anyway, with a warning and a count in ``ReplayClient.mismatches``: a changed prompt
+should not stop a replay, but it should be visible.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +100,15 @@ def load_cassette(path: str | os.PathLike[str]) -> list[CassetteEntry]:
     return entries
 
 
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def prompt_shape(prompt: str) -> str:
+    """The prompt with every number masked: prompts that differ only in measured runtimes, speedups or
+    errors (which change from run to run) have the same shape."""
+    return _NUMBER.sub("#", prompt)
+
+
 def first_difference(recorded: str, actual: str) -> str:
     """A short hint: the first line where two prompts differ."""
     old, new = recorded.splitlines(), actual.splitlines()
@@ -131,8 +143,11 @@ class ReplayClient:
 
     def complete(self, request: LLMRequest) -> Completion:
         prompt = request.prompt_text()
-        entry, exact = self._take(request.role, prompt_sha256(prompt))
-        if not exact:
+        entry, exact = self._take(request.role, prompt_sha256(prompt), prompt_shape(prompt))
+        if exact == "shape":
+            log.info("replay %s: %s prompt matches the recorded one up to measured numbers",
+                     self.path.name, request.role)
+        elif exact is None:
             hint = "prompt hash differs" if entry.prompt is None else first_difference(entry.prompt, prompt)
             log.warning("replay %s: %s prompt differs from the recorded one (%s); serving the next recorded "
                         "reply", self.path.name, request.role, hint)
@@ -141,21 +156,28 @@ class ReplayClient:
                          input_tokens=entry.input_tokens, output_tokens=entry.output_tokens,
                          cost_usd=call_cost(self.cfg, model, entry.input_tokens, entry.output_tokens))
         return Completion(text=entry.reply, usage=usage, truncated=entry.truncated,
-                          extra={"replayed": True, "exact": exact})
+                          extra={"replayed": True, "exact": exact == "hash", "match": exact or "order"})
 
-    def _take(self, role: str, digest: str) -> tuple[CassetteEntry, bool]:
+    def _take(self, role: str, digest: str, shape: str) -> tuple[CassetteEntry, str | None]:
+        """The entry to serve and how it matched: "hash" (the same prompt), "shape" (the same prompt up to
+        numbers), or None (the next unused entry of the role, counted in ``mismatches``)."""
         with self._lock:
             queue, used = self._queues.get(role, []), self._used.get(role, [])
             free = [i for i, u in enumerate(used) if not u]
             if not free:
                 raise LLMError(f"cassette {self.path.name}: no more {role!r} replies ({len(queue)} recorded)",
                                kind="cassette_exhausted", transient=False)
-            exact = next((i for i in free if queue[i].prompt_sha256 == digest), None)
-            i = free[0] if exact is None else exact
-            used[i] = True
-            if exact is None:
+            how: str | None = "hash"
+            i = next((i for i in free if queue[i].prompt_sha256 == digest), None)
+            if i is None:
+                how = "shape"
+                i = next((i for i in free if queue[i].prompt is not None
+                          and prompt_shape(queue[i].prompt or "") == shape), None)
+            if i is None:
+                how, i = None, free[0]
                 self.mismatches += 1
-            return queue[i], exact is not None
+            used[i] = True
+            return queue[i], how
 
 
 class RecordingClient:
