@@ -52,6 +52,7 @@ def optimize(
     k: Annotated[int, typer.Option(help="Best-of-K width (0: the whole budget).")] = 0,
     trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = 5,
     timeout: Annotated[float, typer.Option(help="Seconds per LLM call.")] = 180.0,
+    build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
@@ -68,7 +69,8 @@ def optimize(
         agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model,
                                 base_url=base_url, cassette=str(cassette) if cassette else None,
                                 record=str(record) if record else None, timeout_s=timeout)
-        eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed)
+        eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed,
+                              build_dir=str(build_dir) if build_dir else None)
     except ValueError as e:
         fail(str(e))
     try:

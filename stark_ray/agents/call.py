@@ -34,11 +34,19 @@ def ask(client: LLMClient, cfg: AgentConfig, role: str, system: str, messages: l
     try:
         completion = client.complete(request(cfg, role, system, messages))
     except LLMError as exc:
-        return Reply(None, exc.usage, f"{role}: LLM call failed ({exc.kind}): {one_line(str(exc))}")
+        error = f"{role}: LLM call failed ({exc.kind}): {one_line(str(exc))}"
+        return Reply(None, exc.usage or failed_usage(client, role, error), error)
     except Exception as exc:  # a provider bug must not end the search
-        return Reply(None, None, f"{role}: LLM call failed ({type(exc).__name__}): {one_line(str(exc))}")
+        error = f"{role}: LLM call failed ({type(exc).__name__}): {one_line(str(exc))}"
+        return Reply(None, failed_usage(client, role, error), error)
     text = completion.text if isinstance(completion.text, str) else ""
     return Reply(text, completion.usage, None, bool(completion.truncated))
+
+
+def failed_usage(client: LLMClient, role: str, error: str) -> LLMUsage:
+    """Every call leaves a usage record, also one whose provider reported none (it shows in llm_calls)."""
+    return LLMUsage(role=role, provider=str(getattr(client, "provider", "?")),
+                    model=str(getattr(client, "model", "?")), ok=False, error=error)
 
 
 def parse_error(role: str, error: str, reply: Reply) -> str:

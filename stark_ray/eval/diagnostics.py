@@ -17,6 +17,7 @@ _NOISE = (
     re.compile(r"^\[\d+/\d+\] "),  # ninja echoing a command
     re.compile(r"^\S*(?:c\+\+|g\+\+|gcc|clang\+\+|nvcc|ld)(?:-\d+)? .* -o \S+\s*$"),  # a compiler command
     re.compile(r"^Extension modules: "),  # faulthandler's list of loaded C extensions
+    re.compile(r"^\[stark-ray\] "),  # the evaluator's own notes
 )
 _BUILD_PATH = re.compile(r"(?:/[^\s:'\"]+)?/(main\.cpp|cuda\.cu|candidate\.py|task\.py)\b")
 _INLINE_NOTE = ("(main.cpp is '#include <torch/extension.h>', then cpp_sources, then the generated "

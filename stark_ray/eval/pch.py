@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 import os
 import re
 import subprocess
@@ -24,6 +25,8 @@ from stark_ray.eval.hardware import cpu_signature
 from stark_ray.eval.locks import file_lock
 
 HEADER = Path("torch") / "extension.h"
+# Not printed: the worker's output is the candidate's log, which the debug agent reads.
+log = logging.getLogger("stark_ray.eval.pch")
 
 
 def _cxx_std() -> str:
@@ -80,13 +83,12 @@ def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[st
             stale.unlink(missing_ok=True)
         tmp = gch.with_name(f"{gch.name}.tmp{os.getpid()}")
         cmd = pch_command(tmp, extra_cflags, extra_include_paths)
-        print(f"[stark-ray] precompiling torch/extension.h: {' '.join(cmd)}", flush=True)
+        log.info("precompiling torch/extension.h: %s", " ".join(cmd))
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
         if proc.returncode != 0:
             failed.write_text(proc.stdout)
             tmp.unlink(missing_ok=True)
-            print(f"[stark-ray] precompiled header failed; building without it:\n{proc.stdout[-2000:]}",
-                  flush=True)
+            log.info("precompiled header failed (see %s); building without it", failed)
             return None
         os.replace(tmp, gch)
     return _with_stub(include_dir)
