@@ -52,6 +52,9 @@ def optimize(
     k: Annotated[int, typer.Option(help="Best-of-K width (0: the whole budget).")] = 0,
     trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = 5,
     timeout: Annotated[float, typer.Option(help="Seconds per LLM call.")] = 180.0,
+    temperature_plan: Annotated[float, typer.Option(help="Plan agent temperature.")] = 0.8,
+    temperature_code: Annotated[float, typer.Option(help="Code agent temperature.")] = 0.1,
+    temperature_debug: Annotated[float, typer.Option(help="Debug agent temperature.")] = 0.1,
     build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
 ) -> None:
@@ -68,7 +71,9 @@ def optimize(
                                   n_root=n_root, n_child=n_child, top_r=top_r, k=k, seed=seed)
         agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model,
                                 base_url=base_url, cassette=str(cassette) if cassette else None,
-                                record=str(record) if record else None, timeout_s=timeout)
+                                record=str(record) if record else None, timeout_s=timeout,
+                                temperature_plan=temperature_plan, temperature_code=temperature_code,
+                                temperature_debug=temperature_debug, temperature_single=temperature_code)
         eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed,
                               build_dir=str(build_dir) if build_dir else None)
     except ValueError as e:

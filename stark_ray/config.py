@@ -75,6 +75,14 @@ class AgentConfig:
     record: str | None = None  # any provider: write a cassette here
     prices: dict[str, tuple[float, float]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for role in ("plan", "code", "debug", "single"):
+            t = getattr(self, f"temperature_{role}")
+            if not 0.0 <= t <= 2.0:
+                raise ValueError(f"temperature for {role} must be in [0, 2], got {t}")
+        if self.max_tokens < 1 or self.timeout_s <= 0 or self.max_retries < 0:
+            raise ValueError("max_tokens must be >= 1, timeout_s > 0 and max_retries >= 0")
+
     def temperature(self, role: str) -> float:
         return float(getattr(self, f"temperature_{role}", self.temperature_code))
 

@@ -84,6 +84,8 @@ def test_bad_settings_are_one_line(tmp_path: Path, cassette: str) -> None:
     assert "policy" in one_error_line(stark("optimize", task, "--cassette", cassette, "--policy", "random"))
     assert "ablation" in one_error_line(stark("optimize", task, "--cassette", cassette, "--ablation", "x"))
     assert "budget" in one_error_line(stark("optimize", task, "--cassette", cassette, "-B", "0"))
+    assert "temperature" in one_error_line(stark("optimize", task, "--cassette", cassette,
+                                                 "--temperature-plan", "-1"))
     assert "no task" in one_error_line(stark("optimize", "--cassette", cassette))
 
 

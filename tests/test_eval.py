@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -117,10 +115,8 @@ class ModelNew(nn.Module):
 
 
 @pytest.fixture(scope="module")
-def build_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="stark-build-test-")  # holds a ~0.8 GB precompiled header: removed after
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def build_dir(shared_build_dir: str) -> str:
+    return shared_build_dir
 
 
 @pytest.fixture(scope="module")

@@ -56,14 +56,14 @@ def test_run_directory_holds_best_kernel_summary_and_parquet(tmp_path: Path) -> 
     assert len(tree) == 4 and tree.best() is not None and tree.best().id == summary.best_node
 
 
-def test_offline_demo_finds_a_correct_faster_kernel(tmp_path: Path) -> None:
+def test_offline_demo_finds_a_correct_faster_kernel(tmp_path: Path, shared_build_dir: str) -> None:
     """The README's first command (after the install), as a user runs it."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     env["COLUMNS"] = "160"
     proc = subprocess.run(
         [sys.executable, "-m", "stark_ray.cli", "optimize", "examples/tasks/2_FusedSwishScaleClamp.py",
          "--cassette", "examples/cassettes/2_FusedSwishScaleClamp.jsonl", "--budget", "5", "--seed", "7",
-         "--out", str(tmp_path / "runs"), "--build-dir", str(tmp_path / "build")],
+         "--out", str(tmp_path / "runs"), "--build-dir", shared_build_dir],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "differs from the recorded" not in proc.stderr  # the replay followed the recorded path
