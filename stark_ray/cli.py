@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, AgentConfig, EvalConfig, SearchConfig
+
+if TYPE_CHECKING:
+    from stark_ray.optimize import RunSummary
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="STARK on Ray: LLM agents that search for faster GPU kernels.")
@@ -19,7 +25,7 @@ EXIT_USAGE = 2  # bad task file, bad settings, missing key
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -51,6 +57,8 @@ def optimize(
     top_r: Annotated[int, typer.Option(help="Leaderboard entries shown to the plan agent.")] = 5,
     k: Annotated[int, typer.Option(help="Best-of-K width (0: the whole budget).")] = 0,
     trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = 5,
+    max_debug_chain: Annotated[int, typer.Option(help="Repairs in a row one lineage may get.")] = 2,
+    window_chars: Annotated[int, typer.Option(help="Size limit of one context window in a prompt.")] = 24_000,
     timeout: Annotated[float, typer.Option(help="Seconds per LLM call.")] = 180.0,
     temperature_plan: Annotated[float, typer.Option(help="Plan agent temperature.")] = 0.8,
     temperature_code: Annotated[float, typer.Option(help="Code agent temperature.")] = 0.1,
@@ -59,8 +67,9 @@ def optimize(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
+    from stark_ray.eval.backends import available_backends
     from stark_ray.eval.tasks import TaskError, load_task
-    from stark_ray.llm.base import ConfigError
+    from stark_ray.llm.base import ConfigError, LLMError
     from stark_ray.llm.factory import check_credentials, make_client
     from stark_ray.optimize import Reporter
     from stark_ray.optimize import optimize as run_optimize
@@ -68,7 +77,8 @@ def optimize(
     path = _one_task(task, ref_path)
     try:
         search_cfg = SearchConfig(budget=budget, policy=policy, ablation=ablation, epsilon=epsilon,
-                                  n_root=n_root, n_child=n_child, top_r=top_r, k=k, seed=seed)
+                                  n_root=n_root, n_child=n_child, top_r=top_r, k=k, seed=seed,
+                                  max_debug_chain=max_debug_chain, window_chars=window_chars)
         agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model,
                                 base_url=base_url, cassette=str(cassette) if cassette else None,
                                 record=str(record) if record else None, timeout_s=timeout,
@@ -78,29 +88,65 @@ def optimize(
                               build_dir=str(build_dir) if build_dir else None)
     except ValueError as e:
         fail(str(e))
+    if backend not in available_backends():
+        fail(f"backend {backend!r} is not available in this version; available: {', '.join(available_backends())}")
     try:
         check_credentials(agent_cfg)  # before any work
         the_task = load_task(path)
+        _writable_dir(out, "--out")
+        if record is not None:
+            _writable_file(record, "--record")
         client = make_client(agent_cfg)
     except (ConfigError, TaskError) as e:
         fail(str(e))
 
     reporter: Reporter
     if quiet:
-        reporter = Reporter()
+        reporter = _QuietReporter()
     else:
         from stark_ray.progress import RichReporter
         reporter = RichReporter(err)
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
     try:
-        summary = run_optimize(the_task, client, search_cfg, agent_cfg, eval_cfg, out, reporter)
+        run_optimize(the_task, client, search_cfg, agent_cfg, eval_cfg, out, reporter)
     except TaskError as e:
         fail(str(e))
+    except LLMError as e:
+        fail(f"the LLM provider refused the call ({e.kind}): {e}; what was recorded is kept", 1)
     except KeyboardInterrupt:
-        fail("interrupted; attempts recorded so far are in the run directory", 130)
-    if quiet:
-        typer.echo(f"{summary.task}: {summary.attempts} attempts, best speedup "
-                   f"{summary.best_speedup if summary.best_speedup is None else round(summary.best_speedup, 3)}"
-                   f", results in {summary.run_dir}")
+        fail("interrupted; everything recorded so far is in the run directory", 130)
+
+
+class _QuietReporter:
+    def start(self, *args: object) -> None: ...
+    def attempt(self, *args: object) -> None: ...
+
+    def finish(self, summary: RunSummary) -> None:
+        speedup = "none" if summary.best_speedup is None else f"{summary.best_speedup:.3f}x"
+        typer.echo(f"{summary.task}: {summary.status}, {summary.attempts} attempts, best speedup {speedup}, "
+                   f"results in {summary.run_dir}")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _writable_dir(path: Path, flag: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"{flag} {path}: cannot create the directory ({e.strerror or e})")
+    if not os.access(path, os.W_OK):
+        fail(f"{flag} {path}: the directory is not writable")
+
+
+def _writable_file(path: Path, flag: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        fail(f"{flag} {path}: cannot write there ({e.strerror or e})")
 
 
 def _one_task(task: Path | None, ref_path: Path | None) -> Path:

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
-from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+import re
+from dataclasses import dataclass, field
 
 POLICIES = ("epsilon_greedy", "greedy", "best_of_k")
 ABLATIONS = ("none", "search_agent", "ma_only")
 BACKENDS = ("cpu_cpp", "cuda", "cuda_nvrtc", "triton")
 PROVIDERS = ("openai", "anthropic", "replay")
 
-# USD per million tokens (input, output). Overridable with AgentConfig.prices or a TOML [prices] table.
+# USD per million tokens (input, output). Overridable with AgentConfig.prices. A model missing here costs 0.
 DEFAULT_PRICES: dict[str, tuple[float, float]] = {
     "gpt-4o": (2.50, 10.00),
     "gpt-4o-mini": (0.15, 0.60),
@@ -55,8 +48,10 @@ class SearchConfig:
             raise ValueError(f"unknown ablation {self.ablation!r}; choose one of {', '.join(ABLATIONS)}")
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
-        if self.n_root < 1 or self.n_child < 0 or self.top_r < 0:
-            raise ValueError("n_root must be >= 1; n_child and top_r >= 0")
+        if self.n_root < 1 or self.n_child < 0 or self.top_r < 0 or self.k < 0 or self.max_debug_chain < 0:
+            raise ValueError("n_root must be >= 1; n_child, top_r, k and max_debug_chain >= 0")
+        if self.window_chars < 1000:
+            raise ValueError(f"window_chars must be >= 1000, got {self.window_chars}")
 
 
 @dataclass(frozen=True)
@@ -88,11 +83,9 @@ class AgentConfig:
 
     def price(self, model: str) -> tuple[float, float]:
         table = {**DEFAULT_PRICES, **self.prices}
-        if model in table:
-            return table[model]
-        # dated variants ("gpt-4o-2024-08-06") fall back to their family
-        best = max((k for k in table if model.startswith(k)), key=len, default=None)
-        return table[best] if best else (0.0, 0.0)
+        # a dated snapshot ("gpt-4o-2024-08-06", "claude-3-5-haiku-20241022") costs what its model costs
+        base = re.sub(r"-(\d{4}-\d{2}-\d{2}|\d{8})$", "", model)
+        return table.get(model) or table.get(base) or (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -114,17 +107,3 @@ class EvalConfig:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.trials < 1 or self.timing_trials < 1:
             raise ValueError("trials and timing_trials must be >= 1")
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        return tomllib.load(f)
-
-
-def merge(cfg: Any, values: dict[str, Any]) -> Any:
-    """Return a copy of the frozen dataclass ``cfg`` with the known keys of ``values`` replaced."""
-    names = {f.name for f in fields(cfg)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ValueError(f"unknown setting(s) for {type(cfg).__name__}: {', '.join(unknown)}")
-    return replace(cfg, **values)

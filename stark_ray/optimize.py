@@ -1,12 +1,14 @@
 """One task, optimized in-process: the local executor behind ``stark optimize``.
 
 It wires the core together — task, evaluator, LLM client, tree, policy, team — runs Algorithm 1, streams
-every attempt and LLM call to Parquet, and writes ``best_kernel.py`` and ``summary.json``.
+every attempt and LLM call to Parquet, keeps ``best_kernel.py`` current, and writes ``summary.json``; an
+interrupted or failed run still leaves both, with its status.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections import Counter
@@ -29,23 +31,27 @@ from stark_ray.search.team import make_team
 from stark_ray.search.tree import Tree
 from stark_ray.store.parquet import PartWriter, safe_name
 
+STATUS_FINISHED, STATUS_INTERRUPTED, STATUS_FAILED = "finished", "interrupted", "failed"
+
 
 @dataclass
 class RunSummary:
     task: str
     run_id: str
     run_dir: str
+    status: str  # finished | interrupted | failed
     attempts: int
     budget: int
     best_correct: bool
     best_speedup: float | None
     best_node: int | None
     best_runtime_ms: float | None
-    ref_runtime_ms: float | None
+    best_ref_runtime_ms: float | None  # the reference as timed beside the best candidate
+    ref_runtime_ms: float | None  # the reference timed alone, at the start
     failures: int
     failures_by_stage: dict[str, int]
     tokens: dict[str, int]
-    cost_usd: float
+    cost: float  # USD
     llm_calls: int
     wall_s: float
     settings: dict[str, Any] = field(default_factory=dict)
@@ -59,71 +65,107 @@ class Reporter:
     def finish(self, summary: RunSummary) -> None: ...
 
 
-def new_run_dir(out: Path, task_name: str) -> tuple[str, Path]:
+def new_run_dir(out: Path, task_name: str) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    run_id = f"{safe_name(task_name)}-{stamp}"
-    run_dir, n = out / run_id, 1
-    while run_dir.exists():
-        n += 1
-        run_dir = out / f"{run_id}-{n}"
-    run_dir.mkdir(parents=True)
-    return run_dir.name, run_dir
+    base = f"{safe_name(task_name)}-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        run_dir = out / (base if n == 1 else f"{base}-{n}")
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free run directory name for {base} under {out}")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Run:
+    """The run directory of one task: Parquet rows as they happen, the best kernel, the summary."""
+
+    def __init__(self, out: Path, task: Task, tree: Tree) -> None:
+        self.dir = new_run_dir(out, task.name)
+        self.id = self.dir.name
+        self.common = {"run_id": self.id, "task": task.name}
+        self.attempts = PartWriter(self.dir, "attempts", task.name, attempt_schema(), flush_rows=1)
+        self.calls = PartWriter(self.dir, "llm_calls", task.name, llm_call_schema(), flush_rows=8)
+        self.usage = UsageTotals()
+        self.best: Node | None = None
+        self.attempts.append({**self.common, "seq": 0, **tree.root.to_record()})
+
+    def record(self, node: Node, step: AgentResult, tree: Tree) -> None:
+        self.attempts.append({**self.common, "seq": node.id, **node.to_record()})
+        for u in step.usage:
+            u.node_id = node.id
+            self.usage.add(u)
+            self.calls.append({**self.common, "seq": node.id, **u.to_record()})
+        best = tree.best()
+        if best is not None and best is not self.best:
+            self.best = best
+            write_atomic(self.dir / "best_kernel.py", best.source)
+
+    def close(self) -> None:
+        self.attempts.close()
+        self.calls.close()
+
+
+def summarize(run: Run, task: Task, tree: Tree, status: str, settings: dict[str, Any], wall_s: float,
+              budget: int) -> RunSummary:
+    best, usage = tree.best(), run.usage
+    return RunSummary(
+        task=task.name, run_id=run.id, run_dir=str(run.dir), status=status, attempts=tree.evaluated,
+        budget=budget, best_correct=best is not None,
+        best_speedup=best.result.speedup if best else None, best_node=best.id if best else None,
+        best_runtime_ms=best.result.runtime_ms if best else None,
+        best_ref_runtime_ms=best.result.ref_runtime_ms if best else None,
+        ref_runtime_ms=tree.root.result.runtime_ms, failures=tree.failures(),
+        failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.correct)),
+        tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
+        llm_calls=usage.calls, wall_s=round(wall_s, 2), settings=settings,
+    )
 
 
 def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg: AgentConfig,
              eval_cfg: EvalConfig, out: Path, reporter: Reporter | None = None,
              evaluator_factory: Callable[[Task, EvalConfig], Any] = make_evaluator) -> RunSummary:
-    """Run STARK on one task. Raises TaskError when the reference itself cannot be evaluated."""
+    """Run STARK on one task. Raises TaskError when the reference itself cannot be evaluated (before any run
+    directory exists); any later exception (Ctrl-C included) propagates after the run directory is complete."""
     reporter = reporter or Reporter()
     t0 = time.monotonic()
-    evaluator = evaluator_factory(task, eval_cfg)
-    try:
+    settings = {"search": asdict(search_cfg), "agents": _public(asdict(agent_cfg)), "eval": asdict(eval_cfg)}
+    with evaluator_factory(task, eval_cfg) as evaluator:
         reference = evaluator.reference()  # validates the task: TaskError when its forward fails
-        run_id, run_dir = new_run_dir(out, task.name)
-        attempts = PartWriter(run_dir, "attempts", task.name, attempt_schema(), flush_rows=1)
-        calls = PartWriter(run_dir, "llm_calls", task.name, llm_call_schema(), flush_rows=8)
-        usage = UsageTotals()
         tree = Tree.with_reference(task.source, reference)
-        common = {"run_id": run_id, "task": task.name}
-        attempts.append({**common, "seq": 0, **tree.root.to_record()})
-        reporter.start(task, search_cfg.budget, tree.root)
-
-        def on_attempt(node: Node, step: AgentResult) -> None:
-            attempts.append({**common, "seq": node.id, **node.to_record()})
-            for u in step.usage:
-                u.node_id = node.id
-                usage.add(u)
-                calls.append({**common, "seq": node.id, **u.to_record()})
-            reporter.attempt(node, step, tree, usage)
-
+        run = Run(out, task, tree)
         info = TaskInfo(name=task.name, reference_source=task.source, backend=eval_cfg.backend,
                         hardware=evaluator.hardware_description())
         policy = make_policy(search_cfg.policy, search_cfg.ablation, search_cfg.epsilon, search_cfg.n_root,
                              search_cfg.n_child, search_cfg.max_debug_chain, search_cfg.k)
         team = make_team(client, agent_cfg, search_cfg, info)
-        try:
-            best = search(tree, policy, team, evaluator.evaluate, search_cfg.budget,
-                          random.Random(search_cfg.seed), on_attempt)
-        finally:
-            attempts.close()
-            calls.close()
-    finally:
-        evaluator.close()
 
-    if best is not None:
-        (run_dir / "best_kernel.py").write_text(best.source)
-    summary = RunSummary(
-        task=task.name, run_id=run_id, run_dir=str(run_dir), attempts=tree.evaluated, budget=search_cfg.budget,
-        best_correct=best is not None, best_speedup=best.result.speedup if best else None,
-        best_node=best.id if best else None, best_runtime_ms=best.result.runtime_ms if best else None,
-        ref_runtime_ms=reference.runtime_ms, failures=tree.failures(),
-        failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.correct)),
-        tokens={"input": usage.input_tokens, "output": usage.output_tokens},
-        cost_usd=round(usage.cost_usd, 6), llm_calls=usage.calls, wall_s=round(time.monotonic() - t0, 2),
-        settings={"search": asdict(search_cfg), "agents": _public(asdict(agent_cfg)), "eval": asdict(eval_cfg)},
-    )
-    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
-    reporter.finish(summary)
+        def on_attempt(node: Node, step: AgentResult) -> None:
+            run.record(node, step, tree)
+            reporter.attempt(node, step, tree, run.usage)
+
+        status = STATUS_FAILED
+        reporter.start(task, search_cfg.budget, tree.root)
+        try:
+            search(tree, policy, team, evaluator.evaluate, search_cfg.budget, random.Random(search_cfg.seed),
+                   on_attempt)
+            status = STATUS_FINISHED
+        except KeyboardInterrupt:
+            status = STATUS_INTERRUPTED
+            raise
+        finally:
+            run.close()
+            summary = summarize(run, task, tree, status, settings, time.monotonic() - t0, search_cfg.budget)
+            write_atomic(run.dir / "summary.json", json.dumps(asdict(summary), indent=2) + "\n")
+            reporter.finish(summary)
     return summary
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from stark_ray.agents.base import AgentResult
@@ -14,11 +15,13 @@ from stark_ray.search.tree import Tree
 
 
 def describe(node: Node) -> str:
+    """One line of rich markup; everything that comes from a compiler, a model or a candidate is escaped."""
     r = node.result
     if node.correct:
         return f"[green]correct[/] {r.runtime_ms:.3f} ms, {r.speedup:.2f}×" if r.speedup else "[green]correct[/]"
-    flags = f" [{', '.join(r.flags)}]" if r.flags else ""
-    return f"[red]{r.stage}[/]{flags}: {(r.error or '').splitlines()[0][:110] if r.error else ''}"
+    flags = escape(f" [{', '.join(r.flags)}]") if r.flags else ""
+    first = (r.error or "").splitlines()[0][:110] if r.error else ""
+    return f"[red]{r.stage}[/]{flags}: {escape(first)}"
 
 
 class RichReporter(Reporter):
@@ -33,7 +36,7 @@ class RichReporter(Reporter):
 
     def start(self, task: Task, budget: int, reference: Node) -> None:
         ms = reference.result.runtime_ms
-        self.console.print(f"[bold]{task.name}[/]: reference {ms:.3f} ms; budget {budget} attempts")
+        self.console.print(f"[bold]{escape(task.name)}[/]: reference {ms:.3f} ms; budget {budget} attempts")
         self.progress.start()
         self._bar = self.progress.add_task("attempt", total=budget, best="—", fails=0, cost="")
 
@@ -48,13 +51,16 @@ class RichReporter(Reporter):
 
     def finish(self, summary: RunSummary) -> None:
         self.progress.stop()
+        if summary.status != "finished":
+            self.console.print(f"[bold yellow]run {summary.status}[/] after {summary.attempts} attempts")
         if summary.best_correct:
             self.console.print(
                 f"[bold green]best[/]: node {summary.best_node}, {summary.best_runtime_ms:.3f} ms vs "
-                f"reference {summary.ref_runtime_ms:.3f} ms = [bold]{summary.best_speedup:.2f}×[/]")
+                f"reference {summary.best_ref_runtime_ms:.3f} ms in the same run = "
+                f"[bold]{summary.best_speedup:.2f}×[/]")
         else:
             self.console.print("[bold red]no correct candidate[/] in this run")
         self.console.print(
             f"{summary.attempts} attempts, {summary.failures} failed, {summary.llm_calls} LLM calls, "
-            f"{summary.tokens['input'] + summary.tokens['output']} tokens, ${summary.cost_usd:.4f}; "
-            f"results in {summary.run_dir}")
+            f"{summary.tokens['input'] + summary.tokens['output']} tokens, ${summary.cost:.4f}; "
+            f"results in {escape(summary.run_dir)}", highlight=False)

@@ -118,10 +118,15 @@ class Node:
 
     @property
     def score(self) -> float:
-        """Runtime in ms; +inf for anything not correct (lower is better)."""
-        if self.result.ok and self.result.runtime_ms is not None:
-            return self.result.runtime_ms
-        return math.inf
+        """Lower is better: runtime relative to the reference timed in the same worker run (1/speedup, so
+        drift of the host between runs cancels out); the reference itself scores 1. +inf when not correct."""
+        if not self.result.ok:
+            return math.inf
+        if self.is_root:
+            return 1.0
+        if self.result.speedup:
+            return 1.0 / self.result.speedup
+        return math.inf if self.result.runtime_ms is None else self.result.runtime_ms
 
     # --- plain records -------------------------------------------------------------------------------
     def to_record(self) -> dict[str, Any]:

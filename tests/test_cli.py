@@ -94,3 +94,13 @@ def test_malformed_cassette_names_the_line(tmp_path: Path) -> None:
     bad.write_text('{"role": "plan", "reply": "x", "prompt": "p"}\nnot json\n')
     line = one_error_line(stark("optimize", str(TASKS / "1_LeakyReluScale.py"), "--cassette", str(bad)))
     assert "bad.jsonl:2" in line
+
+
+def test_unavailable_backend_bad_out_and_bad_record_are_one_line(tmp_path: Path, cassette: str) -> None:
+    task = str(TASKS / "1_LeakyReluScale.py")
+    assert "cuda" in one_error_line(stark("optimize", task, "--cassette", cassette, "--backend", "cuda"))
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    assert "--out" in one_error_line(stark("optimize", task, "--cassette", cassette, "--out", str(a_file)))
+    assert "--record" in one_error_line(stark("optimize", task, "--cassette", cassette,
+                                              "--record", str(tmp_path)))

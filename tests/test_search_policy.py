@@ -58,18 +58,26 @@ def test_root_is_never_selected_past_n_root_children() -> None:
     rules = Rules(n_root=3, n_child=3, max_debug_chain=2)
     policy = EpsilonGreedy(0.3, rules)
     rng = random.Random(1)
-    root_picks = 0
-    for _ in range(30):
-        others_left = bool(rules.expandable_leaves(t))
+    picks = []
+    for _ in range(9):  # 3 root children, each repaired twice: 9 attempts, all wrong
         node = policy.select(t, rng)
         assert node is not None
-        if node.is_root:
-            # past n_root only as the fallback when nothing else is left
-            assert len(t.root.children) < 3 or not others_left
-            root_picks += len(t.root.children) < 3
-        # every attempt is wrong but repairable, until its debug chain runs out
+        assert not node.is_root or len(t.root.children) < 3
+        picks.append(node.id)
         add(t, node.id, bad(STAGE_CORRECTNESS), "plan+code" if node.is_root else AGENT_DEBUG)
-    assert root_picks == 3
+    assert picks.count(0) == 3 and len(t.root.children) == 3
+    # every lineage is out of repairs now: only then is the root offered again
+    assert not rules.expandable_leaves(t)
+    assert policy.select(t, rng).is_root
+
+
+def test_the_root_is_never_pruned_as_a_dead_branch() -> None:
+    t = reference_tree()
+    rules = Rules(n_root=6, n_child=3)
+    fails = [add(t, 0, bad()) for _ in range(4)]  # more than n_child failed children of the root
+    assert not is_dead(t, t.root, 3) and not rules.pruned(t, t[fails[0]])
+    seen = set(draws(EpsilonGreedy(0.5, rules), t, 400))
+    assert seen == {0, *fails}  # the root (exploit) and its repairable children (explore)
 
 
 def test_when_nothing_else_is_left_the_root_is_offered_again() -> None:
@@ -91,9 +99,6 @@ def test_dead_branches_are_pruned_with_their_subtree() -> None:
     seen = set(draws(EpsilonGreedy(0.5, rules), t, 1000))
     assert a not in seen and not seen & set(fails)
     assert seen == {0}
-    # a correct fix below revives the branch
-    add(t, fails[0], ok(4.0), AGENT_DEBUG)
-    assert not is_dead(t, t[a], 3)
 
 
 @settings(max_examples=150, deadline=None)
@@ -109,9 +114,10 @@ def test_selection_invariants_on_random_trees(shape, seed, eps) -> None:
     rules = Rules(n_root=3, n_child=2, max_debug_chain=2)
     policy = EpsilonGreedy(eps, rules)
     selectable = [n for n in t if rules.selectable(t, n)]
+    candidates = rules.expandable_leaves(t) or [n for n in selectable if n.correct]
     for node_id in draws(policy, t, 30, seed):
         node = t[node_id]
-        if selectable:
+        if candidates:
             assert rules.selectable(t, node)  # never pruned, never the throttled root, never a dead end
         else:
             assert node.is_root

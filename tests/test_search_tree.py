@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+import pytest
 from search_helpers import add, bad, hand_built, ok, reference_tree
 
-from stark_ray.records import AGENT_DEBUG, STAGE_PARSE, Node
+from stark_ray.records import AGENT_DEBUG, AGENT_SINGLE, STAGE_PARSE, Node
 from stark_ray.search.tree import Tree
 from stark_ray.search.windows import code_window, debug_window, plan_window
 
@@ -31,12 +32,28 @@ def test_reference_is_not_on_the_leaderboard_even_when_fastest() -> None:
     assert ids(t.leaderboard()) == [1]  # slower than the reference, but it is the only candidate
 
 
-def test_debug_chain_counts_consecutive_fixes() -> None:
+def test_debug_chain_counts_consecutive_repairs_whoever_wrote_them() -> None:
     t = reference_tree()
     a = add(t, 0, bad())
     b = add(t, a, bad(), AGENT_DEBUG)
     c = add(t, b, bad(), AGENT_DEBUG)
     assert [t.debug_chain(x) for x in (a, b, c)] == [0, 1, 2]
+    # the single agent of the search_agent ablation repairs too: its fixes count the same
+    d = add(t, 0, bad(), AGENT_SINGLE)
+    e = add(t, d, bad(), AGENT_SINGLE)
+    f = add(t, e, ok(3.0), AGENT_SINGLE)
+    g = add(t, f, bad(), AGENT_SINGLE)  # an improvement of a correct node starts a new chain
+    assert [t.debug_chain(x) for x in (d, e, f, g)] == [0, 1, 2, 0]
+
+
+def test_rebuild_rejects_inconsistent_records() -> None:
+    recs = hand_built().to_records()
+    with pytest.raises(ValueError, match="exactly once"):
+        Tree.from_records(recs[:3] + recs[4:])  # a lost row
+    bad_depth = [dict(r) for r in recs]
+    bad_depth[9]["depth"] = 7
+    with pytest.raises(ValueError, match="depth"):
+        Tree.from_records(bad_depth)
 
 
 def test_records_round_trip_exactly() -> None:
@@ -71,13 +88,3 @@ def test_debug_window_membership() -> None:
     assert set(ids(debug_window(t, t[5]))) == {5, 0, 4, 6}
     assert set(ids(debug_window(t, t[2]))) == {2, 0, 1, 3}
     assert ids(debug_window(t, t[0])) == [0]
-
-
-def test_windows_bounded_on_wide_trees() -> None:
-    t = reference_tree()
-    for _ in range(50):
-        add(t, 0, ok(9.0))
-    w = code_window(t, t[0], max_nodes=8)
-    assert len(w) == 8 and w[0].id == 0
-    w = debug_window(t, t[3], max_nodes=5)
-    assert ids(w)[:2] == [3, 0] and len(w) == 5

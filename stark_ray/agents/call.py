@@ -30,10 +30,13 @@ def request(cfg: AgentConfig, role: str, system: str, messages: list[Message]) -
 
 
 def ask(client: LLMClient, cfg: AgentConfig, role: str, system: str, messages: list[Message]) -> Reply:
-    """Call the model once. LLMError (and any other exception from the client) becomes ``Reply.error``."""
+    """Call the model once. LLMError (and any other exception from the client) becomes ``Reply.error``, except
+    a fatal one (bad key, unknown model, ...), which is raised: every further call would fail the same way."""
     try:
         completion = client.complete(request(cfg, role, system, messages))
     except LLMError as exc:
+        if exc.fatal:
+            raise
         error = f"{role}: LLM call failed ({exc.kind}): {one_line(str(exc))}"
         return Reply(None, exc.usage or failed_usage(client, role, error), error)
     except Exception as exc:  # a provider bug must not end the search

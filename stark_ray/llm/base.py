@@ -43,6 +43,10 @@ class Completion:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+# Failures that no retry and no other prompt can fix: a run stops on them instead of spending its budget.
+FATAL_KINDS = frozenset({"auth", "permission", "not_found", "billing"})
+
+
 class LLMError(Exception):
     """A call that failed for good (after the SDK's retries). ``kind`` is a short machine-readable tag."""
 
@@ -52,6 +56,11 @@ class LLMError(Exception):
         self.kind = kind
         self.transient = transient
         self.usage = usage
+
+    @property
+    def fatal(self) -> bool:
+        """The provider will refuse every call (bad key, no access, unknown model, no credit)."""
+        return self.kind in FATAL_KINDS
 
 
 class ConfigError(Exception):

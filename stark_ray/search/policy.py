@@ -5,8 +5,8 @@ Vocabulary (STARK.md):
   shorter than ``max_debug_chain``; selecting it sends it to the debug agent.
 - *expandable*: a node some agent can work on: a correct node (plan + code) or a repairable failed one.
 - *root throttling*: the root gets at most ``n_root`` children; after that it is not selectable.
-- *dead branch*: a node with more than ``n_child`` children and no correct node below it; it and its whole
-  subtree are not selectable.
+- *dead branch*: a node other than the root with more than ``n_child`` children and no correct node below it;
+  it and its whole subtree are not selectable. (The root is bounded by ``n_root`` alone.)
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def repairable(tree: Tree, node: Node, max_debug_chain: int) -> bool:
 
 
 def is_dead(tree: Tree, node: Node, n_child: int) -> bool:
-    return len(node.children) > n_child and not any(d.correct for d in tree.descendants(node.id))
+    return not node.is_root and len(node.children) > n_child and not any(d.correct for d in tree.descendants(node.id))
 
 
 class Rules:
@@ -53,7 +53,8 @@ class Rules:
         return [n for n in tree.leaves() if self.selectable(tree, n)]
 
     def best_correct(self, tree: Tree) -> Node | None:
-        """The fastest selectable correct node; the reference competes with its own runtime."""
+        """The best-scoring (fastest relative to the reference) selectable correct node; the reference competes
+        with a score of 1."""
         correct = [n for n in tree if n.correct and self.selectable(tree, n)]
         return min(correct, key=lambda n: (n.score, n.id), default=None)
 
@@ -68,15 +69,16 @@ class EpsilonGreedy:
         self.rules = rules or Rules()
 
     def select(self, tree: Tree, rng: random.Random) -> Node | None:
-        explore = rng.random() < self.epsilon  # always draw, so the RNG stream does not depend on the tree
+        # two draws every step, whatever the tree: the RNG stream is fixed by the seed alone
+        explore, pick = rng.random() < self.epsilon, rng.random()
         leaves = self.rules.expandable_leaves(tree)
         best = self.rules.best_correct(tree)
         if explore and leaves:
-            return leaves[rng.randrange(len(leaves))]
+            return leaves[int(pick * len(leaves))]
         if best is not None:
             return best
         if leaves:
-            return leaves[rng.randrange(len(leaves))]
+            return leaves[int(pick * len(leaves))]
         return tree.root
 
 

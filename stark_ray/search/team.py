@@ -58,19 +58,23 @@ class StarkTeam:
 
 @dataclass
 class SingleAgentTeam:
-    """The ``search_agent`` ablation: one agent plans, codes and debugs in one prompt."""
+    """The ``search_agent`` ablation: one agent plans, codes and debugs in one prompt. With
+    ``feedback=False`` (``--policy best_of_k``) it is KernelBench's sampling agent: independent samples."""
 
     client: LLMClient
     agents: AgentConfig
     search: SearchConfig
     task: TaskInfo
+    feedback: bool = True
 
     def improve(self, tree: Tree, node: Node) -> AgentResult:
-        window = plan_window(tree, node, self.search.top_r)
-        return single_agent.single(self.client, self.agents, self.task, node, window, self.search.window_chars)
+        window = plan_window(tree, node, self.search.top_r) if self.feedback else _bare(tree, node)
+        return self._ask(node, window)
 
     def repair(self, tree: Tree, node: Node) -> AgentResult:
-        window = debug_window(tree, node)
+        return self._ask(node, debug_window(tree, node) if self.feedback else _bare(tree, node))
+
+    def _ask(self, node: Node, window: list[Node]) -> AgentResult:
         return single_agent.single(self.client, self.agents, self.task, node, window, self.search.window_chars)
 
     def agent_name(self, mode: str) -> str:
@@ -82,7 +86,8 @@ def _bare(tree: Tree, node: Node) -> list[Node]:
 
 
 def make_team(client: LLMClient, agents: AgentConfig, search: SearchConfig, task: TaskInfo) -> Team:
-    if search.ablation == "search_agent":
-        return SingleAgentTeam(client, agents, search, task)
+    """``best_of_k`` and ``ma_only`` draw independent samples: their windows carry no feedback."""
     feedback = search.ablation != "ma_only" and search.policy != "best_of_k"
+    if search.ablation == "search_agent":
+        return SingleAgentTeam(client, agents, search, task, feedback=feedback)
     return StarkTeam(client, agents, search, task, feedback=feedback)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from stark_ray.records import AGENT_DEBUG, AGENT_REFERENCE, STAGE_PARSE, EvalResult, LLMUsage, Node
+from stark_ray.records import AGENT_REFERENCE, STAGE_PARSE, EvalResult, LLMUsage, Node
 
 
 class Tree:
@@ -97,15 +97,16 @@ class Tree:
         return [n for n in self.nodes.values() if not n.children]
 
     def debug_chain(self, node_id: int) -> int:
-        """How many debug fixes in a row led to this node (0 when it was not written by the debug agent)."""
+        """How many repairs in a row led to this node. A node whose parent failed is a repair (the search only
+        ever repairs failed nodes), whichever agent wrote it: the debug agent or the single agent."""
         count, node = 0, self.nodes[node_id]
-        while node.agent == AGENT_DEBUG and node.parent is not None:
+        while node.parent is not None and not self.nodes[node.parent].correct:
             count += 1
             node = self.nodes[node.parent]
         return count
 
     def leaderboard(self, r: int | None = None) -> list[Node]:
-        """The correct candidates (the reference excluded), fastest first; ties broken by age."""
+        """The correct candidates (the reference excluded), best score (highest speedup) first; ties by age."""
         board = sorted((n for n in self.nodes.values() if n.correct and not n.is_root),
                        key=lambda n: (n.score, n.id))
         return board if r is None else board[:r]
@@ -127,9 +128,13 @@ class Tree:
     @staticmethod
     def from_records(records: Iterable[dict[str, Any]]) -> Tree:
         nodes = sorted((Node.from_record(r) for r in records), key=lambda n: n.id)
-        if not nodes or nodes[0].id != 0:
-            raise ValueError("records hold no root (node 0)")
+        if [n.id for n in nodes] != list(range(len(nodes))):
+            raise ValueError("records must hold nodes 0..n-1 exactly once (the root is node 0)")
         tree = Tree(replace(nodes[0], children=[]))
         for node in nodes[1:]:
+            if node.parent is None or not 0 <= node.parent < node.id:
+                raise ValueError(f"node {node.id} names parent {node.parent}, which is not an earlier node")
+            if node.depth != tree[node.parent].depth + 1:
+                raise ValueError(f"node {node.id} has depth {node.depth}, its parent {tree[node.parent].depth}")
             tree._attach(replace(node, children=[]))
         return tree

@@ -24,7 +24,8 @@ def safe_name(name: str) -> str:
 
 
 class PartWriter:
-    """Append rows of one table for one task; flushed every ``flush_rows`` rows or ``flush_s`` seconds."""
+    """Append rows of one table for one task. A flush happens when ``flush_rows`` rows are buffered, when a row
+    arrives ``flush_s`` seconds or more after the last flush, and on :meth:`close` (there is no timer)."""
 
     def __init__(self, root: str | Path, table: str, task: str, schema: pa.Schema,
                  flush_rows: int = 64, flush_s: float = 10.0) -> None:
@@ -52,23 +53,20 @@ class PartWriter:
             if not rows:
                 return None
             seq, self._seq = self._seq, self._seq + 1
-        table = pa.Table.from_pylist(rows, schema=self.schema)
         final = self.dir / f"part-{seq:06d}-{self._token}.parquet"
         tmp = self.dir / f".{final.name}.tmp"
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+        try:
+            pq.write_table(pa.Table.from_pylist(rows, schema=self.schema), tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            with self._lock:  # keep the rows for the next flush
+                self._rows[:0] = rows
+            tmp.unlink(missing_ok=True)
+            raise
         self.rows_written += len(rows)
         return final
 
     def close(self) -> None:
         self.flush()
-
-
-def read_table(root: str | Path, table: str) -> pa.Table:
-    """All complete part files of one table under a run directory (temporary files are skipped)."""
-    files = sorted(Path(root).glob(f"{table}/*/part-*.parquet"))
-    if not files:
-        raise FileNotFoundError(f"no {table} parquet files under {root}")
-    return pa.concat_tables([pq.read_table(f) for f in files])

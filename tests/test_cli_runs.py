@@ -1,0 +1,109 @@
+"""Whole `stark optimize` runs through the real entry point: a real OpenAI SDK against a local server, a
+provider that refuses the key, and a run stopped by SIGTERM. Replies are scripted; everything else is real."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from llm_server import OPENAI_PATH, FakeLLMServer, ok, unauthorized
+from scripted_replies import SLOW, WRONG
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "examples" / "tasks" / "1_LeakyReluScale.py"
+
+
+def plan_text() -> str:
+    code = TASK.read_text().rstrip("\n")
+    return ("Fuse the elementwise chain.\n\n```python\n" + code + "\n# <<<IMPROVE BEGIN 1>>>\n"
+            "# <<<IMPROVE END 1>>>\n```\n\nINSTRUCTION 1: Fuse the chain into one kernel.\n")
+
+
+def code_text(source: str) -> str:
+    return f"Here it is.\n\n```python\n{source}```\n"
+
+
+def env(**extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    return {**base, "COLUMNS": "200", **extra}
+
+
+def stark(*args: str, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "stark_ray.cli", "optimize", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]
+
+
+def test_openai_compatible_server_end_to_end(tmp_path: Path) -> None:
+    with FakeLLMServer() as server:
+        server.script(OPENAI_PATH, ok(plan_text(), input_tokens=1000, output_tokens=100),
+                      ok(code_text(WRONG), input_tokens=2000, output_tokens=200),
+                      ok(plan_text(), input_tokens=1000, output_tokens=100),
+                      ok(code_text(SLOW), input_tokens=2000, output_tokens=200))
+        proc = stark(str(TASK), "--base-url", server.openai_base_url, "--model", "gpt-4o", "-B", "2",
+                     "--epsilon", "0", "--out", str(tmp_path), "--trials", "2", "--quiet",
+                     env=env(OPENAI_API_KEY="sk-test"))
+        out, errs = proc.communicate(timeout=300)
+        bodies = [r.body for r in server.received(OPENAI_PATH)]
+    assert proc.returncode == 0, errs
+    assert "finished, 2 attempts" in out
+    assert [b["temperature"] for b in bodies] == [0.8, 0.1, 0.8, 0.1]  # plan, code, plan, code
+    assert all(b["model"] == "gpt-4o" for b in bodies)
+    [run] = tmp_path.iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_correct"] and summary["attempts"] == 2 and summary["llm_calls"] == 4
+    assert summary["tokens"] == {"input": 6000, "output": 600}
+    assert summary["cost"] == pytest.approx((6000 * 2.5 + 600 * 10.0) / 1e6)  # gpt-4o's list price
+    rows = duckdb.sql(f"SELECT role, provider, input_tokens, node_id FROM '{run}/llm_calls/*/*.parquet' "
+                      "ORDER BY node_id, role DESC").fetchall()
+    assert rows == [("plan", "openai", 1000, 1), ("code", "openai", 2000, 1),
+                    ("plan", "openai", 1000, 2), ("code", "openai", 2000, 2)]
+    assert (run / "best_kernel.py").read_text() == SLOW
+
+
+def test_a_refused_key_stops_the_run_with_one_line_and_keeps_what_was_recorded(tmp_path: Path) -> None:
+    with FakeLLMServer() as server:
+        server.fallback(OPENAI_PATH, unauthorized())
+        proc = stark(str(TASK), "--base-url", server.openai_base_url, "-B", "30", "--out", str(tmp_path),
+                     "--trials", "2", env=env(OPENAI_API_KEY="sk-wrong"))
+        _, errs = proc.communicate(timeout=300)
+        calls = len(server.received(OPENAI_PATH))
+    assert proc.returncode == 1, errs
+    assert calls == 1  # no retry of a 401, and no second call: the run stopped instead of burning its budget
+    error_lines = [ln for ln in errs.splitlines() if ln.startswith("error:")]
+    assert len(error_lines) == 1 and "auth" in error_lines[0] and "Traceback" not in errs
+    [run] = tmp_path.iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["attempts"] == 0
+    assert duckdb.sql(f"SELECT count(*) FROM '{run}/attempts/*/*.parquet'").fetchall() == [(1,)]  # the reference
+
+
+def test_sigterm_stops_cleanly_with_everything_recorded(tmp_path: Path) -> None:
+    cassette = tmp_path / "c.jsonl"  # served in order (no prompts recorded): a long run of correct attempts
+    lines = [{"role": "plan", "prompt_sha256": "-", "reply": plan_text()},
+             {"role": "code", "prompt_sha256": "-", "reply": code_text(SLOW)}] * 30
+    cassette.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "runs"
+    proc = stark(str(TASK), "--cassette", str(cassette), "-B", "30", "--epsilon", "0", "--out", str(out),
+                 "--trials", "2", env=env())
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(out.glob("*/attempts/*/part-*.parquet"))) < 3:
+        time.sleep(0.2)  # the reference and two attempts are on disk
+    proc.send_signal(signal.SIGTERM)
+    _, errs = proc.communicate(timeout=120)
+    assert proc.returncode == 130, errs
+    assert "interrupted" in errs and "Traceback" not in errs
+    [run] = out.iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 2 <= summary["attempts"] < 30
+    n = duckdb.sql(f"SELECT count(*) FROM '{run}/attempts/*/*.parquet'").fetchall()[0][0]
+    assert n == summary["attempts"] + 1  # every attempt the summary counts is a row, and no more
+    assert (run / "best_kernel.py").read_text() == SLOW
+    assert not list(run.rglob("*.tmp"))
