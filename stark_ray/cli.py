@@ -75,6 +75,8 @@ def optimize(
     from stark_ray.optimize import optimize as run_optimize
 
     path = _one_task(task, ref_path)
+    if cassette is not None and provider not in (None, "replay"):
+        fail(f"--cassette replays recorded replies; it cannot be combined with --provider {provider}")
     try:
         search_cfg = SearchConfig(budget=budget, policy=policy, ablation=ablation, epsilon=epsilon,
                                   n_root=n_root, n_child=n_child, top_r=top_r, k=k, seed=seed,

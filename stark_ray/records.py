@@ -2,7 +2,8 @@
 
 A search tree is made of :class:`Node` s; each evaluated node carries an :class:`EvalResult`; every LLM call
 yields an :class:`LLMUsage`. All three flatten to plain records (dicts of str/int/float/bool/None) — the same
-records become Parquet rows, so :func:`attempt_schema` and :func:`llm_call_schema` are derived from here.
+records become Parquet rows: :func:`attempt_schema` and :func:`llm_call_schema` type exactly these fields
+(plus run_id, task and seq), which tests/test_records.py keeps true.
 """
 
 from __future__ import annotations

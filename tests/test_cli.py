@@ -86,6 +86,7 @@ def test_bad_settings_are_one_line(tmp_path: Path, cassette: str) -> None:
     assert "budget" in one_error_line(stark("optimize", task, "--cassette", cassette, "-B", "0"))
     assert "temperature" in one_error_line(stark("optimize", task, "--cassette", cassette,
                                                  "--temperature-plan", "-1"))
+    assert "--cassette" in one_error_line(stark("optimize", task, "--cassette", cassette, "--provider", "openai"))
     assert "no task" in one_error_line(stark("optimize", "--cassette", cassette))
 
 

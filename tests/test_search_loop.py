@@ -82,6 +82,7 @@ def test_full_stark_search_grows_a_tree_with_all_three_agents(harness: Harness) 
 
 
 def test_same_seed_and_replies_give_the_same_tree(harness: Harness) -> None:
+    """Given the same observations (the harness evaluates each source once), the tree is the same."""
     cfg = SearchConfig(budget=7, seed=3, epsilon=0.5)
     first, second = harness.run(stark_client(), cfg), harness.run(stark_client(), cfg)
     assert shape(first) == shape(second)
