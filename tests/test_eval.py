@@ -316,3 +316,17 @@ def test_build_timeout_kills_the_compiler_and_leaves_no_lock(results: dict[str, 
     assert not _processes_mentioning("killed_build_")  # the compiler went down with the worker
     again = Evaluator(task(DEMO), cfg).evaluate(source)  # the killed build's leftovers do not block this one
     assert again.ok, again.error
+
+
+def test_precompiled_header_serves_sources_that_include_torch_extension_themselves(
+        results: dict[str, EvalResult], cfg: EvalConfig) -> None:
+    # the batch above built the header for these flags (seven builds); most real candidates start with
+    # `#include <torch/extension.h>`, a second include after load_inline's own, which gcc resolves beside the .gch
+    source = (CANDIDATES / f"{DEMO}_fast.py").read_text()
+    source = source.replace('cpp_source = r"""\n', 'cpp_source = r"""\n#include <torch/extension.h>\n', 1)
+    source = source.replace('name="fused_swish_scale_clamp"', 'name="fused_swish_own_include"')
+    assert source.count("#include <torch/extension.h>") == 1 and "fused_swish_own_include" in source
+    assert list(Path(cfg.build_dir or "").glob("pch/*/torch/extension.h.gch"))
+    result = Evaluator(task(DEMO), cfg).evaluate(source)
+    assert result.ok, result.log
+    assert "-Winvalid-pch" not in result.log

@@ -102,7 +102,7 @@ class BuildCache:
             arguments["verbose"] = True
             if is_inline:
                 arguments["use_pch"] = False  # torch's own PCH lives in the torch install; ours is per flags
-                self._add_pch(arguments)
+                self._add_pch(arguments, build_dir)
             self.builds.append(key)
             with file_lock(self.root / f"{key}.lock"):
                 (build_dir / "lock").unlink(missing_ok=True)  # torch's baton, stale if a build was killed
@@ -113,14 +113,22 @@ class BuildCache:
         cached.__doc__ = original.__doc__
         return cached
 
-    def _add_pch(self, arguments: dict[str, Any]) -> None:
+    def _add_pch(self, arguments: dict[str, Any], build_dir: Path) -> None:
         if not self.use_pch or arguments.get("no_implicit_headers"):
             return
         if arguments.get("cuda_sources") or arguments.get("sycl_sources") or arguments.get("with_cuda"):
             return
         cflags = [str(f) for f in _as_list(arguments.get("extra_cflags"))]
         includes = [str(p) for p in _as_list(arguments.get("extra_include_paths"))]
-        include_dir = ensure_pch(self.root, cflags, includes)
+        # A build directory keeps the choice it was first built with: ninja rebuilds when the flags change, so a
+        # header that appeared since must not turn a cache hit into a rebuild.
+        choice = build_dir / "stark_pch"
+        if choice.exists():
+            chosen = choice.read_text()
+            include_dir = Path(chosen) if chosen and Path(chosen).exists() else None
+        else:
+            include_dir = ensure_pch(self.root, cflags, includes)
+            choice.write_text(str(include_dir) if include_dir else "")
         if include_dir is not None:
             arguments["extra_include_paths"] = [*includes, str(include_dir)]
             arguments["extra_cflags"] = [*cflags, "-Winvalid-pch"]
