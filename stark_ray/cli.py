@@ -151,6 +151,62 @@ def _writable_file(path: Path, flag: str) -> None:
         fail(f"{flag} {path}: cannot write there ({e.strerror or e})")
 
 
+@app.command("eval")
+def eval_candidate(
+    task: Annotated[Path, typer.Argument(help="KernelBench-style task file.", show_default=False)],
+    candidate: Annotated[Path, typer.Argument(help="Candidate module defining class ModelNew.",
+                                              show_default=False)],
+    backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = "cpu_cpp",
+    trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = 5,
+    seed: Annotated[int, typer.Option(help="Seeds the inputs.")] = 0,
+    build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a report.")] = False,
+) -> None:
+    """Compile, check and time one candidate against the task's reference. Exit 0 when it is correct."""
+    import json
+    from dataclasses import asdict
+
+    from stark_ray.eval.backends import available_backends
+    from stark_ray.eval.evaluator import Evaluator
+    from stark_ray.eval.tasks import TaskError, load_task
+
+    try:
+        cfg = EvalConfig(backend=backend, trials=trials, seed=seed, build_dir=str(build_dir) if build_dir else None)
+    except ValueError as e:
+        fail(str(e))
+    if backend not in available_backends():
+        fail(f"backend {backend!r} is not available in this version; available: {', '.join(available_backends())}")
+    try:
+        the_task = load_task(task)
+        source = candidate.read_text(encoding="utf-8")
+    except TaskError as e:
+        fail(str(e))
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"{candidate}: cannot read the candidate ({getattr(e, 'strerror', None) or e})")
+    evaluator = Evaluator(the_task, cfg)
+    try:
+        evaluator.reference()  # the task itself must run before a candidate is judged against it
+    except TaskError as e:
+        fail(str(e))
+    result = evaluator.evaluate(source)
+    if as_json:
+        typer.echo(json.dumps(asdict(result)))
+    else:
+        verdict = "correct" if result.ok else f"FAILED at {result.stage}"
+        lines = [f"{the_task.name}: {candidate.name}: {verdict}"]
+        if result.runtime_ms is not None and result.ref_runtime_ms is not None:
+            lines.append(f"  runtime {result.runtime_ms:.4f} ms, reference {result.ref_runtime_ms:.4f} ms "
+                         f"(same run): speedup {result.speedup:.3f}x")
+        if result.flags:
+            lines.append(f"  flags: {', '.join(result.flags)}")
+        if result.error:
+            lines.append(f"  error: {result.error}")
+        if not result.ok and result.log:
+            lines.append("  log:\n    " + "\n    ".join(result.log.splitlines()[-30:]))
+        typer.echo("\n".join(lines))
+    raise typer.Exit(0 if result.ok else 1)
+
+
 def _one_task(task: Path | None, ref_path: Path | None) -> Path:
     if task is not None and ref_path is not None and task != ref_path:
         fail("give the task once: either TASK or --ref-path")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -105,3 +106,25 @@ def test_unavailable_backend_bad_out_and_bad_record_are_one_line(tmp_path: Path,
     assert "--out" in one_error_line(stark("optimize", task, "--cassette", cassette, "--out", str(a_file)))
     assert "--record" in one_error_line(stark("optimize", task, "--cassette", cassette,
                                               "--record", str(tmp_path)))
+
+
+def test_eval_reports_a_candidate_and_exits_by_its_verdict(tmp_path: Path) -> None:
+    from scripted_replies import SLOW, WRONG
+
+    task = str(TASKS / "1_LeakyReluScale.py")
+    (tmp_path / "slow.py").write_text(SLOW)
+    (tmp_path / "wrong.py").write_text(WRONG)
+    good = stark("eval", task, str(tmp_path / "slow.py"), "--trials", "2", "--json")
+    assert good.returncode == 0, good.stderr
+    report = json.loads(good.stdout)
+    for key in ("compiled", "correct", "runtime_ms", "ref_runtime_ms", "speedup", "flags", "error"):
+        assert key in report
+    assert report["correct"] and report["speedup"] < 1  # SLOW sleeps 30 ms per call
+    bad = stark("eval", task, str(tmp_path / "wrong.py"), "--trials", "2")
+    assert bad.returncode == 1 and "FAILED at correctness" in bad.stdout and "max_abs_err" in bad.stdout
+    assert "no such task" in one_error_line(stark("eval", str(tmp_path / "nope.py"), str(tmp_path / "slow.py")))
+    broken = tmp_path / "broken_task.py"
+    broken.write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+                      "        return x @ torch.ones(3, 3)\n\ndef get_inputs():\n    return [torch.randn(4, 5)]\n\n"
+                      "def get_init_inputs():\n    return []\n")
+    assert "forward failed" in one_error_line(stark("eval", str(broken), str(tmp_path / "slow.py")))
