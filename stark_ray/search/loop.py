@@ -17,7 +17,7 @@ OnAttempt = Callable[[Node, AgentResult], None]
 
 def search(tree: Tree, policy: Policy, team: Team, evaluate: Evaluate, budget: int,
            rng: random.Random, on_attempt: OnAttempt | None = None) -> Node | None:
-    """Grow ``tree`` by ``budget`` evaluated attempts and return the fastest correct candidate (or None).
+    """Grow ``tree`` to ``budget`` evaluated attempts and return the best correct candidate (or None).
 
     A failed node that the policy selects goes to the debug agent (policies only offer failed nodes that are
     worth repairing); a correct one gets a grounded instruction from the plan agent, which the code agent
