@@ -40,6 +40,12 @@ def excerpt(text: str, limit: int = LOG_LIMIT) -> str:
     return f"{text[:head]}\n... [{len(text) - head - tail} characters cut] ...\n{text[-tail:]}"
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """Collapse all whitespace (newlines included) and cut to ``limit`` characters: an error message's form."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 @dataclass
 class EvalResult:
     """What the evaluator observed about one candidate."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import LLMClient, LLMError, LLMRequest, Message
-from stark_ray.records import LLMUsage
+from stark_ray.records import LLMUsage, one_line
 
 
 @dataclass(frozen=True)
@@ -17,11 +17,6 @@ class Reply:
     usage: LLMUsage | None
     error: str | None = None
     truncated: bool = False
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def request(cfg: AgentConfig, role: str, system: str, messages: list[Message]) -> LLMRequest:

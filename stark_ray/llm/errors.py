@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from stark_ray.llm.base import LLMError
-from stark_ray.records import LLMUsage
+from stark_ray.records import LLMUsage, one_line
 
 # HTTP status -> (kind, transient)
 _STATUS_KINDS: dict[int, tuple[str, bool]] = {
@@ -37,12 +37,6 @@ def status_kind(status: int) -> tuple[str, bool]:
     if status >= 500:
         return "server", True
     return f"http_{status}", False
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """Collapse whitespace and cut to ``limit`` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _body_message(body: object) -> str | None:
