@@ -15,8 +15,7 @@ import anthropic
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import Completion, ConfigError, LLMRequest
 from stark_ray.llm.errors import empty_reply, from_sdk_error
-from stark_ray.llm.usage import call_cost
-from stark_ray.records import LLMUsage
+from stark_ray.llm.usage import priced_usage
 
 KEY_ENV = "ANTHROPIC_API_KEY"
 TRUNCATED_STOPS = ("max_tokens", "model_context_window_exceeded")
@@ -48,15 +47,13 @@ class AnthropicClient:
         try:
             resp = self._create(request)
         except anthropic.AnthropicError as exc:
-            usage = LLMUsage(role=request.role, provider=self.provider, model=self.model,
-                             latency_s=time.monotonic() - start)
+            usage = priced_usage(self.cfg, request.role, self.provider, self.model,
+                                 latency_s=time.monotonic() - start)
             raise from_sdk_error(exc, anthropic, label, usage) from exc
         latency = time.monotonic() - start
         in_tok = int(resp.usage.input_tokens or 0)
         out_tok = int(resp.usage.output_tokens or 0)
-        usage = LLMUsage(role=request.role, provider=self.provider, model=self.model, input_tokens=in_tok,
-                         output_tokens=out_tok, cost_usd=call_cost(self.cfg, self.model, in_tok, out_tok),
-                         latency_s=latency)
+        usage = priced_usage(self.cfg, request.role, self.provider, self.model, in_tok, out_tok, latency)
         # Only text blocks make the reply; thinking / redacted_thinking / tool blocks are dropped.
         text = "".join(b.text for b in resp.content if isinstance(b, anthropic.types.TextBlock))
         if not text:

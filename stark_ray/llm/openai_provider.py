@@ -16,8 +16,7 @@ import openai
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import Completion, ConfigError, LLMRequest
 from stark_ray.llm.errors import empty_reply, from_sdk_error
-from stark_ray.llm.usage import call_cost
-from stark_ray.records import LLMUsage
+from stark_ray.llm.usage import priced_usage
 
 KEY_ENV = "OPENAI_API_KEY"
 PLACEHOLDER_KEY = "EMPTY"
@@ -54,15 +53,13 @@ class OpenAIClient:
         try:
             resp = self._create(request)
         except openai.OpenAIError as exc:
-            usage = LLMUsage(role=request.role, provider=self.provider, model=self.model,
-                             latency_s=time.monotonic() - start)
+            usage = priced_usage(self.cfg, request.role, self.provider, self.model,
+                                 latency_s=time.monotonic() - start)
             raise from_sdk_error(exc, openai, label, usage) from exc
         latency = time.monotonic() - start
         in_tok = int(getattr(resp.usage, "prompt_tokens", 0) or 0)
         out_tok = int(getattr(resp.usage, "completion_tokens", 0) or 0)
-        usage = LLMUsage(role=request.role, provider=self.provider, model=self.model, input_tokens=in_tok,
-                         output_tokens=out_tok, cost_usd=call_cost(self.cfg, self.model, in_tok, out_tok),
-                         latency_s=latency)
+        usage = priced_usage(self.cfg, request.role, self.provider, self.model, in_tok, out_tok, latency)
         if not resp.choices:
             raise empty_reply(label, "no choices", usage)
         choice = resp.choices[0]

@@ -27,8 +27,7 @@ from typing import Any
 
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import Completion, ConfigError, LLMClient, LLMError, LLMRequest
-from stark_ray.llm.usage import call_cost
-from stark_ray.records import LLMUsage
+from stark_ray.llm.usage import priced_usage
 
 log = logging.getLogger("stark_ray.llm.replay")
 
@@ -152,9 +151,8 @@ class ReplayClient:
             log.warning("replay %s: %s prompt differs from the recorded one (%s); serving the next recorded "
                         "reply", self.path.name, request.role, hint)
         model = entry.model or self.model
-        usage = LLMUsage(role=request.role, provider=self.provider, model=model,
-                         input_tokens=entry.input_tokens, output_tokens=entry.output_tokens,
-                         cost_usd=call_cost(self.cfg, model, entry.input_tokens, entry.output_tokens))
+        usage = priced_usage(self.cfg, request.role, self.provider, model, entry.input_tokens,
+                             entry.output_tokens)
         return Completion(text=entry.reply, usage=usage, truncated=entry.truncated,
                           extra={"replayed": True, "exact": exact == "hash", "match": exact or "order"})
 

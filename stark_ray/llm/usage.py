@@ -16,6 +16,14 @@ def call_cost(cfg: AgentConfig, model: str, input_tokens: int, output_tokens: in
     return (input_tokens * price_in + output_tokens * price_out) / 1_000_000
 
 
+def priced_usage(cfg: AgentConfig, role: str, provider: str, model: str, input_tokens: int = 0,
+                 output_tokens: int = 0, latency_s: float = 0.0) -> LLMUsage:
+    """The usage record of one call, its cost from the price table."""
+    return LLMUsage(role=role, provider=provider, model=model, input_tokens=input_tokens,
+                    output_tokens=output_tokens, cost_usd=call_cost(cfg, model, input_tokens, output_tokens),
+                    latency_s=latency_s)
+
+
 @dataclass
 class RoleTotals:
     calls: int = 0
