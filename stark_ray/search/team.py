@@ -27,12 +27,9 @@ class Team(Protocol):
 
 
 @dataclass
-class StarkTeam:
-    """Plan agent + code agent for correct nodes, debug agent for failed ones.
-
-    With ``feedback=False`` (Best-of-K, the ``ma_only`` ablation) the windows hold only the node and the root,
-    so samples do not learn from each other.
-    """
+class _Members:
+    """What every team holds. With ``feedback=False`` (Best-of-K, the ``ma_only`` ablation) each window holds
+    only the node and the root, so samples do not learn from each other."""
 
     client: LLMClient
     agents: AgentConfig
@@ -40,49 +37,46 @@ class StarkTeam:
     task: TaskInfo
     feedback: bool = True
 
+    def window(self, role: str, tree: Tree, node: Node) -> list[Node]:
+        if not self.feedback:
+            return [node] if node.is_root else [node, tree.root]
+        if role == "plan":
+            return plan_window(tree, node, self.search.top_r)
+        return code_window(tree, node) if role == "code" else debug_window(tree, node)
+
+
+@dataclass
+class StarkTeam(_Members):
+    """Plan agent + code agent for correct nodes, debug agent for failed ones."""
+
     def improve(self, tree: Tree, node: Node) -> AgentResult:
-        if self.feedback:
-            pw, cw = plan_window(tree, node, self.search.top_r), code_window(tree, node)
-        else:
-            pw = cw = _bare(tree, node)
-        return code_agent.plan_and_code(self.client, self.agents, self.task, node, pw, cw,
-                                        self.search.window_chars)
+        return code_agent.plan_and_code(self.client, self.agents, self.task, node, self.window("plan", tree, node),
+                                        self.window("code", tree, node), self.search.window_chars)
 
     def repair(self, tree: Tree, node: Node) -> AgentResult:
-        window = debug_window(tree, node) if self.feedback else _bare(tree, node)
-        return debug_agent.debug(self.client, self.agents, self.task, node, window, self.search.window_chars)
+        return debug_agent.debug(self.client, self.agents, self.task, node, self.window("debug", tree, node),
+                                 self.search.window_chars)
 
     def agent_name(self, mode: str) -> str:
         return AGENT_PLAN_CODE if mode == "improve" else AGENT_DEBUG
 
 
 @dataclass
-class SingleAgentTeam:
+class SingleAgentTeam(_Members):
     """The ``search_agent`` ablation: one agent plans, codes and debugs in one prompt. With
     ``feedback=False`` (``--policy best_of_k``) it is KernelBench's sampling agent: independent samples."""
 
-    client: LLMClient
-    agents: AgentConfig
-    search: SearchConfig
-    task: TaskInfo
-    feedback: bool = True
-
     def improve(self, tree: Tree, node: Node) -> AgentResult:
-        window = plan_window(tree, node, self.search.top_r) if self.feedback else _bare(tree, node)
-        return self._ask(node, window)
+        return self._ask(node, self.window("plan", tree, node))
 
     def repair(self, tree: Tree, node: Node) -> AgentResult:
-        return self._ask(node, debug_window(tree, node) if self.feedback else _bare(tree, node))
+        return self._ask(node, self.window("debug", tree, node))
 
     def _ask(self, node: Node, window: list[Node]) -> AgentResult:
         return single_agent.single(self.client, self.agents, self.task, node, window, self.search.window_chars)
 
     def agent_name(self, mode: str) -> str:
         return AGENT_SINGLE
-
-
-def _bare(tree: Tree, node: Node) -> list[Node]:
-    return [node] if node.is_root else [node, tree.root]
 
 
 def make_team(client: LLMClient, agents: AgentConfig, search: SearchConfig, task: TaskInfo) -> Team:
