@@ -16,6 +16,7 @@ from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, AgentConfig, EvalCon
 
 if TYPE_CHECKING:
     from stark_ray.optimize import RunSummary
+    from stark_ray.records import EvalResult
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="STARK on Ray: LLM agents that search for faster GPU kernels.")
@@ -64,6 +65,8 @@ def optimize(
     temperature_code: Annotated[float, typer.Option(help="Code agent temperature.")] = 0.1,
     temperature_debug: Annotated[float, typer.Option(help="Debug agent temperature.")] = 0.1,
     build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
+    baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = "eager",
+    tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
@@ -86,7 +89,7 @@ def optimize(
                                 record=str(record) if record else None, timeout_s=timeout,
                                 temperature_plan=temperature_plan, temperature_code=temperature_code,
                                 temperature_debug=temperature_debug, temperature_single=temperature_code)
-        eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed,
+        eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed, baseline=baseline, tolerance=tolerance,
                               build_dir=str(build_dir) if build_dir else None)
     except ValueError as e:
         fail(str(e))
@@ -109,9 +112,11 @@ def optimize(
         from stark_ray.progress import RichReporter
         reporter = RichReporter(err)
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
+    from stark_ray.eval.service import EvaluatorError
+
     try:
         run_optimize(the_task, client, search_cfg, agent_cfg, eval_cfg, out, reporter)
-    except TaskError as e:
+    except (TaskError, EvaluatorError) as e:
         fail(str(e))
     except LLMError as e:
         fail(f"the LLM provider refused the call ({e.kind}): {e}; what was recorded is kept", 1)
@@ -158,6 +163,9 @@ def eval_candidate(
                                               show_default=False)],
     backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = "cpu_cpp",
     trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = 5,
+    timing_trials: Annotated[int | None, typer.Option(help="Timed calls (default: CPU 20, GPU 100).")] = None,
+    baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = "eager",
+    tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
     seed: Annotated[int, typer.Option(help="Seeds the inputs.")] = 0,
     build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a report.")] = False,
@@ -167,11 +175,12 @@ def eval_candidate(
     from dataclasses import asdict
 
     from stark_ray.eval.backends import available_backends
-    from stark_ray.eval.evaluator import Evaluator
+    from stark_ray.eval.service import EvalService, EvaluatorError
     from stark_ray.eval.tasks import TaskError, load_task
 
     try:
-        cfg = EvalConfig(backend=backend, trials=trials, seed=seed, build_dir=str(build_dir) if build_dir else None)
+        cfg = EvalConfig(backend=backend, trials=trials, timing_trials=timing_trials, seed=seed, baseline=baseline,
+                         tolerance=tolerance, build_dir=str(build_dir) if build_dir else None)
     except ValueError as e:
         fail(str(e))
     if backend not in available_backends():
@@ -183,28 +192,41 @@ def eval_candidate(
         fail(str(e))
     except (OSError, UnicodeDecodeError) as e:
         fail(f"{candidate}: cannot read the candidate ({getattr(e, 'strerror', None) or e})")
-    evaluator = Evaluator(the_task, cfg)
-    try:
-        evaluator.reference()  # the task itself must run before a candidate is judged against it
-    except TaskError as e:
-        fail(str(e))
-    result = evaluator.evaluate(source)
+    with EvalService(cfg) as service:
+        try:
+            reference = service.reference(the_task)  # the task must run before a candidate is judged against it
+        except (TaskError, EvaluatorError) as e:
+            fail(str(e))
+        result = service.evaluate(the_task, source)
     if as_json:
-        typer.echo(json.dumps(asdict(result)))
+        typer.echo(json.dumps({**asdict(result), "ok": result.ok, "task": the_task.name, "backend": backend,
+                               "reference_alone_ms": reference.runtime_ms}))
     else:
-        verdict = "correct" if result.ok else f"FAILED at {result.stage}"
-        lines = [f"{the_task.name}: {candidate.name}: {verdict}"]
-        if result.runtime_ms is not None and result.ref_runtime_ms is not None:
-            lines.append(f"  runtime {result.runtime_ms:.4f} ms, reference {result.ref_runtime_ms:.4f} ms "
-                         f"(same run): speedup {result.speedup:.3f}x")
-        if result.flags:
-            lines.append(f"  flags: {', '.join(result.flags)}")
-        if result.error:
-            lines.append(f"  error: {result.error}")
-        if not result.ok and result.log:
-            lines.append("  log:\n    " + "\n    ".join(result.log.splitlines()[-30:]))
-        typer.echo("\n".join(lines))
+        typer.echo(_eval_report(the_task.name, candidate.name, result))
     raise typer.Exit(0 if result.ok else 1)
+
+
+def _eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str:
+    verdict = "correct" if result.ok else (
+        f"REJECTED ({', '.join(result.flags)})" if result.correct else f"FAILED at {result.stage}")
+    lines = [f"{task_name}: {candidate_name}: {verdict}"]
+    if result.runtime_ms is not None and result.ref_runtime_ms is not None:
+        lines.append(f"  runtime {result.runtime_ms:.4f} ms, reference {result.ref_runtime_ms:.4f} ms "
+                     f"(same run): speedup {result.speedup:.3f}x")
+    if result.ref_compile_runtime_ms is not None and result.runtime_ms:
+        lines.append(f"  torch.compile baseline {result.ref_compile_runtime_ms:.4f} ms: speedup "
+                     f"{result.ref_compile_runtime_ms / result.runtime_ms:.3f}x")
+    if result.max_abs_err is not None:
+        lines.append(f"  max_abs_err {result.max_abs_err:.3g}, rel_err {result.rel_err:.3g}")
+    if result.compile_s is not None:
+        lines.append(f"  compile {result.compile_s:.1f} s, evaluation {result.eval_s or 0:.1f} s")
+    if result.flags:
+        lines.append(f"  flags: {', '.join(result.flags)}")
+    if result.error:
+        lines.append(f"  error: {result.error}")
+    if result.log:
+        lines.append("  log:\n    " + "\n    ".join(result.log.splitlines()[-30:]))
+    return "\n".join(lines)
 
 
 def _one_task(task: Path | None, ref_path: Path | None) -> Path:

@@ -27,6 +27,10 @@ STAGE_CORRECTNESS = "correctness"  # ran, but outputs differ from the reference
 STAGE_TIMEOUT = "timeout"
 STAGE_CRASH = "crash"  # the worker process died (segfault, abort, OOM kill)
 
+# Flags that keep a correct result off the leaderboard: a large speedup that a wall-clock re-measure did not
+# confirm, and a candidate that launched no kernel of its own (only library ops).
+REJECTING_FLAGS = ("suspicious", "no_kernel")
+
 LOG_LIMIT = 4000  # characters of log kept per attempt (for the debug agent and the Parquet row)
 
 
@@ -63,10 +67,15 @@ class EvalResult:
     flags: list[str] = field(default_factory=list)
     compile_s: float | None = None
     eval_s: float | None = None
+    ref_compile_runtime_ms: float | None = None  # torch.compile(reference), same worker and run (--baseline)
+    runtime_cv: float | None = None  # std / mean of the candidate's timed calls
+    ref_runtime_cv: float | None = None
 
     @property
     def ok(self) -> bool:
-        return self.compiled and self.correct and self.runtime_ms is not None and "suspicious" not in self.flags
+        """A success: correct, timed, and not flagged as suspicious or as launching no kernel of its own."""
+        return (self.compiled and self.correct and self.runtime_ms is not None
+                and not any(f in REJECTING_FLAGS for f in self.flags))
 
     @staticmethod
     def failed(stage: str, error: str, log: str = "") -> EvalResult:
@@ -207,6 +216,9 @@ def attempt_schema() -> Any:
             ("flags", pa.string()),
             ("compile_s", pa.float64()),
             ("eval_s", pa.float64()),
+            ("ref_compile_runtime_ms", pa.float64()),
+            ("runtime_cv", pa.float64()),
+            ("ref_runtime_cv", pa.float64()),
         ]
     )
 

@@ -121,13 +121,13 @@ def build_dir(shared_build_dir: str) -> str:
 
 @pytest.fixture(scope="module")
 def cfg(build_dir: str) -> EvalConfig:
-    return EvalConfig(build_dir=build_dir, trials=5, warmup=2, timing_trials=10, run_timeout_s=90,
+    return EvalConfig(build_dir=build_dir, trials=5, warmup=2, timing_trials=10, check_timeout_s=90,
                       compile_timeout_s=300)
 
 
 @pytest.fixture(scope="module")
 def short_cfg(cfg: EvalConfig) -> EvalConfig:
-    return replace(cfg, run_timeout_s=10, compile_timeout_s=120)
+    return replace(cfg, check_timeout_s=10, timing_timeout_s=10, compile_timeout_s=120)
 
 
 def task(name: str) -> Task:

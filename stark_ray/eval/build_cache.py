@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
 import platform
 import re
 import sys
@@ -39,7 +40,9 @@ def build_key(arguments: dict[str, Any]) -> str:
 
     blob = {k: v for k, v in arguments.items() if k not in _NOT_HASHED}
     # -march=native and friends make a binary CPU-specific: a shared cache must not hand it to another CPU
-    blob["__env__"] = [torch.__version__, sys.version, platform.machine(), cpu_signature()]
+    # and a CUDA build is specific to the CUDA version and the architectures it was built for
+    blob["__env__"] = [torch.__version__, sys.version, platform.machine(), cpu_signature(), torch.version.cuda,
+                       os.environ.get("TORCH_CUDA_ARCH_LIST", "")]
     text = json.dumps(blob, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -116,7 +119,7 @@ class BuildCache:
     def _add_pch(self, arguments: dict[str, Any], build_dir: Path) -> None:
         if not self.use_pch or arguments.get("no_implicit_headers"):
             return
-        if arguments.get("cuda_sources") or arguments.get("sycl_sources") or arguments.get("with_cuda"):
+        if arguments.get("sycl_sources"):
             return
         cflags = [str(f) for f in _as_list(arguments.get("extra_cflags"))]
         includes = [str(p) for p in _as_list(arguments.get("extra_include_paths"))]

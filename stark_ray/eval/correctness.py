@@ -1,10 +1,13 @@
 """Correctness: several trials with fresh seeded inputs (more than one distribution), against the reference.
 
 Per trial: ``torch.manual_seed(seed + trial)`` then ``get_inputs()``; floating inputs scaled on the last
-trials (:func:`~stark_ray.eval.inputs.trial_scale`). The candidate runs first (it cannot read a reference
-output that does not exist yet) on its own clone of the inputs, then the reference on another; the
-candidate's clone must be unchanged afterwards, and the outputs must match in structure, shape, dtype, NaN
-pattern, ``allclose`` and normalized error.
+trials (:func:`~stark_ray.eval.inputs.trial_scale`). Memory the candidate's outputs will likely get is
+poisoned first. The candidate runs first (it cannot read a reference output that does not exist yet) on its
+own clone of the inputs; its outputs are copied right away on the current stream and the device is
+synchronized, so its faults surface as its own. Then the reference runs on another clone. The candidate's
+outputs must be plain tensors on the device, sharing no memory with its inputs; its clone of the inputs must
+be unchanged; and the outputs must match in structure, shape, dtype, NaN pattern, ``allclose`` and
+normalized error.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any
 import torch
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.compare import Tolerance, compare_outputs
+from stark_ray.eval.compare import Tolerances, compare_outputs
 from stark_ray.eval.diagnostics import describe_exception
+from stark_ray.eval.guards import output_problem, poison, snapshot
 from stark_ray.eval.inputs import clone_all, make_inputs, same_values, trial_scale
 from stark_ray.eval.tasks import TaskError
 from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME
@@ -42,10 +46,15 @@ def trial_label(trial: int, trials: int) -> str:
     return f"trial {trial + 1}/{trials}" + ("" if scale == 1.0 else f" (inputs x{scale:g})")
 
 
+def _no_sync() -> None:
+    """Nothing is queued on the CPU."""
+
+
 def check_correctness(reference: Callable[..., Any], candidate: Callable[..., Any],
                       get_inputs: Callable[[], Any], cfg: EvalConfig, device: str = "cpu",
-                      task_name: str = "task") -> CorrectnessReport:
-    tol = Tolerance(cfg.atol, cfg.rtol, cfg.max_rel_err)
+                      task_name: str = "task", output_nbytes: list[int] | None = None,
+                      synchronize: Callable[[], None] = _no_sync) -> CorrectnessReport:
+    tol = Tolerances.of(cfg)
     worst_abs = worst_rel = 0.0
     for trial in range(cfg.trials):
         label = trial_label(trial, cfg.trials)
@@ -53,15 +62,24 @@ def check_correctness(reference: Callable[..., Any], candidate: Callable[..., An
         inputs = make_inputs(get_inputs, seed, trial_scale(trial, cfg.trials), device)
         cand_inputs, ref_inputs = clone_all(inputs), clone_all(inputs)
         with torch.no_grad():
+            if output_nbytes:
+                poison(output_nbytes, device)
             torch.manual_seed(seed)
             try:
-                out = candidate(*cand_inputs)
+                raw = candidate(*cand_inputs)
+                out = snapshot(raw)
+                synchronize()
             except Exception as e:
                 return CorrectnessReport(STAGE_RUNTIME, f"{label}: {describe_exception(e)}",
                                          log=traceback.format_exc())
+            problem = output_problem(raw, cand_inputs, device)
+            if problem:
+                return CorrectnessReport(STAGE_CORRECTNESS, f"{label}: {problem}", log=problem)
+            del raw
             torch.manual_seed(seed)
             try:
                 ref = reference(*ref_inputs)
+                synchronize()
             except Exception as e:
                 why = describe_exception(e)
                 raise TaskError(f"task {task_name}: reference forward failed: {why}") from None

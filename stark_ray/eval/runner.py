@@ -1,8 +1,10 @@
-"""Parent side of a worker: start it, feed it, watch its phases against their timeouts, kill it if needed.
+"""Parent side of a worker: start it, feed it requests, watch each phase against its timeout, kill it if needed.
 
-Whatever the candidate does — segfault, ``os._exit``, an endless loop at import or in forward, a build that
-never ends — the parent gets a :class:`WorkerOutcome`, never an exception. A timeout kills the worker's whole
-process tree (ninja and the compiler included, though ninja gives each command a process group of its own).
+A :class:`WorkerProcess` is long-lived: it serves request after request in one process (for a GPU: one CUDA
+context, the loaded reference and the built extensions stay warm). Whatever a candidate does — segfault,
+``os._exit``, an endless loop at import or in forward, a sticky CUDA error, a build that never ends — the
+parent gets a :class:`WorkerOutcome`, never an exception, and the next request runs in a fresh process. A
+timeout kills the worker's whole process tree (ninja and the compiler included).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from stark_ray.eval.process_tree import kill_tree
 from stark_ray.eval.protocol import (
     PHASE_SETUP,
+    PHASE_START,
     STACK_DUMP_SIGNAL,
     STACK_DUMP_WAIT_S,
     WorkerRequest,
@@ -33,18 +36,44 @@ from stark_ray.eval.protocol import (
 from stark_ray.eval.sandbox_env import worker_env
 from stark_ray.records import EvalResult
 
-EXIT_GRACE_S = 10.0  # after its result, the worker gets this long to exit on its own
+EXIT_GRACE_S = 10.0  # an unhealthy or closing worker gets this long to exit on its own
+START_TIMEOUT_S = 180.0  # interpreter, torch, CUDA context, device probe
+MAX_REQUESTS = 64  # a worker is recycled after this many requests (loaded extensions only accumulate)
+
+
+class WorkerStartError(RuntimeError):
+    """The worker could not start at all: a problem of the host, not of a candidate."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    backend: str
+    build_dir: str
+    threads: int
+    compile_only: bool = False  # a compile-pool worker: no device, builds only
+    device: int | None = None  # index among this process's visible GPUs (None: the default / no GPU)
+    arch: str | None = None  # TORCH_CUDA_ARCH_LIST for builds (compile workers get the GPU worker's)
+
+    def argv(self) -> list[str]:
+        args = [sys.executable, "-m", "stark_ray.eval.worker", "--backend", self.backend,
+                "--build-dir", self.build_dir, "--threads", str(self.threads)]
+        if self.compile_only:
+            args.append("--compile-only")
+        if self.arch:
+            args += ["--arch", self.arch]
+        return args
 
 
 @dataclass
 class WorkerOutcome:
     result: EvalResult | None  # None when the worker died or timed out before reporting
     phase: str  # the last phase the worker reported
-    returncode: int | None
+    returncode: int | None  # set when the worker ended during the request
     timed_out: bool
-    log: str  # everything the worker (and the compiler it ran) printed
+    log: str  # everything the worker (and the compiler it ran) printed during this request
     wall_s: float
     phase_s: dict[str, float] = field(default_factory=dict)  # wall seconds spent in each phase
+    healthy: bool = True  # False: the worker was (or will be) replaced after this request
 
     def describe_exit(self) -> str:
         rc = self.returncode
@@ -58,19 +87,6 @@ class WorkerOutcome:
         return f"exited with code {rc} before reporting"
 
 
-def _dump_stack(proc: subprocess.Popen[bytes]) -> None:
-    """Ask the worker (not its compiler children) to print where it is stuck, and give it a moment."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        proc.send_signal(STACK_DUMP_SIGNAL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=STACK_DUMP_WAIT_S)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 def _reader(stream: IO[bytes], q: queue.Queue[bytes | None]) -> None:
     try:
         for line in stream:
@@ -79,68 +95,207 @@ def _reader(stream: IO[bytes], q: queue.Queue[bytes | None]) -> None:
         q.put(None)
 
 
-def run_worker(request: WorkerRequest, timeouts: dict[str, float]) -> WorkerOutcome:
-    """Run one request in a fresh worker process. ``timeouts`` maps each phase to its own limit in seconds."""
-    workdir = Path(tempfile.mkdtemp(prefix="stark-eval-"))
-    log_path = workdir / "worker.log"
-    request.log_path = str(log_path)
-    started = time.monotonic()
-    result: EvalResult | None = None
-    phase, timed_out = PHASE_SETUP, False
-    phase_s: dict[str, float] = {}
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "stark_ray.eval.worker"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=log, cwd=workdir,
-                                    env=worker_env(workdir, request.threads), start_new_session=True)
-        assert proc.stdin is not None and proc.stdout is not None
-        q: queue.Queue[bytes | None] = queue.Queue()
-        threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.write(request.to_json().encode())
-            proc.stdin.close()
-        phase_start = started
-        deadline = started + timeouts[phase]
+def visible_device(device: int | None, base: str | None) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a worker pinned to ``device`` among the parent's visible GPUs (Ray sets the
+    parent's list for a num_gpus=1 actor: the worker keeps exactly that one)."""
+    if device is None:
+        return None
+    if base:
+        ids = [x.strip() for x in base.split(",") if x.strip()]
+        if device < len(ids):
+            return ids[device]
+    return str(device)
+
+
+class WorkerProcess:
+    """One worker process at a time, restarted on demand. Not thread-safe: callers serialize requests."""
+
+    def __init__(self, spec: WorkerSpec, start_timeout_s: float = START_TIMEOUT_S,
+                 max_requests: int = MAX_REQUESTS) -> None:
+        self.spec = spec
+        self.start_timeout_s = start_timeout_s
+        self.max_requests = max_requests
+        self.hello: dict[str, Any] = {}
+        self.starts = 0  # processes started so far (1 + restarts)
+        self.served = 0  # requests answered by the current process
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._queue: queue.Queue[bytes | None] = queue.Queue()
+        self._workdir: Path | None = None
+        self._log_path: Path | None = None
+
+    # -- life cycle -------------------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _env(self, workdir: Path) -> dict[str, str]:
+        env = worker_env(workdir, self.spec.threads)
+        if self.spec.compile_only:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # builds never touch a GPU (nor create a context on it)
+        else:
+            pinned = visible_device(self.spec.device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            if pinned is not None:
+                env["CUDA_VISIBLE_DEVICES"] = pinned
+        return env
+
+    def start(self) -> dict[str, Any]:
+        """Start a fresh process and wait for its hello (the device's properties)."""
+        self.close()
+        workdir = Path(tempfile.mkdtemp(prefix="stark-eval-"))
+        self._workdir, self._log_path = workdir, workdir / "worker.log"
+        with open(self._log_path, "wb") as log:
+            self._proc = subprocess.Popen(self.spec.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=log, cwd=workdir, env=self._env(workdir),
+                                          start_new_session=True)
+        self.starts += 1
+        self.served = 0
+        self._queue = queue.Queue()
+        assert self._proc.stdout is not None
+        threading.Thread(target=_reader, args=(self._proc.stdout, self._queue), daemon=True).start()
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            msg, dead = self._next(deadline)
+            if msg is not None and "hello" in msg:
+                self.hello = dict(msg["hello"])
+                return self.hello
+            if dead or time.monotonic() >= deadline:
+                log = self._read_log(0)
+                why = "timed out" if not dead else "exited"
+                self.kill()
+                tail = " | ".join(log.strip().splitlines()[-3:]) if log.strip() else "no output"
+                raise WorkerStartError(f"the {self.spec.backend} evaluator worker {why} while starting: {tail}")
+
+    def kill(self) -> None:
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=EXIT_GRACE_S)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # anything the candidate left running in the group
+        self._proc = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = self._log_path = None
+
+    def close(self) -> None:
+        """Let the worker finish (end of its stdin), then make sure it and its group are gone."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=EXIT_GRACE_S)
+        self.kill()
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def _next(self, deadline: float) -> tuple[dict[str, Any] | None, bool]:
+        """The next message before ``deadline``: (message or None, whether the worker is gone)."""
+        assert self._proc is not None
         while True:
             now = time.monotonic()
             if now >= deadline:
-                timed_out = True
-                _dump_stack(proc)
-                kill_tree(proc.pid)
-                break
+                return None, False
             try:
-                line = q.get(timeout=min(deadline - now, 0.5))
+                line = self._queue.get(timeout=min(deadline - now, 0.5))
             except queue.Empty:
-                if proc.poll() is not None and q.empty():
-                    break  # dead, and a process it forked may hold the channel open: no EOF to wait for
+                if self._proc.poll() is not None and self._queue.empty():
+                    return None, True  # dead, and a process it forked may hold the channel open
                 continue
-            if line is None:  # the worker closed its channel: it finished or died
-                break
+            if line is None:
+                return None, True
             try:
                 msg = json.loads(line)
             except ValueError:
                 continue
-            if "phase" in msg and msg["phase"] in timeouts:
+            if isinstance(msg, dict):
+                return msg, False
+
+    def _log_size(self) -> int:
+        try:
+            return self._log_path.stat().st_size if self._log_path else 0
+        except OSError:
+            return 0
+
+    def _read_log(self, offset: int) -> str:
+        if self._log_path is None:
+            return ""
+        try:
+            with open(self._log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def _dump_stack(self) -> None:
+        """Ask the worker (not its compiler children) to print where it is stuck, and give it a moment."""
+        assert self._proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self._proc.send_signal(STACK_DUMP_SIGNAL)
+            time.sleep(STACK_DUMP_WAIT_S)
+
+    def request(self, request: WorkerRequest, timeouts: dict[str, float]) -> WorkerOutcome:
+        """Serve one request; ``timeouts`` maps each phase to its own limit in seconds."""
+        if not self.alive:
+            self.start()
+        assert self._proc is not None and self._proc.stdin is not None
+        offset = self._log_size()
+        started = time.monotonic()
+        result: EvalResult | None = None
+        phase, timed_out, healthy, dead = PHASE_SETUP, False, True, False
+        phase_s: dict[str, float] = {}
+        try:
+            self._proc.stdin.write((request.to_json() + "\n").encode())
+            self._proc.stdin.flush()
+        except OSError:
+            dead = True
+        phase_start = started
+        deadline = started + timeouts.get(phase, self.start_timeout_s)
+        while not dead:
+            msg, dead = self._next(deadline)
+            if dead:
+                break
+            if msg is None:  # the phase ran out of time
+                timed_out = True
+                self._dump_stack()
+                break
+            if "phase" in msg:
                 now = time.monotonic()
                 phase_s[phase] = phase_s.get(phase, 0.0) + now - phase_start
-                phase, phase_start = msg["phase"], now
-                deadline = now + timeouts[phase]
+                phase, phase_start = str(msg["phase"]), now
+                deadline = now + timeouts.get(phase, self.start_timeout_s)
             elif "result" in msg:
                 result = result_from_message(msg["result"])
+                healthy = bool(msg.get("healthy", True))
                 break
         phase_s[phase] = phase_s.get(phase, 0.0) + time.monotonic() - phase_start
-        try:
-            proc.wait(timeout=EXIT_GRACE_S)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)
-            proc.wait()
-        _kill_group(proc)  # anything the candidate left running in the group
-        text = log_path.read_bytes().decode("utf-8", errors="replace")
+        returncode: int | None = None
+        if result is None or not healthy:
+            healthy = False
+            if not timed_out:  # it is dying (or said it will): give it a moment to finish its log
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=EXIT_GRACE_S)
+            returncode = self._proc.poll()
+        log = self._read_log(offset)
         wall = time.monotonic() - started
-        return WorkerOutcome(result, phase, proc.returncode, timed_out, text, wall, phase_s)
+        if not healthy:
+            self.kill()
+        else:
+            self.served += 1
+            if self.served >= self.max_requests:
+                self.close()
+        return WorkerOutcome(result, phase, returncode, timed_out, log, wall, phase_s, healthy)
+
+
+def run_once(spec: WorkerSpec, request: WorkerRequest, timeouts: dict[str, float]) -> WorkerOutcome:
+    """One request in a fresh worker that ends with it (the compile pool's way, and the safest)."""
+    worker = WorkerProcess(spec, start_timeout_s=timeouts.get(PHASE_START, START_TIMEOUT_S), max_requests=1)
+    try:
+        try:
+            worker.start()
+        except WorkerStartError as e:
+            return WorkerOutcome(None, PHASE_START, None, False, str(e), 0.0, {}, False)
+        return worker.request(request, timeouts)
     finally:
-        if proc is not None and proc.poll() is None:  # the parent itself failed or was interrupted
-            kill_tree(proc.pid)
-            proc.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
+        worker.kill()

@@ -1,8 +1,14 @@
-"""Timing: reference and candidate measured in the same process and run, interleaved, on fresh inputs.
+"""Timing: reference and candidate measured in the same process and run, interleaved, on rotating inputs.
 
-A :class:`Timer` measures one call in milliseconds; the CPU timer wraps ``time.perf_counter`` around the call.
-A device backend supplies its own (CUDA events with a device-wide sync before the end event) — the
-interleaving, warm-up and statistics here stay the same.
+A :class:`Timer` runs one call and returns a :class:`Sample`. On the CPU that is ``time.perf_counter`` around
+the call. On a GPU (:class:`CudaTimer`) the L2 cache is flushed first, CUDA events bracket the call on the
+current stream (``ms``), and a third event recorded after a device-wide synchronize (``synced_ms``) also
+counts work the call left running on other streams. The speedup uses ``ms`` unless a candidate leaves work
+behind on another stream (see :func:`leaves_work_behind`); then both sides use ``synced_ms``.
+
+Several input sets are made once and rotated, each call getting its own clone (so a candidate cannot
+memoise across calls by address or content), and every timed output of the candidate is compared with the
+reference's output for the same inputs in the same round (``check``).
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,21 +25,49 @@ import torch
 from stark_ray.eval.inputs import clone_all, make_inputs
 
 TIMING_SEED_OFFSET = 10_000  # timing inputs are fresh: seeds apart from the correctness trials'
+WALL_SEED_OFFSET = 20_000  # and the wall-clock re-measurement of a large speedup uses fresh ones again
+INPUT_SETS = 4  # input sets rotated through the timing rounds
+
+
+@dataclass(frozen=True)
+class Sample:
+    ms: float  # the call, on the current stream (CPU: wall time)
+    synced_ms: float  # the call until the whole device was idle again (CPU: same as ms)
+    out: Any = None
 
 
 class Timer(Protocol):
-    def __call__(self, fn: Callable[..., Any], args: list[Any]) -> float:
-        """Run ``fn(*args)`` once and return its duration in milliseconds."""
+    def __call__(self, fn: Callable[..., Any], args: list[Any]) -> Sample:
+        """Run ``fn(*args)`` once and measure it."""
         ...
 
 
 class CpuTimer:
-    def __call__(self, fn: Callable[..., Any], args: list[Any]) -> float:
+    def __call__(self, fn: Callable[..., Any], args: list[Any]) -> Sample:
         t0 = time.perf_counter()
         out = fn(*args)
-        t1 = time.perf_counter()
-        del out
-        return (t1 - t0) * 1e3
+        ms = (time.perf_counter() - t0) * 1e3
+        return Sample(ms, ms, out)
+
+
+class CudaTimer:
+    """CUDA events with an L2 flush before each call and a device-wide sync before the last event."""
+
+    def __init__(self, l2_bytes: int) -> None:
+        # twice the L2, at least 64 MB: writing it evicts whatever the previous call left in the cache
+        self.flush = torch.empty(max(2 * l2_bytes, 64 << 20), dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn: Callable[..., Any], args: list[Any]) -> Sample:
+        start, end, synced = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda.synchronize()
+        self.flush.zero_()
+        start.record()
+        out = fn(*args)
+        end.record()
+        torch.cuda.synchronize()  # device-wide: work the call queued on any stream is done
+        synced.record()
+        synced.synchronize()
+        return Sample(start.elapsed_time(end), start.elapsed_time(synced), out)
 
 
 @dataclass(frozen=True)
@@ -45,21 +79,54 @@ class Stats:
     n: int
     samples: tuple[float, ...] = ()
 
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation (std / mean)."""
+        return self.std / self.mean if self.mean > 0 else 0.0
+
     @staticmethod
-    def of(samples: list[float] | tuple[float, ...]) -> Stats:
+    def of(samples: Sequence[float]) -> Stats:
         return Stats(statistics.median(samples), statistics.fmean(samples),
                      statistics.stdev(samples) if len(samples) > 1 else 0.0, min(samples), len(samples),
                      tuple(samples))
 
     def describe(self) -> str:
-        return f"median {self.median:.4g} ms, mean {self.mean:.4g} ms, std {self.std:.3g} ms, n {self.n}"
+        return (f"median {self.median:.4g} ms, mean {self.mean:.4g} ms, std {self.std:.3g} ms, "
+                f"cv {100 * self.cv:.2f}%, n {self.n}")
 
 
-def time_interleaved(fns: list[Callable[..., Any]], get_inputs: Callable[[], Any], timer: Timer,
-                     warmup: int, trials: int, seed: int, device: str = "cpu") -> list[Stats]:
+@dataclass(frozen=True)
+class Timing:
+    """One function's timing: on its stream, and until the device was idle."""
+
+    stats: Stats
+    synced: Stats
+
+    @property
+    def gap_ms(self) -> float:
+        """Median time between the call's end on its stream and the device going idle."""
+        return statistics.median(s - m for s, m in zip(self.synced.samples, self.stats.samples, strict=True))
+
+
+def make_input_sets(get_inputs: Callable[[], Any], seed: int, device: str, count: int = INPUT_SETS,
+                    offset: int = TIMING_SEED_OFFSET) -> list[list[Any]]:
+    return [make_inputs(get_inputs, seed + offset + k, device=device) for k in range(count)]
+
+
+Check = Callable[[Any, Any], str | None]  # (candidate output, reference output) -> problem or None
+
+
+class TimingMismatch(Exception):
+    """A timed output differed from the reference's for the same inputs (memoised, racy, input-dependent)."""
+
+
+def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]], timer: Timer, warmup: int,
+                     trials: int, check: Check | None = None) -> list[Timing]:
     """Time each of ``fns`` ``trials`` times, round-robin, the order rotating every round to cancel drift and
-    cache warmth; every round draws fresh inputs and gives each function its own clone."""
-    samples: list[list[float]] = [[] for _ in fns]
+    cache warmth. Round r uses input set r mod len(input_sets), and each call gets its own clone. With
+    ``check``, every output of ``fns[i]`` (i > 0) is checked against ``fns[0]``'s in the same round."""
+    ms: list[list[float]] = [[] for _ in fns]
+    synced: list[list[float]] = [[] for _ in fns]
     order = list(range(len(fns)))
     gc.collect()
     was_enabled = gc.isenabled()
@@ -67,15 +134,53 @@ def time_interleaved(fns: list[Callable[..., Any]], get_inputs: Callable[[], Any
     try:
         with torch.no_grad():
             for r in range(warmup + trials):
-                inputs = make_inputs(get_inputs, seed + TIMING_SEED_OFFSET + r, device=device)
-                clones = [clone_all(inputs) for _ in fns]
+                inputs = input_sets[r % len(input_sets)]
+                outs: list[Any] = [None] * len(fns)
                 for i in order:
-                    ms = timer(fns[i], clones[i])
+                    sample = timer(fns[i], clone_all(inputs))
+                    outs[i] = sample.out
                     if r >= warmup:
-                        samples[i].append(ms)
+                        ms[i].append(sample.ms)
+                        synced[i].append(sample.synced_ms)
+                if check is not None:
+                    for i in range(1, len(fns)):
+                        problem = check(outs[i], outs[0])
+                        if problem:
+                            raise TimingMismatch(f"timing round {r + 1}: {problem}")
                 order = order[1:] + order[:1]
-                del inputs, clones
+                del outs
     finally:
         if was_enabled:
             gc.enable()
+    return [Timing(Stats.of(m), Stats.of(s)) for m, s in zip(ms, synced, strict=True)]
+
+
+def leaves_work_behind(candidate: Timing, reference: Timing) -> bool:
+    """Did the candidate's calls leave work running on other streams after returning (more than the fixed
+    cost of a device-wide sync, which the reference's gap measures)?"""
+    margin = max(0.02, 0.05 * candidate.stats.median)
+    return candidate.gap_ms > reference.gap_ms + margin
+
+
+def wall_times(fns: list[Callable[..., Any]], input_sets: list[list[Any]], synchronize: Callable[[], None],
+               rounds: int, check: Check | None = None) -> list[Stats]:
+    """Host wall-clock time of each call up to a device-wide sync: a second opinion on a large speedup."""
+    samples: list[list[float]] = [[] for _ in fns]
+    with torch.no_grad():
+        for r in range(rounds + 1):
+            inputs = input_sets[r % len(input_sets)]
+            outs: list[Any] = []
+            for i, fn in enumerate(fns):
+                args = clone_all(inputs)
+                synchronize()
+                t0 = time.perf_counter()
+                outs.append(fn(*args))
+                synchronize()
+                if r > 0:  # the first round warms up
+                    samples[i].append((time.perf_counter() - t0) * 1e3)
+            if check is not None:
+                for i in range(1, len(fns)):
+                    problem = check(outs[i], outs[0])
+                    if problem:
+                        raise TimingMismatch(f"wall-clock re-measure: {problem}")
     return [Stats.of(s) for s in samples]

@@ -10,6 +10,9 @@ from stark_ray.eval.backends.base import Backend
 # name -> "module:Class" (lazily imported) or a factory registered at run time
 _REGISTRY: dict[str, str | Callable[[], Backend]] = {
     "cpu_cpp": "stark_ray.eval.backends.cpu_cpp:CpuCppBackend",
+    "cuda": "stark_ray.eval.backends.cuda:CudaBackend",
+    "cuda_nvrtc": "stark_ray.eval.backends.cuda_nvrtc:CudaNvrtcBackend",
+    "triton": "stark_ray.eval.backends.triton:TritonBackend",
 }
 
 

@@ -4,30 +4,52 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # timing imports torch; the parent process only needs the backend's description
     from stark_ray.eval.timing import Timer
 
 
 class Backend(ABC):
-    """One candidate format (cpu_cpp, cuda, cuda_nvrtc, triton). Instances are cheap; the worker makes one."""
+    """One candidate format (cpu_cpp, cuda, cuda_nvrtc, triton). Instances are cheap; each worker makes one.
+
+    In the worker: ``prepare_worker`` once, then ``hardware_info`` (sent to the parent as the worker's hello),
+    then any number of candidates. In a compile-pool worker: ``prepare_compiler`` only. In the parent:
+    ``describe_hardware`` turns the hello into the lines the agents' prompts show.
+    """
 
     name: ClassVar[str]
-    device: ClassVar[str]  # where inputs and models live: "cpu" or "cuda"
+    device: str = "cpu"  # where inputs and models live: "cpu" or "cuda" (set by prepare_worker)
+    precompile: ClassVar[bool] = False  # builds at import are done first in the CPU compile pool
 
     @abstractmethod
     def prepare_worker(self, build_dir: Path, threads: int) -> None:
         """Set up the worker process before any candidate is imported (threads, build hooks, device)."""
 
-    @abstractmethod
+    def prepare_compiler(self, build_dir: Path, threads: int, arch: str | None) -> None:
+        """Set up a compile-only process (no device): by default the same build hooks as a worker."""
+        self.prepare_worker(build_dir, threads)
+
+    def hardware_info(self) -> dict[str, Any]:
+        """Facts about the device, read in the worker (JSON-serializable)."""
+        return {"device": self.device}
+
+    def default_timing_trials(self) -> int:
+        """Timed calls per function when the configuration leaves it open: GPU calls are cheap to repeat."""
+        return 100 if self.device == "cuda" else 20
+
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
+        return None
+
+    def healthy(self) -> bool:
+        """Whether the worker can go on after a request (False after a sticky device error)."""
+        return True
 
     @abstractmethod
     def timer(self) -> Timer:
         """The timer for one call."""
 
     @abstractmethod
-    def describe_hardware(self, threads: int) -> str:
-        """A few lines on the target device, for the agents' prompts (runs in the parent, cheaply)."""
+    def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
+        """A few lines on the target device for the agents' prompts, from ``hardware_info`` (in the parent)."""

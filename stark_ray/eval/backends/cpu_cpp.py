@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stark_ray.eval.backends.base import Backend
 from stark_ray.eval.build_cache import BuildCache
@@ -18,11 +18,20 @@ PROMPT_NOTES = ("Candidates are C++ built at import with torch.utils.cpp_extensi
                 "at::parallel_for to run in parallel.")
 
 
+def install_build_cache(build_dir: Path) -> BuildCache:
+    # STARK_RAY_PCH=0 turns the precompiled header off (to compare, or where gcc rejects it)
+    cache = BuildCache(build_dir, use_pch=os.environ.get("STARK_RAY_PCH", "1") != "0")
+    cache.install()
+    return cache
+
+
 class CpuCppBackend(Backend):
     name: ClassVar[str] = "cpu_cpp"
-    device: ClassVar[str] = "cpu"
+    # builds stay in the worker, one at a time: on a CPU target a parallel build would disturb the timing
+    precompile: ClassVar[bool] = False
 
     def __init__(self) -> None:
+        self.device = "cpu"
         self.cache: BuildCache | None = None
 
     def prepare_worker(self, build_dir: Path, threads: int) -> None:
@@ -30,17 +39,12 @@ class CpuCppBackend(Backend):
 
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
-        # STARK_RAY_PCH=0 turns the precompiled header off (to compare, or where gcc rejects it)
-        self.cache = BuildCache(build_dir, use_pch=os.environ.get("STARK_RAY_PCH", "1") != "0")
-        self.cache.install()
-
-    def synchronize(self) -> None:
-        """Nothing is queued on the CPU."""
+        self.cache = install_build_cache(build_dir)
 
     def timer(self) -> Timer:
         from stark_ray.eval.timing import CpuTimer
 
         return CpuTimer()
 
-    def describe_hardware(self, threads: int) -> str:
+    def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
         return f"{describe_cpu(threads)}\n{PROMPT_NOTES}"

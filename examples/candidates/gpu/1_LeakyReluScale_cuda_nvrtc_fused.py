@@ -1,0 +1,41 @@
+"""Correct: leaky ReLU and scale in one NVRTC-compiled kernel (one read, one write per element)."""
+
+import torch
+import torch.nn as nn
+
+_SOURCE = r"""
+extern "C" __global__ void leaky_scale(const float* __restrict__ x, float* __restrict__ out, int n,
+                                       double slope, double scale) {
+    const float sl = (float)slope, sc = (float)scale;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float v = x[i];
+        out[i] = (v > 0.0f ? v : v * sl) * sc;
+    }
+}
+"""
+
+_kernels = {}
+
+
+def _kernel(name):
+    if name not in _kernels:  # compiled once, on the first call
+        _kernels[name] = torch.cuda._compile_kernel(_SOURCE, name, nvcc_options=["-O3"])
+    return _kernels[name]
+
+
+class ModelNew(nn.Module):
+    def __init__(self, negative_slope: float, scale: float):
+        super().__init__()
+        self.negative_slope = negative_slope
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        n = x.numel()
+        threads = 256
+        blocks = min((n + threads - 1) // threads, 65535)
+        if n:
+            _kernel("leaky_scale")(grid=(blocks, 1, 1), block=(threads, 1, 1),
+                                   args=[x, out, n, float(self.negative_slope), float(self.scale)])
+        return out

@@ -1,0 +1,54 @@
+"""cuda: KernelBench's format — CUDA C++ built with ``load_inline`` (cpp_sources + cuda_sources)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from stark_ray.eval.backends import gpu
+from stark_ray.eval.backends.base import Backend
+from stark_ray.eval.backends.cpu_cpp import install_build_cache
+
+if TYPE_CHECKING:
+    from stark_ray.eval.timing import Timer
+
+PROMPT_NOTES = ("Candidates are CUDA C++ built at import with torch.utils.cpp_extension.load_inline "
+                "(kernels and raw-pointer launchers in cuda_sources without torch headers; the torch wrapper "
+                "in cpp_sources).")
+
+
+class CudaBackend(Backend):
+    name: ClassVar[str] = "cuda"
+    precompile: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.device = "cuda"
+
+    def prepare_worker(self, build_dir: Path, threads: int) -> None:
+        gpu.prepare_device()
+        # the same arch list the compile pool builds with: ninja then finds those builds up to date
+        os.environ["TORCH_CUDA_ARCH_LIST"] = gpu.arch_list()
+        os.environ.setdefault("MAX_JOBS", str(max(1, threads)))
+        install_build_cache(build_dir)
+
+    def prepare_compiler(self, build_dir: Path, threads: int, arch: str | None) -> None:
+        if arch:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+        os.environ.setdefault("MAX_JOBS", "2")  # the .cpp and the .cu of one extension, side by side
+        install_build_cache(build_dir)
+
+    def hardware_info(self) -> dict[str, Any]:
+        return gpu.device_info()
+
+    def synchronize(self) -> None:
+        gpu.synchronize()
+
+    def healthy(self) -> bool:
+        return gpu.device_healthy()
+
+    def timer(self) -> Timer:
+        return gpu.cuda_timer()
+
+    def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
+        return f"{gpu.describe_device(info)}\n{PROMPT_NOTES}"

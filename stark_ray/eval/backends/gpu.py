@@ -1,0 +1,129 @@
+"""What the CUDA-device backends share: device set-up, its facts for the prompts, health, timing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stark_ray.eval.timing import Timer
+
+_COPY_BYTES = 256 << 20  # a device-to-device copy this large measures the memory bandwidth
+_STICKY = ("illegal memory access", "illegal address", "unspecified launch failure", "device-side assert",
+           "misaligned address", "illegal instruction", "an illegal", "CUDA error: launch failure")
+
+
+def prepare_device() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device is visible to the evaluator worker (torch.cuda.is_available() is "
+                           "False); run on a GPU host or choose --backend cpu_cpp")
+    torch.cuda.set_device(0)
+    torch.empty(1, device="cuda")  # create the context now, not inside the first timed call
+    torch.backends.cuda.matmul.allow_tf32 = False  # the reference's float32 matmuls stay float32
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def arch_list() -> str:
+    """TORCH_CUDA_ARCH_LIST for this device: its own architecture only (e.g. 9.0 builds sm_90)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"{major}.{minor}"
+
+
+def measured_bandwidth_gbs() -> float:
+    """Device-memory bandwidth of a large copy, counting bytes read plus bytes written."""
+    import torch
+
+    src = torch.empty(_COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    reps = 10
+    start.record()
+    for _ in range(reps):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * _COPY_BYTES * reps / seconds / 1e9
+
+
+def device_info() -> dict[str, Any]:
+    import torch
+
+    p = torch.cuda.get_device_properties(0)
+    return {
+        "device": "cuda",
+        "name": p.name,
+        "capability": f"{p.major}.{p.minor}",
+        "arch": f"sm_{p.major}{p.minor}",
+        "sm_count": p.multi_processor_count,
+        "memory_gb": round(p.total_memory / 2**30, 1),
+        "l2_bytes": int(getattr(p, "L2_cache_size", 0) or 0),
+        "shared_memory_per_block": int(getattr(p, "shared_memory_per_block", 48 << 10)),
+        "shared_memory_per_block_optin": int(getattr(p, "shared_memory_per_block_optin", 0) or 0),
+        "shared_memory_per_sm": int(getattr(p, "shared_memory_per_multiprocessor", 0) or 0),
+        "registers_per_sm": int(getattr(p, "regs_per_multiprocessor", 0) or 0),
+        "max_threads_per_sm": int(getattr(p, "max_threads_per_multi_processor", 0) or 0),
+        "warp_size": int(getattr(p, "warp_size", 32) or 32),
+        "bandwidth_gbs": round(measured_bandwidth_gbs(), 0),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "arch_list": arch_list(),
+    }
+
+
+def describe_device(info: dict[str, Any]) -> str:
+    if info.get("device") != "cuda":
+        return "No GPU: kernels run on the CPU."
+    kib = 1024
+    smem_optin = info.get("shared_memory_per_block_optin") or info.get("shared_memory_per_block", 0)
+    lines = [
+        f"GPU: {info['name']} ({info['arch']}, compute capability {info['capability']}), "
+        f"{info['sm_count']} SMs, {info['memory_gb']} GiB device memory.",
+        f"L2 cache {info['l2_bytes'] / 2**20:.0f} MiB; shared memory per block "
+        f"{info['shared_memory_per_block'] // kib} KiB by default, up to {smem_optin // kib} KiB opt-in; "
+        f"{info['shared_memory_per_sm'] // kib} KiB per SM; {info['registers_per_sm']} registers and "
+        f"{info['max_threads_per_sm']} threads per SM; warp size {info['warp_size']}.",
+        f"Device-memory bandwidth measured on this GPU: {info['bandwidth_gbs']:.0f} GB/s (large copy).",
+        f"torch {info['torch']} with CUDA {info['cuda_runtime']}; kernels are built for {info['arch']} only.",
+    ]
+    return "\n".join(lines)
+
+
+def device_healthy() -> bool:
+    """False when the CUDA context is poisoned (a sticky error from an illegal access, a trap, ...)."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.empty(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    except Exception:
+        return False
+    return True
+
+
+def is_sticky_error(message: str) -> bool:
+    low = message.lower()
+    return any(s.lower() in low for s in _STICKY)
+
+
+def cuda_timer() -> Timer:
+    import torch
+
+    from stark_ray.eval.timing import CudaTimer
+
+    props = torch.cuda.get_device_properties(0)
+    return CudaTimer(int(getattr(props, "L2_cache_size", 0) or 0))
+
+
+def synchronize() -> None:
+    import torch
+
+    torch.cuda.synchronize()

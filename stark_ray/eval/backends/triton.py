@@ -1,0 +1,67 @@
+"""triton: ``@triton.jit`` kernels. On a GPU they compile to PTX; without one, ``TRITON_INTERPRET=1`` runs the
+same kernels on CPU tensors (slowly, but for real: CI checks Triton candidates this way)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from stark_ray.eval.backends import gpu
+from stark_ray.eval.backends.base import Backend
+from stark_ray.eval.hardware import describe_cpu
+
+if TYPE_CHECKING:
+    from stark_ray.eval.timing import Timer
+
+PROMPT_NOTES = "Candidates are Triton kernels (@triton.jit), compiled at their first launch."
+INTERPRETER_NOTES = ("No GPU here: Triton kernels run in Triton's interpreter on CPU tensors "
+                     "(TRITON_INTERPRET=1); timings are not representative of a GPU.")
+
+
+class TritonBackend(Backend):
+    name: ClassVar[str] = "triton"
+
+    def __init__(self) -> None:
+        self.device = "cuda"
+
+    def prepare_worker(self, build_dir: Path, threads: int) -> None:
+        import torch
+
+        os.environ.setdefault("TRITON_CACHE_DIR", str(build_dir / "triton"))
+        if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            gpu.prepare_device()
+            self.device = "cuda"
+        else:
+            os.environ["TRITON_INTERPRET"] = "1"  # before the candidate imports triton
+            torch.set_num_threads(threads)
+            self.device = "cpu"
+        try:
+            import triton  # noqa: F401  (import once here: a missing Triton is the host's problem)
+        except ImportError as e:
+            raise RuntimeError(f"triton is not installed ({e}); pip install triton") from None
+
+    def default_timing_trials(self) -> int:
+        return 100 if self.device == "cuda" else 10  # the interpreter is slow
+
+    def hardware_info(self) -> dict[str, Any]:
+        return gpu.device_info() if self.device == "cuda" else {"device": "cpu"}
+
+    def synchronize(self) -> None:
+        if self.device == "cuda":
+            gpu.synchronize()
+
+    def healthy(self) -> bool:
+        return gpu.device_healthy() if self.device == "cuda" else True
+
+    def timer(self) -> Timer:
+        if self.device == "cuda":
+            return gpu.cuda_timer()
+        from stark_ray.eval.timing import CpuTimer
+
+        return CpuTimer()
+
+    def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
+        if info.get("device") == "cuda":
+            return f"{gpu.describe_device(info)}\n{PROMPT_NOTES}"
+        return f"{describe_cpu(threads)}\n{INTERPRETER_NOTES}"

@@ -1,0 +1,384 @@
+"""Inside the worker: each task's reference (kept while the worker lives) and the judging of one candidate.
+
+A candidate goes through: import (its build), the torch fingerprint, ``ModelNew(...)``, the correctness
+trials with their guards, a profile of its kernels (GPU), timing against the reference (and the optional
+torch.compile baseline) on rotating input sets with every timed output checked, a wall-clock second opinion
+for a large speedup, and the fingerprint again. Its faults become an :class:`EvalResult`, never an exception.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import sys
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.backends import Backend
+from stark_ray.eval.compare import Tolerances, compare_outputs
+from stark_ray.eval.correctness import check_correctness
+from stark_ray.eval.diagnostics import compiler_log, describe_exception, first_compiler_error
+from stark_ray.eval.guards import (
+    TorchFingerprint,
+    defined_kernels,
+    kernel_names,
+    nbytes_of,
+    own_kernel_names,
+)
+from stark_ray.eval.inputs import clone_all, make_inputs
+from stark_ray.eval.loader import import_source
+from stark_ray.eval.protocol import (
+    MODE_COMPILE,
+    MODE_REFERENCE,
+    PHASE_CHECK,
+    PHASE_COMPILE,
+    PHASE_SETUP,
+    PHASE_TIME,
+    WorkerRequest,
+)
+from stark_ray.eval.tasks import TaskError, build_reference, make_task_inputs, run_reference_once
+from stark_ray.eval.timing import (
+    WALL_SEED_OFFSET,
+    Stats,
+    TimingMismatch,
+    leaves_work_behind,
+    make_input_sets,
+    time_interleaved,
+    wall_times,
+)
+from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
+
+Send = Callable[[dict[str, Any]], None]
+LARGE_SPEEDUP = 10.0  # above this, a wall-clock re-measure on fresh inputs must confirm the speedup
+WALL_AGREEMENT = 0.5  # confirmed when the wall-clock speedup is at least this fraction of the event one
+WALL_ROUNDS = 10
+KEPT_TASKS = 2  # task references a worker keeps (a campaign worker moves from task to task)
+
+
+class LogTail:
+    """What was written to the worker's log (fd 2, a file) since a mark: the build output of one import."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def mark(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            self.offset = os.fstat(2).st_size
+        except OSError:
+            self.offset = 0
+
+    def since_mark(self) -> str:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:  # fd 2 is open for writing only: read the same file through /proc
+            with open("/proc/self/fd/2", "rb") as f:
+                f.seek(self.offset)
+                return f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+
+def _candidate_frame(tb: Any) -> str:
+    """`` (candidate.py:LINE)`` for the innermost frame of the candidate in a traceback, if any."""
+    where = ""
+    for frame in traceback.extract_tb(tb):
+        if frame.filename.endswith("candidate.py"):
+            where = f" (candidate.py:{frame.lineno})"
+    return where
+
+
+def compile_failure(exc: BaseException, output: str, started: float) -> EvalResult:
+    tb = traceback.format_exc()
+    compiler_error = first_compiler_error(output)
+    if compiler_error and "Error building extension" in str(exc):
+        result = EvalResult.failed(STAGE_COMPILE, compiler_error, compiler_log(output))
+        result.flags.append("build_error")
+    else:
+        error = describe_exception(exc) + _candidate_frame(exc.__traceback__)
+        result = EvalResult.failed(STAGE_COMPILE, error, excerpt(f"{compiler_log(output)}\n{tb}".strip()))
+    result.compile_s = time.perf_counter() - started
+    return result
+
+
+def _on_device(model: Any, device: str) -> Any:
+    return model.to(device) if device != "cpu" and hasattr(model, "to") else model
+
+
+@dataclass
+class TaskState:
+    """A task's reference inside the worker: module, model, and what every candidate is measured with."""
+
+    name: str
+    module: Any
+    model: Any
+    init_inputs: list[Any]
+    device: str
+    seed: int
+    output_nbytes: list[int] = field(default_factory=list)
+    input_sets: list[list[Any]] | None = None
+    compiled_model: Any = None
+
+    def get_inputs(self) -> list[Any]:
+        return make_task_inputs(self.module, self.name)
+
+    def timing_sets(self) -> list[list[Any]]:
+        if self.input_sets is None:
+            self.input_sets = make_input_sets(self.get_inputs, self.seed, self.device)
+        return self.input_sets
+
+    def baseline_compiled(self) -> Any:
+        """torch.compile of the reference, compiled and warmed on the timing inputs once."""
+        if self.compiled_model is None:
+            import torch
+
+            compiled = torch.compile(self.model)
+            try:
+                with torch.no_grad():
+                    compiled(*clone_all(self.timing_sets()[0]))
+            except Exception as e:
+                raise TaskError(f"task {self.name}: torch.compile baseline failed: {describe_exception(e)}") \
+                    from None
+            self.compiled_model = compiled
+        return self.compiled_model
+
+
+class Judge:
+    """Serves requests inside one worker process."""
+
+    def __init__(self, backend: Backend, compile_only: bool = False) -> None:
+        self.backend = backend
+        self.compile_only = compile_only
+        self.tasks: OrderedDict[str, TaskState] = OrderedDict()
+        if not compile_only:
+            import torch._dynamo  # noqa: F401  (it patches torch on import: before the fingerprint, not after)
+        self.fingerprint = TorchFingerprint()
+        self.count = 0
+
+    # -- tasks ------------------------------------------------------------------------------------------------
+    def task_state(self, req: WorkerRequest, cfg: EvalConfig) -> TaskState:
+        key = hashlib.sha256(f"{cfg.seed}\0{req.task_source}".encode()).hexdigest()
+        state = self.tasks.get(key)
+        if state is not None:
+            self.tasks.move_to_end(key)
+            return state
+        try:
+            module = import_source(req.task_source, f"stark_task_{key[:12]}", Path(os.environ.get("TMPDIR", ".")),
+                                   f"task_{key[:12]}.py")
+        except Exception as e:
+            raise TaskError(f"task {req.task_name}: import failed: {describe_exception(e)}") from None
+        model, init_inputs = build_reference(module, req.task_name, cfg.seed)
+        device = self.backend.device
+        state = TaskState(req.task_name, module, _on_device(model, device), init_inputs, device, cfg.seed)
+        import torch
+
+        torch.manual_seed(cfg.seed)
+        out = run_reference_once(state.model, make_inputs(state.get_inputs, cfg.seed, device=device), state.name)
+        state.output_nbytes = nbytes_of(out)
+        self.tasks[key] = state
+        while len(self.tasks) > KEPT_TASKS:
+            self.tasks.popitem(last=False)
+        return state
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def handle(self, req: WorkerRequest, send: Send) -> tuple[EvalResult, bool]:
+        """The result of one request, and whether this worker may serve another."""
+        cfg = EvalConfig(**req.cfg)
+        self.count += 1
+        try:
+            if req.mode == MODE_COMPILE:
+                result = self.build_only(req, send)
+            else:
+                send({"phase": PHASE_SETUP})
+                state = self.task_state(req, cfg)
+                if req.mode == MODE_REFERENCE:
+                    result = self.reference(state, cfg, send)
+                else:
+                    result = self.candidate(req, cfg, state, send)
+        except TaskError as e:
+            result = EvalResult.failed(STAGE_RUNTIME, str(e), traceback.format_exc())
+            result.flags.append("task_error")
+        except BaseException as e:  # SystemExit or anything else the candidate raised while running
+            result = EvalResult(compiled=True, stage=STAGE_RUNTIME,
+                                error=describe_exception(e) + _candidate_frame(e.__traceback__),
+                                log=excerpt(traceback.format_exc()))
+        changed = [] if self.compile_only else self.fingerprint.changed()
+        if changed:
+            result = EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=_tamper_error(changed),
+                                flags=["tampered"], compile_s=result.compile_s)
+        healthy = not changed and (self.compile_only or self.backend.healthy())
+        return result, healthy
+
+    def build_only(self, req: WorkerRequest, send: Send) -> EvalResult:
+        """Import the candidate so that its extension is built into the cache (compile pool, no device)."""
+        send({"phase": PHASE_COMPILE})
+        tail = LogTail()
+        tail.mark()
+        started = time.perf_counter()
+        try:
+            import_source(req.candidate_source or "", f"stark_candidate_{self.count}", Path.cwd(), "candidate.py")
+        except BaseException as e:
+            return compile_failure(e, tail.since_mark(), started)
+        return EvalResult(compiled=True, stage=STAGE_OK, compile_s=time.perf_counter() - started)
+
+    def reference(self, state: TaskState, cfg: EvalConfig, send: Send) -> EvalResult:
+        import torch
+
+        send({"phase": PHASE_CHECK})
+        inputs = make_inputs(state.get_inputs, cfg.seed, device=state.device)
+        torch.manual_seed(cfg.seed)  # as in the correctness trials: random ops in forward draw the same numbers
+        first = run_reference_once(state.model, clone_all(inputs), state.name)
+        torch.manual_seed(cfg.seed)
+        again = run_reference_once(state.model, clone_all(inputs), state.name)
+        same = compare_outputs(again, first, Tolerances.of(cfg))
+        if not same.ok:
+            raise TaskError(f"task {state.name}: the reference is not deterministic: {same.problem}")
+        send({"phase": PHASE_TIME})
+        fns = [state.model, state.model]  # timed against itself: the ratio of the two halves shows the noise
+        if cfg.baseline == "compile":
+            fns.append(state.baseline_compiled())
+        try:
+            timings = time_interleaved(fns, state.timing_sets(), self.backend.timer(), cfg.warmup,
+                                       self._trials(cfg))
+        except TaskError:
+            raise
+        except Exception as e:
+            raise TaskError(f"task {state.name}: reference forward failed: {describe_exception(e)}") from None
+        stats = Stats.of(timings[0].stats.samples + timings[1].stats.samples)
+        noise = timings[0].stats.median / timings[1].stats.median
+        log = f"reference: {stats.describe()}; self-speedup (noise) {noise:.3f}"
+        compiled_ms = None
+        if len(timings) > 2:
+            compiled_ms = timings[2].stats.median
+            log += f"\ntorch.compile baseline: {timings[2].stats.describe()}"
+        return EvalResult(compiled=True, correct=True, runtime_ms=stats.median, ref_runtime_ms=stats.median,
+                          speedup=1.0, stage=STAGE_OK, log=log, ref_compile_runtime_ms=compiled_ms,
+                          runtime_cv=stats.cv, ref_runtime_cv=stats.cv)
+
+    def _trials(self, cfg: EvalConfig) -> int:
+        return cfg.timing_trials or self.backend.default_timing_trials()
+
+    def candidate(self, req: WorkerRequest, cfg: EvalConfig, state: TaskState, send: Send) -> EvalResult:
+        import torch
+
+        send({"phase": PHASE_COMPILE})
+        tail = LogTail()
+        tail.mark()
+        started = time.perf_counter()
+        source = req.candidate_source or ""
+        try:
+            cand = import_source(source, f"stark_candidate_{self.count}", Path.cwd(), "candidate.py")
+            changed = self.fingerprint.changed()
+            if changed:  # before ModelNew runs anything next to the reference
+                return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=_tamper_error(changed),
+                                  flags=["tampered"])
+            model_cls = getattr(cand, "ModelNew", None)
+            if model_cls is None:
+                return EvalResult.failed(STAGE_COMPILE, "the candidate defines no ModelNew")
+            torch.manual_seed(cfg.seed)  # same seed as the reference: same parameters, in the same order
+            new_model = _on_device(model_cls(*copy.deepcopy(state.init_inputs)), state.device)
+            self.backend.synchronize()
+        except BaseException as e:  # SystemExit included: the candidate is never allowed to end the worker
+            return compile_failure(e, tail.since_mark(), started)
+        finally:
+            sys.modules.pop(f"stark_candidate_{self.count}", None)
+        compile_s = time.perf_counter() - started
+        build_output = tail.since_mark()
+
+        send({"phase": PHASE_CHECK})
+        report = check_correctness(state.model, new_model, state.get_inputs, cfg, state.device, state.name,
+                                   state.output_nbytes, self.backend.synchronize)
+        base = {"compiled": True, "max_abs_err": report.max_abs_err, "rel_err": report.rel_err,
+                "compile_s": compile_s}
+        if not report.ok:
+            return EvalResult(correct=False, stage=report.stage, error=report.error, log=excerpt(report.log),
+                              **base)
+        flags: list[str] = []
+        notes: list[str] = []
+        if state.device == "cuda":
+            try:
+                launched = kernel_names(new_model, clone_all(state.timing_sets()[0]))
+            except Exception as e:  # no profiler here (CUPTI missing): say so, do not guess
+                launched = None
+                notes.append(f"kernel profile unavailable: {describe_exception(e)}")
+            if launched is not None and not own_kernel_names(launched, defined_kernels(source)):
+                flags.append("no_kernel")
+                notes.append("no kernel of its own was launched (only: "
+                             f"{', '.join(sorted(set(launched))[:6]) or 'nothing'})")
+
+        send({"phase": PHASE_TIME})
+        fns = [state.model, new_model]
+        if cfg.baseline == "compile":
+            fns.append(state.baseline_compiled())
+        tol = Tolerances.of(cfg)
+
+        def check(out: Any, ref: Any) -> str | None:
+            c = compare_outputs(out, ref, tol)
+            return None if c.ok else c.problem
+
+        try:
+            timings = time_interleaved(fns[:2], state.timing_sets(), self.backend.timer(), cfg.warmup,
+                                       self._trials(cfg), check)
+            if len(fns) > 2:  # the baseline is checked once when compiled; timed beside the eager reference
+                timings.append(time_interleaved([fns[0], fns[2]], state.timing_sets(), self.backend.timer(),
+                                                cfg.warmup, self._trials(cfg))[1])
+        except TimingMismatch as e:
+            return EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=f"{e} (memoised or racy output?)",
+                              **base)
+        except Exception as e:
+            return EvalResult(correct=True, stage=STAGE_RUNTIME, error=f"while timing: {describe_exception(e)}",
+                              log=excerpt(traceback.format_exc()), **base)
+        ref_t, new_t = timings[0], timings[1]
+        ref_stats, new_stats = ref_t.stats, new_t.stats
+        if leaves_work_behind(new_t, ref_t):
+            flags.append("extra_stream")
+            notes.append(f"work left running on other streams after forward returned ({new_t.gap_ms:.3g} ms): "
+                         "timed up to a device-wide sync")
+            ref_stats, new_stats = ref_t.synced, new_t.synced
+        speedup = ref_stats.median / new_stats.median if new_stats.median > 0 else float("inf")
+        if speedup > LARGE_SPEEDUP:
+            flags.append("large_speedup")
+            notes.append(self._second_opinion(state, fns[:2], speedup, check, flags))
+        log = [f"correct over {cfg.trials} trials (max_abs_err {report.max_abs_err:.3g}, rel_err "
+               f"{report.rel_err:.3g})", f"reference: {ref_stats.describe()}", f"candidate: {new_stats.describe()}"]
+        compiled_ms = None
+        if len(timings) > 2:
+            compiled_ms = timings[2].stats.median
+            log.append(f"torch.compile baseline: {timings[2].stats.describe()}")
+        log += notes
+        if "warning:" in build_output:
+            log.append(compiler_log(build_output))
+        rejected = [n for n in notes if n.startswith(("no kernel", "suspicious"))]
+        return EvalResult(correct=True, runtime_ms=new_stats.median, ref_runtime_ms=ref_stats.median,
+                          speedup=speedup, stage=STAGE_OK, log=excerpt("\n".join(log)), flags=flags,
+                          error="; ".join(rejected) or None,
+                          ref_compile_runtime_ms=compiled_ms, runtime_cv=new_stats.cv, ref_runtime_cv=ref_stats.cv,
+                          **base)
+
+    def _second_opinion(self, state: TaskState, fns: list[Any], speedup: float,
+                        check: Callable[[Any, Any], str | None], flags: list[str]) -> str:
+        """Re-measure a large speedup with host wall-clock time on fresh inputs; flag it when unconfirmed."""
+        fresh = make_input_sets(state.get_inputs, state.seed, state.device, offset=WALL_SEED_OFFSET)
+        try:
+            ref_w, new_w = wall_times(fns, fresh, self.backend.synchronize, WALL_ROUNDS, check)
+        except TimingMismatch as e:
+            flags.append("suspicious")
+            return f"suspicious: {e}"
+        wall = ref_w.median / new_w.median if new_w.median > 0 else float("inf")
+        if wall < WALL_AGREEMENT * speedup:
+            flags.append("suspicious")
+            return f"suspicious: {speedup:.1f}x by events but {wall:.1f}x by wall-clock time on fresh inputs"
+        return f"large speedup confirmed by wall-clock time on fresh inputs: {wall:.1f}x"
+
+
+def _tamper_error(changed: list[str]) -> str:
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return f"the candidate replaced part of torch or of the evaluator ({shown}); rejected"
