@@ -7,7 +7,7 @@ exists in the three formats of ``stark_ray/prompts/templates``:
   the torch wrapper in ``cpp_sources``, ``extra_cuda_cflags=["-O3"]``;
 * ``cuda_nvrtc``: the SAME kernel text (``extern "C"`` kernels, int and double scalar parameters, as NVRTC
   launches expect) compiled with ``torch.cuda._compile_kernel``; the launch geometry is the same expression text
-  as the cuda launcher's (``cdiv``/``fdiv``/``imin``/``imax``/``num_sms`` exist in both languages);
+  as the cuda launcher's (``cdiv``/``idiv``/``imin``/``imax``/``num_sms`` exist in both languages);
 * ``triton``: the same algorithm written in Triton.
 
 Each candidate's text is distinct (its extension and kernel names carry the task and variant), so every one is a
@@ -842,7 +842,7 @@ torch::Tensor leaky_relu_scale(torch::Tensor x, double slope, double scale) {{
     variants=(
         Variant("scalar256", _LEAKY_SCALAR, "leaky_scale_scalar", ("cdiv(n, 256)", "1"), 256, "0",
                 _TRITON_LEAKY_FLAT, (("block", 256), ("warps", 8))),
-        Variant("vec4x256", _LEAKY_VEC4, "leaky_scale_vec4", ("imax(1, cdiv(fdiv(n, 4), 256))", "1"), 256, "0",
+        Variant("vec4x256", _LEAKY_VEC4, "leaky_scale_vec4", ("imax(1, cdiv(idiv(n, 4), 256))", "1"), 256, "0",
                 _TRITON_LEAKY_FLAT, (("block", 1024), ("warps", 8))),
         Variant("gridstride512", _LEAKY_GRIDSTRIDE, "leaky_scale_gridstride",
                 ("imax(1, imin(cdiv(n, 512), num_sms() * 4))", "1"), 512, "0",
@@ -910,7 +910,7 @@ torch::Tensor swish_scale_clamp(torch::Tensor x, torch::Tensor bias, double scal
     variants=(
         Variant("scalar256", _SWISH_SCALAR, "swish_clamp_scalar", ("cdiv(n, 256)", "1"), 256, "0",
                 _TRITON_SWISH_FLAT, (("block", 256), ("warps", 8))),
-        Variant("vec4x256", _SWISH_VEC4, "swish_clamp_vec4", ("imax(1, cdiv(fdiv(n, 4), 256))", "1"), 256, "0",
+        Variant("vec4x256", _SWISH_VEC4, "swish_clamp_vec4", ("imax(1, cdiv(idiv(n, 4), 256))", "1"), 256, "0",
                 _TRITON_SWISH_FLAT, (("block", 1024), ("warps", 8))),
         Variant("rows2d256", _SWISH_ROWS2D, "swish_clamp_rows2d", ("cdiv(features, 256)", "imin(rows, 65535)"),
                 256, "0", _TRITON_SWISH_ROWS2D, (("block", 256), ("warps", 2))),
@@ -1055,7 +1055,7 @@ FORMATS: dict[str, TaskFormat] = {f.stem: f for f in (_LEAKY, _SWISH, _SOFTMAX, 
 # Launch-geometry helpers: the same names in C++ (.cu launcher) and Python (nvrtc forward).
 _CUDA_HELPERS = {
     "cdiv": "static inline long long cdiv(long long a, long long b) { return (a + b - 1) / b; }\n",
-    "fdiv": "static inline long long fdiv(long long a, long long b) { return a / b; }\n",
+    "idiv": "static inline long long idiv(long long a, long long b) { return a / b; }\n",
     "imin": "static inline long long imin(long long a, long long b) { return a < b ? a : b; }\n",
     "imax": "static inline long long imax(long long a, long long b) { return a > b ? a : b; }\n",
     "num_sms": r"""static inline long long num_sms() {
@@ -1084,7 +1084,7 @@ def cdiv(a, b):
     return (a + b - 1) // b
 
 
-def fdiv(a, b):
+def idiv(a, b):
     return a // b
 
 

@@ -1,9 +1,15 @@
 """Checks of the candidate set that need no GPU (and one that does).
 
   --nvcc       every cuda candidate's ``cuda_sources`` with ``nvcc -arch=sm_90 -O3 -c``, its ``cpp_sources`` with
-               ``g++ -fsyntax-only`` against torch's headers, and every cuda_nvrtc kernel string as a .cu with nvcc -c
+               ``g++ -std=c++20 -Wall -fsyntax-only`` against torch's headers, and every cuda_nvrtc kernel string
+               as a .cu with nvcc -c (any warning in a candidate's own code fails the check)
   --interpret  every triton candidate under TRITON_INTERPRET=1 on CPU tensors, on the task's own inputs, against the
                task's Model (allclose atol=rtol=1e-2 and ||out-ref||/||ref|| < 1e-2; plain and x4-scaled inputs)
+  --emulate    every cuda kernel (the text shared by the cuda and cuda_nvrtc forms) compiled as C++ with a small
+               emulation of CUDA's thread model (one std::thread per CUDA thread, __syncthreads and warp shuffles
+               on std::barrier), launched with the variant's own grid/block/shared-memory expressions on small,
+               awkward shapes (tails, rows not a multiple of 4, several grid-stride passes); outputs start as NaN
+               and are compared with the task's Model on the CPU
   --gpu        (GPU machine) every candidate of the given backends, built in this process with fresh caches,
                against the reference: the same two trials on CUDA tensors
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -23,6 +30,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -61,9 +69,8 @@ def check_nvcc(jobs: int) -> bool:
     stub = work / "stub" / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
     stub.parent.mkdir(parents=True)
     stub.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-    cpp_includes = [f"-I{p}" for p in include_paths()] + [f"-I{_cuda_home()}/include",
-                                                           f"-I{sysconfig.get_paths()['include']}",
-                                                           f"-I{work / 'stub'}"]
+    dirs = [*include_paths(), f"{_cuda_home()}/include", sysconfig.get_paths()["include"], str(work / "stub")]
+    cpp_includes = [arg for d in dirs for arg in ("-isystem", d)]  # their own warnings are not the candidate's
     commands: list[tuple[str, list[str]]] = []
     labels = cands.candidate_labels()
     for k, ((stem, source), (_, label)) in enumerate(zip(cands.candidates("cuda"), labels, strict=True)):
@@ -74,7 +81,7 @@ def check_nvcc(jobs: int) -> bool:
         cpp = work / f"cuda_{k:02d}.cpp"
         cpp.write_text(string_constant(source, "_CPP"))
         commands.append((f"cuda {stem} {label}: cpp_sources (g++ -fsyntax-only)",
-                         ["g++", "-std=c++17", "-fsyntax-only", *cpp_includes, str(cpp)]))
+                         ["g++", "-std=c++20", "-Wall", "-fsyntax-only", *cpp_includes, str(cpp)]))
     for k, ((stem, source), (_, label)) in enumerate(zip(cands.candidates("cuda_nvrtc"), labels, strict=True)):
         cu = work / f"nvrtc_{k:02d}.cu"
         cu.write_text(string_constant(source, "_SOURCE"))
@@ -88,6 +95,227 @@ def check_nvcc(jobs: int) -> bool:
                 print(out[-3000:])
                 ok = False
     print(f"nvcc/g++: {sum(1 for _ in commands)} compiles, {'all passed' if ok else 'FAILURES'} (work dir {work})")
+    return ok
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --emulate: CUDA kernels as C++ on the CPU
+# ---------------------------------------------------------------------------------------------------------------
+_EMU_HEADER = r"""
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+
+struct uint3 { unsigned x = 0, y = 0, z = 0; };
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, sizeof f); return f; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+thread_local uint3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+float* emu_dyn_smem = nullptr;
+
+struct EmuBlock {
+    std::unique_ptr<std::barrier<>> block_barrier;
+    std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+    std::vector<float> slots;
+};
+thread_local EmuBlock* emu_block = nullptr;
+
+inline void __syncthreads() { emu_block->block_barrier->arrive_and_wait(); }
+
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+    const unsigned t = threadIdx.x, w = t >> 5, lane = t & 31;
+    std::barrier<>& bar = *emu_block->warp_barriers[w];
+    emu_block->slots[t] = v;
+    bar.arrive_and_wait();
+    const float r = emu_block->slots[(w << 5) | (lane ^ (unsigned)o)];
+    bar.arrive_and_wait();
+    return r;
+}
+
+// Launch geometry helpers, as in the candidates; num_sms() is small so that grid-stride loops go round.
+inline long long cdiv(long long a, long long b) { return (a + b - 1) / b; }
+inline long long idiv(long long a, long long b) { return a / b; }
+inline long long imin(long long a, long long b) { return a < b ? a : b; }
+inline long long imax(long long a, long long b) { return a > b ? a : b; }
+inline long long num_sms() { return 2; }
+
+template <typename Kernel, typename... Args>
+void emu_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, Args... args) {
+    if (block.x % 32 != 0 || block.y != 1 || grid.z != 1) {
+        std::fprintf(stderr, "unsupported launch\n");
+        std::exit(2);
+    }
+    gridDim = grid;
+    blockDim = block;
+    std::vector<float> dyn(smem / sizeof(float) + 4);
+    emu_dyn_smem = dyn.data();
+    for (unsigned by = 0; by < grid.y; ++by) {
+        for (unsigned bx = 0; bx < grid.x; ++bx) {
+            EmuBlock blk;
+            blk.block_barrier = std::make_unique<std::barrier<>>(block.x);
+            for (unsigned w = 0; w < block.x / 32; ++w)
+                blk.warp_barriers.push_back(std::make_unique<std::barrier<>>(32));
+            blk.slots.assign(block.x, 0.0f);
+            std::vector<std::thread> threads;
+            threads.reserve(block.x);
+            for (unsigned t = 0; t < block.x; ++t) {
+                threads.emplace_back([&, t] {
+                    threadIdx = {t, 0, 0};
+                    blockIdx = {bx, by, 0};
+                    emu_block = &blk;
+                    kernel(args...);
+                });
+            }
+            for (auto& th : threads) th.join();
+        }
+    }
+}
+
+std::vector<float> emu_read(const char* path, size_t count) {
+    std::vector<float> v(count);
+    FILE* f = std::fopen(path, "rb");
+    if (!f || std::fread(v.data(), sizeof(float), count, f) != count) {
+        std::fprintf(stderr, "cannot read %s\n", path);
+        std::exit(2);
+    }
+    std::fclose(f);
+    return v;
+}
+
+void emu_write(const char* path, const std::vector<float>& v) {
+    FILE* f = std::fopen(path, "wb");
+    if (!f || std::fwrite(v.data(), sizeof(float), v.size(), f) != v.size()) {
+        std::fprintf(stderr, "cannot write %s\n", path);
+        std::exit(2);
+    }
+    std::fclose(f);
+}
+"""
+
+
+def _emulated_kernels(kernels: str) -> str:
+    """Device code as C++ for the emulation: shared memory becomes block-wide statics (blocks run one at a time)."""
+    kernels = re.sub(r"extern\s+__shared__\s+float\s+(\w+)\[\]\s*;", r"float* \1 = emu_dyn_smem;", kernels)
+    return kernels.replace("__shared__", "static")
+
+
+def _params(signature: str) -> list[tuple[str, str]]:
+    """``"const float* x, int n"`` -> [("const float*", "x"), ("int", "n")]."""
+    out = []
+    for part in signature.split(","):
+        typ, name = part.strip().rsplit(" ", 1)
+        out.append((typ.strip(), name.strip()))
+    return out
+
+
+def _emulation_cases(stem: str) -> list[dict[str, Any]]:
+    """Small, awkward shapes for each task: (task Model init args, input shapes)."""
+    if stem == "1_LeakyReluScale":
+        return [{"init": [0.05, 2.0], "shapes": [(70001,)]}, {"init": [0.2, -1.5], "shapes": [(3,)]}]
+    if stem == "2_FusedSwishScaleClamp":
+        return [{"init": [999, 1.5, -0.25, 3.0], "shapes": [(61, 999)]},
+                {"init": [256, 1.5, -0.25, 3.0], "shapes": [(9, 256)]}]
+    if stem == "5_RowSoftmax":
+        return [{"init": [], "shapes": [(37, 1000)]}, {"init": [], "shapes": [(19, 1001)]}]
+    return [{"init": [1000, 1e-5], "shapes": [(37, 1000), (37, 1000)]},
+            {"init": [1001, 1e-5], "shapes": [(19, 1001), (19, 1001)]}]
+
+
+def _emulate_one(stem: str, var: cands.Variant, work: Path) -> str:
+    """Compile and run one variant's kernel in emulation on each case; '' when every case matches the Model."""
+    import torch
+
+    fmt = cands.FORMATS[stem]
+    exe = work / "emu"
+    main = _EMU_HEADER + "\n" + _emulated_kernels(var.kernels) + "\nint main() {\n" + "{decls}" + (
+        f"    const dim3 grid((unsigned)({var.grid[0]}), (unsigned)({var.grid[1]}));\n"
+        f"    const dim3 block({var.block});\n"
+        f"    const size_t smem = (size_t)({var.smem});\n"
+        f"    emu_launch({var.kernel}, grid, block, smem, {{args}});\n"
+        '    emu_write("out.bin", out);\n    return 0;\n}\n')
+    task = bench_util.import_file(cands.task_path(stem), f"emu_task_{stem}")
+    for case in _emulation_cases(stem):
+        torch.manual_seed(1)
+        model = task.Model(*case["init"])
+        inputs = [torch.randn(*shape) * 2 for shape in case["shapes"]]
+        with torch.no_grad():
+            ref = model(*inputs)
+        x = inputs[0]
+        tensors = {"x": x, "r": inputs[-1], "residual": inputs[-1]}
+        if stem == "2_FusedSwishScaleClamp":
+            tensors["bias"] = model.bias.detach()
+        if stem == "6_ResidualLayerNorm":
+            tensors["w"], tensors["b"] = model.norm.weight.detach(), model.norm.bias.detach()
+        cols = x.shape[-1]
+        scalars = {"n": x.numel(), "rows": x.numel() // cols, "cols": cols, "features": cols}
+        if stem == "1_LeakyReluScale":
+            scalars.update(slope=case["init"][0], scale=case["init"][1])
+        if stem == "2_FusedSwishScaleClamp":
+            scalars.update(scale=case["init"][1], lo=case["init"][2], hi=case["init"][3])
+        if stem == "6_ResidualLayerNorm":
+            scalars["eps"] = case["init"][1]
+        decls, args = [], []
+        for typ, name in _params(fmt.launcher_params):
+            if typ == "const float*":
+                tensors[name].contiguous().numpy().astype("float32").tofile(work / f"{name}.bin")
+                decls.append(f'    const std::vector<float> {name} = emu_read("{name}.bin", {tensors[name].numel()});')
+                args.append(f"{name}.data()")
+            elif typ == "float*":
+                decls.append(f"    std::vector<float> {name}({x.numel()}, NAN);")
+                args.append(f"{name}.data()")
+            else:
+                decls.append(f"    const {typ} {name} = {scalars[name]!r};")
+                args.append(name)
+        code = main.replace("{decls}", "\n".join(decls) + "\n").replace("{args}", ", ".join(args))
+        (work / "emu.cpp").write_text(code)
+        build = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unknown-pragmas",
+                                "-Wno-unused-variable", "-Wno-unused-function", "emu.cpp", "-o", str(exe)],
+                               cwd=work, capture_output=True, text=True)
+        if build.returncode != 0:
+            return "emulation build failed:\n" + (build.stdout + build.stderr)[-3000:]
+        runp = subprocess.run([str(exe)], cwd=work, capture_output=True, text=True)
+        if runp.returncode != 0:
+            return f"emulation run failed ({runp.returncode}): {runp.stderr[-2000:]}"
+        import numpy as np
+
+        out = torch.from_numpy(np.fromfile(work / "out.bin", dtype=np.float32)).reshape(ref.shape)
+        c = bench_util.compare(out, ref, atol=1e-5, rtol=1e-4, max_rel=1e-5)
+        if not c.ok or torch.isnan(out).any():
+            shape = "x".join(map(str, x.shape))
+            return f"shape {shape}: {c.problem or 'NaN in the output (unwritten elements)'}"
+    return ""
+
+
+def check_emulate() -> bool:
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="stark-emulate-") as tmp:
+        for stem in cands.TASK_STEMS:
+            for var in cands.FORMATS[stem].variants:
+                work = Path(tmp) / f"{stem}_{var.label}"
+                work.mkdir()
+                started = time.perf_counter()
+                problem = _emulate_one(stem, var, work)
+                ok &= not problem
+                took = time.perf_counter() - started
+                print(f"{'ok  ' if not problem else 'FAIL'} emulated {stem} {var.label} ({var.kernel}): "
+                      f"{problem or 'matches the Model'} ({took:.1f} s)", flush=True)
     return ok
 
 
@@ -145,15 +373,18 @@ def main(argv: list[str] | None = None) -> int:
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--nvcc", action="store_true", help="compile the CUDA sources with nvcc and g++")
     parser.add_argument("--interpret", action="store_true", help="run the triton candidates in Triton's interpreter")
+    parser.add_argument("--emulate", action="store_true", help="run the CUDA kernels in a CPU emulation")
     parser.add_argument("--gpu", action="store_true", help="run the candidates on the GPU")
     parser.add_argument("--backend", choices=cands.BACKENDS, action="append", help="with --gpu (default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles for --nvcc")
     args = parser.parse_args(argv)
-    if not (args.nvcc or args.interpret or args.gpu):
-        parser.error("choose at least one of --nvcc, --interpret, --gpu")
+    if not (args.nvcc or args.emulate or args.interpret or args.gpu):
+        parser.error("choose at least one of --nvcc, --emulate, --interpret, --gpu")
     ok = True
     if args.nvcc:
         ok &= check_nvcc(args.jobs)
+    if args.emulate:
+        ok &= check_emulate()
     if args.interpret:
         ok &= check_interpret()
     if args.gpu:

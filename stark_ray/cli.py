@@ -229,6 +229,28 @@ def _eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str
     return "\n".join(lines)
 
 
+@app.command()
+def doctor(
+    backend: Annotated[str | None, typer.Option(help=f"Check what this backend needs: {' | '.join(BACKENDS)} "
+                                                     "(default: cuda when a GPU is visible, else cpu_cpp).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list.")] = False,
+) -> None:
+    """Check the toolchain, the GPU and the keys this project needs; exit 1 when the backend lacks something."""
+    import json
+    from dataclasses import asdict
+
+    from stark_ray.doctor import diagnose
+
+    if backend is not None and backend not in BACKENDS:
+        fail(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    report = diagnose(backend)
+    if as_json:
+        typer.echo(json.dumps([asdict(c) for c in report.checks]))
+    else:
+        typer.echo(report.text())
+    raise typer.Exit(0 if report.ready else 1)
+
+
 def _one_task(task: Path | None, ref_path: Path | None) -> Path:
     if task is not None and ref_path is not None and task != ref_path:
         fail("give the task once: either TASK or --ref-path")

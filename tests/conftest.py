@@ -19,3 +19,21 @@ def shared_build_dir() -> Iterator[str]:
     path = tempfile.mkdtemp(prefix="stark-build-test-")
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` need a CUDA GPU: skipped on machines without one (CI), run with ``-m gpu``."""
+    if any("gpu" in item.keywords for item in items) and not _has_gpu():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine: pytest -m gpu)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)

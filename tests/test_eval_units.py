@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stark_ray.eval.build_cache import build_key
-from stark_ray.eval.compare import Tolerance, compare_outputs
+from stark_ray.eval.compare import Tolerance, Tolerances, compare_outputs
 from stark_ray.eval.diagnostics import (
     clean_log,
     compiler_log,
@@ -18,9 +18,24 @@ from stark_ray.eval.diagnostics import (
     first_compiler_error,
 )
 from stark_ray.eval.evaluator import precheck
+from stark_ray.eval.guards import (
+    TorchFingerprint,
+    defined_kernels,
+    output_problem,
+    own_kernel_names,
+    poison,
+)
 from stark_ray.eval.inputs import make_inputs, same_values, scale_floats, trial_scale
 from stark_ray.eval.sandbox_env import PACKAGE_ROOT, is_secret, worker_env
-from stark_ray.eval.timing import CpuTimer, Stats, time_interleaved
+from stark_ray.eval.timing import (
+    CpuTimer,
+    Stats,
+    Timing,
+    TimingMismatch,
+    leaves_work_behind,
+    make_input_sets,
+    time_interleaved,
+)
 from stark_ray.records import STAGE_COMPILE
 
 TOL = Tolerance(atol=1e-2, rtol=1e-2, max_rel_err=1e-2)
@@ -97,10 +112,36 @@ def test_timing_interleaves_and_reports() -> None:
         calls.append("g")
         return x * 2
 
-    sf, sg = time_interleaved([f, g], lambda: [torch.randn(16)], CpuTimer(), warmup=1, trials=4, seed=0)
+    sets = make_input_sets(lambda: [torch.randn(16)], seed=0, device="cpu", count=2)
+    tf, tg = time_interleaved([f, g], sets, CpuTimer(), warmup=1, trials=4)
     assert calls == ["f", "g", "g", "f"] * 2 + ["f", "g"]
-    assert sf.n == sg.n == 4 and sf.median > 0 and len(sf.samples) == 4
-    assert Stats.of([1.0, 2.0, 3.0]).median == 2.0
+    assert tf.stats.n == tg.stats.n == 4 and tf.stats.median > 0 and len(tf.stats.samples) == 4
+    assert tf.synced.samples == tf.stats.samples  # on the CPU nothing is left running after the call
+    assert Stats.of([1.0, 2.0, 3.0]).median == 2.0 and abs(Stats.of([1.0, 3.0]).cv - 2 ** 0.5 / 2) < 1e-12
+
+
+def test_timing_checks_every_timed_output_against_the_reference() -> None:
+    """A candidate that memoises its first output is caught when the rotating input sets come round."""
+    cache: dict[str, torch.Tensor] = {}
+
+    def memoising(x: torch.Tensor) -> torch.Tensor:
+        return cache.setdefault("out", x * 2)
+
+    def check(out: torch.Tensor, ref: torch.Tensor) -> str | None:
+        return None if torch.equal(out, ref) else "differs"
+
+    sets = make_input_sets(lambda: [torch.randn(16)], seed=0, device="cpu")
+    with pytest.raises(TimingMismatch, match="timing round 2"):
+        time_interleaved([lambda x: x * 2, memoising], sets, CpuTimer(), warmup=1, trials=4, check=check)
+    # the inputs of a set are cloned for every call: a candidate writing into them changes nothing for the next
+    time_interleaved([lambda x: x * 2, lambda x: x.mul_(2)], sets, CpuTimer(), warmup=1, trials=8, check=check)
+
+
+def test_leaves_work_behind_compares_the_gap_with_the_reference() -> None:
+    ref = Timing(Stats.of([1.0, 1.0]), Stats.of([1.01, 1.01]))
+    tight = Timing(Stats.of([0.5, 0.5]), Stats.of([0.51, 0.51]))
+    behind = Timing(Stats.of([0.1, 0.1]), Stats.of([0.9, 0.9]))
+    assert not leaves_work_behind(tight, ref) and leaves_work_behind(behind, ref)
 
 
 def test_first_compiler_error_and_log() -> None:
@@ -155,3 +196,74 @@ def test_precheck() -> None:
     missing = precheck("class Model:\n    pass\n")
     assert missing is not None and "no ModelNew" in (missing.error or "")
     assert precheck("class ModelNew:\n    pass\n") is None
+
+
+def test_output_guards_reject_aliases_subclasses_and_wrong_devices() -> None:
+    x = torch.randn(8, 8)
+    assert output_problem(torch.randn(8, 8), [x], "cpu") is None
+    assert "shares memory" in (output_problem(x, [x], "cpu") or "")
+    assert "shares memory" in (output_problem(x[2:4], [x], "cpu") or "")  # a view of an input
+    assert "shares memory" in (output_problem((torch.ones(1), x.view(64)), [x], "cpu") or "")
+
+    class Sneaky(torch.Tensor):
+        pass
+
+    assert "not a plain torch.Tensor" in (output_problem(torch.randn(2).as_subclass(Sneaky), [x], "cpu") or "")
+    assert "is on meta" in (output_problem(torch.empty(2, device="meta"), [x], "cpu") or "")
+
+
+def test_poison_leaves_nothing_allocated_and_accepts_empty_sizes() -> None:
+    poison([], "cpu")
+    poison([1 << 20, 4096], "cpu")  # allocates, fills 0xFF, frees: no error, nothing kept
+
+
+def test_fingerprint_sees_a_replaced_torch_function_and_nothing_else() -> None:
+    import torch._dynamo  # as in the worker: imported before the fingerprint
+    import torch.nn.functional as F
+
+    fp = TorchFingerprint()
+    assert fp.changed() == []
+    original = F.gelu
+    try:
+        F.gelu = lambda x, approximate="none": x  # type: ignore[assignment]
+        assert fp.changed() == ["torch.nn.functional.gelu"]
+    finally:
+        F.gelu = original
+    assert fp.changed() == []
+    add = torch.Tensor.add
+    try:
+        torch.Tensor.add = lambda *a, **k: None  # type: ignore[method-assign]
+        assert "torch.Tensor.add" in fp.changed()
+    finally:
+        del torch.Tensor.add  # the original lives on the C base class
+    assert torch.Tensor.add is add and fp.changed() == []
+
+
+def test_kernel_names_from_sources_and_profiles() -> None:
+    cuda = """
+    __global__ void __launch_bounds__(256) fused_swish(const float* x, float* y, int n) {}
+    template <int V> __global__ void rowwise_softmax_kernel(float* p) {}
+    extern "C" __global__ void add_relu(const float* a) {}
+    """
+    triton = "@triton.autotune(configs=[], key=['n'])\n@triton.jit\ndef scale_kernel(x_ptr, n):\n    pass\n"
+    assert defined_kernels(cuda) == {"fused_swish", "rowwise_softmax_kernel", "add_relu"}
+    assert defined_kernels(triton) == {"scale_kernel"}
+    launched = ["void rowwise_softmax_kernel<4>(float*)", "void at::native::vectorized_elementwise_kernel<4>()",
+                "scale_kernel_0d1d"]
+    assert own_kernel_names(launched, {"rowwise_softmax_kernel"}) == {"void rowwise_softmax_kernel<4>(float*)"}
+    assert own_kernel_names(launched[1:2], {"softmax"}) == set()  # a word, not a substring
+    assert own_kernel_names(["scale_kernel"], {"scale_kernel"}) == {"scale_kernel"}
+
+
+def test_tolerances_depend_on_the_dtype_and_the_preset() -> None:
+    default, paper = Tolerances(), Tolerances("kernelbench")
+    assert default.for_dtype(torch.float32) == Tolerance(1e-2, 1e-2, 1e-3)
+    assert default.for_dtype(torch.bfloat16).atol > default.for_dtype(torch.float32).atol
+    assert paper.for_dtype(torch.float16) == Tolerance(1e-2, 1e-2, 1e-2)
+    assert Tolerances(atol=0.5).for_dtype(torch.float64).atol == 0.5
+    ref = torch.full((1000,), 1e-5)
+    # all zeros passes allclose with atol 1e-2, but not the normalized-error bound of either preset
+    for tol in (default, paper):
+        c = compare_outputs(torch.zeros(1000), ref, tol)
+        assert not c.ok and "normalized error" in c.problem
+    assert compare_outputs(ref.double() * (1 + 1e-4), ref.double(), default).ok is False  # float64 is strict

@@ -131,7 +131,7 @@ def snapshot(value: Any) -> Any:
 
 # -- kernels -----------------------------------------------------------------------------------------------------
 _KERNEL_DEFS = (
-    re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?[\w:<>,\s\*]*?\b(\w+)\s*\("),  # CUDA
+    re.compile(r"__global__\s[^(;{]*?\b(\w+)\s*\("),  # CUDA (after removing __launch_bounds__(...))
     re.compile(r"@triton\.(?:jit|autotune|heuristics)[\s\S]*?\ndef\s+(\w+)\s*\("),  # Triton (decorators stacked)
 )
 
@@ -139,25 +139,27 @@ _KERNEL_DEFS = (
 def defined_kernels(source: str) -> set[str]:
     """Kernel names a candidate's source defines (CUDA ``__global__`` functions, ``@triton.jit`` functions)."""
     names: set[str] = set()
+    source = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", source)
     for pattern in _KERNEL_DEFS:
         names.update(m.group(1) for m in pattern.finditer(source))
     names.discard("void")
     return names
 
 
-def kernel_names(fn: Callable[..., Any], args: list[Any]) -> list[str]:
-    """Names of the GPU kernels one call launches (torch profiler, CUDA activity)."""
+def kernel_launches(fn: Callable[..., Any], args: list[Any]) -> list[tuple[str, int | None]]:
+    """(name, stream) of each GPU kernel one call launches (torch profiler, CUDA activity)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn(*args)
         torch.cuda.synchronize()
-    names = []
+    launches = []
     for evt in prof.events():
         device_type = getattr(evt, "device_type", None)
         if device_type is not None and "CUDA" in str(device_type):
-            names.append(str(evt.name))
-    return names
+            stream = getattr(evt, "device_resource_id", None)
+            launches.append((str(evt.name), int(stream) if isinstance(stream, int) else None))
+    return launches
 
 
 def own_kernel_names(launched: Iterable[str], defined: set[str]) -> set[str]:

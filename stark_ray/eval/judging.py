@@ -28,7 +28,7 @@ from stark_ray.eval.diagnostics import compiler_log, describe_exception, first_c
 from stark_ray.eval.guards import (
     TorchFingerprint,
     defined_kernels,
-    kernel_names,
+    kernel_launches,
     nbytes_of,
     own_kernel_names,
 )
@@ -45,6 +45,7 @@ from stark_ray.eval.protocol import (
 )
 from stark_ray.eval.tasks import TaskError, build_reference, make_task_inputs, run_reference_once
 from stark_ray.eval.timing import (
+    GPU_WARMUP_MS,
     WALL_SEED_OFFSET,
     Stats,
     TimingMismatch,
@@ -126,6 +127,7 @@ class TaskState:
     output_nbytes: list[int] = field(default_factory=list)
     input_sets: list[list[Any]] | None = None
     compiled_model: Any = None
+    streams: set[int] | None = None  # the streams the reference's kernels run on (GPU)
 
     def get_inputs(self) -> list[Any]:
         return make_task_inputs(self.module, self.name)
@@ -247,7 +249,7 @@ class Judge:
             fns.append(state.baseline_compiled())
         try:
             timings = time_interleaved(fns, state.timing_sets(), self.backend.timer(), cfg.warmup,
-                                       self._trials(cfg))
+                                       self._trials(cfg), None, self._warmup_ms(state))
         except TaskError:
             raise
         except Exception as e:
@@ -262,6 +264,10 @@ class Judge:
         return EvalResult(compiled=True, correct=True, runtime_ms=stats.median, ref_runtime_ms=stats.median,
                           speedup=1.0, stage=STAGE_OK, log=log, ref_compile_runtime_ms=compiled_ms,
                           runtime_cv=stats.cv, ref_runtime_cv=stats.cv)
+
+    @staticmethod
+    def _warmup_ms(state: TaskState) -> float:
+        return GPU_WARMUP_MS if state.device == "cuda" else 0.0
 
     def _trials(self, cfg: EvalConfig) -> int:
         return cfg.timing_trials or self.backend.default_timing_trials()
@@ -304,15 +310,7 @@ class Judge:
         flags: list[str] = []
         notes: list[str] = []
         if state.device == "cuda":
-            try:
-                launched = kernel_names(new_model, clone_all(state.timing_sets()[0]))
-            except Exception as e:  # no profiler here (CUPTI missing): say so, do not guess
-                launched = None
-                notes.append(f"kernel profile unavailable: {describe_exception(e)}")
-            if launched is not None and not own_kernel_names(launched, defined_kernels(source)):
-                flags.append("no_kernel")
-                notes.append("no kernel of its own was launched (only: "
-                             f"{', '.join(sorted(set(launched))[:6]) or 'nothing'})")
+            notes += self._kernel_profile(state, new_model, source, flags)
 
         send({"phase": PHASE_TIME})
         fns = [state.model, new_model]
@@ -326,10 +324,10 @@ class Judge:
 
         try:
             timings = time_interleaved(fns[:2], state.timing_sets(), self.backend.timer(), cfg.warmup,
-                                       self._trials(cfg), check)
+                                       self._trials(cfg), check, self._warmup_ms(state))
             if len(fns) > 2:  # the baseline is checked once when compiled; timed beside the eager reference
                 timings.append(time_interleaved([fns[0], fns[2]], state.timing_sets(), self.backend.timer(),
-                                                cfg.warmup, self._trials(cfg))[1])
+                                                cfg.warmup, self._trials(cfg), None, self._warmup_ms(state))[1])
         except TimingMismatch as e:
             return EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=f"{e} (memoised or racy output?)",
                               **base)
@@ -338,10 +336,10 @@ class Judge:
                               log=excerpt(traceback.format_exc()), **base)
         ref_t, new_t = timings[0], timings[1]
         ref_stats, new_stats = ref_t.stats, new_t.stats
-        if leaves_work_behind(new_t, ref_t):
+        if leaves_work_behind(new_t, ref_t) and "extra_stream" not in flags:
             flags.append("extra_stream")
-            notes.append(f"work left running on other streams after forward returned ({new_t.gap_ms:.3g} ms): "
-                         "timed up to a device-wide sync")
+            notes.append(f"work left running after forward returned ({new_t.gap_ms:.3g} ms)")
+        if "extra_stream" in flags:  # then both sides are timed up to a device-wide sync
             ref_stats, new_stats = ref_t.synced, new_t.synced
         speedup = ref_stats.median / new_stats.median if new_stats.median > 0 else float("inf")
         if speedup > LARGE_SPEEDUP:
@@ -362,6 +360,28 @@ class Judge:
                           error="; ".join(rejected) or None,
                           ref_compile_runtime_ms=compiled_ms, runtime_cv=new_stats.cv, ref_runtime_cv=ref_stats.cv,
                           **base)
+
+    def _kernel_profile(self, state: TaskState, model: Any, source: str, flags: list[str]) -> list[str]:
+        """Profile one call: flag ``no_kernel`` when none of the kernels the source defines was launched, and
+        ``extra_stream`` when its own kernels ran on a stream the reference never uses."""
+        try:
+            if state.streams is None:
+                state.streams = {s for _, s in kernel_launches(state.model, clone_all(state.timing_sets()[0]))
+                                 if s is not None}
+            launches = kernel_launches(model, clone_all(state.timing_sets()[0]))
+        except Exception as e:  # no profiler here (CUPTI missing): say so, do not guess
+            return [f"kernel profile unavailable: {describe_exception(e)}"]
+        own = own_kernel_names([n for n, _ in launches], defined_kernels(source))
+        if not own:
+            flags.append("no_kernel")
+            shown = ", ".join(sorted({n for n, _ in launches})[:6]) or "nothing"
+            return [f"no kernel of its own was launched (only: {shown})"]
+        elsewhere = {s for n, s in launches if n in own and s is not None} - (state.streams or set())
+        if state.streams and elsewhere:
+            flags.append("extra_stream")
+            return [f"its kernels ran on another stream than the current one ({len(elsewhere)} stream(s)): "
+                    "timed up to a device-wide sync"]
+        return []
 
     def _second_opinion(self, state: TaskState, fns: list[Any], speedup: float,
                         check: Callable[[Any, Any], str | None], flags: list[str]) -> str:

@@ -164,22 +164,23 @@ class EvalService:
             raise TaskError(error)
         return result
 
-    def _build(self, task: Task, source: str, cfg: EvalConfig) -> EvalResult | None:
-        """Build in a compile process; a result when that already decides the candidate (a build error, a
-        crash or a hang at import), None when the device worker should go on."""
+    def _build(self, task: Task, source: str, cfg: EvalConfig) -> tuple[EvalResult | None, float]:
+        """Build in a compile process: (a result when that already decides the candidate — a build error, a
+        crash or a hang at import — else None, the seconds the build took)."""
         spec = WorkerSpec(cfg.backend, str(self.build_dir), max(1, self.threads // self.compile_workers),
                           compile_only=True, arch=self.hello().get("arch_list"))
         limits = {PHASE_SETUP: cfg.compile_timeout_s, PHASE_COMPILE: cfg.compile_timeout_s}
         with self._compile_slots:
             outcome = run_once(spec, self._request(MODE_COMPILE, task, cfg, source), limits)
         result = outcome_to_result(outcome, limits)
+        build_s = outcome.phase_s.get(PHASE_COMPILE, 0.0)
         if outcome.phase == PHASE_START and outcome.result is None:
-            return None  # the compile process could not start: let the device worker build it
+            return None, 0.0  # the compile process could not start: let the device worker build it
         if result.stage == STAGE_COMPILE and "build_error" in result.flags:
-            return result
+            return result, build_s
         if outcome.result is None:  # the build hung or crashed: it would do the same on the device worker
-            return result
-        return None  # built (or failed for a reason the device worker should see for itself)
+            return result, build_s
+        return None, build_s  # built (or failed for a reason the device worker should see for itself)
 
     def evaluate(self, task: Task, source: str, cfg: EvalConfig | None = None) -> EvalResult:
         """Build, check and time one candidate (``class ModelNew``); its faults never raise here."""
@@ -188,12 +189,17 @@ class EvalService:
         if early is not None:
             early.eval_s = 0.0
             return early
+        build_s = 0.0
         if self.backend.precompile:
-            built = self._build(task, source, cfg)
-            if built is not None:
-                return built
+            decided, build_s = self._build(task, source, cfg)
+            if decided is not None:
+                return decided
         outcome = self._on_device(self._request(MODE_CANDIDATE, task, cfg, source), cfg)
-        return outcome_to_result(outcome, limits_for(cfg))
+        result = outcome_to_result(outcome, limits_for(cfg))
+        if build_s:  # the pool's build plus the device worker's (cached) load
+            result.compile_s = build_s + (result.compile_s or 0.0)
+            result.eval_s = build_s + (result.eval_s or 0.0)
+        return result
 
     def evaluate_many(self, task: Task, sources: Sequence[str], cfg: EvalConfig | None = None) -> list[EvalResult]:
         """Evaluate several candidates: builds in parallel, the device never idle while built work waits."""

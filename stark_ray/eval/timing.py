@@ -27,6 +27,8 @@ from stark_ray.eval.inputs import clone_all, make_inputs
 TIMING_SEED_OFFSET = 10_000  # timing inputs are fresh: seeds apart from the correctness trials'
 WALL_SEED_OFFSET = 20_000  # and the wall-clock re-measurement of a large speedup uses fresh ones again
 INPUT_SETS = 4  # input sets rotated through the timing rounds
+GPU_WARMUP_MS = 100.0  # on a GPU, warm-up lasts at least this much measured time: the clocks ramp up
+MAX_WARMUP_ROUNDS = 1000
 
 
 @dataclass(frozen=True)
@@ -121,9 +123,10 @@ class TimingMismatch(Exception):
 
 
 def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]], timer: Timer, warmup: int,
-                     trials: int, check: Check | None = None) -> list[Timing]:
+                     trials: int, check: Check | None = None, warmup_ms: float = 0.0) -> list[Timing]:
     """Time each of ``fns`` ``trials`` times, round-robin, the order rotating every round to cancel drift and
-    cache warmth. Round r uses input set r mod len(input_sets), and each call gets its own clone. With
+    cache warmth, after at least ``warmup`` rounds and ``warmup_ms`` of warm-up. Round r uses input set
+    r mod len(input_sets), and each call gets its own clone. With
     ``check``, every output of ``fns[i]`` (i > 0) is checked against ``fns[0]``'s in the same round."""
     ms: list[list[float]] = [[] for _ in fns]
     synced: list[list[float]] = [[] for _ in fns]
@@ -131,23 +134,29 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
+    warm_ms, r, timed = 0.0, 0, 0
     try:
         with torch.no_grad():
-            for r in range(warmup + trials):
+            while timed < trials:
+                warming = r < warmup or (warm_ms < warmup_ms and r < MAX_WARMUP_ROUNDS)
                 inputs = input_sets[r % len(input_sets)]
                 outs: list[Any] = [None] * len(fns)
                 for i in order:
                     sample = timer(fns[i], clone_all(inputs))
                     outs[i] = sample.out
-                    if r >= warmup:
+                    if warming:
+                        warm_ms += sample.synced_ms
+                    else:
                         ms[i].append(sample.ms)
                         synced[i].append(sample.synced_ms)
+                timed += not warming
                 if check is not None:
                     for i in range(1, len(fns)):
                         problem = check(outs[i], outs[0])
                         if problem:
                             raise TimingMismatch(f"timing round {r + 1}: {problem}")
                 order = order[1:] + order[:1]
+                r += 1
                 del outs
     finally:
         if was_enabled:
@@ -158,7 +167,7 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
 def leaves_work_behind(candidate: Timing, reference: Timing) -> bool:
     """Did the candidate's calls leave work running on other streams after returning (more than the fixed
     cost of a device-wide sync, which the reference's gap measures)?"""
-    margin = max(0.02, 0.05 * candidate.stats.median)
+    margin = max(0.004, 0.02 * candidate.stats.median)
     return candidate.gap_ms > reference.gap_ms + margin
 
 

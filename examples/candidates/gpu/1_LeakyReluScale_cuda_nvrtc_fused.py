@@ -19,7 +19,7 @@ _kernels = {}
 
 def _kernel(name):
     if name not in _kernels:  # compiled once, on the first call
-        _kernels[name] = torch.cuda._compile_kernel(_SOURCE, name, nvcc_options=["-O3"])
+        _kernels[name] = torch.cuda._compile_kernel(_SOURCE, name)  # NVRTC optimises by default; it rejects -O3
     return _kernels[name]
 
 
@@ -36,6 +36,9 @@ class ModelNew(nn.Module):
         threads = 256
         blocks = min((n + threads - 1) // threads, 65535)
         if n:
-            _kernel("leaky_scale")(grid=(blocks, 1, 1), block=(threads, 1, 1),
-                                   args=[x, out, n, float(self.negative_slope), float(self.scale)])
+            _kernel("leaky_scale")(
+                grid=(blocks, 1, 1),
+                block=(threads, 1, 1),
+                args=[x, out, n, float(self.negative_slope), float(self.scale)],
+            )
         return out

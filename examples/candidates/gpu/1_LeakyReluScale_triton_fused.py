@@ -25,6 +25,7 @@ class ModelNew(nn.Module):
         out = torch.empty_like(x)
         n = x.numel()
         block = 4096
-        leaky_scale_kernel[(triton.cdiv(n, block),)](x, out, n, self.negative_slope, self.scale,
-                                                     BLOCK=block, num_warps=8)
+        leaky_scale_kernel[(triton.cdiv(n, block),)](
+            x, out, n, self.negative_slope, self.scale, BLOCK=block, num_warps=8
+        )
         return out

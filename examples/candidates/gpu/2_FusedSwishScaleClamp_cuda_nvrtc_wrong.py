@@ -1,4 +1,4 @@
-"""Wrong on purpose: adds the bias before scaling, (x + bias) * scale instead of x * scale + bias."""
+"""Wrong on purpose: the SiLU has a sign slip, y / (1 + exp(y)) instead of y / (1 + exp(-y))."""
 
 import torch
 import torch.nn as nn
@@ -10,8 +10,8 @@ extern "C" __global__ void swish_clamp(const float* __restrict__ x, const float*
     const float sc = (float)scale, l = (float)lo, h = (float)hi;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const float v = x[i];
-        const float y = (v + bias[i % features]) * sc;  // bug: wrong order of the affine
-        const float s = y / (1.0f + expf(-y));  // SiLU
+        const float y = v * sc + bias[i % features];
+        const float s = y / (1.0f + expf(y));  // bug: exp(y), not exp(-y)
         out[i] = fminf(fmaxf(s, l), h) * v + v;
     }
 }
@@ -22,7 +22,7 @@ _kernels = {}
 
 def _kernel(name):
     if name not in _kernels:  # compiled once, on the first call
-        _kernels[name] = torch.cuda._compile_kernel(_SOURCE, name, nvcc_options=["-O3"])
+        _kernels[name] = torch.cuda._compile_kernel(_SOURCE, name)  # NVRTC optimises by default; it rejects -O3
     return _kernels[name]
 
 
@@ -43,7 +43,9 @@ class ModelNew(nn.Module):
         threads = 256
         blocks = min((n + threads - 1) // threads, 65535)
         if n:
-            _kernel("swish_clamp")(grid=(blocks, 1, 1), block=(threads, 1, 1),
-                                   args=[x, bias, out, n, bias.numel(),
-                                         float(self.scale), float(self.lo), float(self.hi)])
+            _kernel("swish_clamp")(
+                grid=(blocks, 1, 1),
+                block=(threads, 1, 1),
+                args=[x, bias, out, n, bias.numel(), float(self.scale), float(self.lo), float(self.hi)],
+            )
         return out

@@ -32,6 +32,7 @@ class ModelNew(nn.Module):
         out = torch.empty_like(x)
         n = x.numel()
         block = 4096
-        swish_clamp_kernel[(triton.cdiv(n, block),)](x, self.bias, out, n, self.bias.numel(),
-                                                     self.scale, self.lo, self.hi, BLOCK=block, num_warps=8)
+        swish_clamp_kernel[(triton.cdiv(n, block),)](
+            x, self.bias, out, n, self.bias.numel(), self.scale, self.lo, self.hi, BLOCK=block, num_warps=8
+        )
         return out

@@ -1,4 +1,4 @@
-"""Wrong on purpose: clamps the affine before the SiLU instead of clamping the SiLU's output."""
+"""Wrong on purpose: applies a plain sigmoid where the SiLU y * sigmoid(y) belongs."""
 
 import torch
 import torch.nn as nn
@@ -13,8 +13,8 @@ def swish_clamp_kernel(x_ptr, bias_ptr, out_ptr, n, features, scale, lo, hi, BLO
     v = tl.load(x_ptr + offs, mask=mask)
     b = tl.load(bias_ptr + offs % features, mask=mask)
     y = v * scale + b
-    y = tl.minimum(tl.maximum(y, lo), hi)  # bug: clamp first
-    c = y * tl.sigmoid(y)
+    s = tl.sigmoid(y)  # bug: the SiLU's factor y is missing
+    c = tl.minimum(tl.maximum(s, lo), hi)
     tl.store(out_ptr + offs, c * v + v, mask=mask)
 
 
@@ -32,6 +32,7 @@ class ModelNew(nn.Module):
         out = torch.empty_like(x)
         n = x.numel()
         block = 4096
-        swish_clamp_kernel[(triton.cdiv(n, block),)](x, self.bias, out, n, self.bias.numel(),
-                                                     self.scale, self.lo, self.hi, BLOCK=block, num_warps=8)
+        swish_clamp_kernel[(triton.cdiv(n, block),)](
+            x, self.bias, out, n, self.bias.numel(), self.scale, self.lo, self.hi, BLOCK=block, num_warps=8
+        )
         return out

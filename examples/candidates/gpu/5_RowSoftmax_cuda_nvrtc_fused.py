@@ -59,7 +59,7 @@ _kernels = {}
 
 def _kernel(name):
     if name not in _kernels:  # compiled once, on the first call
-        _kernels[name] = torch.cuda._compile_kernel(_SOURCE, name, nvcc_options=["-O3"])
+        _kernels[name] = torch.cuda._compile_kernel(_SOURCE, name)  # NVRTC optimises by default; it rejects -O3
     return _kernels[name]
 
 

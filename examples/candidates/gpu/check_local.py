@@ -65,7 +65,7 @@ def trials(task, model, new, device: str, n: int = 2) -> tuple[str, str]:
             torch.cuda.synchronize()
         if isinstance(out, torch.Tensor) and any(out.data_ptr() == t.data_ptr() for t in inputs):
             return "correctness", f"trial {trial}: the output aliases an input"
-        if any(not torch.equal(a, b) for a, b in zip(inputs, saved)):
+        if any(not torch.equal(a, b) for a, b in zip(inputs, saved, strict=True)):
             return "correctness", f"trial {trial}: an input was modified"
         ok, detail = compare(out, ref)
         if not ok:
@@ -154,8 +154,12 @@ def check_wrappers(paths: list, tmp: str) -> dict:
     from torch.utils.cpp_extension import include_paths
 
     dirs = [str(stub.parents[2]), *include_paths(), "/usr/local/cuda/include", sysconfig.get_paths()["include"]]
-    proc = subprocess.run(["g++", "-std=c++20", "-w", "-fsyntax-only", *[f"-I{d}" for d in dirs], "wrappers.cpp"],
-                          cwd=tmp, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["g++", "-std=c++20", "-w", "-fsyntax-only", *[f"-I{d}" for d in dirs], "wrappers.cpp"],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+    )
     errors = {path.name: "" for path in paths}
     for line in proc.stderr.splitlines():
         m = re.match(r"(\S+\.py):\d+:\d+: (fatal )?error: ", line)
@@ -194,7 +198,7 @@ def cpu_verdict(observed: str, expect: str, backend: str) -> bool:
 def kernels(prof) -> list:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name)).get("traceEvents", [])
+        events = json.loads(Path(f.name).read_text()).get("traceEvents", [])
     return [(e["name"], e.get("args", {}).get("stream")) for e in events if e.get("cat") == "kernel"]
 
 
@@ -206,8 +210,10 @@ def gpu_one(path: Path) -> None:
     task = load(TASKS / f"{meta['task']}.py", "task_" + meta["task"])
     try:
         model, new = build(task, path, "cuda")
-    except Exception as e:  # noqa: BLE001
-        print(json.dumps({"stage": "compile", "detail": str(e).splitlines()[-1][:150]}))
+    except Exception as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+        first_error = next((ln for ln in lines if "error" in ln.lower()), lines[-1])
+        print(json.dumps({"stage": "compile", "detail": first_error[:150]}))
         return
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.alarm(RUN_SECONDS)
@@ -221,14 +227,15 @@ def gpu_one(path: Path) -> None:
             new(*x)
             torch.cuda.synchronize()
         stage, detail = trials(task, model, new, "cuda")
-    except Exception as e:  # noqa: BLE001
-        msg = str(e).splitlines()[0][:150]
+    except Exception as e:
+        msg = " | ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())[:200]
         fatal = "illegal memory access" in msg or "unspecified launch failure" in msg
         print(json.dumps({"stage": "crash" if fatal else "runtime", "detail": msg}))
         return
     ref_streams = {s for _, s in kernels(prof_ref)}
-    ours = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\(\w+\)\s+)?(\w+)|@triton\.jit\s+def\s+(\w+)",
-                      path.read_text())
+    ours = re.findall(
+        r"__global__\s+void\s+(?:__launch_bounds__\(\w+\)\s+)?(\w+)|@triton\.jit\s+def\s+(\w+)", path.read_text()
+    )
     names = {a or b for a, b in ours}
     launched = kernels(prof_new)
     own = [(k, s) for k, s in launched if any(n in k for n in names)]
@@ -242,8 +249,9 @@ def gpu_one(path: Path) -> None:
 
 def gpu_check(path: Path) -> tuple[str, str]:
     try:
-        proc = subprocess.run([sys.executable, __file__, "--gpu-one", str(path)], capture_output=True, text=True,
-                              timeout=900)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--gpu-one", str(path)], capture_output=True, text=True, timeout=900
+        )
     except subprocess.TimeoutExpired:
         return "timeout", "no answer in 900 s"
     if proc.returncode == -signal.SIGALRM:
@@ -257,6 +265,13 @@ def gpu_check(path: Path) -> tuple[str, str]:
     return result["stage"], result["detail"]
 
 
+def report(f: str, observed: str, detail: str) -> bool:
+    meta = EXPECTED[f]
+    good = matches(observed, meta["expect"]) if GPU else cpu_verdict(observed, meta["expect"], meta["backend"])
+    print(f"{'PASS' if good else 'FAIL'}  {f:48s} expect={meta['expect']:30s} got={observed:16s} {detail}", flush=True)
+    return good
+
+
 def main() -> int:
     if "--gpu-one" in sys.argv:
         gpu_one(Path(sys.argv[-1]))
@@ -267,20 +282,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if GPU:
             with ThreadPoolExecutor(8) as pool:  # the builds dominate; they run side by side
-                results = list(pool.map(lambda f: gpu_check(HERE / f), files))
+                for f, result in zip(files, pool.map(lambda f: gpu_check(HERE / f), files), strict=True):
+                    bad += not report(f, *result)
         else:
             sources = [f for f in files if EXPECTED[f]["backend"] != "triton"]
             wrappers = [HERE / f for f in sources if "_CPP" in strings(HERE / f)]
             wrapper_errors = check_wrappers(wrappers, tmp) if wrappers else {}
             with ThreadPoolExecutor(4) as pool:
-                compiled = dict(zip(sources, pool.map(
-                    lambda f: check_sources(HERE / f, EXPECTED[f], tmp, wrapper_errors), sources)))
-            results = [compiled[f] if f in compiled else check_triton(HERE / f, EXPECTED[f]) for f in files]
-    for f, (observed, detail) in zip(files, results):
-        meta = EXPECTED[f]
-        good = matches(observed, meta["expect"]) if GPU else cpu_verdict(observed, meta["expect"], meta["backend"])
-        bad += not good
-        print(f"{'PASS' if good else 'FAIL'}  {f:48s} expect={meta['expect']:30s} got={observed:16s} {detail}")
+                checked = pool.map(lambda f: check_sources(HERE / f, EXPECTED[f], tmp, wrapper_errors), sources)
+                compiled = dict(zip(sources, checked, strict=True))
+            for f in files:
+                bad += not report(f, *(compiled[f] if f in compiled else check_triton(HERE / f, EXPECTED[f])))
     print(f"{len(files) - bad} passed, {bad} failed")
     return 1 if bad else 0
 
