@@ -218,8 +218,11 @@ def test_poison_leaves_nothing_allocated_and_accepts_empty_sizes() -> None:
 
 
 def test_fingerprint_sees_a_replaced_torch_function_and_nothing_else() -> None:
-    import torch._dynamo  # as in the worker: imported before the fingerprint
     import torch.nn.functional as F
+
+    from stark_ray.eval.judging import _settle_torch
+
+    _settle_torch()  # as in the worker, before the fingerprint
 
     fp = TorchFingerprint()
     assert fp.changed() == []
@@ -237,6 +240,14 @@ def test_fingerprint_sees_a_replaced_torch_function_and_nothing_else() -> None:
     finally:
         del torch.Tensor.add  # the original lives on the C base class
     assert torch.Tensor.add is add and fp.changed() == []
+    torch.compile(lambda x: x * 2 + 1)(torch.randn(3))  # torch patching itself is not tampering
+    assert fp.changed() == []
+    mul = torch.Tensor.__mul__
+    try:
+        torch.Tensor.__mul__ = lambda a, b: a  # type: ignore[method-assign,assignment]
+        assert fp.changed() == ["torch.Tensor.__mul__"]
+    finally:
+        torch.Tensor.__mul__ = mul  # type: ignore[method-assign]
 
 
 def test_kernel_names_from_sources_and_profiles() -> None:

@@ -31,25 +31,21 @@ _WATCHED_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft",
 _WATCHED_CLASSES = (torch.Tensor, torch.nn.Module, torch.cuda.Event)
 
 
+_VOLATILE = {"__dict__", "__doc__", "__weakref__", "__module__", "__annotations__", "__qualname__",
+             "__abstractmethods__", "__parameters__", "__orig_bases__"}
+
+
 def _members(obj: Any) -> Iterable[tuple[str, Any]]:
-    if isinstance(obj, type):  # raw attributes along the MRO: getattr would bind a new method each time
-        items = []
-        for name in dir(obj):
-            try:
-                items.append((name, inspect.getattr_static(obj, name)))
-            except AttributeError:
-                continue
-    else:
-        items = []
-        for name in dir(obj):
-            try:
-                items.append((name, getattr(obj, name)))
-            except Exception:
-                continue
-    for name, value in items:
-        if name.startswith("__") and name not in ("__eq__", "__call__", "__getattr__", "__torch_function__"):
+    """A class's attributes along its MRO, dunders included (``Tensor.__add__`` can be patched too), read raw:
+    getattr would bind a new method object each time. A module's public and private names, dunders excluded."""
+    is_class = isinstance(obj, type)
+    for name in dir(obj):
+        if name in _VOLATILE or (not is_class and name.startswith("__")):
             continue
-        yield name, value
+        try:
+            yield name, inspect.getattr_static(obj, name) if is_class else getattr(obj, name)
+        except Exception:
+            continue
 
 
 class TorchFingerprint:

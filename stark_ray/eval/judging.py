@@ -161,7 +161,7 @@ class Judge:
         self.compile_only = compile_only
         self.tasks: OrderedDict[str, TaskState] = OrderedDict()
         if not compile_only:
-            import torch._dynamo  # noqa: F401  (it patches torch on import: before the fingerprint, not after)
+            _settle_torch()
         self.fingerprint = TorchFingerprint()
         self.count = 0
 
@@ -397,6 +397,20 @@ class Judge:
             flags.append("suspicious")
             return f"suspicious: {speedup:.1f}x by events but {wall:.1f}x by wall-clock time on fresh inputs"
         return f"large speedup confirmed by wall-clock time on fresh inputs: {wall:.1f}x"
+
+
+def _settle_torch() -> None:
+    """Let torch make the patches it makes to itself (dynamo replaces torch.manual_seed on import, and tags
+    nn.Module.__init__ on the first torch.compile) before the fingerprint, so that a candidate using
+    torch.compile is not taken for one that tampers with torch."""
+    import torch._dynamo  # noqa: F401
+
+    try:
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+
+        install_generation_tagging_init()
+    except Exception:  # another torch version: a false alarm there shows as "tampered" in a test, not silently
+        pass
 
 
 def _tamper_error(changed: list[str]) -> str:

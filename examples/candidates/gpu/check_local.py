@@ -212,7 +212,7 @@ def gpu_one(path: Path) -> None:
         model, new = build(task, path, "cuda")
     except Exception as e:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
-        first_error = next((ln for ln in lines if "error" in ln.lower()), lines[-1])
+        first_error = next((ln for ln in lines if "error:" in ln), lines[-1])  # e.g. nvcc's first error
         print(json.dumps({"stage": "compile", "detail": first_error[:150]}))
         return
     signal.signal(signal.SIGALRM, signal.SIG_DFL)

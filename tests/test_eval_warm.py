@@ -1,0 +1,177 @@
+"""The warm worker and the guards on the CPU: one worker process serves candidate after candidate, is replaced
+after a crash, a hang or a tampering candidate, and rejects outputs that alias inputs, tensor subclasses and
+memoised outputs; Triton kernels run for real in Triton's interpreter (TRITON_INTERPRET=1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.service import EvalService
+from stark_ray.eval.tasks import Task, load_task
+from stark_ray.records import STAGE_CORRECTNESS, STAGE_CRASH, STAGE_OK, STAGE_TIMEOUT
+
+pytestmark = pytest.mark.slow
+
+SCALE_TASK = '''"""Elementwise: y = x * s + t over 4096 floats."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, s: float, t: float):
+        super().__init__()
+        self.s, self.t = s, t
+
+    def forward(self, x):
+        return x * self.s + self.t
+
+
+def get_inputs():
+    return [torch.randn(4096)]
+
+
+def get_init_inputs():
+    return [1.5, 0.25]
+'''
+
+PY = '''
+import torch
+import torch.nn as nn
+{prelude}
+
+class ModelNew(nn.Module):
+    def __init__(self, s, t):
+        super().__init__()
+        self.s, self.t = s, t
+
+    def forward(self, x):
+        {body}
+'''
+
+
+def candidate(body: str, prelude: str = "") -> str:
+    return PY.format(body=body, prelude=prelude)
+
+
+GOOD = candidate("return torch.addcmul(torch.full_like(x, self.t), x, torch.full_like(x, self.s))")
+
+TRITON_GOOD = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def affine_kernel(x_ptr, out_ptr, n, s, t, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, x * s + t, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, s, t):
+        super().__init__()
+        self.s, self.t = s, t
+
+    def forward(self, x):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        n = x.numel()
+        affine_kernel[(triton.cdiv(n, 1024),)](x, out, n, self.s, self.t, BLOCK=1024)
+        return out
+'''
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
+    path = tmp_path_factory.mktemp("tasks") / "1_Affine.py"
+    path.write_text(SCALE_TASK)
+    return load_task(path)
+
+
+@pytest.fixture(scope="module")
+def service(shared_build_dir: str) -> Iterator[EvalService]:
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=1, timing_trials=5, check_timeout_s=10,
+                     timing_timeout_s=20)
+    with EvalService(cfg) as svc:
+        yield svc
+
+
+def test_one_worker_serves_candidate_after_candidate(service: EvalService, task: Task) -> None:
+    service.reference(task)
+    starts = service.worker.starts
+    results = service.evaluate_many(task, [GOOD, candidate("return x * self.s + self.t + 1.0"), GOOD])
+    assert [r.stage for r in results] == [STAGE_OK, STAGE_CORRECTNESS, STAGE_OK]
+    assert service.worker.starts == starts  # no new process: the reference and the worker stayed warm
+
+
+def test_a_crash_or_a_hang_replaces_the_worker_and_the_next_candidate_is_judged(service: EvalService,
+                                                                                   task: Task) -> None:
+    starts = service.worker.starts
+    crash = service.evaluate(task, candidate("import ctypes; return ctypes.string_at(0)"))
+    assert crash.stage == STAGE_CRASH and "SIGSEGV" in (crash.error or "")
+    after_crash = service.evaluate(task, GOOD)
+    assert after_crash.ok and service.worker.starts == starts + 1
+    hang = service.evaluate(task, candidate("while True: pass"))
+    assert hang.stage == STAGE_TIMEOUT and (hang.error or "").startswith("timed out after 10 s while running the "
+                                                                          "correctness trials")
+    assert service.evaluate(task, GOOD).ok and service.worker.starts == starts + 2
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    ("return x.mul_(self.s).add_(self.t)", "shares memory with an input"),
+    ("return (x * self.s + self.t).as_subclass(type('Sneaky', (torch.Tensor,), {}))", "not a plain torch.Tensor"),
+    ("return x.view(-1)[:].mul(self.s).add(self.t) if False else x[:]", "shares memory with an input"),
+])
+def test_outputs_that_alias_inputs_or_are_subclasses_are_rejected(service: EvalService, task: Task, body: str,
+                                                                   problem: str) -> None:
+    r = service.evaluate(task, candidate(body))
+    assert r.stage == STAGE_CORRECTNESS and problem in (r.error or ""), r.error
+
+
+def test_a_memoising_candidate_fails(service: EvalService, task: Task) -> None:
+    body = "return _CACHE.setdefault(tuple(x.shape), x * self.s + self.t)"
+    r = service.evaluate(task, candidate(body, prelude="_CACHE = {}"))
+    assert r.stage == STAGE_CORRECTNESS and r.error and r.error.startswith("trial 2/3")
+
+
+def test_a_candidate_that_patches_torch_is_rejected_and_its_worker_replaced(service: EvalService,
+                                                                           task: Task) -> None:
+    # it makes every addition in the reference agree with its own (wrong) output by replacing torch.Tensor.add
+    cheat = candidate("return x * self.s", prelude="torch.Tensor.__add__ = lambda a, b: a")
+    starts = service.worker.starts
+    r = service.evaluate(task, cheat)
+    assert not r.ok and "tampered" in r.flags and "torch.Tensor.__add__" in (r.error or "")
+    assert service.evaluate(task, GOOD).ok and service.worker.starts == starts + 1
+
+
+def test_triton_kernels_run_in_the_interpreter_on_cpu(task: Task, shared_build_dir: str) -> None:
+    cfg = EvalConfig(backend="triton", build_dir=shared_build_dir, trials=3, warmup=1, timing_trials=3)
+    with EvalService(cfg) as svc:
+        assert "interpreter" in svc.hardware_description()
+        svc.reference(task)
+        good = svc.evaluate(task, TRITON_GOOD)
+        wrong = svc.evaluate(task, TRITON_GOOD.replace("x * s + t", "x * s - t"))
+    assert good.ok and good.speedup and good.runtime_ms, good.error
+    assert wrong.stage == STAGE_CORRECTNESS and "values differ" in (wrong.error or "")
+
+
+def test_the_worker_has_a_fingerprint_that_is_not_fooled_by_torch_compile(task: Task,
+                                                                           shared_build_dir: str) -> None:
+    """torch.compile inside a candidate (it patches parts of torch on first use) is no tampering."""
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=3, check_timeout_s=300)
+    with EvalService(cfg) as svc:
+        r = svc.evaluate(task, candidate("return _f(x, self.s, self.t)",
+                                         prelude="_f = torch.compile(lambda x, s, t: x * s + t)"))
+    assert r.ok and "tampered" not in r.flags, r.error
+
+
+def test_service_reports_the_build_dir_and_hardware(service: EvalService) -> None:
+    assert Path(service.build_dir).exists()
+    assert "CPU:" in service.hardware_description()
