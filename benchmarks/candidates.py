@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -542,13 +541,21 @@ _TRITON_SWISH_ROWS2D = r'''
 @triton.jit
 def {name}(x_ptr, bias_ptr, out_ptr, n, rows, features, scale, lo, hi, BLOCK: tl.constexpr):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    cmask = cols < features
-    b = tl.load(bias_ptr + cols, mask=cmask)
-    for row in range(tl.program_id(1), rows, tl.num_programs(1)):
-        offs = row.to(tl.int64) * features + cols
-        mask = cmask
-        v = tl.load(x_ptr + offs, mask=mask)
-''' + textwrap.indent(_TRITON_SWISH_BODY, "    ") + r'''
+    mask = cols < features
+    b = tl.load(bias_ptr + cols, mask=mask)
+    first = tl.program_id(1)
+    step = tl.num_programs(1)
+    x_row = x_ptr + first.to(tl.int64) * features + cols  # pointers advance row by row (64-bit safe)
+    out_row = out_ptr + first.to(tl.int64) * features + cols
+    for _ in range(first, rows, step):
+        v = tl.load(x_row, mask=mask)
+        y = v * scale + b
+        y = y * (1.0 / (1.0 + tl.exp(-y)))
+        y = tl.minimum(tl.maximum(y, lo), hi)
+        tl.store(out_row, y * v + v, mask=mask)
+        x_row += step * features
+        out_row += step * features
+
 
 def _launch(x, bias, out, n, rows, features, scale, lo, hi):
     grid = (triton.cdiv(features, {block}), max(1, min(rows, 65535)))
@@ -782,7 +789,6 @@ class TaskFormat:
     init: str  # ModelNew.__init__ body (creates parameters in the reference's order and RNG use)
     init_args: str  # ModelNew.__init__ parameters after self
     prepare: str  # forward prologue (Python): contiguous inputs, output, size names; may return early
-    size_names: tuple[str, ...]  # ints the launch expressions may use
     launcher_params: str  # C++ launcher parameters before the stream
     kernel_args: str  # C++ kernel-call arguments (also the order of the nvrtc args)
     nvrtc_args: str  # Python list of the kernel arguments in the nvrtc form
@@ -815,7 +821,6 @@ _LEAKY = TaskFormat(
         "        if n == 0:\n"
         "            return out\n"
     ),
-    size_names=("n",),
     launcher_params="const float* x, float* out, int n, double slope, double scale",
     kernel_args="x, out, n, slope, scale",
     nvrtc_args="[x, out, n, self.negative_slope, self.scale]",
@@ -876,7 +881,6 @@ _SWISH = TaskFormat(
         "        if n == 0:\n"
         "            return out\n"
     ),
-    size_names=("n", "rows", "features"),
     launcher_params=("const float* x, const float* bias, float* out, int n, int rows, int features, double scale, "
                      "double lo, double hi"),
     kernel_args="x, bias, out, n, rows, features, scale, lo, hi",
@@ -936,7 +940,6 @@ _SOFTMAX = TaskFormat(
         "        if cols > 12288:\n"
         "            raise ValueError(f'rows of at most 12288 elements, got {cols}')\n"
     ),
-    size_names=("rows", "cols"),
     launcher_params="const float* x, float* out, int rows, int cols",
     kernel_args="x, out, rows, cols",
     nvrtc_args="[x, out, rows, cols]",
@@ -999,7 +1002,6 @@ _LAYERNORM = TaskFormat(
         "        if cols > 12288:\n"
         "            raise ValueError(f'rows of at most 12288 elements, got {cols}')\n"
     ),
-    size_names=("rows", "cols"),
     launcher_params=("const float* x, const float* r, const float* w, const float* b, float* out, int rows, "
                      "int cols, double eps"),
     kernel_args="x, r, w, b, out, rows, cols, eps",

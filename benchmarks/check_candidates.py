@@ -5,6 +5,8 @@
                as a .cu with nvcc -c (any warning in a candidate's own code fails the check)
   --interpret  every triton candidate under TRITON_INTERPRET=1 on CPU tensors, on the task's own inputs, against the
                task's Model (allclose atol=rtol=1e-2 and ||out-ref||/||ref|| < 1e-2; plain and x4-scaled inputs)
+  --nvrtc LIB  every cuda_nvrtc kernel string through the real NVRTC (a libnvrtc.so, e.g. from the PyPI package
+               nvidia-cuda-nvrtc), with the options torch.cuda._compile_kernel uses: no headers, sm_90
   --emulate    every cuda kernel (the text shared by the cuda and cuda_nvrtc forms) compiled as C++ with a small
                emulation of CUDA's thread model (one std::thread per CUDA thread, __syncthreads and warp shuffles
                on std::barrier), launched with the variant's own grid/block/shared-memory expressions on small,
@@ -27,7 +29,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,54 @@ def check_nvcc(jobs: int) -> bool:
                 print(out[-3000:])
                 ok = False
     print(f"nvcc/g++: {sum(1 for _ in commands)} compiles, {'all passed' if ok else 'FAILURES'} (work dir {work})")
+    return ok
+
+
+def check_nvrtc(lib_path: str) -> bool:
+    """Every cuda_nvrtc kernel string through the real NVRTC library, with the options torch.cuda._compile_kernel
+    passes (sm_90, CUDA include paths, torch's NVRTC-compatible flags): no headers, extern "C" names kept."""
+    import ctypes
+
+    from torch.utils.cpp_extension import include_paths
+
+    for builtins in sorted(Path(lib_path).parent.glob("libnvrtc-builtins.so*")):  # found by soname once loaded
+        ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(lib_path)
+    try:
+        from torch.cuda._utils import _get_gpu_rtc_compatible_flags
+
+        extra = _get_gpu_rtc_compatible_flags()
+    except ImportError:
+        extra = []
+    dirs = [*include_paths(), f"{_cuda_home()}/include"]  # what include_paths("cuda") gives with CUDA_HOME set
+    options = [b"--gpu-architecture=sm_90", *[f"-I{d}".encode() for d in dirs],
+               *[f.encode() for f in extra]]
+    opts = (ctypes.c_char_p * len(options))(*options)
+    ok = True
+    labels = cands.candidate_labels()
+    for (stem, source), (_, label) in zip(cands.candidates("cuda_nvrtc"), labels, strict=True):
+        kernel = re.search(r'_kernel\("(\w+)"\)', source)
+        name = kernel.group(1).encode() if kernel else b""
+        prog = ctypes.c_void_p()
+        problem = ""
+        if lib.nvrtcCreateProgram(ctypes.byref(prog), string_constant(source, "_SOURCE").encode(), name + b".cu",
+                                  0, None, None) != 0 or lib.nvrtcAddNameExpression(prog, name) != 0:
+            problem = "nvrtcCreateProgram/nvrtcAddNameExpression failed"
+        elif lib.nvrtcCompileProgram(prog, len(options), opts) != 0:
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, log)
+            problem = "compile failed:\n" + log.value.decode(errors="replace")
+        else:
+            lowered = ctypes.c_char_p()
+            lib.nvrtcGetLoweredName(prog, name, ctypes.byref(lowered))
+            if lowered.value != name:
+                problem = f"kernel name lowered to {lowered.value!r} (extern \"C\" expected)"
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+        ok &= not problem
+        status = "ok  " if not problem else "FAIL"
+        print(f"{status} cuda_nvrtc {stem} {label}: NVRTC {problem or 'compiled'}", flush=True)
     return ok
 
 
@@ -319,7 +368,7 @@ def check_emulate() -> bool:
     return ok
 
 
-def _check_models(backend: str, device: str, prepare: Callable[[], None] | None = None) -> bool:
+def _check_models(backend: str, device: str) -> bool:
     import torch
 
     torch.set_grad_enabled(False)
@@ -374,15 +423,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nvcc", action="store_true", help="compile the CUDA sources with nvcc and g++")
     parser.add_argument("--interpret", action="store_true", help="run the triton candidates in Triton's interpreter")
     parser.add_argument("--emulate", action="store_true", help="run the CUDA kernels in a CPU emulation")
+    parser.add_argument("--nvrtc", metavar="LIBNVRTC", help="compile the cuda_nvrtc kernels with this libnvrtc.so")
     parser.add_argument("--gpu", action="store_true", help="run the candidates on the GPU")
     parser.add_argument("--backend", choices=cands.BACKENDS, action="append", help="with --gpu (default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles for --nvcc")
     args = parser.parse_args(argv)
-    if not (args.nvcc or args.emulate or args.interpret or args.gpu):
-        parser.error("choose at least one of --nvcc, --emulate, --interpret, --gpu")
+    if not (args.nvcc or args.nvrtc or args.emulate or args.interpret or args.gpu):
+        parser.error("choose at least one of --nvcc, --nvrtc, --emulate, --interpret, --gpu")
+    if args.interpret and args.gpu:
+        parser.error("--interpret and --gpu need separate runs (the interpreter is process-wide)")
     ok = True
     if args.nvcc:
         ok &= check_nvcc(args.jobs)
+    if args.nvrtc:
+        ok &= check_nvrtc(args.nvrtc)
     if args.emulate:
         ok &= check_emulate()
     if args.interpret:

@@ -32,11 +32,17 @@ Every harness builds a distinct copy of the candidate sources (their names carry
 cache anywhere (torch extensions, Triton, the evaluator's) can serve an earlier build.
 
 Run on the GPU machine:  python benchmarks/eval_throughput.py [--n 16] [--serial-n 4] [--only a,b,c,d] [--json F]
+Harnesses run in separate commands (each under a time limit) combine afterwards, anywhere:
+  python benchmarks/eval_throughput.py --report a.json b.json d.json [--json all.json]
+
+Plumbing smoke test without a GPU (processes, pool, barrier, report; Triton's interpreter, host-clock timing):
+  STARK_BENCH_DEVICE=cpu TRITON_INTERPRET=1 python benchmarks/eval_throughput.py --only d-triton-b --n 2
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing as mp
@@ -55,12 +61,41 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repository: stark_ray without installing it
 
 import bench_util
 import candidates as cands
 
-HARNESSES = ("a", "b", "c", "d")
 SEED = 0
+
+
+def _device() -> str:
+    """"cuda", or "cpu" for the plumbing smoke test (STARK_BENCH_DEVICE=cpu with TRITON_INTERPRET=1)."""
+    return os.environ.get("STARK_BENCH_DEVICE", "cuda")
+
+
+def _sync() -> None:
+    if _device() == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _time_call_ms(fn: Callable[[], Any]) -> float:
+    """One call timed with CUDA events around it and a synchronize after (KernelBench's way); host clock on CPU."""
+    import torch
+
+    if _device() != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
 
 
 @dataclass(frozen=True)
@@ -78,7 +113,7 @@ class CandidateResult:
     stem: str
     label: str
     compiled: bool = False
-    correct: bool = False
+    correct: bool = False  # (c): EvalResult.ok (correct, timed, not rejected by a guard)
     error: str = ""
     build_s: float | None = None  # import of the candidate (the build, where one happens)
     runtime_ms: float | None = None  # (a)/(b): mean of the timed calls, as KernelBench reports; (c): the median
@@ -160,7 +195,7 @@ def _check_and_time(job: dict[str, Any], res: CandidateResult) -> None:
     res.build_s = time.perf_counter() - t0
     res.compiled = True
     task = bench_util.import_file(Path(job["task_path"]), f"task_{job['index']}")
-    device = "cuda"
+    device = _device()
     with torch.no_grad():
         try:
             ref_model, new_model = bench_util.build_models(task, cand, SEED, device)
@@ -170,10 +205,10 @@ def _check_and_time(job: dict[str, Any], res: CandidateResult) -> None:
                 inputs = bench_util.task_inputs(task, seed, device)
                 torch.manual_seed(seed)
                 ref = ref_model(*inputs)
-                torch.cuda.synchronize()
+                _sync()
                 torch.manual_seed(seed)
                 out = new_model(*inputs)
-                torch.cuda.synchronize()
+                _sync()
                 c = bench_util.compare(out, ref)  # shape, dtype, allclose(atol=rtol=1e-2)
                 worst_abs, worst_rel = max(worst_abs, c.max_abs_err), max(worst_rel, c.rel_err)
                 if not c.ok:
@@ -186,16 +221,8 @@ def _check_and_time(job: dict[str, Any], res: CandidateResult) -> None:
             inputs = bench_util.task_inputs(task, SEED, device)
             for _ in range(job["warmup"]):
                 new_model(*inputs)
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(job["timing_trials"]):
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                new_model(*inputs)
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
+            _sync()
+            times = [_time_call_ms(lambda: new_model(*inputs)) for _ in range(job["timing_trials"])]
             res.runtime_ms = statistics.fmean(times)
             res.runtime_median_ms = statistics.median(times)
         except Exception as e:
@@ -234,9 +261,9 @@ def _build_job(job: dict[str, Any]) -> dict[str, Any]:
 
             task = bench_util.import_file(Path(job["task_path"]), f"build_task_{job['index']}")
             with torch.no_grad():
-                _, new_model = bench_util.build_models(task, cand, SEED, "cuda")
-                new_model(*bench_util.task_inputs(task, SEED, "cuda"))
-                torch.cuda.synchronize()
+                _, new_model = bench_util.build_models(task, cand, SEED, _device())
+                new_model(*bench_util.task_inputs(task, SEED, _device()))
+                _sync()
         return {"index": job["index"], "ok": True, "error": "", "seconds": time.perf_counter() - t0}
     except Exception as e:
         return {"index": job["index"], "ok": False, "error": _describe(e), "seconds": time.perf_counter() - t0}
@@ -256,6 +283,7 @@ class Settings:
     compile_workers: int | None
     reference: bool
     keep: bool
+    tolerance: str
 
 
 def _fresh_dir(root: Path, name: str) -> Path:
@@ -376,26 +404,48 @@ def run_service(cs: list[Candidate], s: Settings, root: Path, key: str) -> Harne
     backend = cs[0].backend if cs else "cuda"
     run = HarnessRun(key, f"our evaluator: EvalService.evaluate_many per task ({backend})", backend)
     build_dir = _fresh_dir(root, f"{key.replace('-', '_')}_build")
-    os.environ["TRITON_CACHE_DIR"] = str(_fresh_dir(root, f"{key.replace('-', '_')}_triton_cache"))
+    extra: dict[str, Any] = {}
+    if s.tolerance and "tolerance" in {f.name for f in dataclasses.fields(EvalConfig)}:
+        extra["tolerance"] = s.tolerance  # "kernelbench": atol = rtol = 1e-2, as (a) and (b) check
     cfg = EvalConfig(backend=backend, build_dir=str(build_dir), trials=s.trials, warmup=s.warmup,
-                     timing_trials=s.timing_trials, seed=SEED)
+                     timing_trials=s.timing_trials, seed=SEED, **extra)
+    saved_triton_cache = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = str(_fresh_dir(root, f"{key.replace('-', '_')}_triton_cache"))
+    try:
+        _run_service_groups(cs, s, cfg, key, run, EvalService, load_task)
+    finally:
+        if saved_triton_cache is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved_triton_cache
+    run.note = "times the reference too (interleaved), fresh inputs per round" + (
+        "; svc.reference per task" if s.reference else "")
+    return run
+
+
+def _run_service_groups(cs: list[Candidate], s: Settings, cfg: Any, key: str, run: HarnessRun, service_cls: Any,
+                        load_task: Callable[[Path], Any]) -> None:
     groups: dict[str, list[Candidate]] = {}
     for c in cs:
         groups.setdefault(c.stem, []).append(c)
     by_index: dict[int, CandidateResult] = {}
     t0 = time.perf_counter()
-    with EvalService(cfg, device=0, compile_workers=s.compile_workers) as svc:
+    with service_cls(cfg, device=0, compile_workers=s.compile_workers) as svc:
+        if hasattr(svc, "hello"):
+            svc.hello()  # start the device worker now, so that the start-up shows as its own phase
         run.phases["start_s"] = time.perf_counter() - t0
         for stem, group in groups.items():
             task = load_task(cands.task_path(stem))
             if s.reference:
-                ref = svc.reference(task)
-                if not ref.ok:
-                    print(f"  [{key}] WARNING: reference of {stem} failed: {ref.error}", flush=True)
+                try:
+                    svc.reference(task)
+                except Exception as e:
+                    print(f"  [{key}] WARNING: reference of {stem} failed: {_describe(e)}", flush=True)
             results = svc.evaluate_many(task, [c.source for c in group])
             for c, er in zip(group, results, strict=True):
-                r = CandidateResult(c.index, c.stem, c.label, compiled=bool(er.compiled), correct=bool(er.correct),
-                                    error=er.error or "", build_s=getattr(er, "compile_s", None),
+                error = er.error or ("" if er.ok else f"stage {er.stage}, flags {','.join(er.flags) or '-'}")
+                r = CandidateResult(c.index, c.stem, c.label, compiled=bool(er.compiled), correct=bool(er.ok),
+                                    error=error, build_s=getattr(er, "compile_s", None),
                                     runtime_ms=er.runtime_ms, runtime_median_ms=er.runtime_ms,
                                     ref_runtime_ms=er.ref_runtime_ms, speedup=er.speedup,
                                     max_abs_err=getattr(er, "max_abs_err", None), rel_err=getattr(er, "rel_err", None))
@@ -405,9 +455,6 @@ def run_service(cs: list[Candidate], s: Settings, root: Path, key: str) -> Harne
     run.wall_s = time.perf_counter() - t0
     run.phases["close_s"] = run.wall_s - run.phases["start_s"] - run.phases["evaluate_s"]
     run.results = [by_index[c.index] for c in cs]
-    run.note = "times the reference too (interleaved), fresh inputs per round" + (
-        "; svc.reference per task" if s.reference else "")
-    return run
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -435,14 +482,16 @@ def report(runs: list[HarnessRun]) -> list[str]:
                             "(the build phase's output was not reused)")
     print()
     header = f"{'harness':<14} {'backend':<11} {'cands':>5} {'wall s':>9} {'cands/min':>10} {'correct':>8} " \
-             f"{'vs (a)':>7} {'vs (b)':>7}"
+             f"{'vs (a)':>7} {'vs (b)':>7} {'vs own b':>8}"
     print(header)
     print("-" * len(header))
     for r in runs:
+        own_b = by_key.get(r.key[:-1] + "b") if r.key.endswith("c") else None  # c -> b, d-triton-c -> d-triton-b
         print(f"{r.key:<14} {r.backend:<11} {r.n:>5} {r.wall_s:>9.1f} {r.per_min:>10.2f} "
-              f"{f'{r.n_correct}/{r.n}':>8} {_ratio(r.per_min, a):>7} {_ratio(r.per_min, b):>7}")
-    print("ratios are candidates/min over the cuda (a) and cuda (b) rows; each harness ran the number of candidates "
-          "in its 'cands' column")
+              f"{f'{r.n_correct}/{r.n}':>8} {_ratio(r.per_min, a):>7} {_ratio(r.per_min, b):>7} "
+              f"{_ratio(r.per_min, own_b):>8}")
+    print("ratios: candidates/min over the cuda (a) row, the cuda (b) row, and (for an evaluator row) the two-phase "
+          "row of its own backend; each harness ran the number of candidates in its 'cands' column")
     for r in runs:
         phases = ", ".join(f"{k} {v:.1f}" for k, v in r.phases.items())
         if phases or r.note:
@@ -452,6 +501,25 @@ def report(runs: list[HarnessRun]) -> list[str]:
     if not warnings:
         print("every harness found every candidate it ran correct")
     return warnings
+
+
+def load_runs(paths: list[Path]) -> list[HarnessRun]:
+    """The harness runs recorded in --json files (later files win for a harness that appears twice)."""
+    runs: dict[str, HarnessRun] = {}
+    for path in paths:
+        for r in json.loads(path.read_text())["runs"]:
+            runs[r["key"]] = HarnessRun(r["key"], r["title"], r["backend"], r["wall_s"], dict(r["phases"]),
+                                        [CandidateResult(**x) for x in r["results"]], r.get("note", ""))
+    order = ["a", "b", "c", "d-nvrtc-c", "d-nvrtc-b", "d-triton-c", "d-triton-b"]
+    return sorted(runs.values(), key=lambda r: order.index(r.key) if r.key in order else len(order))
+
+
+def payload_of(runs: list[HarnessRun], warnings: list[str], **meta: Any) -> dict[str, Any]:
+    return {**meta,
+            "runs": [{"key": r.key, "title": r.title, "backend": r.backend, "n": r.n, "wall_s": r.wall_s,
+                      "candidates_per_min": r.per_min, "correct": r.n_correct, "phases": r.phases, "note": r.note,
+                      "results": [asdict(x) for x in r.results]} for r in runs],
+            "warnings": warnings}
 
 
 def parse_only(text: str) -> list[str]:
@@ -489,25 +557,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-workers", type=int, default=None,
                         help="EvalService's compile_workers (default: the service's own choice)")
     parser.add_argument("--reference", action="store_true", help="(c)/(d): also call svc.reference(task) per task")
+    parser.add_argument("--tolerance", default="kernelbench",
+                        help="(c)/(d): EvalConfig.tolerance (default kernelbench: atol = rtol = 1e-2, as (a)/(b))")
     parser.add_argument("--arch", default=None, help="TORCH_CUDA_ARCH_LIST for (a)/(b) (default: the GPU's, e.g. 9.0)")
     parser.add_argument("--timeout", type=float, default=900.0, help="per fresh process, seconds (default 900)")
     parser.add_argument("--tag", default=None, help="name tag that makes every source new (default: random)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary build directories")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                        help="no run: print the table of harnesses recorded in these --json files (runs made "
+                             "separately, e.g. to stay under a time limit per command); with --json, merge them")
     args = parser.parse_args(argv)
+    if args.report:
+        runs = load_runs(args.report)
+        warnings = report(runs)
+        if args.json:
+            args.json.write_text(json.dumps(payload_of(runs, warnings, merged_from=[str(p) for p in args.report]),
+                                            indent=2))
+            print(f"wrote {args.json}")
+        return 0 if runs and not warnings else 1
     if args.n < 1 or args.serial_n < 0:
         parser.error("--n must be >= 1 and --serial-n >= 0")
 
-    bench_util.require_gpu()
     import torch
 
-    major, minor = torch.cuda.get_device_capability(0)
+    if _device() == "cuda":
+        bench_util.require_gpu()
+        major, minor = torch.cuda.get_device_capability(0)
+        gpu = torch.cuda.get_device_name(0)
+    else:
+        major, minor, gpu = 9, 0, f"none (STARK_BENCH_DEVICE={_device()}: plumbing smoke test)"
     arch = args.arch or f"{major}.{minor}"
     settings = Settings(arch=arch, trials=args.trials, warmup=args.warmup, timing_trials=args.timing_trials,
                         timeout_s=args.timeout, workers=max(1, args.workers), compile_workers=args.compile_workers,
-                        reference=args.reference, keep=args.keep)
+                        reference=args.reference, keep=args.keep, tolerance=args.tolerance)
     tag = args.tag or f"r{secrets.token_hex(3)}"
     root = Path(tempfile.mkdtemp(prefix="stark-throughput-"))
-    print(f"GPU: {torch.cuda.get_device_name(0)} (arch {arch}); {os.cpu_count()} CPUs; candidates {args.n} "
+    print(f"GPU: {gpu} (arch {arch}); {os.cpu_count()} CPUs; candidates {args.n} "
           f"(serial (a): {min(args.serial_n, args.n)}); harnesses {','.join(args.only)}; tag {tag}; work dir {root}",
           flush=True)
 
@@ -540,13 +625,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         warnings = report(runs)
         if args.json:
-            payload = {"gpu": torch.cuda.get_device_name(0), "arch": arch, "cpus": os.cpu_count(), "tag": tag,
-                       "settings": asdict(settings), "n": args.n, "serial_n": args.serial_n,
-                       "runs": [{"key": r.key, "title": r.title, "backend": r.backend, "n": r.n,
-                                 "wall_s": r.wall_s, "candidates_per_min": r.per_min, "correct": r.n_correct,
-                                 "phases": r.phases, "note": r.note, "results": [asdict(x) for x in r.results]}
-                                for r in runs],
-                       "warnings": warnings}
+            payload = payload_of(runs, warnings, gpu=gpu, arch=arch, cpus=os.cpu_count(), tag=tag,
+                                 settings=asdict(settings), n=args.n,
+                                 serial_n=min(args.serial_n, args.n) if "a" in args.only else 0)
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(payload, indent=2))
             print(f"wrote {args.json}")

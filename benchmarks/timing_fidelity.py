@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repository: stark_ray without installing it
 
 import bench_util
 import candidates as cands
@@ -189,10 +190,10 @@ def _cv(values: list[float]) -> float:
 
 
 def evaluate_repeats(svc: Any, task: Any, source: str, repeats: int, row: Row) -> None:
-    ref = svc.reference(task)
-    row.reference_ms = ref.runtime_ms if ref.ok else None
-    if not ref.ok:
-        row.error = f"reference failed: {ref.error}"
+    try:
+        row.reference_ms = svc.reference(task).runtime_ms
+    except Exception as e:  # TaskError: the reference cannot serve
+        row.error = f"reference failed: {e}"
         return
     for k in range(repeats):
         t0 = time.perf_counter()
@@ -200,10 +201,12 @@ def evaluate_repeats(svc: Any, task: Any, source: str, repeats: int, row: Row) -
         wall = time.perf_counter() - t0
         row.evals.append({"ok": bool(r.ok), "correct": bool(r.correct), "runtime_ms": r.runtime_ms,
                           "ref_runtime_ms": r.ref_runtime_ms, "speedup": r.speedup, "stage": r.stage,
-                          "error": r.error, "wall_s": wall})
+                          "error": r.error, "flags": list(r.flags), "wall_s": wall,
+                          "runtime_cv": getattr(r, "runtime_cv", None),  # within one call, if reported
+                          "ref_runtime_cv": getattr(r, "ref_runtime_cv", None)})
         status = "ok" if r.ok else f"FAILED ({r.stage}: {r.error})"
-        print(f"  [{row.task}] evaluate {k + 1}/{repeats}: {status} runtime {r.runtime_ms} ms, "
-              f"ref {r.ref_runtime_ms} ms, speedup {r.speedup} ({wall:.1f} s)", flush=True)
+        print(f"  [{row.task}] evaluate {k + 1}/{repeats}: {status} runtime {_ms(r.runtime_ms)} ms, "
+              f"ref {_ms(r.ref_runtime_ms)} ms, speedup {_ms(r.speedup)} ({wall:.1f} s)", flush=True)
     good = [e for e in row.evals if e["ok"]]
     if len(good) < len(row.evals):
         row.error = f"{len(row.evals) - len(good)} of {len(row.evals)} evaluations failed"
@@ -226,7 +229,15 @@ def do_bench_here(task_path: Path, source: str, work: Path, reps: int, row: Row)
     from triton.testing import do_bench
 
     task = bench_util.import_file(task_path, f"fid_task_{row.task}")
-    cand = bench_util.import_source(source, work, f"fid_cand_{row.task}")  # builds (fresh extension dir)
+    saved = os.environ.get("TORCH_EXTENSIONS_DIR")
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(work / "ext")  # a fresh build here; the service's workers keep theirs
+    try:
+        cand = bench_util.import_source(source, work, f"fid_cand_{row.task}")  # load_inline builds it
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_EXTENSIONS_DIR", None)
+        else:
+            os.environ["TORCH_EXTENSIONS_DIR"] = saved
     with torch.no_grad():
         ref_model, new_model = bench_util.build_models(task, cand, 0, "cuda")
         inputs = bench_util.task_inputs(task, 0, "cuda")
@@ -258,8 +269,8 @@ def _pct(x: float) -> str:
     return "-" if math.isnan(x) else f"{100 * x:+.2f}%"
 
 
-def _ms(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x:.4f}"
+def _ms(x: float | None) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.4f}"
 
 
 def report(rows: list[Row]) -> list[str]:
@@ -282,6 +293,8 @@ def report(rows: list[Row]) -> list[str]:
               f"{_pct(r.runtime_diff):>9} {spd:>8} {dbs:>8} {cv:>7} {run_cv:>7} {ref_cv:>7}")
         if r.error:
             misses.append(f"{r.task}: {r.error}")
+        if math.isnan(r.ev_runtime_ms):
+            continue  # nothing measured: the error says why
         if not r.speedup_cv <= CV_GOAL:
             misses.append(f"{r.task}: speedup CV {cv} (goal <= {100 * CV_GOAL:g}%)")
         for what, d in (("candidate", r.runtime_diff), ("reference", r.ref_runtime_diff)):
@@ -331,12 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"error: this benchmark needs stark_ray's EvalService: {e}")
 
     root = Path(tempfile.mkdtemp(prefix="stark-fidelity-"))
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(root / "inprocess_ext")  # do_bench's own build of each candidate
     tag = f"fid_{secrets.token_hex(3)}"
     overrides = {k: v for k, v in (("timing_trials", args.timing_trials), ("warmup", args.warmup)) if v is not None}
     cfg = EvalConfig(backend="cuda", build_dir=str(root / "service_build"), seed=0, **overrides)
+    trials_text = cfg.timing_trials if cfg.timing_trials is not None else "the backend's default"
     print(f"GPU: {torch.cuda.get_device_name(0)}; EvalConfig(trials={cfg.trials}, warmup={cfg.warmup}, "
-          f"timing_trials={cfg.timing_trials}); repeats {args.repeats}; do_bench reps {args.dobench_reps}; "
+          f"timing_trials={trials_text}); repeats {args.repeats}; do_bench reps {args.dobench_reps}; "
           f"work dir {root}", flush=True)
     rows: list[Row] = []
     try:
