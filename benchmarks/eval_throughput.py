@@ -17,8 +17,8 @@ timing).
     loads the built extension from its directory (same correctness and timing as (a)). TORCH_CUDA_ARCH_LIST is set
     in both phases (and in (a)) so that phase 2 finds the build up to date; the report says if anything rebuilt.
 (c) our evaluator, cuda form: EvalService(EvalConfig(backend="cuda", build_dir=<fresh empty temp dir>, trials=5,
-    warmup=3, timing_trials=100)) started once (its start-up counted), then evaluate_many(task, sources) for each
-    task's group of candidates. Note the evaluator does more per candidate than (a)/(b): it also times the
+    warmup=3, timing_trials=100)) started once (its start-up counted), then evaluate_batch([(task, source), ...]) of
+    all candidates at once. Note the evaluator does more per candidate than (a)/(b): it also times the
     reference, interleaved with the candidate (so twice the timed calls), on fresh inputs every round, and scales
     the inputs of the last correctness trials. --reference also calls svc.reference(task) once per task.
 (d) the same kernels in cuda_nvrtc and triton form, through (c) (a fresh build dir, and TRITON_CACHE_DIR pointed at
@@ -402,7 +402,7 @@ def run_service(cs: list[Candidate], s: Settings, root: Path, key: str) -> Harne
         raise SystemExit(f"error: harness {key} needs stark_ray's EvalService: {e}") from None
 
     backend = cs[0].backend if cs else "cuda"
-    run = HarnessRun(key, f"our evaluator: EvalService.evaluate_many per task ({backend})", backend)
+    run = HarnessRun(key, f"our evaluator: EvalService.evaluate_batch of all candidates ({backend})", backend)
     build_dir = _fresh_dir(root, f"{key.replace('-', '_')}_build")
     extra: dict[str, Any] = {}
     if s.tolerance and "tolerance" in {f.name for f in dataclasses.fields(EvalConfig)}:
@@ -425,32 +425,30 @@ def run_service(cs: list[Candidate], s: Settings, root: Path, key: str) -> Harne
 
 def _run_service_groups(cs: list[Candidate], s: Settings, cfg: Any, key: str, run: HarnessRun, service_cls: Any,
                         load_task: Callable[[Path], Any]) -> None:
-    groups: dict[str, list[Candidate]] = {}
-    for c in cs:
-        groups.setdefault(c.stem, []).append(c)
+    tasks = {c.stem: load_task(cands.task_path(c.stem)) for c in cs}
     by_index: dict[int, CandidateResult] = {}
     t0 = time.perf_counter()
     with service_cls(cfg, device=0, compile_workers=s.compile_workers) as svc:
         if hasattr(svc, "hello"):
             svc.hello()  # start the device worker now, so that the start-up shows as its own phase
         run.phases["start_s"] = time.perf_counter() - t0
-        for stem, group in groups.items():
-            task = load_task(cands.task_path(stem))
-            if s.reference:
+        if s.reference:
+            for stem, task in tasks.items():
                 try:
                     svc.reference(task)
                 except Exception as e:
                     print(f"  [{key}] WARNING: reference of {stem} failed: {_describe(e)}", flush=True)
-            results = svc.evaluate_many(task, [c.source for c in group])
-            for c, er in zip(group, results, strict=True):
-                error = er.error or ("" if er.ok else f"stage {er.stage}, flags {','.join(er.flags) or '-'}")
-                r = CandidateResult(c.index, c.stem, c.label, compiled=bool(er.compiled), correct=bool(er.ok),
-                                    error=error, build_s=getattr(er, "compile_s", None),
-                                    runtime_ms=er.runtime_ms, runtime_median_ms=er.runtime_ms,
-                                    ref_runtime_ms=er.ref_runtime_ms, speedup=er.speedup,
-                                    max_abs_err=getattr(er, "max_abs_err", None), rel_err=getattr(er, "rel_err", None))
-                by_index[c.index] = r
-                _print_result(key, r)
+        # every candidate of every task at once: the service builds them in its pool and times each when built
+        results = svc.evaluate_batch([(tasks[c.stem], c.source) for c in cs])
+        for c, er in zip(cs, results, strict=True):
+            error = er.error or ("" if er.ok else f"stage {er.stage}, flags {','.join(er.flags) or '-'}")
+            r = CandidateResult(c.index, c.stem, c.label, compiled=bool(er.compiled), correct=bool(er.ok),
+                                error=error, build_s=getattr(er, "compile_s", None),
+                                runtime_ms=er.runtime_ms, runtime_median_ms=er.runtime_ms,
+                                ref_runtime_ms=er.ref_runtime_ms, speedup=er.speedup,
+                                max_abs_err=getattr(er, "max_abs_err", None), rel_err=getattr(er, "rel_err", None))
+            by_index[c.index] = r
+            _print_result(key, r)
         run.phases["evaluate_s"] = time.perf_counter() - t0 - run.phases["start_s"]
     run.wall_s = time.perf_counter() - t0
     run.phases["close_s"] = run.wall_s - run.phases["start_s"] - run.phases["evaluate_s"]

@@ -23,7 +23,7 @@ from typing import Any
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend
 from stark_ray.eval.compare import Tolerances, compare_outputs
-from stark_ray.eval.correctness import check_correctness
+from stark_ray.eval.correctness import TrialCache, check_correctness
 from stark_ray.eval.diagnostics import compiler_log, describe_exception, first_compiler_error
 from stark_ray.eval.guards import (
     TorchFingerprint,
@@ -61,6 +61,7 @@ LARGE_SPEEDUP = 10.0  # above this, a wall-clock re-measure on fresh inputs must
 WALL_AGREEMENT = 0.5  # confirmed when the wall-clock speedup is at least this fraction of the event one
 WALL_ROUNDS = 10
 KEPT_TASKS = 2  # task references a worker keeps (a campaign worker moves from task to task)
+TRIAL_CACHE_BYTES = 2 << 30  # per task: the correctness trials' inputs kept for the next candidate
 
 
 class LogTail:
@@ -128,6 +129,7 @@ class TaskState:
     input_sets: list[list[Any]] | None = None
     compiled_model: Any = None
     streams: set[int] | None = None  # the streams the reference's kernels run on (GPU)
+    trials: TrialCache = field(default_factory=lambda: TrialCache(TRIAL_CACHE_BYTES))
 
     def get_inputs(self) -> list[Any]:
         return make_task_inputs(self.module, self.name)
@@ -301,7 +303,7 @@ class Judge:
 
         send({"phase": PHASE_CHECK})
         report = check_correctness(state.model, new_model, state.get_inputs, cfg, state.device, state.name,
-                                   state.output_nbytes, self.backend.synchronize)
+                                   state.output_nbytes, self.backend.synchronize, state.trials)
         base = {"compiled": True, "max_abs_err": report.max_abs_err, "rel_err": report.rel_err,
                 "compile_s": compile_s}
         if not report.ok:

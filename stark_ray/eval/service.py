@@ -101,8 +101,8 @@ def outcome_to_result(outcome: WorkerOutcome, limits: dict[str, float]) -> EvalR
 
 
 def default_compile_workers(cpus: int) -> int:
-    """Two compiler processes per build (the .cpp and the .cu); two cores stay free for the timing process."""
-    return max(1, (cpus - 2) // 2)
+    """One build per core but two: the device worker keeps a core to launch and time on (builds run niced)."""
+    return max(1, cpus - 2)
 
 
 class EvalService:
@@ -202,11 +202,16 @@ class EvalService:
         return result
 
     def evaluate_many(self, task: Task, sources: Sequence[str], cfg: EvalConfig | None = None) -> list[EvalResult]:
-        """Evaluate several candidates: builds in parallel, the device never idle while built work waits."""
-        if not sources:
+        """Evaluate several candidates of one task (see :meth:`evaluate_batch`)."""
+        return self.evaluate_batch([(task, s) for s in sources], cfg)
+
+    def evaluate_batch(self, items: Sequence[tuple[Task, str]], cfg: EvalConfig | None = None) -> list[EvalResult]:
+        """Evaluate (task, source) pairs, of any tasks, in order: all builds start at once (as many at a time as
+        there are compile workers) and the device checks and times each as soon as it is built."""
+        if not items:
             return []
-        with ThreadPoolExecutor(max_workers=min(len(sources), self.compile_workers + 1)) as pool:
-            return list(pool.map(lambda s: self.evaluate(task, s, cfg), sources))
+        with ThreadPoolExecutor(max_workers=min(len(items), self.compile_workers + 1)) as pool:
+            return list(pool.map(lambda item: self.evaluate(item[0], item[1], cfg), items))
 
     def close(self) -> None:
         with self._device_lock:

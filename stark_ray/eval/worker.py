@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         backend = get_backend(args.backend)
         build_dir = Path(args.build_dir)
         if args.compile_only:
+            os.nice(10)  # builds yield the CPU to the device worker, which launches and times kernels
             backend.prepare_compiler(build_dir, args.threads, args.arch)
             hello: dict[str, Any] = {"device": "none"}
         else:
