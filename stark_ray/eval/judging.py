@@ -295,7 +295,9 @@ class Judge:
             new_model = _on_device(model_cls(*copy.deepcopy(state.init_inputs)), state.device)
             self.backend.synchronize()
         except BaseException as e:  # SystemExit included: the candidate is never allowed to end the worker
-            return compile_failure(e, tail.since_mark(), started)
+            failed = compile_failure(e, tail.since_mark(), started)
+            failed.flags = [f for f in failed.flags if f != "build_error"]  # only the compile pool needs it
+            return failed
         finally:
             sys.modules.pop(f"stark_candidate_{self.count}", None)
         compile_s = time.perf_counter() - started

@@ -177,6 +177,7 @@ class EvalService:
         if outcome.phase == PHASE_START and outcome.result is None:
             return None, 0.0  # the compile process could not start: let the device worker build it
         if result.stage == STAGE_COMPILE and "build_error" in result.flags:
+            result.flags.remove("build_error")  # the pool's own signal, not a finding for the agents
             return result, build_s
         if outcome.result is None:  # the build hung or crashed: it would do the same on the device worker
             return result, build_s
