@@ -175,3 +175,38 @@ def test_the_worker_has_a_fingerprint_that_is_not_fooled_by_torch_compile(task: 
 def test_service_reports_the_build_dir_and_hardware(service: EvalService) -> None:
     assert Path(service.build_dir).exists()
     assert "CPU:" in service.hardware_description()
+
+
+SLOW_TASK = '''"""A reference that sleeps 20 ms per call: any honest fast candidate is >10x faster."""
+import time
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        time.sleep(0.02)
+        return x * 2.0
+
+
+def get_inputs():
+    return [torch.randn(1024)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_large_speedup_is_re_measured_by_wall_clock_and_kept_when_confirmed(tmp_path: Path,
+                                                                               shared_build_dir: str) -> None:
+    path = tmp_path / "1_Sleepy.py"
+    path.write_text(SLOW_TASK)
+    fast = "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n" \
+           "        return x * 2.0\n"
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=5)
+    with EvalService(cfg) as svc:
+        r = svc.evaluate(load_task(path), fast)
+    assert r.ok and r.speedup and r.speedup > 10, r.error
+    assert "large_speedup" in r.flags and "suspicious" not in r.flags
+    assert "confirmed by wall-clock time" in r.log
