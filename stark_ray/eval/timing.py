@@ -175,6 +175,19 @@ def wall_times(fns: list[Callable[..., Any]], input_sets: list[list[Any]], synch
                rounds: int, check: Check | None = None) -> list[Stats]:
     """Host wall-clock time of each call up to a device-wide sync: a second opinion on a large speedup."""
     samples: list[list[float]] = [[] for _ in fns]
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _wall_rounds(fns, input_sets, synchronize, rounds, check, samples)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return [Stats.of(s) for s in samples]
+
+
+def _wall_rounds(fns: list[Callable[..., Any]], input_sets: list[list[Any]], synchronize: Callable[[], None],
+                 rounds: int, check: Check | None, samples: list[list[float]]) -> None:
     with torch.no_grad():
         for r in range(rounds + 1):
             inputs = input_sets[r % len(input_sets)]
@@ -192,4 +205,3 @@ def wall_times(fns: list[Callable[..., Any]], input_sets: list[list[Any]], synch
                     problem = check(outs[i], outs[0])
                     if problem:
                         raise TimingMismatch(f"wall-clock re-measure: {problem}")
-    return [Stats.of(s) for s in samples]

@@ -1,0 +1,58 @@
+"""A task's reference inside a warm worker: module, model, and what every candidate is measured with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from stark_ray.eval.correctness import TrialCache
+from stark_ray.eval.diagnostics import describe_exception
+from stark_ray.eval.inputs import clone_all
+from stark_ray.eval.tasks import TaskError, make_task_inputs
+from stark_ray.eval.timing import make_input_sets
+
+TRIAL_CACHE_BYTES = 2 << 30  # per task: the correctness trials' inputs kept for the next candidate
+
+
+def on_device(model: Any, device: str) -> Any:
+    return model.to(device) if device != "cpu" and hasattr(model, "to") else model
+
+
+@dataclass
+class TaskState:
+    """A task's reference inside the worker: module, model, and what every candidate is measured with."""
+
+    name: str
+    module: Any
+    model: Any
+    init_inputs: list[Any]
+    device: str
+    seed: int
+    output_nbytes: list[int] = field(default_factory=list)
+    input_sets: list[list[Any]] | None = None
+    compiled_model: Any = None
+    streams: set[int] | None = None  # the streams the reference's kernels run on (GPU)
+    trials: TrialCache = field(default_factory=lambda: TrialCache(TRIAL_CACHE_BYTES))
+
+    def get_inputs(self) -> list[Any]:
+        return make_task_inputs(self.module, self.name)
+
+    def timing_sets(self) -> list[list[Any]]:
+        if self.input_sets is None:
+            self.input_sets = make_input_sets(self.get_inputs, self.seed, self.device)
+        return self.input_sets
+
+    def baseline_compiled(self) -> Any:
+        """torch.compile of the reference, compiled and warmed on the timing inputs once."""
+        if self.compiled_model is None:
+            import torch
+
+            compiled = torch.compile(self.model)
+            try:
+                with torch.no_grad():
+                    compiled(*clone_all(self.timing_sets()[0]))
+            except Exception as e:
+                raise TaskError(f"task {self.name}: torch.compile baseline failed: {describe_exception(e)}") \
+                    from None
+            self.compiled_model = compiled
+        return self.compiled_model
