@@ -13,10 +13,11 @@ reference's output for the same inputs in the same round (``check``).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -110,6 +111,19 @@ class Timing:
         return statistics.median(s - m for s, m in zip(self.synced.samples, self.stats.samples, strict=True))
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection inside a measurement (collected once before it)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def make_input_sets(get_inputs: Callable[[], Any], seed: int, device: str, count: int = INPUT_SETS,
                     offset: int = TIMING_SEED_OFFSET) -> list[list[Any]]:
     return [make_inputs(get_inputs, seed + offset + k, device=device) for k in range(count)]
@@ -126,41 +140,34 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
                      trials: int, check: Check | None = None, warmup_ms: float = 0.0) -> list[Timing]:
     """Time each of ``fns`` ``trials`` times, round-robin, the order rotating every round to cancel drift and
     cache warmth, after at least ``warmup`` rounds and ``warmup_ms`` of warm-up. Round r uses input set
-    r mod len(input_sets), and each call gets its own clone. With
-    ``check``, every output of ``fns[i]`` (i > 0) is checked against ``fns[0]``'s in the same round."""
+    r mod len(input_sets), and each call gets its own clone. With ``check``, every output of ``fns[i]``
+    (i > 0) is checked against ``fns[0]``'s in the same round."""
     ms: list[list[float]] = [[] for _ in fns]
     synced: list[list[float]] = [[] for _ in fns]
     order = list(range(len(fns)))
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
     warm_ms, r, timed = 0.0, 0, 0
-    try:
-        with torch.no_grad():
-            while timed < trials:
-                warming = r < warmup or (warm_ms < warmup_ms and r < MAX_WARMUP_ROUNDS)
-                inputs = input_sets[r % len(input_sets)]
-                outs: list[Any] = [None] * len(fns)
-                for i in order:
-                    sample = timer(fns[i], clone_all(inputs))
-                    outs[i] = sample.out
-                    if warming:
-                        warm_ms += sample.synced_ms
-                    else:
-                        ms[i].append(sample.ms)
-                        synced[i].append(sample.synced_ms)
-                timed += not warming
-                if check is not None:
-                    for i in range(1, len(fns)):
-                        problem = check(outs[i], outs[0])
-                        if problem:
-                            raise TimingMismatch(f"timing round {r + 1}: {problem}")
-                order = order[1:] + order[:1]
-                r += 1
-                del outs
-    finally:
-        if was_enabled:
-            gc.enable()
+    with _gc_paused(), torch.no_grad():
+        while timed < trials:
+            warming = r < warmup or (warm_ms < warmup_ms and r < MAX_WARMUP_ROUNDS)
+            inputs = input_sets[r % len(input_sets)]
+            outs: list[Any] = [None] * len(fns)
+            for i in order:
+                sample = timer(fns[i], clone_all(inputs))
+                outs[i] = sample.out
+                if warming:
+                    warm_ms += sample.synced_ms
+                else:
+                    ms[i].append(sample.ms)
+                    synced[i].append(sample.synced_ms)
+            timed += not warming
+            if check is not None:
+                for i in range(1, len(fns)):
+                    problem = check(outs[i], outs[0])
+                    if problem:
+                        raise TimingMismatch(f"timing round {r + 1}: {problem}")
+            order = order[1:] + order[:1]
+            r += 1
+            del outs
     return [Timing(Stats.of(m), Stats.of(s)) for m, s in zip(ms, synced, strict=True)]
 
 
@@ -175,20 +182,7 @@ def wall_times(fns: list[Callable[..., Any]], input_sets: list[list[Any]], synch
                rounds: int, check: Check | None = None) -> list[Stats]:
     """Host wall-clock time of each call up to a device-wide sync: a second opinion on a large speedup."""
     samples: list[list[float]] = [[] for _ in fns]
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        _wall_rounds(fns, input_sets, synchronize, rounds, check, samples)
-    finally:
-        if was_enabled:
-            gc.enable()
-    return [Stats.of(s) for s in samples]
-
-
-def _wall_rounds(fns: list[Callable[..., Any]], input_sets: list[list[Any]], synchronize: Callable[[], None],
-                 rounds: int, check: Check | None, samples: list[list[float]]) -> None:
-    with torch.no_grad():
+    with _gc_paused(), torch.no_grad():
         for r in range(rounds + 1):
             inputs = input_sets[r % len(input_sets)]
             outs: list[Any] = []
@@ -205,3 +199,4 @@ def _wall_rounds(fns: list[Callable[..., Any]], input_sets: list[list[Any]], syn
                     problem = check(outs[i], outs[0])
                     if problem:
                         raise TimingMismatch(f"wall-clock re-measure: {problem}")
+    return [Stats.of(s) for s in samples]

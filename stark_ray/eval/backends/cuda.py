@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
 from stark_ray.eval.backends import gpu
-from stark_ray.eval.backends.base import Backend
 from stark_ray.eval.backends.cpu_cpp import install_build_cache
 
-if TYPE_CHECKING:
-    from stark_ray.eval.timing import Timer
 
-PROMPT_NOTES = ("Candidates are CUDA C++ built at import with torch.utils.cpp_extension.load_inline "
-                "(kernels and raw-pointer launchers in cuda_sources without torch headers; the torch wrapper "
-                "in cpp_sources).")
-
-
-class CudaBackend(Backend):
+class CudaBackend(gpu.CudaDeviceBackend):
     name: ClassVar[str] = "cuda"
     precompile: ClassVar[bool] = True
-
-    def __init__(self) -> None:
-        self.device = "cuda"
+    notes = ("Candidates are CUDA C++ built at import with torch.utils.cpp_extension.load_inline "
+             "(kernels and raw-pointer launchers in cuda_sources without torch headers; the torch wrapper "
+             "in cpp_sources).")
 
     def prepare_worker(self, build_dir: Path, threads: int) -> None:
         gpu.prepare_device()
@@ -37,18 +29,3 @@ class CudaBackend(Backend):
             os.environ["TORCH_CUDA_ARCH_LIST"] = arch
         os.environ.setdefault("MAX_JOBS", "2")  # the .cpp and the .cu of one extension, side by side
         install_build_cache(build_dir)
-
-    def hardware_info(self) -> dict[str, Any]:
-        return gpu.device_info()
-
-    def synchronize(self) -> None:
-        gpu.synchronize()
-
-    def healthy(self) -> bool:
-        return gpu.device_healthy()
-
-    def timer(self) -> Timer:
-        return gpu.cuda_timer()
-
-    def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
-        return f"{gpu.describe_device(info)}\n{PROMPT_NOTES}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from stark_ray.eval.backends.base import Backend
+
 if TYPE_CHECKING:
     from stark_ray.eval.timing import Timer
 
@@ -127,3 +129,27 @@ def synchronize() -> None:
     import torch
 
     torch.cuda.synchronize()
+
+
+class CudaDeviceBackend(Backend):
+    """A backend whose candidates run on the CUDA device: its facts, sync, health and timer come from here."""
+
+    notes = ""  # the format's line for the prompts
+
+    def __init__(self) -> None:
+        self.device = "cuda"
+
+    def hardware_info(self) -> dict[str, Any]:
+        return device_info()
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def healthy(self) -> bool:
+        return device_healthy()
+
+    def timer(self) -> Timer:
+        return cuda_timer()
+
+    def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
+        return f"{describe_device(info)}\n{self.notes}"

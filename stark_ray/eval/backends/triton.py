@@ -8,22 +8,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from stark_ray.eval.backends import gpu
-from stark_ray.eval.backends.base import Backend
 from stark_ray.eval.hardware import describe_cpu
 
 if TYPE_CHECKING:
     from stark_ray.eval.timing import Timer
 
-PROMPT_NOTES = "Candidates are Triton kernels (@triton.jit), compiled at their first launch."
 INTERPRETER_NOTES = ("No GPU here: Triton kernels run in Triton's interpreter on CPU tensors "
                      "(TRITON_INTERPRET=1); timings are not representative of a GPU.")
 
 
-class TritonBackend(Backend):
-    name: ClassVar[str] = "triton"
+class TritonBackend(gpu.CudaDeviceBackend):
+    """On the GPU when there is one; otherwise the same kernels in Triton's interpreter on the CPU."""
 
-    def __init__(self) -> None:
-        self.device = "cuda"
+    name: ClassVar[str] = "triton"
+    notes = "Candidates are Triton kernels (@triton.jit), compiled at their first launch."
 
     def prepare_worker(self, build_dir: Path, threads: int) -> None:
         import torch
@@ -45,23 +43,23 @@ class TritonBackend(Backend):
         return 100 if self.device == "cuda" else 10  # the interpreter is slow
 
     def hardware_info(self) -> dict[str, Any]:
-        return gpu.device_info() if self.device == "cuda" else {"device": "cpu"}
+        return super().hardware_info() if self.device == "cuda" else {"device": "cpu"}
 
     def synchronize(self) -> None:
         if self.device == "cuda":
-            gpu.synchronize()
+            super().synchronize()
 
     def healthy(self) -> bool:
-        return gpu.device_healthy() if self.device == "cuda" else True
+        return super().healthy() if self.device == "cuda" else True
 
     def timer(self) -> Timer:
         if self.device == "cuda":
-            return gpu.cuda_timer()
+            return super().timer()
         from stark_ray.eval.timing import CpuTimer
 
         return CpuTimer()
 
     def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
         if info.get("device") == "cuda":
-            return f"{gpu.describe_device(info)}\n{PROMPT_NOTES}"
+            return super().describe_hardware(info, threads)
         return f"{describe_cpu(threads)}\n{INTERPRETER_NOTES}"
