@@ -449,6 +449,9 @@ def _run_service_groups(cs: list[Candidate], s: Settings, cfg: Any, key: str, ru
                                 max_abs_err=getattr(er, "max_abs_err", None), rel_err=getattr(er, "rel_err", None))
             by_index[c.index] = r
             _print_result(key, r)
+            spent = [ln for ln in (er.log or "").splitlines() if ln.startswith("evaluator time:")]
+            if spent:
+                print(f"  [{key}]      {spent[0]}", flush=True)
         run.phases["evaluate_s"] = time.perf_counter() - t0 - run.phases["start_s"]
     run.wall_s = time.perf_counter() - t0
     run.phases["close_s"] = run.wall_s - run.phases["start_s"] - run.phases["evaluate_s"]

@@ -13,7 +13,8 @@ candidate from ``candidates.py`` for each:
   so that difference should not matter. The candidate is built a second time in this process for do_bench
   (a fresh TORCH_EXTENSIONS_DIR), and checked against the reference here too.
 
-Run on the GPU machine:  python benchmarks/timing_fidelity.py [--json F] [--repeats 5] [--tasks leaky,softmax]
+Run on the GPU machine:  python benchmarks/timing_fidelity.py [--backend cuda_nvrtc] [--json F] [--repeats 5]
+[--tasks leaky,softmax]
 """
 
 from __future__ import annotations
@@ -323,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dobench-reps", type=int, default=3, help="do_bench calls per function (default 3)")
     parser.add_argument("--timing-trials", type=int, default=None, help="EvalConfig.timing_trials (default: its own)")
     parser.add_argument("--warmup", type=int, default=None, help="EvalConfig.warmup (default: its own)")
+    parser.add_argument("--backend", default="cuda", choices=cands.BACKENDS,
+                        help="candidate format (default cuda; cuda_nvrtc and triton build in well under a second)")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directories")
     args = parser.parse_args(argv)
@@ -346,9 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="stark-fidelity-"))
     tag = f"fid_{secrets.token_hex(3)}"
     overrides = {k: v for k, v in (("timing_trials", args.timing_trials), ("warmup", args.warmup)) if v is not None}
-    cfg = EvalConfig(backend="cuda", build_dir=str(root / "service_build"), seed=0, **overrides)
+    cfg = EvalConfig(backend=args.backend, build_dir=str(root / "service_build"), seed=0, **overrides)
     trials_text = cfg.timing_trials if cfg.timing_trials is not None else "the backend's default"
-    print(f"GPU: {torch.cuda.get_device_name(0)}; EvalConfig(trials={cfg.trials}, warmup={cfg.warmup}, "
+    print(f"GPU: {torch.cuda.get_device_name(0)}; backend {args.backend}; EvalConfig(trials={cfg.trials}, "
+          f"warmup={cfg.warmup}, "
           f"timing_trials={trials_text}); repeats {args.repeats}; do_bench reps {args.dobench_reps}; "
           f"work dir {root}", flush=True)
     rows: list[Row] = []
@@ -359,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                 task_file = root / "tasks" / f"fidelity_{ft.key}.py"
                 task_file.parent.mkdir(parents=True, exist_ok=True)
                 task_file.write_text(ft.source, encoding="utf-8")
-                source = cands.render(ft.family, ft.variant, "cuda", tag=tag)
+                source = cands.render(ft.family, ft.variant, args.backend, tag=tag)
                 row = Row(ft.key, ft.variant)
                 rows.append(row)
                 evaluate_repeats(svc, load_task(task_file), source, args.repeats, row)
@@ -374,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         misses = report(rows)
         if args.json:
-            payload = {"gpu": torch.cuda.get_device_name(0), "eval_config": {"trials": cfg.trials,
-                       "warmup": cfg.warmup, "timing_trials": cfg.timing_trials}, "repeats": args.repeats,
+            payload = {"gpu": torch.cuda.get_device_name(0), "backend": args.backend,
+                       "eval_config": {"trials": cfg.trials, "warmup": cfg.warmup,
+                                                       "timing_trials": cfg.timing_trials}, "repeats": args.repeats,
                        "dobench_reps": args.dobench_reps, "cv_goal": CV_GOAL, "agree_goal": AGREE_GOAL,
                        "rows": [asdict(r) for r in rows], "missed": misses}
             args.json.parent.mkdir(parents=True, exist_ok=True)

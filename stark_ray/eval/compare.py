@@ -82,23 +82,27 @@ def _compare_tensor(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolera
         out = out.to(ref.device)
     o = out.detach().to(torch.float64)
     r = ref.detach().to(torch.float64)
+    # every figure is reduced on the device and read back at once: one sync per tensor, not six
     nan_o, nan_r = torch.isnan(o), torch.isnan(r)
-    if not torch.equal(nan_o, nan_r):
-        where = "NaN where the reference has a number" if bool((nan_o & ~nan_r).any()) else \
-            "a number where the reference has NaN"
-        return Comparison(False, math.inf, math.inf, f"{name}: {where}")
-    inf_mismatch = ~torch.eq(torch.isinf(o) & (o > 0), torch.isinf(r) & (r > 0)) | \
-        ~torch.eq(torch.isinf(o) & (o < 0), torch.isinf(r) & (r < 0))
-    if bool(inf_mismatch.any()):
-        return Comparison(False, math.inf, math.inf, f"{name}: infinities differ from the reference")
     finite = torch.isfinite(r)
     diff = torch.where(finite, o - r, torch.zeros_like(o))
-    max_abs = float(diff.abs().max())
-    diff_norm = float(torch.linalg.vector_norm(diff))
-    ref_norm = float(torch.linalg.vector_norm(torch.where(finite, r, torch.zeros_like(r))))
+    figures = torch.stack([
+        (nan_o & ~nan_r).sum().to(torch.float64),
+        (~nan_o & nan_r).sum().to(torch.float64),
+        ((torch.isposinf(o) != torch.isposinf(r)) | (torch.isneginf(o) != torch.isneginf(r))).sum().to(torch.float64),
+        (~torch.isclose(o, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True)).sum().to(torch.float64),
+        diff.abs().max(),
+        torch.linalg.vector_norm(diff),
+        torch.linalg.vector_norm(torch.where(finite, r, torch.zeros_like(r))),
+    ]).tolist()
+    extra_nan, missing_nan, inf_mismatch, not_close, max_abs, diff_norm, ref_norm = figures
+    if extra_nan or missing_nan:
+        where = "NaN where the reference has a number" if extra_nan else "a number where the reference has NaN"
+        return Comparison(False, math.inf, math.inf, f"{name}: {where}")
+    if inf_mismatch:
+        return Comparison(False, math.inf, math.inf, f"{name}: infinities differ from the reference")
     rel = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)
-    close = bool(torch.allclose(o, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True))
-    if not close:
+    if not_close:
         return Comparison(False, max_abs, rel,
                           f"{name}: values differ (max_abs_err {max_abs:.3g}, rel_err {rel:.3g}; "
                           f"atol {tol.atol:g}, rtol {tol.rtol:g})")

@@ -214,8 +214,10 @@ class Judge:
         build_output = tail.since_mark()
 
         send({"phase": PHASE_CHECK})
+        phases = _Phases(compile_s)
         report = check_correctness(state.model, new_model, state.get_inputs, cfg, state.device, state.name,
                                    state.output_nbytes, self.backend.synchronize, state.trials)
+        phases.lap("checks")
         base = {"compiled": True, "max_abs_err": report.max_abs_err, "rel_err": report.rel_err,
                 "compile_s": compile_s}
         if not report.ok:
@@ -225,6 +227,7 @@ class Judge:
         notes: list[str] = []
         if state.device == "cuda":
             notes += self._kernel_profile(state, new_model, source, flags)
+            phases.lap("kernel profile")
 
         send({"phase": PHASE_TIME})
         fns = [state.model, new_model]
@@ -248,6 +251,7 @@ class Judge:
         except Exception as e:
             return EvalResult(correct=True, stage=STAGE_RUNTIME, error=f"while timing: {describe_exception(e)}",
                               log=excerpt(traceback.format_exc()), **base)
+        phases.lap("timing")
         ref_t, new_t = timings[0], timings[1]
         ref_stats, new_stats = ref_t.stats, new_t.stats
         if leaves_work_behind(new_t, ref_t) and "extra_stream" not in flags:
@@ -259,6 +263,7 @@ class Judge:
         if speedup > LARGE_SPEEDUP:
             flags.append("large_speedup")
             notes.append(self._second_opinion(state, fns[:2], speedup, check, flags))
+            phases.lap("wall-clock re-measure")
         log = [f"correct over {cfg.trials} trials (max_abs_err {report.max_abs_err:.3g}, rel_err "
                f"{report.rel_err:.3g})", f"reference: {ref_stats.describe()}", f"candidate: {new_stats.describe()}"]
         compiled_ms = None
@@ -266,6 +271,7 @@ class Judge:
             compiled_ms = timings[2].stats.median
             log.append(f"torch.compile baseline: {timings[2].stats.describe()}")
         log += notes
+        log.append(phases.describe())
         if "warning:" in build_output:
             log.append(compiler_log(build_output))
         rejected = [n for n in notes if n.startswith(("no kernel", "suspicious"))]
@@ -313,6 +319,22 @@ class Judge:
             flags.append("suspicious")
             return f"suspicious: {speedup:.1f}x by events but {wall:.1f}x by wall-clock time on fresh inputs"
         return f"large speedup confirmed by wall-clock time on fresh inputs: {wall:.1f}x"
+
+
+class _Phases:
+    """Where the evaluator's time went for one candidate (shown in its log)."""
+
+    def __init__(self, build_s: float) -> None:
+        self.laps: list[tuple[str, float]] = [("build/import", build_s)]
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append((name, now - self.t))
+        self.t = now
+
+    def describe(self) -> str:
+        return "evaluator time: " + ", ".join(f"{name} {s:.3f} s" for name, s in self.laps)
 
 
 def _settle_torch() -> None:
