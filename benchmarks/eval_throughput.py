@@ -429,8 +429,8 @@ def _run_service_groups(cs: list[Candidate], s: Settings, cfg: Any, key: str, ru
     by_index: dict[int, CandidateResult] = {}
     t0 = time.perf_counter()
     with service_cls(cfg, device=0, compile_workers=s.compile_workers) as svc:
-        if hasattr(svc, "hello"):
-            svc.hello()  # start the device worker now, so that the start-up shows as its own phase
+        # the device worker starts inside evaluate_batch, while the first builds run (its start-up is in the
+        # evaluate phase); with --reference it starts here
         run.phases["start_s"] = time.perf_counter() - t0
         if s.reference:
             for stem, task in tasks.items():

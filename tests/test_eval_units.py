@@ -137,6 +137,34 @@ def test_timing_checks_every_timed_output_against_the_reference() -> None:
     time_interleaved([lambda x: x * 2, lambda x: x.mul_(2)], sets, CpuTimer(), warmup=1, trials=8, check=check)
 
 
+def test_timing_rechecks_cheaply_but_not_a_buffer_that_stopped_changing() -> None:
+    """A deterministic candidate is fully checked once per input set (later rounds: bit-for-bit equal to that
+    checked copy); one that fills a persistent buffer for the first sets and then stops working is caught."""
+    full_checks = 0
+
+    def check(out: torch.Tensor, ref: torch.Tensor) -> str | None:
+        nonlocal full_checks
+        full_checks += 1
+        return None if torch.equal(out, ref) else "differs"
+
+    sets = make_input_sets(lambda: [torch.randn(16)], seed=0, device="cpu")
+    time_interleaved([lambda x: x * 2, lambda x: x * 2], sets, CpuTimer(), warmup=0, trials=12, check=check)
+    assert full_checks == len(sets)
+
+    buffer = torch.zeros(16)
+    calls = 0
+
+    def lazy(x: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        if calls <= len(sets):
+            buffer.copy_(x * 2)  # right for the first round of every set, then never updated again
+        return buffer
+
+    with pytest.raises(TimingMismatch, match=f"timing round {len(sets) + 1}"):
+        time_interleaved([lambda x: x * 2, lazy], sets, CpuTimer(), warmup=0, trials=12, check=check)
+
+
 def test_leaves_work_behind_compares_the_gap_with_the_reference() -> None:
     ref = Timing(Stats.of([1.0, 1.0]), Stats.of([1.01, 1.01]))
     tight = Timing(Stats.of([0.5, 0.5]), Stats.of([0.51, 0.51]))

@@ -22,7 +22,7 @@ import sysconfig
 from pathlib import Path
 
 from stark_ray.eval.hardware import cpu_signature
-from stark_ray.eval.locks import file_lock
+from stark_ray.eval.locks import try_file_lock
 
 HEADER = Path("torch") / "extension.h"
 # Not printed: the worker's output is the candidate's log, which the debug agent reads.
@@ -71,8 +71,9 @@ PCH_AFTER_BUILDS = 3
 def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[str],
                after_builds: int | None = None) -> Path | None:
     """The include directory holding a precompiled torch/extension.h for these flags, or None: for the first
-    ``after_builds`` builds of a flag set (counted in the cache), and when it cannot be built (non-gcc
-    compiler, bad flags); the build then goes on without it."""
+    ``after_builds`` builds of a flag set (counted in the cache), while another process is building the header
+    (a build never waits for it), and when it cannot be built (non-gcc compiler, bad flags); the build then
+    goes on without it."""
     if not sys.platform.startswith("linux"):
         return None
     if after_builds is None:
@@ -85,7 +86,9 @@ def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[st
         return _with_stub(include_dir)
     if failed.exists():
         return None
-    with file_lock(root / "pch" / f"{key}.lock"):
+    with try_file_lock(root / "pch" / f"{key}.lock") as mine:
+        if not mine:
+            return None  # being built by another process: this build goes without it
         if gch.exists():
             return _with_stub(include_dir)
         counter = root / "pch" / f"{key}.builds"

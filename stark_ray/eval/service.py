@@ -11,6 +11,8 @@ out or was poisoned is replaced before the next candidate (:mod:`stark_ray.eval.
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -34,7 +36,14 @@ from stark_ray.eval.protocol import (
     PHASE_TIME,
     WorkerRequest,
 )
-from stark_ray.eval.runner import WorkerOutcome, WorkerProcess, WorkerSpec, WorkerStartError, run_once
+from stark_ray.eval.runner import (
+    WorkerOutcome,
+    WorkerProcess,
+    WorkerSpec,
+    WorkerStartError,
+    run_once,
+    visible_device,
+)
 from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.records import STAGE_COMPILE, STAGE_CRASH, STAGE_TIMEOUT, EvalResult, excerpt
 
@@ -119,6 +128,9 @@ class EvalService:
         self._device_lock = threading.Lock()
         self._compile_slots = threading.BoundedSemaphore(self.compile_workers)
         self._hello: dict[str, Any] | None = None
+        self._arch: str | None = None
+        self._visible = visible_device(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self._warmed = threading.Event()
         self._finalizer = weakref.finalize(self, self.worker.close)
 
     # -- the device worker ------------------------------------------------------------------------------------
@@ -167,8 +179,9 @@ class EvalService:
     def _build(self, task: Task, source: str, cfg: EvalConfig) -> tuple[EvalResult | None, float]:
         """Build in a compile process: (a result when that already decides the candidate — a build error, a
         crash or a hang at import — else None, the seconds the build took)."""
+        self._warm_toolchain()
         spec = WorkerSpec(cfg.backend, str(self.build_dir), max(1, self.threads // self.compile_workers),
-                          compile_only=True, arch=self.hello().get("arch_list"))
+                          compile_only=True, arch=self._build_arch())
         limits = {PHASE_SETUP: cfg.compile_timeout_s, PHASE_COMPILE: cfg.compile_timeout_s}
         with self._compile_slots:
             outcome = run_once(spec, self._request(MODE_COMPILE, task, cfg, source), limits)
@@ -182,6 +195,26 @@ class EvalService:
         if outcome.result is None:  # the build hung or crashed: it would do the same on the device worker
             return result, build_s
         return None, build_s  # built (or failed for a reason the device worker should see for itself)
+
+    def _build_arch(self) -> str | None:
+        """The device's architecture for the compile pool: the worker's own word once it has said hello; before
+        that, nvidia-smi's, so builds need not wait for the device worker to start."""
+        if self._hello is not None:
+            return self._hello.get("arch_list")
+        if self._arch is None:
+            self._arch = self.backend.build_arch(self._visible) or self.hello().get("arch_list")
+        return self._arch
+
+    def _warm_toolchain(self) -> None:
+        if self._warmed.is_set():
+            return
+        self._warmed.set()
+
+        def warm() -> None:
+            with contextlib.suppress(Exception):  # only a head start: the builds work without it
+                self.backend.warm_toolchain(self.build_dir)
+
+        threading.Thread(target=warm, name="stark-warm-toolchain", daemon=True).start()
 
     def evaluate(self, task: Task, source: str, cfg: EvalConfig | None = None) -> EvalResult:
         """Build, check and time one candidate (``class ModelNew``); its faults never raise here."""
@@ -211,8 +244,13 @@ class EvalService:
         there are compile workers) and the device checks and times each as soon as it is built."""
         if not items:
             return []
-        with ThreadPoolExecutor(max_workers=min(len(items), self.compile_workers + 1)) as pool:
+        with ThreadPoolExecutor(max_workers=min(len(items), self.compile_workers + 1) + 1) as pool:
+            pool.submit(self._start_quietly)  # the device worker starts while the first builds run
             return list(pool.map(lambda item: self.evaluate(item[0], item[1], cfg), items))
+
+    def _start_quietly(self) -> None:
+        with contextlib.suppress(EvaluatorError):  # said again, to the candidate that needs the device
+            self.hello()
 
     def close(self) -> None:
         with self._device_lock:

@@ -1,21 +1,33 @@
 """Streaming Parquet part files: rows are buffered and written as complete files, never partial ones.
 
-Each flush writes ``<root>/<table>/<task>/part-<seq>-<token>.parquet`` under a temporary name and renames it
-into place, so a process killed at any moment leaves only whole files behind.
+Each flush writes ``<root>/<table>/<task>/part-<NNNNNN>-<token>.parquet`` under a temporary name
+(``.part-<NNNNNN>-<token>.parquet.tmp``) and then moves it into place, so a process killed at any moment leaves
+only whole part files behind (and perhaps a temporary file, which readers never match). ``NNNNNN`` continues
+after the highest number already in the directory and ``<token>`` is random per writer, so a later process
+(a resume) or a concurrent one never overwrites an earlier file.
+
+The root is a local path or a URI that ``pyarrow.fs`` understands (``file:///...``, ``s3://bucket/prefix``,
+...). Local directories take a fast path (``os.replace``, optional ``fsync`` of the file and its directory);
+other filesystems write the temporary object and ``move`` it into place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+PART_RE = re.compile(r"^part-(\d+)-[0-9a-f]+\.parquet$")
 
 
 def safe_name(name: str) -> str:
@@ -23,21 +35,92 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "task"
 
 
+@dataclass(frozen=True)
+class Location:
+    """Where a store lives: ``fs`` is None for a local directory (the fast path), else a pyarrow filesystem;
+    ``path`` is a local path or the path inside ``fs``."""
+
+    fs: pafs.FileSystem | None
+    path: str
+
+    @property
+    def local(self) -> bool:
+        return self.fs is None
+
+    def join(self, *parts: str) -> Location:
+        if self.fs is None:
+            return Location(None, os.path.join(self.path, *parts))
+        return Location(self.fs, "/".join([self.path.rstrip("/"), *parts]))
+
+    def __str__(self) -> str:
+        return self.path if self.fs is None else f"{self.fs.type_name}:{self.path}"
+
+
+def locate(root: str | Path, filesystem: pafs.FileSystem | None = None) -> Location:
+    """Resolve a local path or a URI (``file://``, ``s3://``, ...) to a :class:`Location`; with ``filesystem``
+    the root is a path inside it. A URI that names the local filesystem takes the local fast path."""
+    if filesystem is not None:
+        if isinstance(filesystem, pafs.LocalFileSystem):
+            return Location(None, str(root))
+        return Location(filesystem, str(root))
+    if isinstance(root, Path) or "://" not in root:
+        return Location(None, str(root))
+    fs, path = pafs.FileSystem.from_uri(root)
+    if isinstance(fs, pafs.LocalFileSystem):
+        return Location(None, path)
+    return Location(fs, path)
+
+
+def part_names(loc: Location) -> list[str]:
+    """Names of the complete part files directly in ``loc`` (temporary files excluded); [] when it is absent."""
+    if loc.fs is None:
+        try:
+            names = os.listdir(loc.path)
+        except FileNotFoundError:
+            return []
+    else:
+        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
+        names = [i.base_name for i in infos if i.type == pafs.FileType.File]
+    return sorted(n for n in names if PART_RE.match(n))
+
+
 class PartWriter:
-    """Append rows of one table for one task. A flush happens when ``flush_rows`` rows are buffered, when a row
-    arrives ``flush_s`` seconds or more after the last flush, and on :meth:`close` (there is no timer)."""
+    """Append rows of one table for one task; thread-safe.
+
+    A flush happens when ``flush_rows`` rows are buffered, when a row arrives ``flush_s`` seconds or more after
+    the last flush, when :meth:`flush_if_due` finds rows waiting that long (call it from a timer), and on
+    :meth:`close`. Files are written one at a time, in order, so the rows on disk are always a prefix of the
+    rows appended. ``fsync`` (local only) makes each file and its rename durable against power loss; a killed
+    process never leaves a partial part file either way.
+    """
 
     def __init__(self, root: str | Path, table: str, task: str, schema: pa.Schema,
-                 flush_rows: int = 64, flush_s: float = 10.0) -> None:
-        self.dir = Path(root) / table / safe_name(task)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.schema, self.flush_rows, self.flush_s = schema, flush_rows, flush_s
+                 flush_rows: int = 64, flush_s: float = 10.0, fsync: bool = True,
+                 filesystem: pafs.FileSystem | None = None) -> None:
+        self.loc = locate(root, filesystem).join(table, safe_name(task))
+        if self.loc.fs is None:
+            Path(self.loc.path).mkdir(parents=True, exist_ok=True)
+        else:
+            self.loc.fs.create_dir(self.loc.path, recursive=True)
+        self.schema, self.flush_rows, self.flush_s, self.fsync = schema, flush_rows, flush_s, fsync
         self._rows: list[dict[str, Any]] = []
         self._last = time.monotonic()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the buffer and counters
+        self._io = threading.Lock()  # one file at a time, in order
         self._token = uuid.uuid4().hex[:8]
-        self._seq = len(list(self.dir.glob("part-*.parquet")))
+        existing = [int(m.group(1)) for n in part_names(self.loc) if (m := PART_RE.match(n))]
+        self._seq = max(existing, default=-1) + 1
         self.rows_written = 0
+
+    @property
+    def dir(self) -> Path | str:
+        """The task's directory: a Path when local, else the path inside the filesystem."""
+        return Path(self.loc.path) if self.loc.fs is None else self.loc.path
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._rows)
 
     def append(self, row: dict[str, Any]) -> None:
         with self._lock:
@@ -46,27 +129,74 @@ class PartWriter:
         if due:
             self.flush()
 
-    def flush(self) -> Path | None:
+    def flush_if_due(self) -> Path | str | None:
+        """Flush when rows are waiting and ``flush_s`` seconds have passed since the last flush."""
         with self._lock:
-            rows, self._rows = self._rows, []
-            self._last = time.monotonic()
-            if not rows:
-                return None
-            seq, self._seq = self._seq, self._seq + 1
-        final = self.dir / f"part-{seq:06d}-{self._token}.parquet"
-        tmp = self.dir / f".{final.name}.tmp"
+            due = bool(self._rows) and time.monotonic() - self._last >= self.flush_s
+        return self.flush() if due else None
+
+    def flush(self) -> Path | str | None:
+        """Write the buffered rows as one part file; returns its path (None when nothing was buffered). When the
+        write fails the rows stay buffered for the next flush and the error propagates."""
+        with self._io:
+            with self._lock:
+                rows, self._rows = self._rows, []
+                self._last = time.monotonic()
+                if not rows:
+                    return None
+                seq, self._seq = self._seq, self._seq + 1
+            name = f"part-{seq:06d}-{self._token}.parquet"
+            try:
+                table = pa.Table.from_pylist(rows, schema=self.schema)
+                final = self._write_local(table, name) if self.loc.fs is None else self._write_fs(table, name)
+            except BaseException:
+                with self._lock:  # keep the rows for the next flush
+                    self._rows[:0] = rows
+                raise
+            with self._lock:
+                self.rows_written += len(rows)
+            return final
+
+    def _write_local(self, table: pa.Table, name: str) -> Path:
+        final = Path(self.loc.path) / name
+        tmp = final.with_name(f".{name}.tmp")
         try:
-            pq.write_table(pa.Table.from_pylist(rows, schema=self.schema), tmp)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
+            pq.write_table(table, str(tmp))
+            if self.fsync:
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
             os.replace(tmp, final)
         except BaseException:
-            with self._lock:  # keep the rows for the next flush
-                self._rows[:0] = rows
             tmp.unlink(missing_ok=True)
             raise
-        self.rows_written += len(rows)
+        if self.fsync:
+            _fsync_dir(final.parent)
+        return final
+
+    def _write_fs(self, table: pa.Table, name: str) -> str:
+        fs = self.loc.fs
+        assert fs is not None
+        final, tmp = self.loc.join(name).path, self.loc.join(f".{name}.tmp").path
+        try:
+            pq.write_table(table, tmp, filesystem=fs)
+            fs.move(tmp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                fs.delete_file(tmp)
+            raise
         return final
 
     def close(self) -> None:
         self.flush()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # not supported here (e.g. some platforms); the file itself was synced
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)

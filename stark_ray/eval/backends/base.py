@@ -30,6 +30,14 @@ class Backend(ABC):
         """Set up a compile-only process (no device): by default the same build hooks as a worker."""
         self.prepare_worker(build_dir, threads)
 
+    def build_arch(self, visible: str | None) -> str | None:
+        """The architecture builds target, read without starting the device worker (None: ask the worker)."""
+        return None
+
+    def warm_toolchain(self, build_dir: Path) -> None:
+        """Prepare what every build of this backend reuses (run once, in the background, at the first build)."""
+        return None
+
     def hardware_info(self) -> dict[str, Any]:
         """Facts about the device, read in the worker (JSON-serializable)."""
         return {"device": self.device}

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from stark_ray.eval.backends import gpu
 from stark_ray.eval.backends.cpu_cpp import install_build_cache
+from stark_ray.eval.pch import ensure_pch
 
 
 class CudaBackend(gpu.CudaDeviceBackend):
@@ -16,6 +17,11 @@ class CudaBackend(gpu.CudaDeviceBackend):
     notes = ("Candidates are CUDA C++ built at import with torch.utils.cpp_extension.load_inline "
              "(kernels and raw-pointer launchers in cuda_sources without torch headers; the torch wrapper "
              "in cpp_sources).")
+
+    def warm_toolchain(self, build_dir: Path) -> None:
+        # the precompiled torch/extension.h for the usual flags (none): builds that start before it is ready
+        # go without it, later ones parse the header in a fraction of the time
+        ensure_pch(build_dir, [], [], after_builds=0)
 
     def prepare_worker(self, build_dir: Path, threads: int) -> None:
         gpu.prepare_device()

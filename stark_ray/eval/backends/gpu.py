@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 from typing import TYPE_CHECKING, Any
 
 from stark_ray.eval.backends.base import Backend
@@ -32,6 +34,21 @@ def arch_list() -> str:
 
     major, minor = torch.cuda.get_device_capability(0)
     return f"{major}.{minor}"
+
+
+def smi_arch(visible: str | None) -> str | None:
+    """The compute capability (e.g. "9.0", as :func:`arch_list` says it) of the first GPU in ``visible`` (a
+    CUDA_VISIBLE_DEVICES value; None: any GPU), read by nvidia-smi without creating a CUDA context."""
+    target = (visible or "").split(",")[0].strip()
+    if visible is not None and not target:
+        return None  # no GPU visible
+    cmd = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", *(["-i", target] if target else [])]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=15, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.splitlines()[0].strip() if out else ""
+    return first if re.fullmatch(r"\d+\.\d+", first) else None
 
 
 def measured_bandwidth_gbs() -> float:
@@ -141,6 +158,9 @@ class CudaDeviceBackend(Backend):
 
     def hardware_info(self) -> dict[str, Any]:
         return device_info()
+
+    def build_arch(self, visible: str | None) -> str | None:
+        return smi_arch(visible)
 
     def synchronize(self) -> None:
         synchronize()

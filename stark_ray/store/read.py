@@ -1,0 +1,181 @@
+"""Reading a run back: DuckDB views over the complete part files, and each task's search tree rebuilt.
+
+``connect(run_dir)`` gives views ``attempts`` and ``llm_calls`` over ``<run_dir>/<table>/*/part-*.parquet``
+(temporary ``.part-*.tmp`` files never match). A table without files yet is an empty view with the schema's
+columns. Local directories (and ``file://`` URIs) are read by DuckDB itself, live; on other filesystems the
+part files are read once through ``pyarrow.dataset`` and registered in DuckDB.
+
+``load_trees`` rebuilds each task's :class:`Tree` for ``--resume``. A (task, seq) written twice is an error
+(:class:`StoreError`); a gap in a task's seqs (a row lost because its process died before flushing it) keeps
+the longest complete prefix ``0..k``: :func:`rebuild` returns the dropped seqs, :func:`load_trees` logs them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from stark_ray.search.tree import Tree
+from stark_ray.store.parquet import PART_RE, Location, locate
+from stark_ray.store.run_store import schemas
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(Exception):
+    """The stored rows of a run are inconsistent (a node written twice, rows that do not form a tree)."""
+
+
+@dataclass
+class Rebuilt:
+    """The trees of a run, and per task the seqs left out after a gap (absent when none were)."""
+
+    trees: dict[str, Tree]
+    dropped: dict[str, list[int]] = field(default_factory=dict)
+
+
+def connect(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with views ``attempts`` and ``llm_calls`` over the run's part files.
+    ``run_dir`` is a local path, a ``pyarrow.fs`` URI, or a path inside ``filesystem``."""
+    loc = locate(run_dir, filesystem)
+    _require_dir(loc)
+    con = duckdb.connect()
+    try:
+        for table, schema in schemas().items():
+            _create_view(con, loc.join(table), table, schema)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def attempt_rows(run_dir: str | Path, task: str | None = None,
+                 filesystem: pafs.FileSystem | None = None) -> list[dict[str, Any]]:
+    """The attempts rows (of one task, or all), ordered by task, then seq."""
+    where, params = ("WHERE task = ?", [task]) if task is not None else ("", [])
+    with connect(run_dir, filesystem) as con:
+        return _fetch(con, f"SELECT * FROM attempts {where} ORDER BY task, seq", params)
+
+
+def call_rows(run_dir: str | Path, task: str | None = None,
+              filesystem: pafs.FileSystem | None = None) -> list[dict[str, Any]]:
+    """The llm_calls rows (of one task, or all), ordered by task, then seq."""
+    where, params = ("WHERE task = ?", [task]) if task is not None else ("", [])
+    with connect(run_dir, filesystem) as con:
+        return _fetch(con, f"SELECT * FROM llm_calls {where} ORDER BY task, seq", params)
+
+
+def task_names(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> list[str]:
+    """The tasks that have attempts rows, sorted."""
+    with connect(run_dir, filesystem) as con:
+        return [t for (t,) in con.execute("SELECT DISTINCT task FROM attempts ORDER BY task").fetchall()]
+
+
+def rebuild(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> Rebuilt:
+    """Every task's tree from its attempts rows. Raises :class:`StoreError` when a (task, seq) appears more than
+    once, when a row's node_id is not its seq, or when the rows do not form a tree. After a gap in a task's seqs
+    only the prefix ``0..k`` is kept and the rest is reported in ``dropped``; a task without seq 0 gets no tree."""
+    rows = attempt_rows(run_dir, filesystem=filesystem)
+    _refuse_duplicates(rows)
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:  # ordered by task, seq
+        by_task.setdefault(r["task"], []).append(r)
+    out = Rebuilt(trees={})
+    for task, task_rows in by_task.items():
+        k = 0
+        while k < len(task_rows) and task_rows[k]["seq"] == k:
+            k += 1
+        if k < len(task_rows):
+            out.dropped[task] = [r["seq"] for r in task_rows[k:]]
+        if k:
+            out.trees[task] = _tree(task, task_rows[:k])
+    return out
+
+
+def load_trees(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> dict[str, Tree]:
+    """:func:`rebuild`'s trees; the seqs dropped after a gap are logged as a warning (use :func:`rebuild` to get
+    them as data)."""
+    result = rebuild(run_dir, filesystem)
+    for task, seqs in result.dropped.items():
+        kept = len(result.trees[task]) if task in result.trees else 0
+        log.warning("run %s, task %r: seq %d is missing; kept seqs 0..%d, dropped %s", run_dir, task, kept,
+                    kept - 1, seqs)
+    return result.trees
+
+
+# --- internals ---------------------------------------------------------------------------------------------
+def _require_dir(loc: Location) -> None:
+    if loc.fs is None:
+        is_dir = Path(loc.path).is_dir()
+    else:
+        is_dir = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
+    if not is_dir:
+        raise FileNotFoundError(f"no run directory at {loc}")
+
+
+def _create_view(con: duckdb.DuckDBPyConnection, table_loc: Location, table: str, schema: pa.Schema) -> None:
+    columns = ", ".join(f'"{n}"' for n in schema.names)
+    if table_loc.fs is None and _has_local_parts(Path(table_loc.path)):
+        pattern = _sql_string(str(Path(table_loc.path) / "*" / "part-*.parquet"))
+        con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM read_parquet({pattern}, "
+                    "union_by_name = true, hive_partitioning = false)")
+        return
+    paths = [] if table_loc.fs is None else _fs_parts(table_loc)
+    data = (ds.dataset(paths, schema=schema, format="parquet", filesystem=table_loc.fs).to_table()
+            if paths else schema.empty_table())
+    con.register(f"_arrow_{table}", data)
+    con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM _arrow_{table}")
+
+
+def _has_local_parts(table_dir: Path) -> bool:
+    if not table_dir.is_dir():
+        return False
+    return any(PART_RE.match(f.name) for task_dir in table_dir.iterdir() if task_dir.is_dir()
+               for f in task_dir.iterdir())
+
+
+def _fs_parts(table_loc: Location) -> list[str]:
+    """The complete part files one directory level below ``table_loc`` on a non-local filesystem."""
+    assert table_loc.fs is not None
+    base = table_loc.path.rstrip("/") + "/"
+    infos = table_loc.fs.get_file_info(pafs.FileSelector(table_loc.path, recursive=True, allow_not_found=True))
+    return sorted(i.path for i in infos if i.type == pafs.FileType.File and PART_RE.match(i.base_name)
+                  and i.path.startswith(base) and i.path[len(base):].count("/") == 1)
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    cur = con.execute(sql, params)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
+
+
+def _refuse_duplicates(rows: list[dict[str, Any]]) -> None:
+    counts = Counter((r["task"], r["seq"]) for r in rows)
+    twice = sorted((key, n) for key, n in counts.items() if n > 1)
+    if twice:
+        listed = "; ".join(f"task {task!r} seq {seq} ({n} rows)" for (task, seq), n in twice)
+        raise StoreError(f"attempts written more than once: {listed}. A resume must not write a node twice: "
+                         "remove the part files of the duplicate writer before resuming")
+
+
+def _tree(task: str, rows: list[dict[str, Any]]) -> Tree:
+    for r in rows:
+        if r["node_id"] != r["seq"]:
+            raise StoreError(f"task {task!r} seq {r['seq']}: node_id is {r['node_id']}, expected the seq")
+    try:
+        return Tree.from_records(rows)
+    except ValueError as e:
+        raise StoreError(f"task {task!r}: the attempts rows do not form a tree: {e}") from e
+
