@@ -38,8 +38,11 @@ class SearchConfig:
     max_debug_chain: int = 2  # at most this many debug fixes in a row on one lineage
     window_chars: int = 24_000  # size limit of one context window (code shown per node shrinks to fit)
     seed: int = 0
+    parallel: int = 1  # expansions of one task in flight at once (1: the paper's sequential search)
 
     def __post_init__(self) -> None:
+        if self.parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {self.parallel}")
         if self.budget < 1:
             raise ValueError(f"budget must be >= 1, got {self.budget}")
         if self.policy not in POLICIES:

@@ -6,7 +6,8 @@ import random
 from collections.abc import Callable
 
 from stark_ray.agents.base import AgentResult
-from stark_ray.records import STAGE_PARSE, EvalResult, Node
+from stark_ray.records import EvalResult, Node
+from stark_ray.search.memory import TaskSearch, no_candidate
 from stark_ray.search.policy import Policy
 from stark_ray.search.team import Team
 from stark_ray.search.tree import Tree
@@ -22,18 +23,13 @@ def search(tree: Tree, policy: Policy, team: Team, evaluate: Evaluate, budget: i
     A failed node that the policy selects goes to the debug agent (policies only offer failed nodes that are
     worth repairing); a correct one gets a grounded instruction from the plan agent, which the code agent
     implements. An agent step that yields no candidate still costs one attempt, so a broken model cannot
-    loop forever.
+    loop forever. One expansion at a time, in this process (the Ray executor runs the same TaskSearch).
     """
-    while tree.evaluated < budget:
-        i = policy.select(tree, rng)
-        if i is None:
-            break  # nothing left to expand
-        mode = "improve" if i.correct else "repair"
-        step = team.improve(tree, i) if mode == "improve" else team.repair(tree, i)
-        result = evaluate(step.source) if step.ok and step.source else EvalResult.failed(
-            STAGE_PARSE, step.error or "the agent returned no candidate")
-        child = tree.add(i.id, step.source or "", team.agent_name(mode), result,
-                         step.instruction, step.scaffold, step.usage)
+    state = TaskSearch("task", tree, policy, team, budget, rng)
+    while (ticket := state.next()) is not None:
+        step = team.run(ticket.request)
+        result = evaluate(step.source) if step.ok and step.source else no_candidate(step)
+        child = state.add(ticket, step, result)
         if on_attempt is not None:
             on_attempt(child, step)
     return tree.best()

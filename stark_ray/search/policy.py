@@ -12,6 +12,7 @@ Vocabulary (STARK.md):
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 from typing import Protocol
 
 from stark_ray.records import Node
@@ -19,8 +20,10 @@ from stark_ray.search.tree import Tree
 
 
 class Policy(Protocol):
-    def select(self, tree: Tree, rng: random.Random) -> Node | None:
-        """The node to expand next, or None when nothing is left to expand."""
+    def select(self, tree: Tree, rng: random.Random, busy: Collection[int] = ()) -> Node | None:
+        """The node to expand next, or None when nothing is left to expand (or, with expansions in flight,
+        nothing until one of them comes back). ``busy``: nodes being expanded now (``--parallel``), which a
+        tree policy does not offer again."""
         ...
 
 
@@ -49,13 +52,13 @@ class Rules:
             return False
         return not self.pruned(tree, node)
 
-    def expandable_leaves(self, tree: Tree) -> list[Node]:
-        return [n for n in tree.leaves() if self.selectable(tree, n)]
+    def expandable_leaves(self, tree: Tree, busy: Collection[int] = ()) -> list[Node]:
+        return [n for n in tree.leaves() if n.id not in busy and self.selectable(tree, n)]
 
-    def best_correct(self, tree: Tree) -> Node | None:
+    def best_correct(self, tree: Tree, busy: Collection[int] = ()) -> Node | None:
         """The best-scoring (fastest relative to the reference) selectable correct node; the reference competes
         with a score of 1."""
-        correct = [n for n in tree if n.correct and self.selectable(tree, n)]
+        correct = [n for n in tree if n.correct and n.id not in busy and self.selectable(tree, n)]
         return min(correct, key=lambda n: (n.score, n.id), default=None)
 
 
@@ -68,18 +71,18 @@ class EpsilonGreedy:
         self.epsilon = epsilon
         self.rules = rules or Rules()
 
-    def select(self, tree: Tree, rng: random.Random) -> Node | None:
+    def select(self, tree: Tree, rng: random.Random, busy: Collection[int] = ()) -> Node | None:
         # two draws every step, whatever the tree: the RNG stream is fixed by the seed alone
         explore, pick = rng.random() < self.epsilon, rng.random()
-        leaves = self.rules.expandable_leaves(tree)
-        best = self.rules.best_correct(tree)
+        leaves = self.rules.expandable_leaves(tree, busy)
+        best = self.rules.best_correct(tree, busy)
         if explore and leaves:
             return leaves[int(pick * len(leaves))]
         if best is not None:
             return best
         if leaves:
             return leaves[int(pick * len(leaves))]
-        return tree.root
+        return None if tree.root.id in busy else tree.root
 
 
 class Greedy(EpsilonGreedy):
@@ -99,10 +102,11 @@ class BestOfK:
     def __init__(self, k: int = 0, repair: bool = False, max_debug_chain: int = 2) -> None:
         self.k, self.repair, self.max_debug_chain = k, repair, max_debug_chain
 
-    def select(self, tree: Tree, rng: random.Random) -> Node | None:
+    def select(self, tree: Tree, rng: random.Random, busy: Collection[int] = ()) -> Node | None:
+        """Samples are independent: the root is offered to every worker at once."""
         if self.repair and tree.evaluated:
             latest = tree[len(tree) - 1]
-            if repairable(tree, latest, self.max_debug_chain):
+            if latest.id not in busy and repairable(tree, latest, self.max_debug_chain):
                 return latest
         if self.k and len(tree.root.children) >= self.k:
             return None

@@ -1,7 +1,8 @@
 """Who expands a node: the STARK team (plan + code, debug) or the single agent of the ablation.
 
-A team turns (tree, node) into an :class:`AgentResult`, building the role's context window itself, so the
-loop does not care which agents are behind it.
+A team turns (tree, node) into a :class:`Request` — the node and the context windows its agents will see —
+and runs a request into an :class:`AgentResult`. The two halves are apart so that the tree can stay with its
+owner (the search loop, or the TreeMemory actor) while the agents run anywhere, holding no state.
 """
 
 from __future__ import annotations
@@ -20,10 +21,23 @@ from stark_ray.search.tree import Tree
 from stark_ray.search.windows import code_window, debug_window, plan_window
 
 
+@dataclass(frozen=True)
+class Request:
+    """One expansion, cut loose from the tree: the node, what the agents will see of the tree (their context
+    windows, built when the node was selected), and who answers. Running it needs no tree (a stateless task)."""
+
+    node: Node
+    mode: str  # MODE_IMPROVE (a correct node: plan + code) | MODE_REPAIR (a failed one: debug)
+    agent: str  # recorded on the child: plan+code, debug or single
+    windows: dict[str, list[Node]]  # role -> nodes: plan/code for an improvement, debug for a repair
+
+
+MODE_IMPROVE, MODE_REPAIR = "improve", "repair"
+
+
 class Team(Protocol):
-    def improve(self, tree: Tree, node: Node) -> AgentResult: ...
-    def repair(self, tree: Tree, node: Node) -> AgentResult: ...
-    def agent_name(self, mode: str) -> str: ...
+    def request(self, tree: Tree, node: Node) -> Request: ...
+    def run(self, request: Request) -> AgentResult: ...
 
 
 @dataclass
@@ -49,16 +63,19 @@ class _Members:
 class StarkTeam(_Members):
     """Plan agent + code agent for correct nodes, debug agent for failed ones."""
 
-    def improve(self, tree: Tree, node: Node) -> AgentResult:
-        return code_agent.plan_and_code(self.client, self.agents, self.task, node, self.window("plan", tree, node),
-                                        self.window("code", tree, node), self.search.window_chars)
+    def request(self, tree: Tree, node: Node) -> Request:
+        if node.correct:
+            return Request(node, MODE_IMPROVE, AGENT_PLAN_CODE, {"plan": self.window("plan", tree, node),
+                                                                 "code": self.window("code", tree, node)})
+        return Request(node, MODE_REPAIR, AGENT_DEBUG, {"debug": self.window("debug", tree, node)})
 
-    def repair(self, tree: Tree, node: Node) -> AgentResult:
-        return debug_agent.debug(self.client, self.agents, self.task, node, self.window("debug", tree, node),
+    def run(self, request: Request) -> AgentResult:
+        w = request.windows
+        if request.mode == MODE_IMPROVE:
+            return code_agent.plan_and_code(self.client, self.agents, self.task, request.node, w["plan"], w["code"],
+                                            self.search.window_chars)
+        return debug_agent.debug(self.client, self.agents, self.task, request.node, w["debug"],
                                  self.search.window_chars)
-
-    def agent_name(self, mode: str) -> str:
-        return AGENT_PLAN_CODE if mode == "improve" else AGENT_DEBUG
 
 
 @dataclass
@@ -66,17 +83,14 @@ class SingleAgentTeam(_Members):
     """The ``search_agent`` ablation: one agent plans, codes and debugs in one prompt. With
     ``feedback=False`` (``--policy best_of_k``) it is KernelBench's sampling agent: independent samples."""
 
-    def improve(self, tree: Tree, node: Node) -> AgentResult:
-        return self._ask(node, self.window("plan", tree, node))
+    def request(self, tree: Tree, node: Node) -> Request:
+        mode = MODE_IMPROVE if node.correct else MODE_REPAIR
+        role = "plan" if node.correct else "debug"
+        return Request(node, mode, AGENT_SINGLE, {"single": self.window(role, tree, node)})
 
-    def repair(self, tree: Tree, node: Node) -> AgentResult:
-        return self._ask(node, self.window("debug", tree, node))
-
-    def _ask(self, node: Node, window: list[Node]) -> AgentResult:
-        return single_agent.single(self.client, self.agents, self.task, node, window, self.search.window_chars)
-
-    def agent_name(self, mode: str) -> str:
-        return AGENT_SINGLE
+    def run(self, request: Request) -> AgentResult:
+        return single_agent.single(self.client, self.agents, self.task, request.node, request.windows["single"],
+                                   self.search.window_chars)
 
 
 def make_team(client: LLMClient, agents: AgentConfig, search: SearchConfig, task: TaskInfo) -> Team:

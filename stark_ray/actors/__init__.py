@@ -1,0 +1,1 @@
+"""Ray actors: thin shells over the core (TreeMemory, EvalService)."""

@@ -1,0 +1,54 @@
+"""The Evaluator actor: one per GPU (``num_gpus=1``; CPU backends take a CPU instead), a shell over
+:class:`~stark_ray.eval.service.EvalService` — its warm device worker and compile pool live as long as it does.
+
+Candidates run in the service's worker process, so a crashing kernel costs a worker, not the actor. Should the
+actor itself die (out of memory, a killed node), Ray restarts it (``max_restarts``) but never retries the call
+that was running (``max_task_retries=0``): a candidate that kills its evaluator is not run again; the driver
+records that attempt as failed and the search goes on.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.backends import get_backend
+from stark_ray.eval.service import EvalService
+from stark_ray.eval.tasks import Task
+from stark_ray.records import EvalResult
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class EvaluatorActor:
+    def __init__(self, cfg: EvalConfig) -> None:
+        self.cfg = cfg
+        on_gpu = get_backend(cfg.backend).device == "cuda"
+        self.service = EvalService(cfg, device=0 if on_gpu else None)  # Ray set CUDA_VISIBLE_DEVICES: its GPU
+
+    def reference(self, task: Task) -> EvalResult:
+        """Raises TaskError (to the caller) when the task cannot serve as a reference."""
+        return self.service.reference(task)
+
+    def evaluate(self, task: Task, source: str) -> EvalResult:
+        return self.service.evaluate(task, source)
+
+    def hardware_description(self) -> str:
+        return self.service.hardware_description()
+
+    def where(self) -> dict[str, Any]:
+        """The actor's process and GPU (tests and logs)."""
+        return {"pid": os.getpid(), "gpus": [str(g) for g in ray.get_gpu_ids()],
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def close(self) -> None:
+        self.service.close()
+
+
+def evaluator_options(cfg: EvalConfig) -> dict[str, Any]:
+    """A GPU backend's actor takes one GPU; a CPU backend's takes one CPU (its worker times on it)."""
+    if get_backend(cfg.backend).device == "cuda":
+        return {"num_gpus": 1, "num_cpus": 0}
+    return {"num_cpus": 1}

@@ -1,0 +1,333 @@
+"""The Ray executor: the driver of a run whose state lives in actors.
+
+One TreeMemory actor owns every task's tree and policy; agent calls are stateless Ray tasks; one Evaluator actor
+per GPU (or one on the CPU) evaluates. The driver only moves work along: it asks the memory for expansions
+(``next``), launches their agent tasks, sends each candidate to the least busy evaluator, and hands results
+back (``add``) — handling whatever finishes first (``ray.wait``), with a cap on the work in flight.
+
+A run directory holds ``run.json`` (settings and task sources, enough for ``--resume``), the Parquet rows the
+memory writes, and, when the run ends, ``summary.json`` and ``best_kernel.py`` for each task (one task: at
+the top; several: under ``tasks/<name>/``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
+from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
+from stark_ray.agents.base import AgentResult, TaskInfo
+from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+from stark_ray.eval.tasks import Task, TaskError
+from stark_ray.llm.usage import UsageTotals
+from stark_ray.optimize import (
+    STATUS_FAILED,
+    STATUS_FINISHED,
+    STATUS_INTERRUPTED,
+    Reporter,
+    RunSummary,
+    new_run_dir,
+    write_atomic,
+)
+from stark_ray.records import STAGE_CRASH, EvalResult, LLMUsage, Node
+from stark_ray.search.memory import Ticket, no_candidate
+from stark_ray.search.tree import Tree
+from stark_ray.store.read import call_rows
+from stark_ray.tasks.agents import ClientFactory, expand
+
+RUN_FILE = "run.json"
+MAX_IN_FLIGHT = 64  # agent calls plus evaluations outstanding at once, over all tasks
+
+
+@dataclass
+class RayRun:
+    """What a Ray run is given (and what run.json keeps for a resume)."""
+
+    tasks: list[Task]
+    search: SearchConfig
+    agents: AgentConfig
+    eval: EvalConfig
+    out: Path
+    run_id: str | None = None  # default: <task>-<time>
+    resume: Path | None = None  # an earlier run directory: continue it
+    address: str | None = None  # None: an embedded local Ray; "auto" or "ray://...": join a cluster
+    evaluators: int | None = None  # default: one per GPU of the cluster (GPU backends), else one
+    max_in_flight: int = MAX_IN_FLIGHT
+    client_factory: ClientFactory | None = None  # scripted replies (tests, benchmarks)
+    evaluator_cls: Any = None  # an actor class with reference/evaluate/hardware_description (benchmarks)
+    runtime_env: dict[str, Any] | None = None  # for a Ray this run starts or joins
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RunError(Exception):
+    """A run that cannot start (a bad resume directory, no evaluator). One line."""
+
+
+def load_run(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise RunError(f"{run_dir} is not a Ray run directory (no {RUN_FILE})")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RunError(f"cannot read {path}: {e}") from None
+
+
+def resume_settings(run_dir: Path) -> tuple[list[Task], SearchConfig, AgentConfig, EvalConfig]:
+    """The tasks and settings an earlier run recorded."""
+    data = load_run(run_dir)
+    tasks = [Task(t["name"], Path(t["path"]), t["source"]) for t in data["tasks"]]
+    return (tasks, SearchConfig(**data["search"]), AgentConfig(**data["agents"]), EvalConfig(**data["eval"]))
+
+
+def _connect(address: str | None, runtime_env: dict[str, Any] | None = None) -> bool:
+    """Join the cluster at ``address``, or start an embedded local Ray (no dashboard, sized to the machine);
+    True when this call started it."""
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False, runtime_env=runtime_env)
+        return False
+    ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False, runtime_env=runtime_env)
+    return True
+
+
+class _Driver:
+    def __init__(self, run: RayRun, reporter: Reporter) -> None:
+        self.run, self.reporter = run, reporter
+        self.tasks = {t.name: t for t in run.tasks}
+        self.usage: dict[str, UsageTotals] = {t.name: UsageTotals() for t in run.tasks}
+        self.mirror: dict[str, Tree] = {}
+        self.best: dict[str, int | None] = {}
+        self.pending: dict[Any, tuple[str, Ticket, AgentResult | None, int]] = {}
+        self.load: Counter[int] = Counter()
+
+    # -- start -----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        run = self.run
+        if run.resume is not None:
+            self.dir = run.resume
+        else:
+            self.dir = new_run_dir(run.out, run.tasks[0].name) if run.run_id is None else run.out / run.run_id
+            self.dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = self.dir.name
+        cls = run.evaluator_cls or EvaluatorActor
+        n = run.evaluators or _default_evaluators(run.eval)
+        opts = evaluator_options(run.eval)
+        token = uuid.uuid4().hex[:6]  # a resumed run's actors must not collide with a dying driver's
+        self.evaluators = [cls.options(name=f"stark-eval-{self.run_id}-{token}-{i}", **opts).remote(run.eval)
+                           for i in range(n)]
+        hardware = ray.get(self.evaluators[0].hardware_description.remote())
+        specs = []
+        self.infos: dict[str, TaskInfo] = {}
+        for task in run.tasks:
+            info = TaskInfo(name=task.name, reference_source=task.source, backend=run.eval.backend,
+                            hardware=hardware)
+            self.infos[task.name] = info
+            reference = None if run.resume else self._reference(task)
+            specs.append(TaskSpec(info, reference))
+        if run.resume is None:
+            write_atomic(self.dir / RUN_FILE, json.dumps(_run_record(run), indent=2) + "\n")
+        self.memory = TreeMemoryActor.options(name=f"stark-memory-{self.run_id}-{token}", max_restarts=-1,
+                                              max_task_retries=-1, num_cpus=0).remote(
+            str(self.dir.parent), self.run_id, specs, run.search, run.agents)
+        for name in self.tasks:
+            tree = Tree.from_records(ray.get(self.memory.snapshot.remote(name)))
+            self.mirror[name] = tree
+            best = tree.best()
+            self.best[name] = best.id if best else None
+            self.reporter.start(self.tasks[name], run.search.budget, tree.root)
+
+    def _reference(self, task: Task) -> EvalResult:
+        try:
+            return ray.get(self.evaluators[0].reference.remote(task))
+        except RayTaskError as e:
+            cause = e.as_instanceof_cause()
+            if isinstance(cause, TaskError):
+                raise TaskError(str(cause)) from None
+            raise
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def loop(self) -> None:
+        while True:
+            self._refill()
+            if not self.pending:
+                return
+            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=5.0)
+            for ref in ready:
+                self._done(ref)
+
+    def _refill(self) -> None:
+        for name in ray.get(self.memory.unfinished.remote()):
+            while len(self.pending) < self.run.max_in_flight:
+                ticket = ray.get(self.memory.next.remote(name))
+                if ticket is None:
+                    break
+                ref = expand.remote(ticket.request, self.run.agents, self.run.search, self._info(name),
+                                    self.run.client_factory)
+                self.pending[ref] = ("agent", ticket, None, -1)
+
+    def _info(self, name: str) -> TaskInfo:
+        return self.infos[name]
+
+    def _done(self, ref: Any) -> None:
+        kind, ticket, step, which = self.pending.pop(ref)
+        if kind == "agent":
+            try:
+                step = ray.get(ref)
+            except RayError as e:
+                step = AgentResult(None, error=f"the agent task failed: {_one_line(e)}")
+            if step.ok and step.source:
+                which = min(range(len(self.evaluators)), key=lambda i: self.load[i])
+                self.load[which] += 1
+                eref = self.evaluators[which].evaluate.remote(self.tasks[ticket.task], step.source)
+                self.pending[eref] = ("eval", ticket, step, which)
+            else:
+                self._add(ticket, step, no_candidate(step))
+            return
+        assert step is not None
+        self.load[which] -= 1
+        try:
+            result = ray.get(ref)
+        except RayActorError:
+            result = EvalResult.failed(STAGE_CRASH, "the evaluator actor died while evaluating this candidate "
+                                       "(it is restarted; this candidate is not run again)")
+        except RayError as e:
+            result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {_one_line(e)}")
+        self._add(ticket, step, result)
+
+    def _add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> None:
+        node: Node | None = ray.get(self.memory.add.remote(ticket, step, result))
+        if node is None:
+            return  # its parent was lost with a memory restart: the work is redone
+        name = ticket.task
+        tree = self.mirror[name]
+        if node.id not in tree.nodes and node.parent in tree.nodes:
+            tree._attach(replace(node, children=[]))
+        usage = self.usage[name]
+        for u in step.usage:
+            usage.add(u)
+        best = tree.best()
+        if best is not None and best.id != self.best[name]:
+            self.best[name] = best.id
+            write_atomic(self._task_dir(name) / "best_kernel.py", best.source)
+        self.reporter.attempt(node, step, tree, usage)
+
+    def _task_dir(self, name: str) -> Path:
+        d = self.dir if len(self.tasks) == 1 else self.dir / "tasks" / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    # -- end -------------------------------------------------------------------------------------------------
+    def finish(self, status: str, wall_s: float) -> list[RunSummary]:
+        summaries = []
+        for name, task in self.tasks.items():
+            try:
+                tree = Tree.from_records(ray.get(self.memory.snapshot.remote(name)))
+            except RayError:
+                tree = self.mirror[name]
+            summary = _summary(task, tree, self.dir, self.run_id, status, wall_s, self.run, _usage(self.dir, name))
+            write_atomic(self._task_dir(name) / "summary.json", json.dumps(asdict(summary), indent=2) + "\n")
+            best = tree.best()
+            if best is not None:
+                write_atomic(self._task_dir(name) / "best_kernel.py", best.source)
+            self.reporter.finish(summary)
+            summaries.append(summary)
+        return summaries
+
+    def close(self) -> None:
+        for actor in [*getattr(self, "evaluators", []), getattr(self, "memory", None)]:
+            if actor is None:
+                continue
+            with contextlib.suppress(RayError, TimeoutError):
+                ray.get(actor.close.remote(), timeout=30)
+            ray.kill(actor, no_restart=True)
+
+
+def run_ray(run: RayRun, reporter: Reporter | None = None,
+            on_started: Callable[[Path], None] | None = None) -> list[RunSummary]:
+    """Run (or resume) a search on Ray. Raises TaskError before any run directory exists when a reference
+    cannot be evaluated, RunError for a bad resume; after that, every exit (Ctrl-C included) leaves the run
+    directory complete: rows, summary.json, best_kernel.py."""
+    reporter = reporter or Reporter()
+    started = _connect(run.address, run.runtime_env)
+    driver = _Driver(run, reporter)
+    t0 = time.monotonic()
+    try:
+        driver.start()
+        if on_started is not None:
+            on_started(driver.dir)
+        status = STATUS_FAILED
+        try:
+            driver.loop()
+            status = STATUS_FINISHED
+        except KeyboardInterrupt:
+            status = STATUS_INTERRUPTED
+            raise
+        finally:
+            summaries = driver.finish(status, time.monotonic() - t0)
+        return summaries
+    finally:
+        driver.close()
+        if started:
+            ray.shutdown()
+
+
+def _default_evaluators(cfg: EvalConfig) -> int:
+    if evaluator_options(cfg).get("num_gpus"):
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus < 1:
+            raise RunError(f"backend {cfg.backend} needs a GPU and the Ray cluster has none")
+        return gpus
+    return 1
+
+
+def _run_record(run: RayRun) -> dict[str, Any]:
+    agents = asdict(run.agents)
+    return {"tasks": [{"name": t.name, "path": str(t.path), "source": t.source} for t in run.tasks],
+            "search": asdict(run.search), "agents": agents, "eval": asdict(run.eval), "executor": "ray"}
+
+
+def _usage(run_dir: Path, task: str) -> UsageTotals:
+    """Every LLM call of the task as recorded (a resumed run's earlier calls included)."""
+    totals = UsageTotals()
+    try:
+        rows = call_rows(run_dir, task)
+    except (FileNotFoundError, OSError):
+        return totals
+    names = {f for f in LLMUsage.__dataclass_fields__}
+    for row in rows:
+        totals.add(LLMUsage(**{k: v for k, v in row.items() if k in names}))
+    return totals
+
+
+def _summary(task: Task, tree: Tree, run_dir: Path, run_id: str, status: str, wall_s: float, run: RayRun,
+             usage: UsageTotals) -> RunSummary:
+    best = tree.best()
+    return RunSummary(
+        task=task.name, run_id=run_id, run_dir=str(run_dir), status=status, attempts=tree.evaluated,
+        budget=run.search.budget, best_correct=best is not None,
+        best_speedup=best.result.speedup if best else None, best_node=best.id if best else None,
+        best_runtime_ms=best.result.runtime_ms if best else None,
+        best_ref_runtime_ms=best.result.ref_runtime_ms if best else None,
+        ref_runtime_ms=tree.root.result.runtime_ms, failures=tree.failures(),
+        failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.correct)),
+        tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
+        llm_calls=usage.calls, wall_s=round(wall_s, 2),
+        settings={"search": asdict(run.search), "eval": asdict(run.eval), "executor": "ray"},
+    )
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]

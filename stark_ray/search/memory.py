@@ -1,0 +1,170 @@
+"""Tree memory: the trees, policies and in-flight expansions of any number of tasks, in one place.
+
+Algorithm 1 cut at its seams. :meth:`TaskSearch.next` selects a node (not one being expanded now) and cuts a
+:class:`~stark_ray.search.team.Request` loose from the tree; whoever holds the :class:`Ticket` runs the agents
+and the evaluator anywhere; :meth:`TaskSearch.add` attaches the child. With one expansion in flight at a time
+this is the paper's sequential search step for step (same seed, same tree); with ``parallel`` K, K expansions
+of one task run at once on different nodes. The budget counts attempts attached plus those in flight, so a
+search never overshoots it.
+
+:class:`TreeMemory` holds one :class:`TaskSearch` per task and hands every attached node to a ``sink`` (the
+Parquet store) before ``add`` returns. It is what the TreeMemory actor wraps; the local executor drives one
+TaskSearch directly.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stark_ray.agents.base import AgentResult, TaskInfo
+from stark_ray.config import AgentConfig, SearchConfig
+from stark_ray.llm.base import LLMClient
+from stark_ray.records import STAGE_PARSE, EvalResult, Node
+from stark_ray.search.policy import Policy, make_policy
+from stark_ray.search.team import Request, Team, make_team
+from stark_ray.search.tree import Tree
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One expansion in flight: what its worker needs, and what ``add`` needs back."""
+
+    task: str
+    id: int
+    request: Request
+
+    @property
+    def parent(self) -> int:
+        return self.request.node.id
+
+
+class UnknownParent(LookupError):
+    """The ticket's node is not in the tree (it was lost with a restart before it was written): redo the work."""
+
+
+def no_candidate(step: AgentResult) -> EvalResult:
+    """The result of an agent step that produced nothing to evaluate (it still costs one attempt)."""
+    return EvalResult.failed(STAGE_PARSE, step.error or "the agent returned no candidate")
+
+
+@dataclass
+class TaskSearch:
+    """One task's search: tree, policy, team (for the context windows), budget, RNG, what is in flight."""
+
+    name: str
+    tree: Tree
+    policy: Policy
+    team: Team
+    budget: int
+    rng: random.Random
+    parallel: int = 1
+    in_flight: dict[int, Ticket] = field(default_factory=dict)
+    _tickets: int = 0
+    _exhausted: bool = False
+
+    @property
+    def busy(self) -> set[int]:
+        return {t.parent for t in self.in_flight.values()}
+
+    @property
+    def finished(self) -> bool:
+        """Nothing in flight and nothing more to do: the budget is spent, or the policy has nothing left."""
+        return not self.in_flight and (self.tree.evaluated >= self.budget or self._exhausted)
+
+    def next(self) -> Ticket | None:
+        """The next expansion, or None: budget spent (counting work in flight), ``parallel`` expansions already
+        running, or nothing selectable until one of them comes back."""
+        if self.tree.evaluated + len(self.in_flight) >= self.budget or len(self.in_flight) >= self.parallel:
+            return None
+        node = self.policy.select(self.tree, self.rng, self.busy)
+        if node is None:
+            self._exhausted = not self.in_flight  # nothing selectable and nothing coming back: done
+            return None
+        self._tickets += 1
+        ticket = Ticket(self.name, self._tickets, self.team.request(self.tree, node))
+        self.in_flight[ticket.id] = ticket
+        return ticket
+
+    def add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> Node:
+        """Attach the child the ticket's expansion produced. A ticket this search did not issue (the memory was
+        restarted since) is accepted while its node is in the tree."""
+        self.in_flight.pop(ticket.id, None)
+        if ticket.parent not in self.tree.nodes:
+            raise UnknownParent(f"task {self.name}: node {ticket.parent} is not in the tree")
+        self._exhausted = False
+        return self.tree.add(ticket.parent, step.source or "", ticket.request.agent, result, step.instruction,
+                             step.scaffold, step.usage)
+
+    def release(self, ticket: Ticket) -> None:
+        """Give a ticket back without an attempt (cancelled, or lost with a worker): it may be selected again."""
+        self.in_flight.pop(ticket.id, None)
+
+
+def make_task_search(name: str, tree: Tree, search: SearchConfig, agents: AgentConfig, info: TaskInfo,
+                     client: LLMClient | None = None) -> TaskSearch:
+    """A task's search as the run's settings say. A tree rebuilt from records (a resume, a restarted memory)
+    gets an RNG seeded by the seed and the tree's size: the same recorded tree always continues the same way."""
+    policy = make_policy(search.policy, search.ablation, search.epsilon, search.n_root, search.n_child,
+                         search.max_debug_chain, search.k)
+    team = make_team(client, agents, search, info)  # type: ignore[arg-type]  # no client: windows only
+    rng = random.Random(search.seed) if len(tree) == 1 else random.Random(f"{search.seed}/{len(tree)}")
+    return TaskSearch(name, tree, policy, team, search.budget, rng, search.parallel)
+
+
+Sink = Callable[[str, Node, AgentResult], None]  # (task, new node, the step that made it)
+
+
+class TreeMemory:
+    """The searches of many tasks; every attached node goes to ``sink`` before :meth:`add` returns."""
+
+    def __init__(self, sink: Sink | None = None) -> None:
+        self.searches: dict[str, TaskSearch] = {}
+        self.sink = sink
+
+    def open(self, search: TaskSearch) -> None:
+        if search.name in self.searches:
+            raise ValueError(f"task {search.name} is already open")
+        self.searches[search.name] = search
+
+    def __getitem__(self, task: str) -> TaskSearch:
+        try:
+            return self.searches[task]
+        except KeyError:
+            raise KeyError(f"no search open for task {task!r}") from None
+
+    def next(self, task: str) -> Ticket | None:
+        return self[task].next()
+
+    def add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> Node:
+        node = self[ticket.task].add(ticket, step, result)
+        if self.sink is not None:
+            self.sink(ticket.task, node, step)
+        return node
+
+    def release(self, ticket: Ticket) -> None:
+        self[ticket.task].release(ticket)
+
+    def finished(self, task: str) -> bool:
+        return self[task].finished
+
+    def unfinished(self) -> list[str]:
+        return [name for name, s in self.searches.items() if not s.finished]
+
+    def leaderboard(self, task: str, r: int | None = None) -> list[dict[str, Any]]:
+        return [n.to_record() for n in self[task].tree.leaderboard(r)]
+
+    def snapshot(self, task: str) -> list[dict[str, Any]]:
+        """The task's tree as plain records (``Tree.from_records`` rebuilds it)."""
+        return self[task].tree.to_records()
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Per task: attempts, budget, in flight, best speedup, finished."""
+        out = {}
+        for name, s in self.searches.items():
+            best = s.tree.best()
+            out[name] = {"attempts": s.tree.evaluated, "budget": s.budget, "in_flight": len(s.in_flight),
+                         "best_speedup": best.result.speedup if best else None, "finished": s.finished}
+        return out

@@ -1,0 +1,1 @@
+"""Ray tasks: stateless agent calls."""

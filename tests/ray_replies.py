@@ -1,0 +1,48 @@
+"""Scripted model content for the Ray runtime tests: stateless (a reply depends on the request alone), so that
+agent calls in any worker process agree. Candidates are the plain-torch ones of scripted_replies."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from functools import partial
+from pathlib import Path
+
+from scripted_replies import SLOW, SLOWER, WRONG, code_reply, last_user, plan_reply
+
+from stark_ray.llm.base import LLMRequest
+from stark_ray.llm.scripted import ScriptedClient
+
+# imported by the evaluator's worker, whose parent is the Evaluator actor's process: it kills that process
+KILLER = ("import os\nimport signal\n\nimport torch\nimport torch.nn as nn\n\n"
+          "os.kill(os.getppid(), signal.SIGKILL)\n\n\nclass ModelNew(nn.Module):\n"
+          "    def __init__(self, negative_slope: float, scale: float):\n        super().__init__()\n\n"
+          "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        return x\n")
+
+
+def _pick(request: LLMRequest, choices: tuple[str, ...]) -> str:
+    """By the prompt without its measured figures (runtimes and speedups differ from run to run)."""
+    digest = hashlib.sha256(re.sub(r"\d+\.\d+(?:e-?\d+)?", "#", last_user(request)).encode()).digest()
+    return choices[digest[0] % len(choices)]
+
+
+def reply(request: LLMRequest, killer_marker: str | None = None) -> str:
+    if request.role == "plan":
+        return plan_reply(request)
+    if killer_marker is not None:
+        try:
+            fd = os.open(killer_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # the first code reply only
+            os.close(fd)
+            return code_reply(KILLER)(request)
+        except FileExistsError:
+            pass
+    return code_reply(_pick(request, (SLOW, SLOWER, WRONG)))(request)
+
+
+def client(killer_marker: str | None = None) -> ScriptedClient:
+    return ScriptedClient({}, default=partial(reply, killer_marker=killer_marker))
+
+
+def killer_client_factory(marker: Path) -> partial[ScriptedClient]:
+    return partial(client, str(marker))

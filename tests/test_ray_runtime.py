@@ -1,0 +1,224 @@
+"""The Ray runtime on a real local Ray cluster: TreeMemory actor, stateless agent tasks, Evaluator actor, Parquet
+rows — end to end with scripted replies (plain-torch candidates, the cpu_cpp backend), and surviving the death
+of each of its parts."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import ray_replies  # noqa: E402
+
+from stark_ray.agents.base import TaskInfo  # noqa: E402
+from stark_ray.config import AgentConfig, EvalConfig, SearchConfig  # noqa: E402
+from stark_ray.eval.tasks import load_task  # noqa: E402
+from stark_ray.ray_executor import RayRun, run_ray  # noqa: E402
+from stark_ray.records import STAGE_CRASH  # noqa: E402
+from stark_ray.search.loop import search  # noqa: E402
+from stark_ray.search.memory import make_task_search  # noqa: E402
+from stark_ray.search.team import make_team  # noqa: E402
+from stark_ray.search.tree import Tree  # noqa: E402
+from stark_ray.store.read import attempt_rows, load_trees  # noqa: E402
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+TASK = REPO / "examples" / "tasks" / "1_LeakyReluScale.py"
+WORKER_PATH = os.pathsep.join([str(REPO), str(REPO / "tests")])  # Ray workers import the scripted replies
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Any:
+    """One local Ray for the session: 2 CPUs and a logical GPU; workers can import the tests' helpers."""
+    path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def eval_cfg(build_dir: str) -> EvalConfig:
+    return EvalConfig(trials=2, warmup=1, timing_trials=3, build_dir=build_dir)
+
+
+def ray_run(tmp_path: Path, build_dir: str, budget: int = 6, parallel: int = 1, **kw: Any) -> RayRun:
+    return RayRun([load_task(TASK)], SearchConfig(budget=budget, seed=0, parallel=parallel), AgentConfig(),
+                  eval_cfg(build_dir), tmp_path / "runs", client_factory=kw.pop("client_factory", ray_replies.client),
+                  **kw)
+
+
+def shape(tree: Tree) -> list[tuple[int, int | None, str, str]]:
+    """What the search decided: (node, parent, agent, source) for every node."""
+    return [(n.id, n.parent, n.agent, n.source) for n in sorted(tree, key=lambda n: n.id)]
+
+
+def rows_by_seq(run_dir: Path) -> dict[int, dict[str, Any]]:
+    rows = attempt_rows(run_dir)
+    seqs = [r["seq"] for r in rows]
+    assert len(seqs) == len(set(seqs)), f"a node was written twice: {sorted(seqs)}"
+    return {r["seq"]: r for r in rows}
+
+
+def test_search_through_the_actors_matches_the_local_executor(ray_cluster: str, tmp_path: Path,
+                                                              shared_build_dir: str) -> None:
+    [summary] = run_ray(ray_run(tmp_path, shared_build_dir))
+    run_dir = Path(summary.run_dir)
+    assert summary.status == "finished" and summary.attempts == 6
+    assert (run_dir / "best_kernel.py").is_file() and (run_dir / "summary.json").is_file()
+    stored = load_trees(run_dir)["1_LeakyReluScale"]
+    assert len(stored) == 7 and summary.llm_calls > 0
+    # the same seed and replies through the in-process loop take the same decisions
+    task = load_task(TASK)
+    local = Tree.with_reference(task.source, stored.root.result)
+    from stark_ray.eval.evaluator import Evaluator
+
+    with Evaluator(task, eval_cfg(shared_build_dir)) as ev:
+        info = TaskInfo(task.name, task.source, "cpu_cpp", ev.hardware_description())  # as the actors' prompts
+        cfg = SearchConfig(budget=6, seed=0)
+        state = make_task_search(task.name, local, cfg, AgentConfig(), info)
+        search(local, state.policy, make_team(ray_replies.client(), AgentConfig(), cfg, info), ev.evaluate, 6,
+               random.Random(0))
+    assert shape(local) == shape(stored)
+
+
+def test_parallel_expansions_of_one_task_take_distinct_nodes(ray_cluster: str, tmp_path: Path,
+                                                             shared_build_dir: str) -> None:
+    task = load_task(TASK)
+    info = TaskInfo(task.name, task.source, "cpu_cpp", "")
+    tree = Tree.with_reference(task.source, load_trees_reference(tmp_path, shared_build_dir))
+    state = make_task_search(task.name, tree, SearchConfig(budget=8, seed=0, parallel=2), AgentConfig(), info)
+    first = state.next()
+    assert first is not None and state.next() is None  # only the root is selectable: the second waits
+    from stark_ray.agents.base import AgentResult
+
+    state.add(first, AgentResult(ray_replies.SLOW), load_trees_reference(tmp_path, shared_build_dir))
+    a, b = state.next(), state.next()
+    assert a is not None and b is not None and a.parent != b.parent
+    assert state.next() is None  # two in flight: that is the width
+    # and a whole run with two in flight per task keeps to its budget
+    [summary] = run_ray(ray_run(tmp_path, shared_build_dir, budget=6, parallel=2))
+    assert summary.attempts == 6 and len(rows_by_seq(Path(summary.run_dir))) == 7
+
+
+_REFERENCE: dict[str, Any] = {}
+
+
+def load_trees_reference(tmp_path: Path, build_dir: str) -> Any:
+    """The reference's result (once per session), as an evaluator gives it."""
+    if "ref" not in _REFERENCE:
+        from stark_ray.eval.evaluator import Evaluator
+
+        with Evaluator(load_task(TASK), eval_cfg(build_dir)) as ev:
+            _REFERENCE["ref"] = ev.reference()
+    return _REFERENCE["ref"]
+
+
+def test_a_candidate_that_kills_its_evaluator_actor_is_recorded_and_the_run_goes_on(
+        ray_cluster: str, tmp_path: Path, shared_build_dir: str) -> None:
+    factory = ray_replies.killer_client_factory(tmp_path / "killed-once")
+    [summary] = run_ray(ray_run(tmp_path, shared_build_dir, budget=5, client_factory=factory))
+    assert summary.status == "finished" and summary.attempts == 5
+    tree = load_trees(Path(summary.run_dir))["1_LeakyReluScale"]
+    crashed = [n for n in tree if n.result.stage == STAGE_CRASH]
+    assert len(crashed) == 1 and "evaluator actor died" in (crashed[0].result.error or "")
+    assert "os.kill(os.getppid()" in crashed[0].source
+    later = [n for n in tree if n.id > crashed[0].id]
+    assert later and any(n.result.compiled for n in later)  # the restarted actor evaluated the next ones
+
+
+def test_the_tree_memory_actor_restarts_from_its_rows(ray_cluster: str, tmp_path: Path,
+                                                      shared_build_dir: str) -> None:
+    run = ray_run(tmp_path, shared_build_dir, budget=8, run_id="memory-kill")
+    run_dir = run.out / "memory-kill"
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.setdefault("summary", run_ray(run)), daemon=True)
+    thread.start()
+    _wait_for_rows(run_dir, 3, thread)
+    name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if str(a["name"]).startswith("stark-memory-memory-kill"))
+    memory = ray.get_actor(name, namespace=ray.get_runtime_context().namespace)
+    old_pid = ray.get(memory.status.remote())["pid"]
+    ray.kill(memory, no_restart=False)
+    deadline = time.monotonic() + 120
+    while (status := ray.get(memory.status.remote(), timeout=120))["pid"] == old_pid:
+        assert time.monotonic() < deadline, "the TreeMemory actor was not restarted"
+        time.sleep(0.1)
+    assert status["restored"].get("1_LeakyReluScale", 0) >= 3  # at least the rows seen on disk before the kill
+    thread.join(timeout=300)
+    [summary] = out["summary"]
+    assert summary.status == "finished" and summary.attempts >= 8
+    rows = rows_by_seq(run_dir)  # no node written twice
+    assert sorted(rows) == list(range(len(rows)))
+    assert len(load_trees(run_dir)["1_LeakyReluScale"]) == summary.attempts + 1
+
+
+def test_kill_9_of_the_driver_then_resume_loses_and_doubles_nothing(ray_cluster: str, tmp_path: Path,
+                                                                    shared_build_dir: str) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
+        from pathlib import Path
+        import ray_replies
+        from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+        from stark_ray.eval.tasks import load_task
+        from stark_ray.ray_executor import RayRun, run_ray
+        run = RayRun([load_task(Path({str(TASK)!r}))], SearchConfig(budget=10, seed=0), AgentConfig(),
+                     EvalConfig(trials=2, warmup=1, timing_trials=3, build_dir={shared_build_dir!r}),
+                     Path({str(tmp_path / "runs")!r}), run_id="killed", address={ray_cluster!r},
+                     client_factory=ray_replies.client,
+                     runtime_env={{"env_vars": {{"PYTHONPATH": {WORKER_PATH!r}}}}})
+        run_ray(run)
+    """))
+    run_dir = tmp_path / "runs" / "killed"
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for_rows(run_dir, 4, proc=proc)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = rows_by_seq(run_dir)
+    recorded = load_trees(run_dir)["1_LeakyReluScale"]
+    assert 4 <= len(before) < 11
+    resumed = RayRun([], SearchConfig(), AgentConfig(), EvalConfig(), tmp_path / "runs", resume=run_dir,
+                     client_factory=ray_replies.client)
+    from stark_ray.ray_executor import resume_settings
+
+    resumed.tasks, resumed.search, resumed.agents, resumed.eval = resume_settings(run_dir)
+    [summary] = run_ray(resumed)
+    after = rows_by_seq(run_dir)  # raises on a node written twice
+    assert summary.status == "finished" and summary.attempts == 10 and len(after) == 11
+    for seq, row in before.items():  # nothing recorded before the kill was lost or changed
+        assert after[seq] == row
+    final = load_trees(run_dir)["1_LeakyReluScale"]
+    assert final.to_records()[: len(recorded)] == recorded.to_records()
+
+
+def _wait_for_rows(run_dir: Path, n: int, thread: threading.Thread | None = None,
+                   proc: subprocess.Popen[bytes] | None = None, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "attempts").is_dir():
+            try:
+                if len(attempt_rows(run_dir)) >= n:
+                    return
+            except Exception:
+                pass
+        if thread is not None and not thread.is_alive():
+            raise AssertionError("the run ended before it could be interrupted")
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            raise AssertionError(f"the driver exited early: {err}")
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} rows in {run_dir} after {timeout} s")
