@@ -15,7 +15,8 @@ from rich.markup import escape
 from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, AgentConfig, EvalConfig, SearchConfig
 
 if TYPE_CHECKING:
-    from stark_ray.optimize import RunSummary
+    from stark_ray.optimize import Reporter, RunSummary
+    from stark_ray.ray_executor import RayRun
     from stark_ray.records import EvalResult
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -68,22 +69,34 @@ def optimize(
     baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = "eager",
     tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
+    executor: Annotated[str, typer.Option(help="ray (TreeMemory and Evaluator actors, agent tasks) | local "
+                                               "(one process, no Ray).")] = "ray",
+    parallel: Annotated[int, typer.Option(help="Expansions of the task in flight at once (1: the paper's "
+                                               "sequential search).")] = 1,
+    address: Annotated[str | None, typer.Option(help="Ray cluster to join: auto or ray://host:10001 (default: "
+                                                     "an embedded local Ray).")] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue this Ray run directory (its task and settings).",
+                                                show_default=False)] = None,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
     from stark_ray.eval.backends import available_backends
     from stark_ray.eval.tasks import TaskError, load_task
     from stark_ray.llm.base import ConfigError, LLMError
     from stark_ray.llm.factory import check_credentials, make_client
-    from stark_ray.optimize import Reporter
     from stark_ray.optimize import optimize as run_optimize
 
+    if executor not in ("ray", "local"):
+        fail(f"unknown executor {executor!r}; choose ray or local")
+    if resume is not None:
+        _resume(resume, executor, parallel, address, quiet)
+        return
     path = _one_task(task, ref_path)
     if cassette is not None and provider not in (None, "replay"):
         fail(f"--cassette replays recorded replies; it cannot be combined with --provider {provider}")
     try:
         search_cfg = SearchConfig(budget=budget, policy=policy, ablation=ablation, epsilon=epsilon,
                                   n_root=n_root, n_child=n_child, top_r=top_r, k=k, seed=seed,
-                                  max_debug_chain=max_debug_chain, window_chars=window_chars)
+                                  max_debug_chain=max_debug_chain, window_chars=window_chars, parallel=parallel)
         agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model,
                                 base_url=base_url, cassette=str(cassette) if cassette else None,
                                 record=str(record) if record else None, timeout_s=timeout,
@@ -105,12 +118,14 @@ def optimize(
     except (ConfigError, TaskError) as e:
         fail(str(e))
 
-    reporter: Reporter
-    if quiet:
-        reporter = _QuietReporter()
-    else:
-        from stark_ray.progress import RichReporter
-        reporter = RichReporter(err)
+    if parallel > 1 and executor == "local":
+        fail("--parallel needs --executor ray (the local executor expands one node at a time)")
+    reporter = _reporter(quiet)
+    if executor == "ray":
+        from stark_ray.ray_executor import RayRun
+
+        _run_on_ray(RayRun([the_task], search_cfg, agent_cfg, eval_cfg, out, address=address), reporter)
+        return
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
     from stark_ray.eval.service import EvaluatorError
 
@@ -122,6 +137,53 @@ def optimize(
         fail(f"the LLM provider refused the call ({e.kind}): {e}; what was recorded is kept", 1)
     except KeyboardInterrupt:
         fail("interrupted; everything recorded so far is in the run directory", 130)
+
+
+def _reporter(quiet: bool) -> Reporter:
+    if quiet:
+        return _QuietReporter()
+    from stark_ray.progress import RichReporter
+
+    return RichReporter(err)
+
+
+def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
+    from stark_ray.eval.service import EvaluatorError
+    from stark_ray.eval.tasks import TaskError
+    from stark_ray.llm.base import LLMError
+    from stark_ray.ray_executor import RunError, run_ray
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        run_ray(run, reporter)
+    except (TaskError, EvaluatorError, RunError) as e:
+        fail(str(e))
+    except LLMError as e:
+        fail(f"the LLM provider refused the call ({e.kind}): {e}; what was recorded is kept", 1)
+    except KeyboardInterrupt:
+        fail("interrupted; everything recorded so far is in the run directory (--resume it)", 130)
+
+
+def _resume(run_dir: Path, executor: str, parallel: int, address: str | None, quiet: bool) -> None:
+    """Continue a Ray run: its task(s) and settings come from its run.json; --parallel may change."""
+    from dataclasses import replace
+
+    from stark_ray.llm.base import ConfigError
+    from stark_ray.llm.factory import check_credentials
+    from stark_ray.ray_executor import RayRun, RunError, resume_settings
+
+    if executor != "ray":
+        fail("--resume continues a Ray run: it needs --executor ray")
+    if not run_dir.is_dir():
+        fail(f"--resume {run_dir}: no such run directory")
+    try:
+        tasks, search_cfg, agent_cfg, eval_cfg = resume_settings(run_dir)
+        search_cfg = replace(search_cfg, parallel=parallel)
+        check_credentials(agent_cfg)
+    except (RunError, ConfigError, ValueError, TypeError) as e:
+        fail(f"--resume {run_dir}: {e}")
+    _run_on_ray(RayRun(tasks, search_cfg, agent_cfg, eval_cfg, run_dir.parent, resume=run_dir, address=address),
+                _reporter(quiet))
 
 
 class _QuietReporter:

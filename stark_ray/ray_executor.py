@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
+import signal
+import threading
 import time
 import uuid
 from collections import Counter
@@ -29,7 +33,9 @@ from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import Task, TaskError
+from stark_ray.llm.base import LLMError
 from stark_ray.llm.usage import UsageTotals
 from stark_ray.optimize import (
     STATUS_FAILED,
@@ -96,11 +102,20 @@ def _connect(address: str | None, runtime_env: dict[str, Any] | None = None) -> 
     True when this call started it."""
     if ray.is_initialized():
         return False
+    logging.getLogger("ray").setLevel(logging.ERROR)  # the CLI's stderr is for one clear line, not Ray's notes
     if address:
-        ray.init(address=address, logging_level="WARNING", log_to_driver=False, runtime_env=runtime_env)
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=runtime_env)
         return False
-    ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False, runtime_env=runtime_env)
+    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env=runtime_env or _same_code_env())
     return True
+
+
+def _same_code_env() -> dict[str, Any]:
+    """Workers of an embedded Ray import this very stark_ray (not another install on the path)."""
+    here = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    return {"env_vars": {"PYTHONPATH": path}}
 
 
 class _Driver:
@@ -116,29 +131,27 @@ class _Driver:
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
         run = self.run
-        if run.resume is not None:
-            self.dir = run.resume
-        else:
-            self.dir = new_run_dir(run.out, run.tasks[0].name) if run.run_id is None else run.out / run.run_id
-            self.dir.mkdir(parents=True, exist_ok=True)
-        self.run_id = self.dir.name
         cls = run.evaluator_cls or EvaluatorActor
         n = run.evaluators or _default_evaluators(run.eval)
         opts = evaluator_options(run.eval)
         token = uuid.uuid4().hex[:6]  # a resumed run's actors must not collide with a dying driver's
-        self.evaluators = [cls.options(name=f"stark-eval-{self.run_id}-{token}-{i}", **opts).remote(run.eval)
-                           for i in range(n)]
+        self.evaluators = [cls.options(name=f"stark-eval-{token}-{i}", **opts).remote(run.eval) for i in range(n)]
         hardware = ray.get(self.evaluators[0].hardware_description.remote())
         specs = []
         self.infos: dict[str, TaskInfo] = {}
-        for task in run.tasks:
+        for task in run.tasks:  # every reference is checked before a run directory exists
             info = TaskInfo(name=task.name, reference_source=task.source, backend=run.eval.backend,
                             hardware=hardware)
             self.infos[task.name] = info
             reference = None if run.resume else self._reference(task)
             specs.append(TaskSpec(info, reference))
-        if run.resume is None:
+        if run.resume is not None:
+            self.dir = run.resume
+        else:
+            self.dir = new_run_dir(run.out, run.tasks[0].name) if run.run_id is None else run.out / run.run_id
+            self.dir.mkdir(parents=True, exist_ok=True)
             write_atomic(self.dir / RUN_FILE, json.dumps(_run_record(run), indent=2) + "\n")
+        self.run_id = self.dir.name
         self.memory = TreeMemoryActor.options(name=f"stark-memory-{self.run_id}-{token}", max_restarts=-1,
                                               max_task_retries=-1, num_cpus=0).remote(
             str(self.dir.parent), self.run_id, specs, run.search, run.agents)
@@ -153,9 +166,9 @@ class _Driver:
         try:
             return ray.get(self.evaluators[0].reference.remote(task))
         except RayTaskError as e:
-            cause = e.as_instanceof_cause()
-            if isinstance(cause, TaskError):
-                raise TaskError(str(cause)) from None
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, TaskError | EvaluatorError):
+                raise type(cause)(str(cause)) from None  # one line, as the local executor says it
             raise
 
     # -- the loop --------------------------------------------------------------------------------------------
@@ -186,6 +199,11 @@ class _Driver:
         if kind == "agent":
             try:
                 step = ray.get(ref)
+            except RayTaskError as e:
+                cause = getattr(e, "cause", None)
+                if isinstance(cause, LLMError) and cause.fatal:
+                    raise LLMError(str(cause), cause.kind) from None  # every further call would fail alike
+                step = AgentResult(None, error=f"the agent task failed: {_one_line(e)}")
             except RayError as e:
                 step = AgentResult(None, error=f"the agent task failed: {_one_line(e)}")
             if step.ok and step.source:
@@ -261,7 +279,10 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
     cannot be evaluated, RunError for a bad resume; after that, every exit (Ctrl-C included) leaves the run
     directory complete: rows, summary.json, best_kernel.py."""
     reporter = reporter or Reporter()
+    on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     started = _connect(run.address, run.runtime_env)
+    if callable(on_term):  # Ray's core installs its own SIGTERM handler (it aborts): the caller's comes back
+        signal.signal(signal.SIGTERM, on_term)
     driver = _Driver(run, reporter)
     t0 = time.monotonic()
     try:

@@ -128,3 +128,14 @@ def test_eval_reports_a_candidate_and_exits_by_its_verdict(tmp_path: Path) -> No
                       "        return x @ torch.ones(3, 3)\n\ndef get_inputs():\n    return [torch.randn(4, 5)]\n\n"
                       "def get_init_inputs():\n    return []\n")
     assert "forward failed" in one_error_line(stark("eval", str(broken), str(tmp_path / "slow.py")))
+
+
+def test_executor_and_resume_mistakes_get_one_line(tmp_path: Path, cassette: str) -> None:
+    task = str(ROOT / "examples" / "tasks" / "1_LeakyReluScale.py")
+    assert "executor" in one_error_line(stark("optimize", task, "--cassette", cassette, "--executor", "dask"))
+    line = one_error_line(stark("optimize", task, "--cassette", cassette, "--executor", "local", "--parallel", "2"))
+    assert "--parallel" in line
+    assert "no such run directory" in one_error_line(stark("optimize", "--resume", str(tmp_path / "nope")))
+    (tmp_path / "local-run").mkdir()  # a directory without run.json is not a Ray run
+    assert "run.json" in one_error_line(stark("optimize", "--resume", str(tmp_path / "local-run")))
+    assert "--executor ray" in one_error_line(stark("optimize", "--resume", str(tmp_path), "--executor", "local"))
