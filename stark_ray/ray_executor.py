@@ -182,14 +182,13 @@ class _Driver:
                 self._done(ref)
 
     def _refill(self) -> None:
-        for name in ray.get(self.memory.unfinished.remote()):
-            while len(self.pending) < self.run.max_in_flight:
-                ticket = ray.get(self.memory.next.remote(name))
-                if ticket is None:
-                    break
-                ref = expand.remote(ticket.request, self.run.agents, self.run.search, self._info(name),
-                                    self.run.client_factory)
-                self.pending[ref] = ("agent", ticket, None, -1)
+        room = self.run.max_in_flight - len(self.pending)
+        if room <= 0:
+            return
+        for ticket in ray.get(self.memory.next_many.remote(room)):
+            ref = expand.remote(ticket.request, self.run.agents, self.run.search, self._info(ticket.task),
+                                self.run.client_factory)
+            self.pending[ref] = ("agent", ticket, None, -1)
 
     def _info(self, name: str) -> TaskInfo:
         return self.infos[name]
@@ -265,6 +264,10 @@ class _Driver:
         return summaries
 
     def close(self) -> None:
+        for ref, (kind, *_rest) in list(self.pending.items()):  # stopped early: the agent calls are not waited for
+            if kind == "agent":
+                with contextlib.suppress(RayError, TypeError, ValueError):
+                    ray.cancel(ref)
         for actor in [*getattr(self, "evaluators", []), getattr(self, "memory", None)]:
             if actor is None:
                 continue

@@ -58,6 +58,9 @@ class TreeMemoryActor:
     async def next(self, task: str) -> Ticket | None:
         return self.memory.next(task)
 
+    async def next_many(self, limit: int) -> list[Ticket]:
+        return self.memory.next_many(limit)
+
     async def add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> Node | None:
         """The new node, or None when the ticket's node was lost with a restart (the work is dropped)."""
         try:

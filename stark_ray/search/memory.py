@@ -138,6 +138,15 @@ class TreeMemory:
     def next(self, task: str) -> Ticket | None:
         return self[task].next()
 
+    def next_many(self, limit: int) -> list[Ticket]:
+        """Up to ``limit`` expansions over all tasks, one task after the other as each has work to give (one call
+        for a driver that keeps many tasks busy)."""
+        out: list[Ticket] = []
+        for search in self.searches.values():
+            while len(out) < limit and not search.finished and (ticket := search.next()) is not None:
+                out.append(ticket)
+        return out
+
     def add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> Node:
         node = self[ticket.task].add(ticket, step, result)
         if self.sink is not None:

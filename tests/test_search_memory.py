@@ -1,0 +1,94 @@
+"""TreeMemory's core (no Ray): in-flight expansions, the budget counting work in flight, many tasks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from stark_ray.agents.base import AgentResult, TaskInfo
+from stark_ray.config import AgentConfig, SearchConfig
+from stark_ray.records import STAGE_OK, EvalResult
+from stark_ray.search.memory import Ticket, TreeMemory, UnknownParent, make_task_search
+from stark_ray.search.team import MODE_IMPROVE, Request
+from stark_ray.search.tree import Tree
+
+
+def ok(speedup: float) -> EvalResult:
+    return EvalResult(compiled=True, correct=True, runtime_ms=1.0 / speedup, ref_runtime_ms=1.0, speedup=speedup,
+                      stage=STAGE_OK)
+
+
+def search_for(name: str, budget: int = 6, parallel: int = 1, seed: int = 0):  # type: ignore[no-untyped-def]
+    tree = Tree.with_reference("class Model: ...", ok(1.0))
+    info = TaskInfo(name, "class Model: ...", "cpu_cpp")
+    return make_task_search(name, tree, SearchConfig(budget=budget, parallel=parallel, seed=seed), AgentConfig(),
+                            info)
+
+
+def step(text: str) -> AgentResult:
+    return AgentResult(source=text, instruction="fuse")
+
+
+def test_parallel_expansions_take_distinct_nodes_and_respect_the_width() -> None:
+    s = search_for("t", budget=10, parallel=3)
+    first = s.next()
+    assert first is not None and first.parent == 0 and first.request.mode == MODE_IMPROVE
+    assert s.next() is None  # the root is the only node, and it is being expanded
+    s.add(first, step("a"), ok(2.0))
+    s.add(s.next() or pytest.fail("expected work"), step("b"), ok(1.5))
+    tickets = [s.next(), s.next(), s.next()]
+    assert all(t is not None for t in tickets) and s.next() is None  # three in flight: the width
+    assert len({t.parent for t in tickets if t is not None}) == 3
+
+
+def test_the_budget_counts_work_in_flight() -> None:
+    s = search_for("t", budget=2, parallel=4)
+    a = s.next()
+    assert a is not None
+    s.add(a, step("a"), ok(2.0))
+    b, c = s.next(), s.next()
+    assert b is not None and c is None  # 1 attempt + 1 in flight = the budget
+    assert not s.finished
+    s.add(b, step("b"), ok(3.0))
+    assert s.finished and s.next() is None
+
+
+def test_a_released_ticket_frees_its_node_and_a_lost_parent_is_refused() -> None:
+    s = search_for("t", budget=5, parallel=1)
+    a = s.next()
+    assert a is not None and s.next() is None
+    s.release(a)
+    again = s.next()
+    assert again is not None and again.parent == 0
+    stranger = Ticket("t", 99, Request(replace(again.request.node, id=7), MODE_IMPROVE, "plan+code", {}))
+    with pytest.raises(UnknownParent):
+        s.add(stranger, step("x"), ok(1.0))
+
+
+def test_next_many_spreads_over_tasks_and_the_sink_sees_every_node() -> None:
+    seen: list[tuple[str, int]] = []
+    memory = TreeMemory(sink=lambda task, node, _step: seen.append((task, node.id)))
+    for name in ("a", "b", "c"):
+        memory.open(search_for(name, budget=2, parallel=1))
+    tickets = memory.next_many(10)
+    assert sorted(t.task for t in tickets) == ["a", "b", "c"]  # one each: each task's width is 1
+    for t in tickets:
+        memory.add(t, step(t.task), ok(2.0))
+    assert sorted(seen) == [("a", 1), ("b", 1), ("c", 1)]
+    assert len(memory.next_many(2)) == 2 and memory.unfinished() == ["a", "b", "c"]
+    with pytest.raises(ValueError):
+        memory.open(search_for("a"))
+
+
+def test_one_in_flight_is_the_sequential_search_step_for_step() -> None:
+    """The same seed and results give the same selections as the paper's loop (one expansion at a time)."""
+    runs = []
+    for _ in range(2):
+        s = search_for("t", budget=8, parallel=1, seed=3)
+        order = []
+        while (t := s.next()) is not None:
+            order.append(t.parent)
+            s.add(t, step(f"n{len(order)}"), ok(1.0 + (len(order) % 3)))
+        runs.append(order)
+    assert runs[0] == runs[1] and len(runs[0]) == 8
