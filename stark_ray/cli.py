@@ -170,7 +170,8 @@ def _resume(run_dir: Path, executor: str, parallel: int, address: str | None, qu
 
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
-    from stark_ray.ray_executor import RayRun, RunError, resume_settings
+    from stark_ray.ray_executor import RayRun
+    from stark_ray.run_files import RunError, resume_settings
 
     if executor != "ray":
         fail("--resume continues a Ray run: it needs --executor ray")
@@ -320,6 +321,15 @@ def _one_task(task: Path | None, ref_path: Path | None) -> Path:
     if path is None:
         fail("no task given: stark optimize TASK.py (or --ref-path TASK.py)")
     return path
+
+
+def _register_campaign() -> None:
+    from stark_ray.cli_campaign import campaign
+
+    app.command("campaign")(campaign)
+
+
+_register_campaign()
 
 
 def main() -> None:

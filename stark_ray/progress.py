@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -64,3 +66,46 @@ class RichReporter(Reporter):
             f"{summary.attempts} attempts, {summary.failures} failed, {summary.llm_calls} LLM calls, "
             f"{summary.tokens['input'] + summary.tokens['output']} tokens, ${summary.cost:.4f}; "
             f"results in {escape(summary.run_dir)}", highlight=False)
+
+
+class CampaignReporter(Reporter):
+    """The live view of ``stark campaign``: one status block, redrawn a few times a second, and one line per
+    finished task."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        from rich.live import Live
+
+        self.console = console or Console(stderr=True)
+        self.live = Live(console=self.console, refresh_per_second=4, transient=False)
+        self.started = False
+
+    def start(self, task: Task, budget: int, reference: Node) -> None:
+        if not self.started:
+            self.live.start()
+            self.started = True
+
+    def progress(self, stats: dict[str, Any]) -> None:
+        from rich.table import Table
+
+        table = Table.grid(padding=(0, 2))
+        queued = stats["tasks"] - stats["running"] - stats["done"]
+        rate = stats["correct"] / stats["attempts"] if stats["attempts"] else 0.0
+        table.add_row("tasks", f"{stats['done']} done, {stats['running']} running, {max(queued, 0)} queued "
+                               f"of {stats['tasks']}")
+        table.add_row("attempts", f"{stats['attempts']} ({100 * rate:.0f}% correct)")
+        best = sorted(((s, n) for n, s in stats["best"].items() if s), reverse=True)[:5]
+        table.add_row("best", ", ".join(f"{escape(n)} {s:.2f}×" for s, n in best) or "—")
+        table.add_row("spent", f"{stats['tokens']} tokens, ${stats['cost']:.4f}")
+        table.add_row("evaluators", f"{stats['evaluating']} candidates in evaluation on {stats['evaluators']}")
+        if stats["capped"]:
+            table.add_row("capped", escape("; ".join(sorted(set(stats["capped"].values())))))
+        self.live.update(table)
+
+    def finish(self, summary: RunSummary) -> None:
+        speedup = f"{summary.best_speedup:.2f}×" if summary.best_speedup else "no correct candidate"
+        self.live.console.print(f"[bold]{escape(summary.task)}[/]: {summary.status}, {summary.attempts} attempts, "
+                                f"best {speedup}, ${summary.cost:.4f}")
+
+    def close(self) -> None:
+        if self.started:
+            self.live.stop()

@@ -32,6 +32,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
 from stark_ray.agents.base import AgentResult, TaskInfo
+from stark_ray.campaign import Caps, CapTracker
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import Task, TaskError
@@ -46,13 +47,19 @@ from stark_ray.optimize import (
     new_run_dir,
     write_atomic,
 )
-from stark_ray.records import STAGE_CRASH, EvalResult, LLMUsage, Node
+from stark_ray.records import STAGE_CRASH, EvalResult, Node
+from stark_ray.run_files import (
+    RUN_FILE,
+    RunError,
+    recorded_usage,
+    run_record,
+    task_summary,
+)
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
-from stark_ray.store.read import call_rows
 from stark_ray.tasks.agents import ClientFactory, expand
 
-RUN_FILE = "run.json"
+STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
 MAX_IN_FLIGHT = 64  # agent calls plus evaluations outstanding at once, over all tasks
 
 
@@ -73,28 +80,8 @@ class RayRun:
     client_factory: ClientFactory | None = None  # scripted replies (tests, benchmarks)
     evaluator_cls: Any = None  # an actor class with reference/evaluate/hardware_description (benchmarks)
     runtime_env: dict[str, Any] | None = None  # for a Ray this run starts or joins
+    caps: Caps = field(default_factory=Caps)  # spending limits (campaigns)
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-class RunError(Exception):
-    """A run that cannot start (a bad resume directory, no evaluator). One line."""
-
-
-def load_run(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / RUN_FILE
-    if not path.is_file():
-        raise RunError(f"{run_dir} is not a Ray run directory (no {RUN_FILE})")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise RunError(f"cannot read {path}: {e}") from None
-
-
-def resume_settings(run_dir: Path) -> tuple[list[Task], SearchConfig, AgentConfig, EvalConfig]:
-    """The tasks and settings an earlier run recorded."""
-    data = load_run(run_dir)
-    tasks = [Task(t["name"], Path(t["path"]), t["source"]) for t in data["tasks"]]
-    return (tasks, SearchConfig(**data["search"]), AgentConfig(**data["agents"]), EvalConfig(**data["eval"]))
 
 
 def _connect(address: str | None, runtime_env: dict[str, Any] | None = None) -> bool:
@@ -127,6 +114,10 @@ class _Driver:
         self.best: dict[str, int | None] = {}
         self.pending: dict[Any, tuple[str, Ticket, AgentResult | None, int]] = {}
         self.load: Counter[int] = Counter()
+        self.spend = CapTracker(run.caps)
+        self.capped: dict[str, str] = {}  # task -> why no new LLM calls are made for it
+        self.done: set[str] = set()
+        self._last_progress = 0.0
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -148,14 +139,19 @@ class _Driver:
         if run.resume is not None:
             self.dir = run.resume
         else:
-            self.dir = new_run_dir(run.out, run.tasks[0].name) if run.run_id is None else run.out / run.run_id
+            base = run.tasks[0].name if len(run.tasks) == 1 else "campaign"
+            self.dir = new_run_dir(run.out, base) if run.run_id is None else run.out / run.run_id
             self.dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.dir / RUN_FILE, json.dumps(_run_record(run), indent=2) + "\n")
+            record = run_record(run.tasks, run.search, run.agents, run.eval)
+            write_atomic(self.dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
         self.run_id = self.dir.name
         self.memory = TreeMemoryActor.options(name=f"stark-memory-{self.run_id}-{token}", max_restarts=-1,
                                               max_task_retries=-1, num_cpus=0).remote(
             str(self.dir.parent), self.run_id, specs, run.search, run.agents)
         for name in self.tasks:
+            if run.resume is not None:  # what the earlier part of the run spent counts against the caps
+                recorded = recorded_usage(self.dir, name)
+                self.spend.add(name, recorded.cost_usd, recorded.input_tokens + recorded.output_tokens)
             tree = Tree.from_records(ray.get(self.memory.snapshot.remote(name)))
             self.mirror[name] = tree
             best = tree.best()
@@ -175,17 +171,42 @@ class _Driver:
     def loop(self) -> None:
         while True:
             self._refill()
+            self._progress()
             if not self.pending:
                 return
-            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=5.0)
+            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=1.0)
             for ref in ready:
                 self._done(ref)
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_progress < 0.5:
+            return
+        self._last_progress = now
+        running = {t.task for _, t, _, _ in self.pending.values()}
+        self.reporter.progress({
+            "tasks": len(self.tasks), "running": len(running),
+            "done": sum(1 for n, tree in self.mirror.items() if n not in running and
+                        (tree.evaluated >= self.run.search.budget or n in self.capped)),
+            "attempts": sum(t.evaluated for t in self.mirror.values()),
+            "correct": sum(1 for t in self.mirror.values() for n in t if n.correct and not n.is_root),
+            "best": {n: b.result.speedup for n, t in self.mirror.items() if (b := t.best()) is not None},
+            "cost": self.spend.total.cost, "tokens": self.spend.total.tokens,
+            "evaluators": len(self.evaluators), "evaluating": sum(1 for k, *_ in self.pending.values() if k == "eval"),
+            "capped": dict(self.capped),
+        })
 
     def _refill(self) -> None:
         room = self.run.max_in_flight - len(self.pending)
         if room <= 0:
             return
-        for ticket in ray.get(self.memory.next_many.remote(room)):
+        for name in self.tasks:
+            reason = self.spend.task_reason(name)
+            if reason and name not in self.capped:
+                self.capped[name] = reason
+        if len(self.capped) == len(self.tasks):
+            return
+        for ticket in ray.get(self.memory.next_many.remote(room, sorted(self.capped))):
             ref = expand.remote(ticket.request, self.run.agents, self.run.search, self._info(ticket.task),
                                 self.run.client_factory)
             self.pending[ref] = ("agent", ticket, None, -1)
@@ -235,6 +256,8 @@ class _Driver:
         usage = self.usage[name]
         for u in step.usage:
             usage.add(u)
+        self.spend.add(name, sum(u.cost_usd for u in step.usage),
+                       sum(u.input_tokens + u.output_tokens for u in step.usage))
         best = tree.best()
         if best is not None and best.id != self.best[name]:
             self.best[name] = best.id
@@ -254,7 +277,11 @@ class _Driver:
                 tree = Tree.from_records(ray.get(self.memory.snapshot.remote(name)))
             except RayError:
                 tree = self.mirror[name]
-            summary = _summary(task, tree, self.dir, self.run_id, status, wall_s, self.run, _usage(self.dir, name))
+            capped = status == STATUS_FINISHED and name in self.capped and tree.evaluated < self.run.search.budget
+            summary = task_summary(task, tree, self.dir, self.run_id, STATUS_CAPPED if capped else status, wall_s,
+                                   self.run.search, self.run.eval, recorded_usage(self.dir, name))
+            if capped:
+                summary.settings["stopped_by"] = self.capped[name]
             write_atomic(self._task_dir(name) / "summary.json", json.dumps(asdict(summary), indent=2) + "\n")
             best = tree.best()
             if best is not None:
@@ -304,6 +331,9 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
         return summaries
     finally:
         driver.close()
+        closing = getattr(reporter, "close", None)
+        if callable(closing):
+            closing()
         if started:
             ray.shutdown()
 
@@ -315,42 +345,6 @@ def _default_evaluators(cfg: EvalConfig) -> int:
             raise RunError(f"backend {cfg.backend} needs a GPU and the Ray cluster has none")
         return gpus
     return 1
-
-
-def _run_record(run: RayRun) -> dict[str, Any]:
-    agents = asdict(run.agents)
-    return {"tasks": [{"name": t.name, "path": str(t.path), "source": t.source} for t in run.tasks],
-            "search": asdict(run.search), "agents": agents, "eval": asdict(run.eval), "executor": "ray"}
-
-
-def _usage(run_dir: Path, task: str) -> UsageTotals:
-    """Every LLM call of the task as recorded (a resumed run's earlier calls included)."""
-    totals = UsageTotals()
-    try:
-        rows = call_rows(run_dir, task)
-    except (FileNotFoundError, OSError):
-        return totals
-    names = {f for f in LLMUsage.__dataclass_fields__}
-    for row in rows:
-        totals.add(LLMUsage(**{k: v for k, v in row.items() if k in names}))
-    return totals
-
-
-def _summary(task: Task, tree: Tree, run_dir: Path, run_id: str, status: str, wall_s: float, run: RayRun,
-             usage: UsageTotals) -> RunSummary:
-    best = tree.best()
-    return RunSummary(
-        task=task.name, run_id=run_id, run_dir=str(run_dir), status=status, attempts=tree.evaluated,
-        budget=run.search.budget, best_correct=best is not None,
-        best_speedup=best.result.speedup if best else None, best_node=best.id if best else None,
-        best_runtime_ms=best.result.runtime_ms if best else None,
-        best_ref_runtime_ms=best.result.ref_runtime_ms if best else None,
-        ref_runtime_ms=tree.root.result.runtime_ms, failures=tree.failures(),
-        failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.correct)),
-        tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
-        llm_calls=usage.calls, wall_s=round(wall_s, 2),
-        settings={"search": asdict(run.search), "eval": asdict(run.eval), "executor": "ray"},
-    )
 
 
 def _one_line(e: BaseException) -> str:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -37,3 +38,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[str]:
+    """One local Ray for the session: 2 CPUs and a logical GPU; its workers import the tests' helpers (the
+    scripted replies). Yields the GCS address, for drivers started in subprocesses."""
+    ray = pytest.importorskip("ray")
+    repo = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()

@@ -46,3 +46,19 @@ def client(killer_marker: str | None = None) -> ScriptedClient:
 
 def killer_client_factory(marker: Path) -> partial[ScriptedClient]:
     return partial(client, str(marker))
+
+
+def echo_reply(request: LLMRequest) -> str:
+    """Any task: the plan anchors the code shown; the code agent returns the reference itself as ModelNew
+    (correct by construction, about as fast)."""
+    if request.role == "plan":
+        return plan_reply(request)
+    blocks = re.findall(r"(`{3,})python\n(.*?)\n\1", "\n".join(m.content for m in request.messages), re.S)
+    source = next(b for _, b in blocks if "class Model(" in b or "class ModelNew(" in b)
+    source = re.sub(r"^\s*# <<<IMPROVE (BEGIN|END) \d+>>>\n", "", source + "\n", flags=re.M)
+    source = source.replace("class Model(", "class ModelNew(").replace("super(Model, self)", "super(ModelNew, self)")
+    return f"Here it is.\n\n```python\n{source}```\n"
+
+
+def echo_client() -> ScriptedClient:
+    return ScriptedClient({}, default=echo_reply)

@@ -38,16 +38,6 @@ TASK = REPO / "examples" / "tasks" / "1_LeakyReluScale.py"
 WORKER_PATH = os.pathsep.join([str(REPO), str(REPO / "tests")])  # Ray workers import the scripted replies
 
 
-@pytest.fixture(scope="session")
-def ray_cluster() -> Any:
-    """One local Ray for the session: 2 CPUs and a logical GPU; workers can import the tests' helpers."""
-    path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
 def eval_cfg(build_dir: str) -> EvalConfig:
     return EvalConfig(trials=2, warmup=1, timing_trials=3, build_dir=build_dir)
 
@@ -193,7 +183,7 @@ def test_kill_9_of_the_driver_then_resume_loses_and_doubles_nothing(ray_cluster:
     assert 4 <= len(before) < 11
     resumed = RayRun([], SearchConfig(), AgentConfig(), EvalConfig(), tmp_path / "runs", resume=run_dir,
                      client_factory=ray_replies.client)
-    from stark_ray.ray_executor import resume_settings
+    from stark_ray.run_files import resume_settings
 
     resumed.tasks, resumed.search, resumed.agents, resumed.eval = resume_settings(run_dir)
     [summary] = run_ray(resumed)

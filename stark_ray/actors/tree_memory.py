@@ -58,8 +58,8 @@ class TreeMemoryActor:
     async def next(self, task: str) -> Ticket | None:
         return self.memory.next(task)
 
-    async def next_many(self, limit: int) -> list[Ticket]:
-        return self.memory.next_many(limit)
+    async def next_many(self, limit: int, exclude: list[str] | None = None) -> list[Ticket]:
+        return self.memory.next_many(limit, exclude or ())
 
     async def add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> Node | None:
         """The new node, or None when the ticket's node was lost with a restart (the work is dropped)."""

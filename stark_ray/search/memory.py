@@ -15,7 +15,7 @@ TaskSearch directly.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,11 +138,13 @@ class TreeMemory:
     def next(self, task: str) -> Ticket | None:
         return self[task].next()
 
-    def next_many(self, limit: int) -> list[Ticket]:
-        """Up to ``limit`` expansions over all tasks, one task after the other as each has work to give (one call
-        for a driver that keeps many tasks busy)."""
+    def next_many(self, limit: int, exclude: Collection[str] = ()) -> list[Ticket]:
+        """Up to ``limit`` expansions over all tasks but ``exclude``, one task after the other as each has work to
+        give (one call for a driver that keeps many tasks busy)."""
         out: list[Ticket] = []
         for search in self.searches.values():
+            if search.name in exclude:
+                continue
             while len(out) < limit and not search.finished and (ticket := search.next()) is not None:
                 out.append(ticket)
         return out

@@ -1,0 +1,123 @@
+"""``stark campaign``: many tasks at once on Ray, every evaluator of the cluster busy, spending capped.
+
+Settings come from the command line, else from ``--config campaign.toml`` (see stark_ray/campaign.py), else
+from the defaults of ``stark optimize``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from stark_ray.config import ABLATIONS, BACKENDS, POLICIES
+
+
+def campaign(
+    tasks: Annotated[list[str] | None, typer.Option("--tasks", help="Task files or globs (repeatable).",
+                                                    show_default=False)] = None,
+    kernelbench: Annotated[str | None, typer.Option(help="A KernelBench checkout (level1/ … level4/).",
+                                                    show_default=False)] = None,
+    levels: Annotated[list[int] | None, typer.Option("--levels", help="KernelBench levels (repeatable).",
+                                                     show_default=False)] = None,
+    ids: Annotated[list[int] | None, typer.Option("--ids", help="KernelBench task ids (repeatable).",
+                                                  show_default=False)] = None,
+    names: Annotated[list[str] | None, typer.Option("--names", help="Name substrings (repeatable).",
+                                                    show_default=False)] = None,
+    subset: Annotated[str | None, typer.Option(help="all | representative (KernelBench).")] = None,
+    config: Annotated[Path | None, typer.Option(help="Campaign TOML file with the same settings.",
+                                                show_default=False)] = None,
+    budget: Annotated[int | None, typer.Option("--budget", "-B", help="Attempts per task [30].")] = None,
+    parallel: Annotated[int | None, typer.Option(help="Expansions per task in flight [1].")] = None,
+    provider: Annotated[str | None, typer.Option(help="openai | anthropic | replay.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model for every agent [gpt-4o].")] = None,
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server.")] = None,
+    cassette: Annotated[Path | None, typer.Option(help="Replay recorded exchanges.")] = None,
+    policy: Annotated[str | None, typer.Option(help=" | ".join(POLICIES))] = None,
+    ablation: Annotated[str | None, typer.Option(help=" | ".join(ABLATIONS))] = None,
+    epsilon: Annotated[float | None, typer.Option(help="ε of the ε-greedy policy [0.3].")] = None,
+    backend: Annotated[str | None, typer.Option(help=" | ".join(BACKENDS))] = None,
+    baseline: Annotated[str | None, typer.Option(help="eager | compile.")] = None,
+    trials: Annotated[int | None, typer.Option(help="Correctness trials [5].")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed [0].")] = None,
+    max_cost: Annotated[float | None, typer.Option(help="USD cap for the campaign.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Token cap for the campaign.")] = None,
+    task_max_cost: Annotated[float | None, typer.Option(help="USD cap per task.")] = None,
+    task_max_tokens: Annotated[int | None, typer.Option(help="Token cap per task.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Where campaign directories go [runs].")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster to join (auto, ray://…).")] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue this campaign directory.", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view.")] = False,
+) -> None:
+    """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
+    from dataclasses import replace
+
+    from stark_ray.campaign import CampaignError, Caps, load_config, select_tasks
+    from stark_ray.cli import _reporter, _run_on_ray, _writable_dir, fail
+    from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+    from stark_ray.llm.base import ConfigError
+    from stark_ray.llm.factory import check_credentials
+    from stark_ray.ray_executor import RayRun
+    from stark_ray.run_files import RunError, resume_settings
+
+    cli: dict[str, dict[str, Any]] = {
+        "tasks": {"files": tasks, "kernelbench": kernelbench, "levels": levels, "ids": ids, "names": names,
+                  "subset": subset},
+        "search": {"budget": budget, "parallel": parallel, "policy": policy, "ablation": ablation,
+                   "epsilon": epsilon, "seed": seed},
+        "agents": {"provider": provider, "model": model, "base_url": base_url,
+                   "cassette": str(cassette) if cassette else None},
+        "eval": {"backend": backend, "baseline": baseline, "trials": trials, "seed": seed},
+        "caps": {"max_cost": max_cost, "max_tokens": max_tokens, "task_max_cost": task_max_cost,
+                 "task_max_tokens": task_max_tokens},
+        "run": {"out": str(out) if out else None, "address": address},
+    }
+    try:
+        file_cfg = load_config(config) if config else {}
+        merged = {name: {**file_cfg.get(name, {}), **{k: v for k, v in values.items() if v is not None}}
+                  for name, values in cli.items()}
+        caps = Caps(**merged["caps"])
+    except (CampaignError, TypeError) as e:
+        fail(f"{config}: {e}" if config and isinstance(e, TypeError) else str(e))
+    run_cfg = merged["run"]
+    reporter = _reporter(True) if quiet else _campaign_reporter()
+    if resume is not None:
+        if not resume.is_dir():
+            fail(f"--resume {resume}: no such campaign directory")
+        try:
+            picked, search_cfg, agent_cfg, eval_cfg = resume_settings(resume)
+            if parallel is not None:
+                search_cfg = replace(search_cfg, parallel=parallel)
+            check_credentials(agent_cfg)
+        except (RunError, ConfigError, ValueError, TypeError) as e:
+            fail(f"--resume {resume}: {e}")
+        _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, resume.parent, resume=resume,
+                           address=run_cfg.get("address"), caps=caps), reporter)
+        return
+    sel = merged["tasks"]
+    try:
+        picked = select_tasks(sel.get("files"), sel.get("kernelbench"), sel.get("levels"), sel.get("ids"),
+                              sel.get("names"), sel.get("subset") or "all")
+        agents = merged["agents"]
+        if agents.get("cassette") and agents.get("provider") in (None, "replay"):
+            agents["provider"] = "replay"
+        search_cfg = SearchConfig(**merged["search"])
+        agent_cfg = AgentConfig(**agents)
+        eval_cfg = EvalConfig(**merged["eval"])
+        check_credentials(agent_cfg)
+    except (CampaignError, ConfigError, ValueError) as e:
+        fail(str(e))
+    except TypeError as e:  # an unknown key in the TOML file
+        fail(f"{config}: {e}")
+    out_dir = Path(run_cfg.get("out") or "runs")
+    _writable_dir(out_dir, "--out")
+    _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"),
+                       caps=caps), reporter)
+
+
+def _campaign_reporter() -> Any:
+    from stark_ray.cli import err
+    from stark_ray.progress import CampaignReporter
+
+    return CampaignReporter(err)

@@ -1,0 +1,75 @@
+"""The files of a Ray run besides its Parquet rows: run.json (what --resume reads) and each task's summary."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+from stark_ray.eval.tasks import Task
+from stark_ray.llm.usage import UsageTotals
+from stark_ray.optimize import RunSummary
+from stark_ray.records import LLMUsage
+from stark_ray.search.tree import Tree
+from stark_ray.store.read import call_rows
+
+RUN_FILE = "run.json"
+
+
+class RunError(Exception):
+    """A run that cannot start (a bad resume directory, no evaluator). One line."""
+
+
+def load_run(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise RunError(f"{run_dir} is not a Ray run directory (no {RUN_FILE})")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RunError(f"cannot read {path}: {e}") from None
+
+
+def resume_settings(run_dir: Path) -> tuple[list[Task], SearchConfig, AgentConfig, EvalConfig]:
+    """The tasks and settings an earlier run recorded."""
+    data = load_run(run_dir)
+    tasks = [Task(t["name"], Path(t["path"]), t["source"]) for t in data["tasks"]]
+    return (tasks, SearchConfig(**data["search"]), AgentConfig(**data["agents"]), EvalConfig(**data["eval"]))
+
+
+def run_record(tasks: list[Task], search: SearchConfig, agents: AgentConfig, ev: EvalConfig) -> dict[str, Any]:
+    return {"tasks": [{"name": t.name, "path": str(t.path), "source": t.source} for t in tasks],
+            "search": asdict(search), "agents": asdict(agents), "eval": asdict(ev), "executor": "ray"}
+
+
+def recorded_usage(run_dir: Path, task: str) -> UsageTotals:
+    """Every LLM call of the task as recorded (a resumed run's earlier calls included)."""
+    totals = UsageTotals()
+    try:
+        rows = call_rows(run_dir, task)
+    except (FileNotFoundError, OSError):
+        return totals
+    names = set(LLMUsage.__dataclass_fields__)
+    for row in rows:
+        totals.add(LLMUsage(**{k: v for k, v in row.items() if k in names}))
+    return totals
+
+
+def task_summary(task: Task, tree: Tree, run_dir: Path, run_id: str, status: str, wall_s: float,
+                 search: SearchConfig, ev: EvalConfig, usage: UsageTotals) -> RunSummary:
+    best = tree.best()
+    return RunSummary(
+        task=task.name, run_id=run_id, run_dir=str(run_dir), status=status, attempts=tree.evaluated,
+        budget=search.budget, best_correct=best is not None,
+        best_speedup=best.result.speedup if best else None, best_node=best.id if best else None,
+        best_runtime_ms=best.result.runtime_ms if best else None,
+        best_ref_runtime_ms=best.result.ref_runtime_ms if best else None,
+        ref_runtime_ms=tree.root.result.runtime_ms, failures=tree.failures(),
+        failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.correct)),
+        tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
+        llm_calls=usage.calls, wall_s=round(wall_s, 2),
+        settings={"search": asdict(search), "eval": asdict(ev), "executor": "ray"},
+    )

@@ -1,0 +1,80 @@
+"""Campaigns: many tasks in one Ray run, spending caps, task selection, the command's mistakes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import ray_replies  # noqa: E402
+from test_cli import ROOT, one_error_line, stark  # noqa: E402
+from test_ray_runtime import eval_cfg  # noqa: E402
+
+from stark_ray.campaign import CampaignError, Caps, load_config, select_tasks  # noqa: E402
+from stark_ray.config import AgentConfig, SearchConfig  # noqa: E402
+from stark_ray.ray_executor import RayRun, run_ray  # noqa: E402
+from stark_ray.store.read import load_trees  # noqa: E402
+
+TASKS = [str(ROOT / "examples" / "tasks" / f) for f in
+         ("1_LeakyReluScale.py", "5_RowSoftmax.py", "6_ResidualLayerNorm.py")]
+
+
+@pytest.mark.slow
+def test_three_tasks_in_one_run_each_to_its_budget(ray_cluster: str, tmp_path: Path,
+                                                   shared_build_dir: str) -> None:
+    run = RayRun(select_tasks(TASKS), SearchConfig(budget=4, seed=0, parallel=2), AgentConfig(),
+                 eval_cfg(shared_build_dir), tmp_path, client_factory=ray_replies.echo_client)
+    summaries = run_ray(run)
+    assert sorted(s.task for s in summaries) == ["1_LeakyReluScale", "5_RowSoftmax", "6_ResidualLayerNorm"]
+    assert all(s.status == "finished" and s.attempts == 4 and s.best_correct for s in summaries)
+    run_dir = Path(summaries[0].run_dir)
+    assert run_dir.name.startswith("campaign-")
+    trees = load_trees(run_dir)
+    assert {name: len(t) for name, t in trees.items()} == {s.task: 5 for s in summaries}
+    for s in summaries:
+        task_dir = run_dir / "tasks" / s.task
+        assert json.loads((task_dir / "summary.json").read_text())["attempts"] == 4
+        assert (task_dir / "best_kernel.py").is_file()
+    assert sum(len(t) for t in trees.values()) == 15  # load_trees refuses a (task, seq) written twice
+
+
+@pytest.mark.slow
+def test_a_token_cap_per_task_stops_new_calls(ray_cluster: str, tmp_path: Path,
+                                              shared_build_dir: str) -> None:
+    run = RayRun(select_tasks(TASKS[:2]), SearchConfig(budget=5, seed=0), AgentConfig(),
+                 eval_cfg(shared_build_dir), tmp_path, client_factory=ray_replies.echo_client,
+                 caps=Caps(task_max_tokens=1))
+    summaries = run_ray(run)
+    for s in summaries:  # one attempt spends more than a token: no second one is started
+        assert s.status == "capped" and s.attempts == 1
+        assert "task token cap" in s.settings["stopped_by"]
+
+
+def test_selection_and_config_mistakes(tmp_path: Path) -> None:
+    with pytest.raises(CampaignError, match="either --tasks"):
+        select_tasks()
+    with pytest.raises(CampaignError, match="no task file matches"):
+        select_tasks([str(tmp_path / "*.py")])
+    assert [t.name for t in select_tasks([str(ROOT / "examples" / "tasks" / "[15]_*.py")])] == \
+        ["1_LeakyReluScale", "5_RowSoftmax"]
+    bad = tmp_path / "c.toml"
+    bad.write_text("[taks]\nfiles = []\n")
+    with pytest.raises(CampaignError, match=r"unknown section \[taks\]"):
+        load_config(bad)
+    bad.write_text("[tasks\n")
+    with pytest.raises(CampaignError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(CampaignError, match="max_cost must be > 0"):
+        Caps(max_cost=0)
+
+
+def test_campaign_command_mistakes_get_one_line(tmp_path: Path) -> None:
+    assert "either --tasks" in one_error_line(stark("campaign"))
+    assert "no task file matches" in one_error_line(stark("campaign", "--tasks", str(tmp_path / "none*.py")))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[search]\nbudgett = 3\n[tasks]\nfiles = ["examples/tasks/1_LeakyReluScale.py"]\n')
+    assert "budgett" in one_error_line(stark("campaign", "--config", str(cfg)))
+    assert "no such campaign directory" in one_error_line(stark("campaign", "--resume", str(tmp_path / "x")))
