@@ -2,8 +2,9 @@
 
 One TreeMemory actor owns every task's tree and policy; agent calls are stateless Ray tasks; one Evaluator actor
 per GPU (or one on the CPU) evaluates. The driver only moves work along: it asks the memory for expansions
-(``next``), launches their agent tasks, sends each candidate to the least busy evaluator, and hands results
-back (``add``) — handling whatever finishes first (``ray.wait``), with a cap on the work in flight.
+(``next``), launches their agent tasks, sends each candidate to its task's evaluator (tasks are spread
+round-robin over the evaluators; a task's reference is timed on the same GPU as its candidates), and hands
+results back (``add``) — handling whatever finishes first (``ray.wait``), with a cap on the work in flight.
 
 A run directory holds ``run.json`` (settings and task sources, enough for ``--resume``), the Parquet rows the
 memory writes, and, when the run ends, ``summary.json`` and ``best_kernel.py`` for each task (one task: at
@@ -20,7 +21,6 @@ import signal
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -113,7 +113,7 @@ class _Driver:
         self.mirror: dict[str, Tree] = {}
         self.best: dict[str, int | None] = {}
         self.pending: dict[Any, tuple[str, Ticket, AgentResult | None, int]] = {}
-        self.load: Counter[int] = Counter()
+        self.home: dict[str, int] = {}  # task -> its evaluator (round-robin over the tasks)
         self.spend = CapTracker(run.caps)
         self.capped: dict[str, str] = {}  # task -> why no new LLM calls are made for it
         self.done: set[str] = set()
@@ -134,6 +134,7 @@ class _Driver:
             info = TaskInfo(name=task.name, reference_source=task.source, backend=run.eval.backend,
                             hardware=hardware)
             self.infos[task.name] = info
+            self.home[task.name] = len(self.home) % n  # its reference and its candidates: the same GPU
             reference = None if run.resume else self._reference(task)
             specs.append(TaskSpec(info, reference))
         if run.resume is not None:
@@ -160,7 +161,7 @@ class _Driver:
 
     def _reference(self, task: Task) -> EvalResult:
         try:
-            return ray.get(self.evaluators[0].reference.remote(task))
+            return ray.get(self.evaluators[self.home[task.name]].reference.remote(task))
         except RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, TaskError | EvaluatorError):
@@ -227,15 +228,13 @@ class _Driver:
             except RayError as e:
                 step = AgentResult(None, error=f"the agent task failed: {_one_line(e)}")
             if step.ok and step.source:
-                which = min(range(len(self.evaluators)), key=lambda i: self.load[i])
-                self.load[which] += 1
+                which = self.home[ticket.task]
                 eref = self.evaluators[which].evaluate.remote(self.tasks[ticket.task], step.source)
                 self.pending[eref] = ("eval", ticket, step, which)
             else:
                 self._add(ticket, step, no_candidate(step))
             return
         assert step is not None
-        self.load[which] -= 1
         try:
             result = ray.get(ref)
         except RayActorError:
