@@ -172,20 +172,21 @@ class _Driver:
     def loop(self) -> None:
         while True:
             self._refill()
-            self._progress()
+            self._progress(final=not self.pending)
             if not self.pending:
                 return
             ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=1.0)
             for ref in ready:
                 self._done(ref)
 
-    def _progress(self) -> None:
+    def _progress(self, final: bool = False) -> None:
         now = time.monotonic()
-        if now - self._last_progress < 0.5:
+        report = getattr(self.reporter, "progress", None)
+        if report is None or (now - self._last_progress < 0.5 and not final):
             return
         self._last_progress = now
         running = {t.task for _, t, _, _ in self.pending.values()}
-        self.reporter.progress({
+        report({
             "tasks": len(self.tasks), "running": len(running),
             "done": sum(1 for n, tree in self.mirror.items() if n not in running and
                         (tree.evaluated >= self.run.search.budget or n in self.capped)),

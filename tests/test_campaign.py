@@ -78,3 +78,22 @@ def test_campaign_command_mistakes_get_one_line(tmp_path: Path) -> None:
     cfg.write_text('[search]\nbudgett = 3\n[tasks]\nfiles = ["examples/tasks/1_LeakyReluScale.py"]\n')
     assert "budgett" in one_error_line(stark("campaign", "--config", str(cfg)))
     assert "no such campaign directory" in one_error_line(stark("campaign", "--resume", str(tmp_path / "x")))
+
+
+@pytest.mark.slow
+def test_campaign_command_runs_two_tasks_with_its_live_view(tmp_path: Path) -> None:
+    from test_cli_runs import code_text, plan_text
+
+    cassette = tmp_path / "c.jsonl"  # served in order: any task gets a plan and the (leaky) candidate
+    lines = [{"role": "plan", "prompt_sha256": "-", "reply": plan_text()},
+             {"role": "code", "prompt_sha256": "-", "reply": code_text(ray_replies.SLOW)}] * 4
+    cassette.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    proc = stark("campaign", "--tasks", TASKS[0], "--tasks", TASKS[1], "--cassette", str(cassette), "-B", "2",
+                  "--trials", "2", "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    assert "tasks" in proc.stderr and "2 done" in proc.stderr and "Traceback" not in proc.stderr
+    [run_dir] = (tmp_path / "runs").iterdir()
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in run_dir.glob("tasks/*/summary.json")}
+    assert sorted(summaries) == ["1_LeakyReluScale", "5_RowSoftmax"]
+    assert all(s["attempts"] == 2 and s["status"] == "finished" for s in summaries.values())
+    assert summaries["1_LeakyReluScale"]["best_correct"] and not summaries["5_RowSoftmax"]["best_correct"]
