@@ -77,6 +77,9 @@ def optimize(
                                                      "an embedded local Ray).")] = None,
     resume: Annotated[Path | None, typer.Option(help="Continue this Ray run directory (its task and settings).",
                                                 show_default=False)] = None,
+    evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU of the cluster "
+                                                        "at the start; more wait for the autoscaler).",
+                                                   show_default=False)] = None,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
     from stark_ray.eval.backends import available_backends
@@ -87,8 +90,10 @@ def optimize(
 
     if executor not in ("ray", "local"):
         fail(f"unknown executor {executor!r}; choose ray or local")
+    if evaluators is not None and evaluators < 1:
+        fail("--evaluators must be >= 1")
     if resume is not None:
-        _resume(resume, executor, parallel, address, quiet)
+        _resume(resume, executor, parallel, address, quiet, evaluators)
         return
     path = _one_task(task, ref_path)
     if cassette is not None and provider not in (None, "replay"):
@@ -124,7 +129,8 @@ def optimize(
     if executor == "ray":
         from stark_ray.ray_executor import RayRun
 
-        _run_on_ray(RayRun([the_task], search_cfg, agent_cfg, eval_cfg, out, address=address), reporter)
+        _run_on_ray(RayRun([the_task], search_cfg, agent_cfg, eval_cfg, out, address=address,
+                           evaluators=evaluators), reporter)
         return
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
     from stark_ray.eval.service import EvaluatorError
@@ -164,7 +170,8 @@ def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
         fail("interrupted; everything recorded so far is in the run directory (--resume it)", 130)
 
 
-def _resume(run_dir: Path, executor: str, parallel: int, address: str | None, quiet: bool) -> None:
+def _resume(run_dir: Path, executor: str, parallel: int, address: str | None, quiet: bool,
+            evaluators: int | None = None) -> None:
     """Continue a Ray run: its task(s) and settings come from its run.json; --parallel may change."""
     from dataclasses import replace
 
@@ -183,8 +190,8 @@ def _resume(run_dir: Path, executor: str, parallel: int, address: str | None, qu
         check_credentials(agent_cfg)
     except (RunError, ConfigError, ValueError, TypeError) as e:
         fail(f"--resume {run_dir}: {e}")
-    _run_on_ray(RayRun(tasks, search_cfg, agent_cfg, eval_cfg, run_dir.parent, resume=run_dir, address=address),
-                _reporter(quiet))
+    _run_on_ray(RayRun(tasks, search_cfg, agent_cfg, eval_cfg, run_dir.parent, resume=run_dir, address=address,
+                       evaluators=evaluators), _reporter(quiet))
 
 
 class _QuietReporter:

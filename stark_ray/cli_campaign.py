@@ -48,6 +48,8 @@ def campaign(
     out: Annotated[Path | None, typer.Option(help="Where campaign directories go [runs].")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster to join (auto, ray://…).")] = None,
     resume: Annotated[Path | None, typer.Option(help="Continue this campaign directory.", show_default=False)] = None,
+    evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU at the start; "
+                                                        "more wait for the autoscaler).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view.")] = False,
 ) -> None:
     """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
@@ -71,7 +73,7 @@ def campaign(
         "eval": {"backend": backend, "baseline": baseline, "trials": trials, "seed": seed},
         "caps": {"max_cost": max_cost, "max_tokens": max_tokens, "task_max_cost": task_max_cost,
                  "task_max_tokens": task_max_tokens},
-        "run": {"out": str(out) if out else None, "address": address},
+        "run": {"out": str(out) if out else None, "address": address, "evaluators": evaluators},
     }
     try:
         file_cfg = load_config(config) if config else {}
@@ -93,7 +95,8 @@ def campaign(
         except (RunError, ConfigError, ValueError, TypeError) as e:
             fail(f"--resume {resume}: {e}")
         _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, resume.parent, resume=resume,
-                           address=run_cfg.get("address"), caps=caps), reporter)
+                           address=run_cfg.get("address"), caps=caps, evaluators=run_cfg.get("evaluators")),
+                    reporter)
         return
     sel = merged["tasks"]
     try:
@@ -113,7 +116,7 @@ def campaign(
     out_dir = Path(run_cfg.get("out") or "runs")
     _writable_dir(out_dir, "--out")
     _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"),
-                       caps=caps), reporter)
+                       caps=caps, evaluators=run_cfg.get("evaluators")), reporter)
 
 
 def _campaign_reporter() -> Any:

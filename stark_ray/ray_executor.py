@@ -28,6 +28,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
@@ -75,7 +76,8 @@ class RayRun:
     run_id: str | None = None  # default: <task>-<time>
     resume: Path | None = None  # an earlier run directory: continue it
     address: str | None = None  # None: an embedded local Ray; "auto" or "ray://...": join a cluster
-    evaluators: int | None = None  # default: one per GPU of the cluster (GPU backends), else one
+    evaluators: int | None = None  # default: one per GPU of the cluster now (GPU backends), else one; more than
+    # the cluster has wait for the autoscaler to add GPU nodes
     max_in_flight: int = MAX_IN_FLIGHT
     client_factory: ClientFactory | None = None  # scripted replies (tests, benchmarks)
     evaluator_cls: Any = None  # an actor class with reference/evaluate/hardware_description (benchmarks)
@@ -146,8 +148,10 @@ class _Driver:
             record = run_record(run.tasks, run.search, run.agents, run.eval)
             write_atomic(self.dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
         self.run_id = self.dir.name
+        # on the driver's node: the run directory it writes is the driver's (a GPU worker may be scaled away)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         self.memory = TreeMemoryActor.options(name=f"stark-memory-{self.run_id}-{token}", max_restarts=-1,
-                                              max_task_retries=-1, num_cpus=0).remote(
+                                              max_task_retries=-1, num_cpus=0, scheduling_strategy=here).remote(
             str(self.dir.parent), self.run_id, specs, run.search, run.agents)
         for name in self.tasks:
             if run.resume is not None:  # what the earlier part of the run spent counts against the caps
