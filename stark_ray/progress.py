@@ -84,7 +84,7 @@ class CampaignReporter(Reporter):
             self.live.start()
             self.started = True
 
-    def progress(self, stats: dict[str, Any]) -> None:
+    def status(self, stats: dict[str, Any]) -> None:
         from rich.table import Table
 
         table = Table.grid(padding=(0, 2))

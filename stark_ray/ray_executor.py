@@ -185,7 +185,7 @@ class _Driver:
 
     def _progress(self, final: bool = False) -> None:
         now = time.monotonic()
-        report = getattr(self.reporter, "progress", None)
+        report = getattr(self.reporter, "status", None)
         if report is None or (now - self._last_progress < 0.5 and not final):
             return
         self._last_progress = now
