@@ -116,11 +116,12 @@ class Run:
         self.calls.close()
 
 
-def summarize(run: Run, task: Task, tree: Tree, status: str, settings: dict[str, Any], wall_s: float,
-              budget: int) -> RunSummary:
-    best, usage = tree.best(), run.usage
+def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, budget: int, usage: UsageTotals,
+               settings: dict[str, Any], wall_s: float) -> RunSummary:
+    """A task's summary from its tree and what its LLM calls cost (either executor)."""
+    best = tree.best()
     return RunSummary(
-        task=task.name, run_id=run.id, run_dir=str(run.dir), status=status, attempts=tree.evaluated,
+        task=task, run_id=run_id, run_dir=run_dir, status=status, attempts=tree.evaluated,
         budget=budget, best_correct=best is not None,
         best_speedup=best.result.speedup if best else None, best_node=best.id if best else None,
         best_runtime_ms=best.result.runtime_ms if best else None,
@@ -130,6 +131,11 @@ def summarize(run: Run, task: Task, tree: Tree, status: str, settings: dict[str,
         tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
         llm_calls=usage.calls, wall_s=round(wall_s, 2), settings=settings,
     )
+
+
+def summarize(run: Run, task: Task, tree: Tree, status: str, settings: dict[str, Any], wall_s: float,
+              budget: int) -> RunSummary:
+    return summary_of(task.name, run.id, str(run.dir), tree, status, budget, run.usage, settings, wall_s)
 
 
 def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg: AgentConfig,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import Task
 from stark_ray.llm.usage import UsageTotals
-from stark_ray.optimize import RunSummary
+from stark_ray.optimize import RunSummary, summary_of
 from stark_ray.records import LLMUsage
 from stark_ray.search.tree import Tree
 from stark_ray.store.read import call_rows
@@ -60,16 +59,5 @@ def recorded_usage(run_dir: Path, task: str) -> UsageTotals:
 
 def task_summary(task: Task, tree: Tree, run_dir: Path, run_id: str, status: str, wall_s: float,
                  search: SearchConfig, ev: EvalConfig, usage: UsageTotals) -> RunSummary:
-    best = tree.best()
-    return RunSummary(
-        task=task.name, run_id=run_id, run_dir=str(run_dir), status=status, attempts=tree.evaluated,
-        budget=search.budget, best_correct=best is not None,
-        best_speedup=best.result.speedup if best else None, best_node=best.id if best else None,
-        best_runtime_ms=best.result.runtime_ms if best else None,
-        best_ref_runtime_ms=best.result.ref_runtime_ms if best else None,
-        ref_runtime_ms=tree.root.result.runtime_ms, failures=tree.failures(),
-        failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.correct)),
-        tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
-        llm_calls=usage.calls, wall_s=round(wall_s, 2),
-        settings={"search": asdict(search), "eval": asdict(ev), "executor": "ray"},
-    )
+    settings = {"search": asdict(search), "eval": asdict(ev), "executor": "ray"}
+    return summary_of(task.name, run_id, str(run_dir), tree, status, search.budget, usage, settings, wall_s)

@@ -1,0 +1,213 @@
+"""The paper's metrics, as pure functions over rows of the ``tasks`` view (dicts; see views.TASK_COLUMNS).
+
+Definitions (STARK.md, "Metrics"; KernelBench's fast_p):
+
+- A task **succeeds** when one of its candidates is correct, timed and not flagged (``EvalResult.ok``).
+- **fast_p** = (tasks that succeed AND whose best speedup > p) / (all tasks of the group). fast_0 is the
+  success (correctness) rate; fast_1 is the share faster than the baseline. Against eager the speedup is the
+  best candidate's (its reference re-timed in the same run); against torch.compile it is
+  ``ref_compile_runtime_ms / best_runtime_ms``, and the denominator is the tasks whose torch.compile baseline
+  was measured (None when none was).
+- **geomean speedup** (the headline): geometric mean of the best speedup over the tasks that succeed.
+  **geomean speedup (all)**: over all tasks, a task without a correct candidate counting 1.0 (the reference is
+  kept); a successful task counts its speedup even when below 1. **speed**: the paper's arithmetic mean of
+  the best speedup over the tasks that succeed.
+- **compile rate** / **correct rate**: per attempt, pooled over the group's tasks: compiled (resp. ok)
+  candidates / all candidates (parse failures included: they count against the budget).
+- **attempts to first correct**: the seq of a task's first ok candidate (attempts finished up to it); mean and
+  median over the tasks that succeed.
+- tokens and cost: totals over the group (LLM calls recorded).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+FAST_PS: tuple[float, ...] = (0.0, 1.0, 1.5, 2.0)
+EAGER, COMPILE = "eager", "compile"
+
+Row = Mapping[str, Any]
+
+
+def speedup(task: Row, against: str = EAGER) -> float | None:
+    """The task's best speedup against ``eager`` or ``compile``; None without a correct candidate or without
+    that baseline."""
+    if not task.get("success"):
+        return None
+    if against == EAGER:
+        value = task.get("best_speedup")
+    elif against == COMPILE:
+        value = task.get("best_speedup_vs_compile")
+    else:
+        raise ValueError(f"unknown baseline {against!r}; choose {EAGER} or {COMPILE}")
+    return None if value is None else float(value)
+
+
+def measured(tasks: Iterable[Row], against: str = EAGER) -> list[Row]:
+    """The tasks that count for a baseline: all of them for eager; those with a torch.compile time for compile."""
+    if against == COMPILE:
+        return [t for t in tasks if t.get("ref_compile_runtime_ms") is not None]
+    return list(tasks)
+
+
+def fast_p(tasks: Iterable[Row], p: float, against: str = EAGER) -> float | None:
+    """Share of the tasks that succeed with speedup > p (None for an empty group)."""
+    group = measured(tasks, against)
+    if not group:
+        return None
+    hits = 0
+    for t in group:
+        s = speedup(t, against)
+        if s is not None and s > p:
+            hits += 1
+    return hits / len(group)
+
+
+def fast_p_curve(tasks: Sequence[Row], ps: Iterable[float], against: str = EAGER) -> list[float | None]:
+    return [fast_p(tasks, p, against) for p in ps]
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    """Geometric mean of positive values (None when there are none)."""
+    vals = [float(v) for v in values]
+    if not vals:
+        return None
+    if any(not v > 0 for v in vals):
+        raise ValueError(f"geometric mean of non-positive values: {sorted(vals)[:3]}")
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def geomean_speedup(tasks: Iterable[Row], against: str = EAGER, failures_as: float | None = None) -> float | None:
+    """Over the tasks that succeed; with ``failures_as`` (e.g. 1.0) over all tasks measured for the baseline,
+    a failed task counting that value."""
+    values = []
+    for t in measured(tasks, against):
+        s = speedup(t, against)
+        if s is not None:
+            values.append(s)
+        elif failures_as is not None:
+            values.append(failures_as)
+    return geomean(values)
+
+
+def mean_speedup(tasks: Iterable[Row], against: str = EAGER) -> float | None:
+    """The paper's "speed": arithmetic mean of the best speedup over the tasks that succeed."""
+    values = [s for t in measured(tasks, against) if (s := speedup(t, against)) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The metrics against one baseline."""
+
+    tasks: int  # tasks measured for this baseline (the fast_p denominator)
+    successes: int
+    fast_p: dict[float, float | None]
+    geomean_speedup: float | None  # over the tasks that succeed (the headline)
+    geomean_speedup_all: float | None  # over all measured tasks, failure = 1.0
+    mean_speedup: float | None  # the paper's "speed"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Every metric of one group of tasks (a level, a run, or all)."""
+
+    label: str
+    tasks: int
+    eager: Baseline
+    compile: Baseline | None  # None when no task of the group has a torch.compile time
+    attempts: int
+    compile_rate: float | None
+    correct_rate: float | None
+    first_correct_mean: float | None
+    first_correct_median: float | None
+    llm_calls: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def baseline(tasks: Sequence[Row], against: str = EAGER, ps: Iterable[float] = FAST_PS) -> Baseline | None:
+    group = measured(tasks, against)
+    if not group:
+        return None
+    return Baseline(
+        tasks=len(group),
+        successes=sum(1 for t in group if speedup(t, against) is not None),
+        fast_p={p: fast_p(group, p, against) for p in ps},
+        geomean_speedup=geomean_speedup(group, against),
+        geomean_speedup_all=geomean_speedup(group, against, failures_as=1.0),
+        mean_speedup=mean_speedup(group, against),
+    )
+
+
+def summarize(tasks: Sequence[Row], label: str = "all", ps: Iterable[float] = FAST_PS) -> Summary:
+    ps = tuple(ps)
+    eager = baseline(tasks, EAGER, ps) or Baseline(0, 0, dict.fromkeys(ps), None, None, None)
+    attempts = sum(int(t.get("attempts") or 0) for t in tasks)
+    firsts = [int(t["attempts_to_first_correct"]) for t in tasks
+              if t.get("success") and t.get("attempts_to_first_correct") is not None]
+    return Summary(
+        label=label,
+        tasks=len(tasks),
+        eager=eager,
+        compile=baseline(tasks, COMPILE, ps),
+        attempts=attempts,
+        compile_rate=_ratio(sum(int(t.get("compiled_attempts") or 0) for t in tasks), attempts),
+        correct_rate=_ratio(sum(int(t.get("correct_attempts") or 0) for t in tasks), attempts),
+        first_correct_mean=statistics.fmean(firsts) if firsts else None,
+        first_correct_median=float(statistics.median(firsts)) if firsts else None,
+        llm_calls=sum(int(t.get("llm_calls") or 0) for t in tasks),
+        input_tokens=sum(int(t.get("input_tokens") or 0) for t in tasks),
+        output_tokens=sum(int(t.get("output_tokens") or 0) for t in tasks),
+        cost_usd=sum(float(t.get("cost_usd") or 0.0) for t in tasks),
+    )
+
+
+def level_label(level: Any) -> str:
+    return "no level" if level is None else f"level {level}"
+
+
+def group_by(tasks: Iterable[Row], key: Callable[[Row], Any]) -> dict[Any, list[Row]]:
+    """Tasks grouped by ``key``, groups in sorted key order (None last)."""
+    groups: dict[Any, list[Row]] = {}
+    for t in tasks:
+        groups.setdefault(key(t), []).append(t)
+    return dict(sorted(groups.items(), key=lambda kv: _order(kv[0])))
+
+
+def _order(key: Any) -> tuple[int, float, str]:
+    """Numbers first (by value), then text, then None."""
+    if key is None:
+        return (2, 0.0, "")
+    if isinstance(key, int | float) and not isinstance(key, bool):
+        return (0, float(key), "")
+    return (1, 0.0, str(key))
+
+
+def by_level(tasks: Sequence[Row], ps: Iterable[float] = FAST_PS) -> list[Summary]:
+    """One summary per level (tasks without a level together), then ``all``; only ``all`` when every task has
+    the same level or none."""
+    ps = tuple(ps)
+    groups = group_by(tasks, lambda t: t.get("level"))
+    out = [summarize(g, level_label(level), ps) for level, g in groups.items()] if len(groups) > 1 else []
+    return [*out, summarize(tasks, "all", ps)]
+
+
+def by_run(tasks: Sequence[Row], ps: Iterable[float] = FAST_PS) -> list[Summary]:
+    """One summary per run (an empty list when there is a single run)."""
+    ps = tuple(ps)
+    groups = group_by(tasks, lambda t: t.get("run_id"))
+    return [summarize(g, str(run), ps) for run, g in groups.items()] if len(groups) > 1 else []

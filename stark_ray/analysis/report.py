@@ -1,0 +1,206 @@
+"""``write_report(dir)``: ``report.md`` (tables per level, per run, per task) and PNG plots in ``report/``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from stark_ray.analysis import metrics
+from stark_ray.analysis.metrics import FAST_PS, Baseline, Summary
+from stark_ray.analysis.views import connect, rows, run_dirs, task_rows
+
+REPORT_FILE = "report.md"
+PLOTS_DIR = "report"
+
+
+@dataclass
+class Report:
+    """What :func:`generate` wrote and computed."""
+
+    path: Path
+    overall: Summary
+    levels: list[Summary]
+    runs: list[Summary]
+    tasks: list[dict[str, Any]]
+    failures: dict[str, int]
+    plots: list[Path] = field(default_factory=list)
+    plot_error: str | None = None
+
+
+def write_report(path: str | Path, out: str | Path | None = None) -> Path:
+    """Analyse the run(s) at ``path`` and write ``report.md`` (and the plots) into ``out`` (default: ``path``);
+    the report's path."""
+    return generate(path, out).path
+
+
+def generate(path: str | Path, out: str | Path | None = None) -> Report:
+    runs = run_dirs(path)
+    with connect(path) as con:
+        tasks = task_rows(con)
+        failures = {r["failure"]: int(r["n"]) for r in rows(
+            con, "SELECT failure, count(*) AS n FROM judged WHERE seq > 0 AND failure IS NOT NULL "
+                 "GROUP BY failure ORDER BY n DESC, failure")}
+        progress = rows(con, "SELECT run_id, task, seq, best_speedup_so_far FROM judged WHERE seq > 0 "
+                             "ORDER BY run_id, task, seq")
+    target = Path(out).expanduser() if out is not None else Path(path).expanduser()
+    target.mkdir(parents=True, exist_ok=True)
+    report = Report(path=target / REPORT_FILE, overall=metrics.summarize(tasks), levels=metrics.by_level(tasks),
+                    runs=metrics.by_run(tasks), tasks=tasks, failures=failures)
+    _plots(report, target / PLOTS_DIR, progress, several_runs=len(runs) > 1)
+    text = render(report, Path(path).expanduser(), runs)
+    tmp = report.path.with_name(f".{REPORT_FILE}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(report.path)
+    return report
+
+
+def headline(s: Summary) -> list[str]:
+    """The few numbers worth printing."""
+    e = s.eager
+    lines = [f"{s.tasks} tasks: success (fast_0) {_pct(e.fast_p.get(0.0))} ({e.successes}/{e.tasks}), "
+             f"fast_1 {_pct(e.fast_p.get(1.0))}, fast_1.5 {_pct(e.fast_p.get(1.5))}, fast_2 {_pct(e.fast_p.get(2.0))}",
+             f"geomean speedup vs eager {_x(e.geomean_speedup)} over successful tasks, {_x(e.geomean_speedup_all)} "
+             "over all tasks (failure = 1.0)"]
+    if s.compile is not None:
+        c = s.compile
+        lines.append(f"vs torch.compile ({c.tasks} tasks measured): fast_1 {_pct(c.fast_p.get(1.0))}, geomean "
+                     f"speedup {_x(c.geomean_speedup)} over successful tasks")
+    lines.append(f"{s.attempts} attempts (compile rate {_pct(s.compile_rate)}, correct rate {_pct(s.correct_rate)}), "
+                 f"{s.tokens:,} tokens, ${s.cost_usd:.2f}")
+    return lines
+
+
+# --- rendering -----------------------------------------------------------------------------------------------
+def render(r: Report, source: Path, runs: Sequence[Path]) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    names = ", ".join(f"`{p.name}`" for p in runs[:8]) + (f" and {len(runs) - 8} more" if len(runs) > 8 else "")
+    out = [f"# STARK analysis: `{source}`", "",
+           f"{r.overall.tasks} tasks in {len(runs)} run(s) ({names}); written {stamp}.", "",
+           "## Headline", "", *[f"- {line}" for line in headline(r.overall)], ""]
+    groups = r.levels
+    out += ["## Against PyTorch eager", "", *_baseline_table(groups, lambda s: s.eager), ""]
+    if r.overall.compile is not None:
+        out += ["## Against torch.compile", "",
+                "Only tasks whose torch.compile baseline was measured (`--baseline compile`) count.", "",
+                *_baseline_table([s for s in groups if s.compile is not None], lambda s: s.compile), ""]
+    out += ["## Search", "", *_search_table(groups), ""]
+    if r.runs:
+        out += ["## Per run", "", *_baseline_table(r.runs, lambda s: s.eager, first="run"), "",
+                *_search_table(r.runs, first="run"), ""]
+    out += ["## Tasks", "", *_task_table(r.tasks, several_runs=bool(r.runs)), ""]
+    out += ["## Failure reasons", ""]
+    if r.failures:
+        out += ["| reason | attempts |", "|---|---:|", *[f"| {_cell(k)} | {v} |" for k, v in r.failures.items()]]
+    else:
+        out.append("No failed attempts.")
+    out.append("")
+    if r.plots:
+        out += ["## Plots", ""]
+        base = r.path.parent
+        for p in r.plots:
+            rel = p.relative_to(base).as_posix() if p.is_relative_to(base) else str(p)
+            out += [f"![{p.stem}]({rel})", ""]
+    elif r.plot_error:
+        out += ["## Plots", "", f"No plots: {r.plot_error}.", ""]
+    out += ["## Definitions", "", *_DEFINITIONS, ""]
+    return "\n".join(out)
+
+
+_DEFINITIONS = [
+    "- success: the task has a candidate that compiled, was correct, was timed and was not flagged "
+    "`suspicious` or `no_kernel` (`EvalResult.ok`).",
+    "- fast_p: share of the tasks that succeed with best speedup > p; the denominator is every task of the group "
+    "(against torch.compile: every task whose baseline was measured). fast_0 is the success rate.",
+    "- speedup vs eager: the best candidate's reference runtime / runtime, both timed in the same run; vs "
+    "torch.compile: its `ref_compile_runtime_ms` / runtime.",
+    "- geomean (successful): geometric mean of the best speedup over the tasks that succeed (the headline). "
+    "geomean (all): over all tasks, a task without a correct candidate counting 1.0. speed: the paper's "
+    "arithmetic mean over the tasks that succeed.",
+    "- compile rate, correct rate: per attempt, pooled over the group (parse failures are attempts).",
+    "- first correct: the seq of a task's first correct candidate (attempts finished until then), mean / median "
+    "over the tasks that succeed.",
+]
+
+
+def _baseline_table(groups: Sequence[Summary], pick: Callable[[Summary], Baseline | None],
+                    first: str = "group") -> list[str]:
+    fast = " | ".join(f"fast_{_p(p)}" for p in FAST_PS)
+    lines = [f"| {first} | tasks | {fast} | geomean (successful) | geomean (all) | speed |",
+             "|---|---:|" + "---:|" * len(FAST_PS) + "---:|---:|---:|"]
+    for s in groups:
+        b = pick(s)
+        if b is None:
+            continue
+        cells = " | ".join(_pct(b.fast_p.get(p)) for p in FAST_PS)
+        lines.append(f"| {_cell(s.label)} | {b.tasks} | {cells} | {_x(b.geomean_speedup)} | "
+                     f"{_x(b.geomean_speedup_all)} | {_x(b.mean_speedup)} |")
+    return lines
+
+
+def _search_table(groups: Sequence[Summary], first: str = "group") -> list[str]:
+    lines = [f"| {first} | attempts | compile rate | correct rate | first correct (mean / median) | LLM calls | "
+             "tokens | cost (USD) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in groups:
+        lines.append(f"| {_cell(s.label)} | {s.attempts} | {_pct(s.compile_rate)} | {_pct(s.correct_rate)} | "
+                     f"{_num(s.first_correct_mean)} / {_num(s.first_correct_median)} | {s.llm_calls} | "
+                     f"{s.tokens:,} | {s.cost_usd:.4f} |")
+    return lines
+
+
+def _task_table(tasks: Sequence[dict[str, Any]], several_runs: bool) -> list[str]:
+    head = "| run | task |" if several_runs else "| task |"
+    lines = [f"{head} level | status | success | best speedup | vs compile | attempts | first correct | tokens | "
+             "cost (USD) |", "|---" * (11 if several_runs else 10) + "|"]
+    for t in tasks:
+        key = f"| {_cell(t['run_id'])} | {_cell(t['task'])} |" if several_runs else f"| {_cell(t['task'])} |"
+        lines.append(f"{key} {_num(t.get('level'), '{}')} | {_cell(t.get('status') or '—')} | "
+                     f"{'yes' if t.get('success') else 'no'} | {_x(t.get('best_speedup'))} | "
+                     f"{_x(t.get('best_speedup_vs_compile'))} | {t.get('attempts', 0)} | "
+                     f"{_num(t.get('attempts_to_first_correct'), '{}')} | {int(t.get('tokens') or 0):,} | "
+                     f"{float(t.get('cost_usd') or 0.0):.4f} |")
+    return lines
+
+
+def _plots(r: Report, folder: Path, progress: list[dict[str, Any]], several_runs: bool) -> None:
+    try:
+        from stark_ray.analysis import plots
+    except ImportError as e:  # pragma: no cover - matplotlib is a dependency
+        r.plot_error = f"matplotlib is not available ({e})"
+        return
+    series: dict[str, list[tuple[int, float | None]]] = {}
+    for row in progress:
+        key = f"{row['run_id']}:{row['task']}" if several_runs else str(row["task"])
+        series.setdefault(key, []).append((int(row["seq"]), row["best_speedup_so_far"]))
+    r.plots = [
+        plots.fast_p_plot(r.tasks, folder / "fast_p.png"),
+        plots.best_so_far_plot(series, folder / "best_so_far.png"),
+        plots.failures_plot(r.failures, folder / "failures.png"),
+        plots.cost_plot(r.tasks, folder / "cost_per_task.png"),
+    ]
+
+
+# --- cells ---------------------------------------------------------------------------------------------------
+def _p(p: float) -> str:
+    return f"{p:g}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _x(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return "inf" if math.isinf(x) else f"{x:.3g}x"
+
+
+def _num(x: Any, fmt: str = "{:.2f}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")

@@ -1,0 +1,295 @@
+"""DuckDB views for analysing runs: the store's ``attempts`` and ``llm_calls``, and derived ``judged``, ``best``,
+``tasks`` and ``runs``.
+
+``connect(dir)`` accepts a run directory (it holds ``run.json`` or ``attempts/``) or a directory of run
+directories (a campaign of runs, e.g. ``runs/``), whose runs are united. Everywhere ``run_id`` is the name of
+the run directory. A single run keeps the live views of :func:`stark_ray.store.read.connect`; several runs are
+read through it once each and held in memory.
+
+Views (columns in ``TASK_COLUMNS`` and the docstrings of the SQL below):
+
+- ``attempts``, ``llm_calls``: the store's rows (``records.attempt_schema`` / ``llm_call_schema``).
+- ``judged``: every attempts row plus ``ok`` (:attr:`EvalResult.ok`: compiled, correct, timed and not flagged
+  ``suspicious`` or ``no_kernel``; flags are stored as one comma-separated string), ``failure`` (NULL when ok,
+  else the stage, or ``rejected: <flag>`` for a correct candidate kept off the leaderboard),
+  ``speedup_vs_compile`` (the row's ``ref_compile_runtime_ms / runtime_ms``) and ``best_speedup_so_far`` (the
+  highest speedup of an ok candidate of the task up to this seq; NULL before the first one).
+- ``best``: the best candidate per (run_id, task), as the search's leaderboard ranks them: ok, not the
+  reference, highest speedup, then lowest runtime, then earliest. Tasks without a correct candidate have no row.
+- ``tasks``: one row per (run_id, task), see :data:`TASK_COLUMNS`.
+- ``runs``: one row per run directory with the settings its ``run.json`` records (NULL where it has none).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from stark_ray.records import REJECTING_FLAGS
+from stark_ray.store import read
+
+RUN_FILE = "run.json"
+SUMMARY_FILE = "summary.json"
+TABLES = ("attempts", "llm_calls")
+
+TASK_COLUMNS: dict[str, str] = {
+    "run_id": "the run directory's name",
+    "task": "the task's name (KernelBench tasks: level{N}/{id}_{Name})",
+    "level": "KernelBench level from the name or the run.json path (level{N}/{id}_{Name}.py), else NULL",
+    "path": "the task file as run.json records it, else NULL",
+    "status": "finished | interrupted | failed | capped, from the task's summary.json, else NULL",
+    "ref_runtime_ms": "PyTorch eager reference runtime (seq 0's runtime_ms)",
+    "ref_compile_runtime_ms": "torch.compile(reference) runtime when measured (seq 0's, else the best row's)",
+    "best_seq": "seq of the best candidate (NULL without a correct one)",
+    "best_runtime_ms": "runtime of the best candidate",
+    "best_speedup": "speedup of the best candidate vs eager (its reference timed in the same run)",
+    "best_speedup_vs_compile": "the best candidate vs torch.compile, when measured",
+    "success": "a correct, timed, unflagged candidate exists (EvalResult.ok)",
+    "attempts": "candidates evaluated (seq > 0; parse failures included, as the budget counts them)",
+    "compiled_attempts": "candidates that compiled",
+    "correct_attempts": "ok candidates",
+    "rejected_attempts": "correct candidates flagged suspicious / no_kernel",
+    "attempts_to_first_correct": "seq of the first ok candidate (= attempts finished until then), else NULL",
+    "llm_calls": "LLM calls recorded",
+    "input_tokens": "prompt tokens (llm_calls rows; the attempts rows when a task has none)",
+    "output_tokens": "completion tokens (same source)",
+    "tokens": "input_tokens + output_tokens",
+    "cost_usd": "LLM cost in USD (same source)",
+}
+
+_LEVEL_RE = r"(^|[/\\])level([0-9]+)[/\\][0-9]+_[^/\\]+$"
+
+
+def run_dirs(path: str | Path) -> list[Path]:
+    """The run directories at ``path``: itself when it is one, else its subdirectories that are, by name.
+    FileNotFoundError when ``path`` does not exist, ValueError when it holds no run."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such directory")
+    if not p.is_dir():
+        raise ValueError(f"{p}: not a directory (give a run directory or a directory of runs)")
+    if is_run_dir(p):
+        return [p]
+    runs = sorted((c for c in p.iterdir() if c.is_dir() and is_run_dir(c)), key=lambda c: c.name)
+    if not runs:
+        raise ValueError(f"{p}: no run here (neither {RUN_FILE} nor attempts/ in it or in a subdirectory)")
+    return runs
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / RUN_FILE).is_file() or (path / "attempts").is_dir()
+
+
+def connect(path: str | Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the views ``attempts``, ``llm_calls``, ``judged``, ``best``,
+    ``tasks`` and ``runs`` over the run(s) at ``path``."""
+    runs = run_dirs(path)
+    if len(runs) == 1:
+        con = read.connect(runs[0])
+        try:
+            for table in TABLES:  # the store's live views, with run_id = the directory's name
+                con.execute(f"ALTER VIEW {table} RENAME TO _store_{table}")
+                con.execute(f"CREATE VIEW {table} AS SELECT * REPLACE ({_literal(runs[0].name)} AS run_id) "
+                            f"FROM _store_{table}")
+        except BaseException:
+            con.close()
+            raise
+    else:
+        con = duckdb.connect()
+        try:
+            _union(con, runs)
+        except BaseException:
+            con.close()
+            raise
+    try:
+        _derived(con, runs)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    """A query's result as dicts."""
+    cur = con.execute(sql, params or [])
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
+
+
+def task_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    return rows(con, "SELECT * FROM tasks ORDER BY run_id, level NULLS LAST, task")
+
+
+# --- internals ---------------------------------------------------------------------------------------------
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _arrow(relation: Any) -> Any:
+    """A relation as a pyarrow Table, under the method names of DuckDB 1.x and 2.x."""
+    for name in ("to_arrow_table", "fetch_arrow_table", "arrow"):
+        method = getattr(relation, name, None)
+        if method is not None:
+            out = method()
+            return out.read_all() if hasattr(out, "read_all") else out
+    raise RuntimeError("this DuckDB cannot export Arrow tables")
+
+
+def _union(con: duckdb.DuckDBPyConnection, runs: list[Path]) -> None:
+    parts: dict[str, list[str]] = {t: [] for t in TABLES}
+    for i, run in enumerate(runs):
+        with read.connect(run) as one:
+            for table in TABLES:
+                name = f"_{table}_{i}"
+                sql = f"SELECT * REPLACE ({_literal(run.name)} AS run_id) FROM {table}"
+                con.register(name, _arrow(one.sql(sql)))
+                parts[table].append(f"SELECT * FROM {name}")
+    for table, selects in parts.items():
+        con.execute(f"CREATE VIEW {table} AS " + " UNION ALL BY NAME ".join(selects))
+
+
+def _derived(con: duckdb.DuckDBPyConnection, runs: list[Path]) -> None:
+    con.execute("CREATE TABLE _task_info (run_id VARCHAR, task VARCHAR, path VARCHAR, status VARCHAR)")
+    con.execute("CREATE TABLE runs (run_id VARCHAR, run_dir VARCHAR, executor VARCHAR, provider VARCHAR, "
+                "model VARCHAR, backend VARCHAR, baseline VARCHAR, policy VARCHAR, ablation VARCHAR, "
+                "budget BIGINT, tasks BIGINT)")
+    for run in runs:
+        info, settings = _run_info(run)
+        if info:
+            con.executemany("INSERT INTO _task_info VALUES (?, ?, ?, ?)", info)
+        con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", settings)
+    con.execute(f"CREATE MACRO _level(s) AS TRY_CAST(regexp_extract(s, {_literal(_LEVEL_RE)}, 2) AS INTEGER)")
+    con.execute(_JUDGED.format(rejected=_rejected_sql()))
+    con.execute(_BEST)
+    con.execute(_TASKS)
+
+
+def _rejected_sql() -> str:
+    """SQL: the failure label of a correct row kept off the leaderboard by a flag (NULL when none applies)."""
+    whens = " ".join(f"WHEN list_contains(_flags, {_literal(f)}) THEN {_literal('rejected: ' + f)}"
+                     for f in REJECTING_FLAGS)
+    return f"CASE {whens} END"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read it ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
+def _run_info(run: Path) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
+    """Per task (run_id, task, path, status) from run.json and the summaries; the run's settings row."""
+    record = _read_json(run / RUN_FILE) or {}
+    paths: dict[str, str | None] = {}
+    for t in record.get("tasks") or []:
+        if isinstance(t, dict) and t.get("name"):
+            paths[str(t["name"])] = str(t["path"]) if t.get("path") else None
+    status: dict[str, str | None] = {}
+    summaries = [run / SUMMARY_FILE, *sorted((run / "tasks").rglob(SUMMARY_FILE))]
+    for s in summaries:
+        try:
+            data = _read_json(s)
+        except ValueError:
+            continue  # a summary is a convenience: a damaged one only leaves status NULL
+        if data and data.get("task"):
+            status[str(data["task"])] = data.get("status")
+    info = [(run.name, name, paths.get(name), status.get(name)) for name in sorted(set(paths) | set(status))]
+    search, agents, ev = (record.get(k) or {} for k in ("search", "agents", "eval"))
+    settings = (run.name, str(run), record.get("executor"), agents.get("provider"), agents.get("model"),
+                ev.get("backend"), ev.get("baseline"), search.get("policy"), search.get("ablation"),
+                search.get("budget"), len(record["tasks"]) if isinstance(record.get("tasks"), list) else None)
+    return info, settings
+
+
+_JUDGED = """
+CREATE VIEW judged AS
+SELECT * EXCLUDE (_flags),
+       CASE WHEN ok THEN NULL
+            WHEN coalesce(correct, false) AND runtime_ms IS NOT NULL THEN coalesce({rejected}, 'rejected')
+            WHEN coalesce(correct, false) THEN 'untimed'
+            ELSE coalesce(stage, 'unknown') END AS failure,
+       CASE WHEN runtime_ms > 0 THEN ref_compile_runtime_ms / runtime_ms END AS speedup_vs_compile,
+       max(CASE WHEN ok AND seq > 0 THEN speedup END)
+           OVER (PARTITION BY run_id, task ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+           AS best_speedup_so_far
+FROM (
+    SELECT *,
+           coalesce(compiled, false) AND coalesce(correct, false) AND runtime_ms IS NOT NULL
+               AND NOT list_has_any(_flags, {flags}) AS ok
+    FROM (SELECT *, string_split(coalesce(flags, ''), ',') AS _flags FROM attempts)
+)
+""".replace("{flags}", "[" + ", ".join(_literal(f) for f in REJECTING_FLAGS) + "]")
+
+_BEST = """
+CREATE VIEW best AS
+SELECT * EXCLUDE (_rank) FROM (
+    SELECT *, row_number() OVER (PARTITION BY run_id, task
+                                 ORDER BY speedup DESC NULLS LAST, runtime_ms ASC NULLS LAST, seq) AS _rank
+    FROM judged WHERE ok AND seq > 0
+) WHERE _rank = 1
+"""
+
+_TASKS = """
+CREATE VIEW tasks AS
+WITH ref AS (
+    SELECT run_id, task, any_value(runtime_ms) AS ref_runtime_ms,
+           any_value(ref_compile_runtime_ms) AS ref_compile_runtime_ms
+    FROM judged WHERE seq = 0 GROUP BY run_id, task
+), cand AS (
+    SELECT run_id, task,
+           count(*) FILTER (WHERE seq > 0) AS attempts,
+           count(*) FILTER (WHERE seq > 0 AND coalesce(compiled, false)) AS compiled_attempts,
+           count(*) FILTER (WHERE seq > 0 AND ok) AS correct_attempts,
+           count(*) FILTER (WHERE seq > 0 AND failure LIKE 'rejected%') AS rejected_attempts,
+           min(seq) FILTER (WHERE seq > 0 AND ok) AS attempts_to_first_correct,
+           sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens, sum(cost_usd) AS cost_usd
+    FROM judged GROUP BY run_id, task
+), calls AS (
+    SELECT run_id, task, count(*) AS llm_calls, sum(input_tokens) AS input_tokens,
+           sum(output_tokens) AS output_tokens, sum(cost_usd) AS cost_usd
+    FROM llm_calls GROUP BY run_id, task
+), keys AS (
+    SELECT run_id, task FROM _task_info
+    UNION SELECT run_id, task FROM attempts
+    UNION SELECT run_id, task FROM llm_calls
+)
+SELECT k.run_id, k.task,
+       coalesce(_level(k.task), _level(i.path)) AS level,
+       i.path, i.status,
+       ref.ref_runtime_ms,
+       coalesce(ref.ref_compile_runtime_ms, b.ref_compile_runtime_ms) AS ref_compile_runtime_ms,
+       b.seq AS best_seq, b.runtime_ms AS best_runtime_ms, b.speedup AS best_speedup,
+       coalesce(b.speedup_vs_compile,
+                CASE WHEN b.runtime_ms > 0 THEN ref.ref_compile_runtime_ms / b.runtime_ms END)
+           AS best_speedup_vs_compile,
+       b.seq IS NOT NULL AS success,
+       coalesce(c.attempts, 0) AS attempts,
+       coalesce(c.compiled_attempts, 0) AS compiled_attempts,
+       coalesce(c.correct_attempts, 0) AS correct_attempts,
+       coalesce(c.rejected_attempts, 0) AS rejected_attempts,
+       c.attempts_to_first_correct,
+       coalesce(calls.llm_calls, 0) AS llm_calls,
+       CAST(CASE WHEN calls.llm_calls > 0 THEN calls.input_tokens ELSE coalesce(c.input_tokens, 0) END AS BIGINT)
+           AS input_tokens,
+       CAST(CASE WHEN calls.llm_calls > 0 THEN calls.output_tokens ELSE coalesce(c.output_tokens, 0) END AS BIGINT)
+           AS output_tokens,
+       CAST(CASE WHEN calls.llm_calls > 0 THEN calls.input_tokens + calls.output_tokens
+                 ELSE coalesce(c.input_tokens + c.output_tokens, 0) END AS BIGINT) AS tokens,
+       CAST(CASE WHEN calls.llm_calls > 0 THEN calls.cost_usd ELSE coalesce(c.cost_usd, 0) END AS DOUBLE)
+           AS cost_usd
+FROM keys k
+LEFT JOIN _task_info i USING (run_id, task)
+LEFT JOIN ref USING (run_id, task)
+LEFT JOIN cand c USING (run_id, task)
+LEFT JOIN calls USING (run_id, task)
+LEFT JOIN best b USING (run_id, task)
+"""

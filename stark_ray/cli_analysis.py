@@ -1,0 +1,158 @@
+"""``stark sql`` and ``stark report``: query a run (or a directory of runs) with DuckDB, and write its report.
+
+Registered on the main app by stark_ray/cli.py. Mistakes (a missing directory, bad SQL, an unknown format) end
+in one line on stderr starting with ``error:`` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+FORMATS = ("table", "csv", "json")
+CELL_LIMIT = 60  # characters of a cell in the table format (csv and json keep everything)
+VIEWS = "attempts, llm_calls, judged, best, tasks, runs"
+
+
+def sql(
+    run_dir: Annotated[Path, typer.Argument(metavar="DIR", help="A run directory, or a directory of run "
+                                                                "directories (united).", show_default=False)],
+    query: Annotated[str, typer.Argument(help=f"SQL over the views {VIEWS}.", show_default=False)],
+    fmt: Annotated[str, typer.Option("--format", "-f", help=" | ".join(FORMATS))] = "table",
+) -> None:
+    """Run one SQL query over a run's attempts, LLM calls and per-task results, and print the result."""
+    import duckdb
+
+    from stark_ray.analysis.views import connect
+
+    if fmt not in FORMATS:
+        _fail(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if not query.strip():
+        _fail("the query is empty")
+    try:
+        con = connect(run_dir)
+    except (OSError, ValueError, duckdb.Error) as e:
+        _fail(_message(e))
+    with con:
+        try:
+            cur = con.execute(query)
+            names = [d[0] for d in cur.description] if cur.description else []
+            values = cur.fetchall() if names else []
+        except duckdb.Error as e:
+            _fail(_message(e))
+    typer.echo(_format(names, values, fmt), nl=False)
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(metavar="DIR", help="A run directory, or a directory of run "
+                                                                "directories.", show_default=False)],
+    out: Annotated[Path | None, typer.Option(help="Where report.md and report/*.png go (default: DIR).",
+                                             show_default=False)] = None,
+) -> None:
+    """Write report.md (fast_p, speedups, search statistics per level, per task) and PNG plots; print the
+    headline numbers."""
+    import duckdb
+
+    from stark_ray.analysis.report import generate, headline
+
+    try:
+        result = generate(run_dir, out)
+    except (OSError, ValueError, duckdb.Error) as e:
+        _fail(_message(e))
+    typer.echo(f"report: {result.path}")
+    for line in headline(result.overall):
+        typer.echo(line)
+
+
+# --- internals ---------------------------------------------------------------------------------------------
+def _fail(message: str) -> NoReturn:
+    from stark_ray.cli import fail  # lazily: cli.py imports this module
+
+    fail(message)
+
+
+def _message(e: BaseException) -> str:
+    """One line: DuckDB's message without the caret picture under it, or the exception's text."""
+    text = str(e) or type(e).__name__
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("LINE ") or (kept and not line.strip()):
+            break
+        if line.strip():
+            kept.append(line.strip())
+    return " ".join(kept) or type(e).__name__
+
+
+def _format(names: list[str], values: list[tuple[Any, ...]], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps([{n: _plain(v) for n, v in zip(names, row, strict=True)} for row in values],
+                          indent=2, ensure_ascii=False) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        if names:
+            writer.writerow(names)
+        writer.writerows([["" if v is None else _csv_cell(v) for v in row] for row in values])
+        return buf.getvalue()
+    return _table(names, values)
+
+
+def _table(names: list[str], values: list[tuple[Any, ...]]) -> str:
+    if not names:
+        return "OK\n"
+    cells = [[_text(v) for v in row] for row in values]
+    widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
+    numeric = [bool(values) and all(r[i] is None or _is_number(r[i]) for r in values) for i in range(len(names))]
+
+    def line(row: list[str]) -> str:
+        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric,
+                                                                                  strict=True)).rstrip()
+
+    out = [line(names), line(["-" * w for w in widths]), *(line(r) for r in cells)]
+    out.append(f"({len(values)} row{'s' if len(values) != 1 else ''})")
+    return "\n".join(out) + "\n"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float | Decimal) and not isinstance(v, bool)
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    text = str(v).replace("\r\n", "\n").replace("\n", "\\n").replace("\t", " ")
+    return text if len(text) <= CELL_LIMIT else text[: CELL_LIMIT - 1] + "…"
+
+
+def _csv_cell(v: Any) -> Any:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list | tuple | dict):
+        return json.dumps(_plain(v), ensure_ascii=False)
+    return v
+
+
+def _plain(v: Any) -> Any:
+    """A value JSON can hold: non-finite floats become null, lists and structs stay, anything else is text."""
+    if v is None or isinstance(v, bool | int | str):
+        return v
+    if isinstance(v, float | Decimal):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, bytes):
+        return v.hex()
+    return str(v)
