@@ -340,6 +340,16 @@ def _register_campaign() -> None:
 _register_campaign()
 
 
+def _register_analysis() -> None:
+    from stark_ray.cli_analysis import report, sql
+
+    app.command("sql")(sql)
+    app.command("report")(report)
+
+
+_register_analysis()
+
+
 def main() -> None:
     try:
         app()

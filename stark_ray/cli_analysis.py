@@ -24,7 +24,7 @@ VIEWS = "attempts, llm_calls, judged, best, tasks, runs"
 def sql(
     run_dir: Annotated[Path, typer.Argument(metavar="DIR", help="A run directory, or a directory of run "
                                                                 "directories (united).", show_default=False)],
-    query: Annotated[str, typer.Argument(help=f"SQL over the views {VIEWS}.", show_default=False)],
+    query: Annotated[str, typer.Argument(metavar="QUERY", help=f"SQL over the views {VIEWS}.", show_default=False)],
     fmt: Annotated[str, typer.Option("--format", "-f", help=" | ".join(FORMATS))] = "table",
 ) -> None:
     """Run one SQL query over a run's attempts, LLM calls and per-task results, and print the result."""
@@ -81,7 +81,7 @@ def _fail(message: str) -> NoReturn:
 def _message(e: BaseException) -> str:
     """One line: DuckDB's message without the caret picture under it, or the exception's text."""
     text = str(e) or type(e).__name__
-    kept = []
+    kept: list[str] = []
     for line in text.splitlines():
         if line.startswith("LINE ") or (kept and not line.strip()):
             break

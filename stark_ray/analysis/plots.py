@@ -68,6 +68,8 @@ def best_so_far_plot(series: Mapping[str, Sequence[tuple[int, float | None]]], p
     """Per task, the best speedup of a correct candidate so far against the attempt number (thin lines, from the
     first correct one), and the median over the tasks (bold): a task without a correct candidate yet counts 0,
     a task that stopped earlier keeps its last value."""
+    from matplotlib.ticker import MaxNLocator
+
     fig = _figure()
     ax = fig.add_subplot()
     horizon = max((seq for points in series.values() for seq, _ in points), default=0)
@@ -76,7 +78,8 @@ def best_so_far_plot(series: Mapping[str, Sequence[tuple[int, float | None]]], p
         xs = [seq for seq, _ in points]
         ys = [math.nan if v is None else v for _, v in points]
         if any(not math.isnan(y) for y in ys):
-            ax.step(xs, ys, where="post", linewidth=0.7, alpha=0.45, color="C0")
+            ax.plot(xs, ys, drawstyle="steps-post", linewidth=0.7, alpha=0.45, color="C0", marker=".",
+                    markersize=3)
         filled, last, it = [], 0.0, dict(points)
         for k in range(1, horizon + 1):
             v = it.get(k)
@@ -90,6 +93,7 @@ def best_so_far_plot(series: Mapping[str, Sequence[tuple[int, float | None]]], p
                 label=f"median over {len(finals)} tasks (no correct yet = 0)")
         ax.legend(fontsize=8)
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("attempt (seq)")
     ax.set_ylabel("best speedup so far (vs eager)")
     ax.set_title("Best speedup so far")
@@ -99,6 +103,8 @@ def best_so_far_plot(series: Mapping[str, Sequence[tuple[int, float | None]]], p
 
 def failures_plot(counts: Mapping[str, int], path: Path) -> Path:
     """Failed attempts by reason (the stage where evaluation stopped, or the flag that rejected them)."""
+    from matplotlib.ticker import MaxNLocator
+
     items = sorted(counts.items(), key=lambda kv: kv[1])
     fig = _figure(7.0, max(2.2, 0.45 * len(items) + 1.2))
     ax = fig.add_subplot()
@@ -108,6 +114,7 @@ def failures_plot(counts: Mapping[str, int], path: Path) -> Path:
             ax.text(v, i, f" {v}", va="center", fontsize=8)
     else:
         ax.text(0.5, 0.5, "no failed attempts", ha="center", va="center", transform=ax.transAxes)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("attempts")
     ax.set_title("Failure reasons")
     return _save(fig, path)

@@ -67,8 +67,8 @@ def headline(s: Summary) -> list[str]:
              "over all tasks (failure = 1.0)"]
     if s.compile is not None:
         c = s.compile
-        lines.append(f"vs torch.compile ({c.tasks} tasks measured): fast_1 {_pct(c.fast_p.get(1.0))}, geomean "
-                     f"speedup {_x(c.geomean_speedup)} over successful tasks")
+        lines.append(f"vs torch.compile ({c.tasks} of {s.tasks} tasks measured): fast_1 {_pct(c.fast_p.get(1.0))}, "
+                     f"geomean speedup {_x(c.geomean_speedup)} over successful tasks")
     lines.append(f"{s.attempts} attempts (compile rate {_pct(s.compile_rate)}, correct rate {_pct(s.correct_rate)}), "
                  f"{s.tokens:,} tokens, ${s.cost_usd:.2f}")
     return lines
@@ -195,7 +195,7 @@ def _pct(x: float | None) -> str:
 def _x(x: float | None) -> str:
     if x is None:
         return "—"
-    return "inf" if math.isinf(x) else f"{x:.3g}x"
+    return "inf" if math.isinf(x) else f"{x:.2f}x"
 
 
 def _num(x: Any, fmt: str = "{:.2f}") -> str:

@@ -1,0 +1,343 @@
+"""Analysis of runs: the DuckDB views over real Parquet rows (written by RunStore), the paper's metrics computed by
+hand, the Markdown report with its plots, and the ``sql`` / ``report`` commands (errors included)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from stark_ray.analysis import metrics
+from stark_ray.analysis.report import PLOTS_DIR, REPORT_FILE, generate, write_report
+from stark_ray.analysis.views import TASK_COLUMNS, connect, rows, task_rows
+from stark_ray.cli_analysis import report, sql
+from stark_ray.records import (
+    AGENT_PLAN_CODE,
+    AGENT_REFERENCE,
+    STAGE_COMPILE,
+    STAGE_CORRECTNESS,
+    STAGE_OK,
+    STAGE_PARSE,
+    STAGE_RUNTIME,
+    EvalResult,
+    LLMUsage,
+    Node,
+)
+from stark_ray.store.run_store import RunStore
+
+REPO = Path(__file__).resolve().parents[1]
+T1, T2, T3 = "level1/1_Square_matmul", "17_Conv2d_Fuse", "my_task"
+
+
+# --- building runs -------------------------------------------------------------------------------------------
+def reference(runtime: float, compile_ms: float | None = None) -> Node:
+    return Node(id=0, parent=None, depth=0, source="class Model: ...", agent=AGENT_REFERENCE,
+                result=EvalResult(compiled=True, correct=True, runtime_ms=runtime, ref_runtime_ms=runtime,
+                                  speedup=1.0, stage=STAGE_OK, ref_compile_runtime_ms=compile_ms))
+
+
+def timed(runtime: float, ref: float, compile_ms: float | None = None, flags: tuple[str, ...] = ()) -> EvalResult:
+    """A candidate that compiled, was correct and was timed (flags may still reject it)."""
+    return EvalResult(compiled=True, correct=True, runtime_ms=runtime, ref_runtime_ms=ref, speedup=ref / runtime,
+                      stage=STAGE_OK, flags=list(flags), ref_compile_runtime_ms=compile_ms)
+
+
+def wrong() -> EvalResult:
+    return EvalResult(compiled=True, correct=False, stage=STAGE_CORRECTNESS, error="outputs differ")
+
+
+def candidate(i: int, result: EvalResult, tokens: tuple[int, int] = (300, 30), cost: float = 0.03) -> Node:
+    return Node(id=i, parent=0, depth=1, source=f"class ModelNew: ...  # {i}", agent=AGENT_PLAN_CODE,
+                instruction=f"try {i}", result=result, input_tokens=tokens[0], output_tokens=tokens[1],
+                cost_usd=cost)
+
+
+def calls() -> list[LLMUsage]:
+    """The two LLM calls behind each candidate: 300 input and 30 output tokens, $0.03 together."""
+    return [LLMUsage("plan", "scripted", "m", 100, 10, 0.01), LLMUsage("code", "scripted", "m", 200, 20, 0.02)]
+
+
+def write_run(root: Path, run_id: str, tasks: dict[str, list[Node]], with_calls: bool = True) -> Path:
+    with RunStore(root, run_id, background=False, fsync=False) as store:
+        for task, nodes in tasks.items():
+            for n in nodes:
+                store.record_node(task, n)
+                if with_calls and n.id > 0:
+                    store.record_usage(task, n.id, calls())
+    return root / run_id
+
+
+def run_a(root: Path) -> Path:
+    """A Ray campaign run of three tasks: one with a torch.compile baseline, one whose level only its path tells,
+    one that never gets an accepted candidate."""
+    run = write_run(root, "run-a", {
+        T1: [reference(10.0, 8.0),
+             candidate(1, EvalResult.failed(STAGE_COMPILE, "error: expected ';'")),
+             candidate(2, timed(20.0, 10.0, 8.0)),  # correct, slow: 0.5x
+             candidate(3, wrong()),
+             candidate(4, timed(4.0, 10.0, 8.0)),  # correct, fast: 2.5x (2.0x vs torch.compile)
+             candidate(5, timed(0.1, 10.0, 8.0, ("large_speedup", "suspicious")))],  # 100x, rejected
+        T2: [reference(4.0),
+             candidate(1, timed(2.5, 4.0)),  # 1.6x
+             candidate(2, EvalResult.failed(STAGE_PARSE, "no code block"))],
+        T3: [reference(1.0),
+             candidate(1, EvalResult.failed(STAGE_RUNTIME, "illegal memory access")),
+             candidate(2, timed(0.5, 1.0, flags=("no_kernel",)))],  # 2x but only library ops: rejected
+    })
+    record = {"tasks": [{"name": T1, "path": "/kb/KernelBench/level1/1_Square_matmul.py", "source": "..."},
+                        {"name": T2, "path": "/kb/KernelBench/level2/17_Conv2d_Fuse.py", "source": "..."},
+                        {"name": T3, "path": "examples/tasks/my_task.py", "source": "..."}],
+              "search": {"budget": 5, "policy": "epsilon_greedy", "ablation": "none"},
+              "agents": {"provider": "scripted", "model": "m"},
+              "eval": {"backend": "cuda", "baseline": "compile"}, "executor": "ray"}
+    (run / "run.json").write_text(json.dumps(record))
+    for name, status in ((T1, "finished"), (T2, "finished"), (T3, "capped")):
+        d = run / "tasks" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"task": name, "status": status}))
+    return run
+
+
+def run_b(root: Path) -> Path:
+    """A local run of one task: no run.json, its summary at the top, no llm_calls rows."""
+    run = write_run(root, "run-b", {T1: [reference(10.0), candidate(1, timed(8.0, 10.0), (50, 5), 0.005)]},
+                    with_calls=False)
+    (run / "summary.json").write_text(json.dumps({"task": T1, "status": "interrupted"}))
+    return run
+
+
+@pytest.fixture()
+def campaign(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    run_a(root)
+    run_b(root)
+    (root / "notes").mkdir()  # not a run: ignored
+    return root
+
+
+def by_task(con: Any, run_id: str | None = None) -> dict[str, dict[str, Any]]:
+    return {t["task"]: t for t in task_rows(con) if run_id is None or t["run_id"] == run_id}
+
+
+# --- views ---------------------------------------------------------------------------------------------------
+def test_views_of_one_run(campaign: Path) -> None:
+    with connect(campaign / "run-a") as con:
+        cols = [d[0] for d in con.execute("SELECT * FROM tasks LIMIT 0").description]
+        assert cols == list(TASK_COLUMNS)
+        assert con.execute("SELECT count(*) FROM attempts").fetchone() == (12,)
+        assert con.execute("SELECT count(*) FROM llm_calls").fetchone() == (18,)
+        assert con.execute("SELECT DISTINCT run_id FROM attempts").fetchall() == [("run-a",)]
+        t = by_task(con)
+        assert set(t) == {T1, T2, T3}
+        one = t[T1]
+        assert (one["level"], one["path"], one["status"]) == (1, "/kb/KernelBench/level1/1_Square_matmul.py",
+                                                              "finished")
+        assert (one["ref_runtime_ms"], one["ref_compile_runtime_ms"]) == (10.0, 8.0)
+        assert (one["best_seq"], one["best_runtime_ms"], one["success"]) == (4, 4.0, True)
+        assert one["best_speedup"] == pytest.approx(2.5)
+        assert one["best_speedup_vs_compile"] == pytest.approx(2.0)
+        assert (one["attempts"], one["compiled_attempts"], one["correct_attempts"], one["rejected_attempts"],
+                one["attempts_to_first_correct"]) == (5, 4, 2, 1, 2)
+        assert (one["llm_calls"], one["input_tokens"], one["output_tokens"], one["tokens"]) == (10, 1500, 150, 1650)
+        assert one["cost_usd"] == pytest.approx(0.15)
+        two = t[T2]
+        assert (two["level"], two["best_seq"], two["ref_compile_runtime_ms"], two["best_speedup_vs_compile"],
+                two["attempts"], two["compiled_attempts"], two["attempts_to_first_correct"]) == (
+                    2, 1, None, None, 2, 1, 1)  # level 2 from run.json's path; parse failures did not compile
+        assert two["best_speedup"] == pytest.approx(1.6)
+        three = t[T3]
+        assert (three["level"], three["status"], three["success"], three["best_seq"], three["best_speedup"],
+                three["compiled_attempts"], three["correct_attempts"], three["rejected_attempts"],
+                three["attempts_to_first_correct"]) == (None, "capped", False, None, None, 2, 0, 1, None)
+
+        best = rows(con, "SELECT task, seq, ok FROM best ORDER BY task")
+        assert best == [{"task": T2, "seq": 1, "ok": True}, {"task": T1, "seq": 4, "ok": True}]
+        judged = rows(con, "SELECT seq, ok, failure, best_speedup_so_far AS b FROM judged WHERE task = ? "
+                           "ORDER BY seq", [T1])
+        assert [r["failure"] for r in judged] == [None, "compile", None, "correctness", None, "rejected: suspicious"]
+        assert [r["ok"] for r in judged] == [True, False, True, False, True, False]
+        assert [r["b"] for r in judged] == [None, None, pytest.approx(0.5), pytest.approx(0.5), pytest.approx(2.5),
+                                           pytest.approx(2.5)]
+        failures = dict(con.execute("SELECT failure, count(*) FROM judged WHERE failure IS NOT NULL "
+                                    "GROUP BY ALL").fetchall())
+        assert failures == {"compile": 1, "correctness": 1, "rejected: suspicious": 1, "parse": 1, "runtime": 1,
+                            "rejected: no_kernel": 1}
+        assert rows(con, "SELECT run_id, backend, baseline, budget, tasks FROM runs") == [
+            {"run_id": "run-a", "backend": "cuda", "baseline": "compile", "budget": 5, "tasks": 3}]
+
+
+def test_views_unite_a_campaign_of_runs(campaign: Path) -> None:
+    with connect(campaign) as con:
+        assert con.execute("SELECT run_id, count(*) FROM attempts GROUP BY ALL ORDER BY 1").fetchall() == [
+            ("run-a", 12), ("run-b", 2)]
+        assert [r["run_id"] for r in rows(con, "SELECT run_id FROM runs ORDER BY 1")] == ["run-a", "run-b"]
+        b = by_task(con, "run-b")[T1]
+        assert (b["status"], b["success"], b["level"], b["llm_calls"], b["tokens"]) == ("interrupted", True, 1, 0, 55)
+        assert b["best_speedup"] == pytest.approx(1.25)
+        assert b["cost_usd"] == pytest.approx(0.005)  # no llm_calls rows: the attempts rows' figures
+        assert by_task(con, "run-a")[T1]["best_speedup"] == pytest.approx(2.5)
+
+
+def test_connect_refuses_what_is_not_a_run(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        connect(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty"):
+        connect(tmp_path / "empty")
+
+
+def test_a_run_without_rows_yet(tmp_path: Path) -> None:
+    run = tmp_path / "fresh"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"tasks": [{"name": T1, "path": "x/level1/1_Square_matmul.py"}]}))
+    with connect(run) as con:
+        assert con.execute("SELECT count(*) FROM attempts").fetchone() == (0,)
+        (t,) = task_rows(con)
+        assert (t["run_id"], t["task"], t["level"], t["success"], t["attempts"], t["tokens"]) == (
+            "fresh", T1, 1, False, 0, 0)
+    s = metrics.summarize([t])
+    assert s.eager.fast_p[0.0] == 0.0 and s.eager.geomean_speedup is None and s.eager.geomean_speedup_all == 1.0
+    assert png(write_report(run).parent / PLOTS_DIR / "best_so_far.png")
+
+
+def test_analysis_does_not_import_ray() -> None:
+    code = ("import sys, stark_ray.analysis.report, stark_ray.analysis.plots, stark_ray.cli_analysis; "
+            "sys.exit('ray' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
+
+
+# --- metrics -------------------------------------------------------------------------------------------------
+def test_metrics_by_hand(campaign: Path) -> None:
+    with connect(campaign / "run-a") as con:
+        tasks = task_rows(con)
+    s = metrics.summarize(tasks)
+    e = s.eager
+    assert (s.tasks, e.tasks, e.successes) == (3, 3, 2)
+    assert e.fast_p == pytest.approx({0.0: 2 / 3, 1.0: 2 / 3, 1.5: 2 / 3, 2.0: 1 / 3})
+    assert e.geomean_speedup == pytest.approx(2.0)  # sqrt(2.5 * 1.6)
+    assert e.geomean_speedup_all == pytest.approx(4 ** (1 / 3))  # (2.5 * 1.6 * 1.0) ** (1/3)
+    assert e.mean_speedup == pytest.approx(2.05)
+    c = s.compile
+    assert c is not None and (c.tasks, c.successes) == (1, 1)  # only T1 has a torch.compile time
+    assert c.fast_p == pytest.approx({0.0: 1.0, 1.0: 1.0, 1.5: 1.0, 2.0: 0.0})  # 2.0x is not > 2
+    assert c.geomean_speedup == pytest.approx(2.0)
+    assert (s.attempts, s.compile_rate, s.correct_rate) == (9, pytest.approx(7 / 9), pytest.approx(3 / 9))
+    assert (s.first_correct_mean, s.first_correct_median) == (1.5, 1.5)
+    assert (s.llm_calls, s.input_tokens, s.output_tokens, s.tokens) == (18, 2700, 270, 2970)
+    assert s.cost_usd == pytest.approx(0.27)
+
+    levels = {x.label: x for x in metrics.by_level(tasks)}
+    assert list(levels) == ["level 1", "level 2", "no level", "all"]
+    assert levels["level 1"].eager.fast_p[2.0] == 1.0 and levels["level 2"].eager.fast_p[2.0] == 0.0
+    assert levels["no level"].eager.fast_p[0.0] == 0.0 and levels["no level"].compile is None
+    assert metrics.by_run(tasks) == []
+
+
+def test_metrics_over_runs_and_edge_cases(campaign: Path) -> None:
+    with connect(campaign) as con:
+        tasks = task_rows(con)
+    s = metrics.summarize(tasks)
+    assert s.eager.fast_p == pytest.approx({0.0: 3 / 4, 1.0: 3 / 4, 1.5: 2 / 4, 2.0: 1 / 4})
+    assert s.eager.geomean_speedup == pytest.approx((2.5 * 1.6 * 1.25) ** (1 / 3))
+    assert [r.label for r in metrics.by_run(tasks)] == ["run-a", "run-b"]
+    assert metrics.fast_p([], 1.0) is None
+    assert metrics.geomean([]) is None
+    assert metrics.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        metrics.geomean([0.0])
+    with pytest.raises(ValueError):
+        metrics.speedup({"success": True, "best_speedup": 2.0}, "nvcc")
+    assert metrics.fast_p([{"success": False, "best_speedup": None}], 0.0) == 0.0
+    assert metrics.fast_p([{"success": True, "best_speedup": 2.0}], 1.0, "compile") is None  # not measured
+
+
+# --- report --------------------------------------------------------------------------------------------------
+def png(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_report(campaign: Path) -> None:
+    path = write_report(campaign / "run-a")
+    assert path == campaign / "run-a" / REPORT_FILE
+    text = path.read_text()
+    for part in ("## Against PyTorch eager", "## Against torch.compile", "| level 1 |", "| level 2 |",
+                 "| no level |", "| all | 3 | 66.7% | 66.7% | 66.7% | 33.3% | 2.00x |", "rejected: suspicious",
+                 "![fast_p](report/fast_p.png)", "## Definitions"):
+        assert part in text, part
+    names = {"fast_p.png", "best_so_far.png", "failures.png", "cost_per_task.png"}
+    assert {p.name for p in (campaign / "run-a" / PLOTS_DIR).iterdir()} == names
+    assert all(png(campaign / "run-a" / PLOTS_DIR / n) for n in names)
+
+
+def test_report_of_a_campaign_has_runs(campaign: Path, tmp_path: Path) -> None:
+    r = generate(campaign, out=tmp_path / "elsewhere")
+    assert r.path == tmp_path / "elsewhere" / REPORT_FILE and len(r.plots) == 4
+    text = r.path.read_text()
+    assert "## Per run" in text and "| run-b |" in text
+    assert all(png(p) for p in r.plots)
+    assert not (campaign / REPORT_FILE).exists()
+
+
+# --- the commands --------------------------------------------------------------------------------------------
+def cli() -> typer.Typer:
+    app = typer.Typer(add_completion=False)
+    app.command("sql")(sql)
+    app.command("report")(report)
+    return app
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(cli(), [str(a) for a in args])
+
+
+def test_sql_formats(campaign: Path) -> None:
+    run = campaign / "run-a"
+    query = "SELECT task, level, round(best_speedup, 3) AS speedup, success FROM tasks ORDER BY task"
+    res = invoke("sql", run, query, "--format", "csv")
+    assert res.exit_code == 0, res.output
+    assert list(csv.reader(io.StringIO(res.stdout))) == [
+        ["task", "level", "speedup", "success"], [T2, "2", "1.6", "true"], [T1, "1", "2.5", "true"],
+        [T3, "", "", "false"]]
+    res = invoke("sql", run, query, "-f", "json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)[1] == {"task": T1, "level": 1, "speedup": 2.5, "success": True}
+    res = invoke("sql", campaign, "SELECT run_id, count(*) AS n FROM attempts GROUP BY ALL ORDER BY 1")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["run_id", "n"] and lines[2].split() == ["run-a", "12"] and lines[-1] == "(2 rows)"
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("sql", "{missing}", "SELECT 1"), "no such directory"),
+    (("sql", "{empty}", "SELECT 1"), "no run here"),
+    (("sql", "{run}", "SELEC task FROM tasks"), "Parser Error"),
+    (("sql", "{run}", "SELECT * FROM nope"), "Catalog Error"),
+    (("sql", "{run}", "SELECT 1", "--format", "xml"), "unknown format 'xml'"),
+    (("report", "{missing}"), "no such directory"),
+])
+def test_commands_fail_in_one_line(campaign: Path, tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    (tmp_path / "empty").mkdir()
+    places = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "run": campaign / "run-a"}
+    res = invoke(*(a.format(**places) for a in args))
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], res.stderr
+    assert "Traceback" not in res.output and res.stdout == ""
+
+
+def test_report_command(campaign: Path) -> None:
+    res = invoke("report", campaign / "run-a")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"report: {campaign / 'run-a' / REPORT_FILE}"
+    assert lines[1].startswith("3 tasks: success (fast_0) 66.7% (2/3), fast_1 66.7%, fast_1.5 66.7%, fast_2 33.3%")
+    assert lines[2] == "geomean speedup vs eager 2.00x over successful tasks, 1.59x over all tasks (failure = 1.0)"
+    assert lines[3].startswith("vs torch.compile (1 of 3 tasks measured): fast_1 100.0%")
