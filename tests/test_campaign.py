@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,56 @@ def test_three_tasks_in_one_run_each_to_its_budget(ray_cluster: str, tmp_path: P
         assert json.loads((task_dir / "summary.json").read_text())["attempts"] == 4
         assert (task_dir / "best_kernel.py").is_file()
     assert sum(len(t) for t in trees.values()) == 15  # load_trees refuses a (task, seq) written twice
+    _report_sql_and_notebook_agree(run_dir, tmp_path)
+
+
+def _report_sql_and_notebook_agree(run_dir: Path, tmp_path: Path) -> None:
+    """`stark report`, `stark sql` and the notebook on the campaign's output tell the same story as its rows."""
+    import duckdb
+
+    parts = f"{run_dir}/attempts/*/part-*.parquet"
+    rows = duckdb.sql(f"SELECT count(*) FILTER (WHERE seq > 0), count(*) FILTER (WHERE seq > 0 AND correct) "
+                      f"FROM '{parts}'").fetchall()[0]
+    calls = duckdb.sql(f"SELECT count(*) FROM '{run_dir}/llm_calls/*/part-*.parquet'").fetchall()[0][0]
+    assert rows == (12, 12) and calls > 0  # the echo candidate is the reference itself: always correct
+
+    sql = stark("sql", str(run_dir), "SELECT count(*) AS n, sum(attempts) AS attempts, sum(llm_calls) AS calls, "
+                "avg(CAST(success AS INT)) AS success FROM tasks", "--format", "json")
+    assert sql.returncode == 0, sql.stderr
+    [answer] = json.loads(sql.stdout)
+    assert answer["n"] == 3 and answer["attempts"] == 12 and answer["calls"] == calls and answer["success"] == 1.0
+
+    report = stark("report", str(run_dir))
+    assert report.returncode == 0, report.stderr
+    text = (run_dir / "report.md").read_text()
+    assert "fast_" in text and list((run_dir / "report").glob("*.png"))
+
+    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("ipykernel")
+    result_file = tmp_path / "notebook.json"
+    nb = nbformat.read(ROOT / "notebooks" / "analysis.ipynb", as_version=4)
+    env_before = {k: os.environ.get(k) for k in ("STARK_CAMPAIGN", "STARK_NOTEBOOK_RESULT")}
+    os.environ.update(STARK_CAMPAIGN=str(run_dir), STARK_NOTEBOOK_RESULT=str(result_file))
+    try:
+        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                resources={"metadata": {"path": str(ROOT)}}).execute()
+    finally:
+        for k, v in env_before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    found = json.loads(result_file.read_text())
+    assert found["tasks"] == 3 and found["attempts"] == 12 and found["correct"] == 12
+    assert found["llm_calls"] == calls
+    from stark_ray.analysis import connect
+    from stark_ray.analysis.metrics import fast_p
+    from stark_ray.analysis.views import task_rows
+
+    tasks = task_rows(connect(run_dir))
+    for p, value in found["fast_p"].items():  # the notebook's hand-made fast_p is the package's
+        assert value == pytest.approx(fast_p(tasks, float(p)))
 
 
 @pytest.mark.slow
