@@ -118,7 +118,6 @@ class _Driver:
         self.home: dict[str, int] = {}  # task -> its evaluator (round-robin over the tasks)
         self.spend = CapTracker(run.caps)
         self.capped: dict[str, str] = {}  # task -> why no new LLM calls are made for it
-        self.done: set[str] = set()
         self._last_progress = 0.0
 
     # -- start -----------------------------------------------------------------------------------------------
@@ -132,13 +131,16 @@ class _Driver:
         hardware = ray.get(self.evaluators[0].hardware_description.remote())
         specs = []
         self.infos: dict[str, TaskInfo] = {}
-        for task in run.tasks:  # every reference is checked before a run directory exists
-            info = TaskInfo(name=task.name, reference_source=task.source, backend=run.eval.backend,
-                            hardware=hardware)
-            self.infos[task.name] = info
+        for task in run.tasks:
+            self.infos[task.name] = TaskInfo(name=task.name, reference_source=task.source,
+                                             backend=run.eval.backend, hardware=hardware)
             self.home[task.name] = len(self.home) % n  # its reference and its candidates: the same GPU
-            reference = None if run.resume else self._reference(task)
-            specs.append(TaskSpec(info, reference))
+        # every reference is checked (all evaluators at once) before a run directory exists
+        pending = {t.name: self.evaluators[self.home[t.name]].reference.remote(t) for t in run.tasks
+                   if run.resume is None}
+        for task in run.tasks:
+            reference = self._reference(pending[task.name]) if task.name in pending else None
+            specs.append(TaskSpec(self.infos[task.name], reference))
         if run.resume is not None:
             self.dir = run.resume
         else:
@@ -163,9 +165,9 @@ class _Driver:
             self.best[name] = best.id if best else None
             self.reporter.start(self.tasks[name], run.search.budget, tree.root)
 
-    def _reference(self, task: Task) -> EvalResult:
+    def _reference(self, ref: Any) -> EvalResult:
         try:
-            return ray.get(self.evaluators[self.home[task.name]].reference.remote(task))
+            return ray.get(ref)
         except RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, TaskError | EvaluatorError):
