@@ -22,8 +22,9 @@ KILLER = ("import os\nimport signal\n\nimport torch\nimport torch.nn as nn\n\n"
 
 
 def _pick(request: LLMRequest, choices: tuple[str, ...]) -> str:
-    """By the prompt without its measured figures (runtimes and speedups differ from run to run)."""
-    digest = hashlib.sha256(re.sub(r"\d+\.\d+(?:e-?\d+)?", "#", last_user(request)).encode()).digest()
+    """By the prompt without its numbers (measured runtimes and speedups differ from run to run, and with three
+    significant digits a slow run's 102 ms has no decimal point)."""
+    digest = hashlib.sha256(re.sub(r"\d+(?:\.\d+)?(?:e-?\d+)?", "#", last_user(request)).encode()).digest()
     return choices[digest[0] % len(choices)]
 
 
