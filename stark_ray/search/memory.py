@@ -15,6 +15,7 @@ TaskSearch directly.
 from __future__ import annotations
 
 import random
+import secrets
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +63,9 @@ class TaskSearch:
     rng: random.Random
     parallel: int = 1
     in_flight: dict[int, Ticket] = field(default_factory=dict)
-    _tickets: int = 0
+    # ticket ids start at a random offset: a memory restarted from its rows must not take a ticket still in flight
+    # from before the restart for one of its own
+    _tickets: int = field(default_factory=lambda: secrets.randbits(40) << 16)
     _exhausted: bool = False
 
     @property
