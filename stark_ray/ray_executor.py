@@ -58,6 +58,7 @@ from stark_ray.run_files import (
 )
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
+from stark_ray.store.read import StoreError, load_trees
 from stark_ray.tasks.agents import ClientFactory, expand
 
 STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
@@ -135,9 +136,11 @@ class _Driver:
             self.infos[task.name] = TaskInfo(name=task.name, reference_source=task.source,
                                              backend=run.eval.backend, hardware=hardware)
             self.home[task.name] = len(self.home) % n  # its reference and its candidates: the same GPU
-        # every reference is checked (all evaluators at once) before a run directory exists
+        # every reference is checked (all evaluators at once) before a run directory exists; a resumed run needs
+        # them only for tasks whose tree has no row yet (killed before its reference was written)
+        recorded = set(_recorded_tasks(run.resume)) if run.resume is not None else set()
         pending = {t.name: self.evaluators[self.home[t.name]].reference.remote(t) for t in run.tasks
-                   if run.resume is None}
+                   if t.name not in recorded}
         for task in run.tasks:
             reference = self._reference(pending[task.name]) if task.name in pending else None
             specs.append(TaskSpec(self.infos[task.name], reference))
@@ -342,6 +345,15 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
             closing()
         if started:
             ray.shutdown()
+
+
+def _recorded_tasks(run_dir: Path) -> list[str]:
+    try:
+        return list(load_trees(run_dir))
+    except FileNotFoundError:
+        return []
+    except StoreError as e:
+        raise RunError(f"{run_dir}: {e}") from None
 
 
 def _default_evaluators(cfg: EvalConfig) -> int:
