@@ -59,7 +59,7 @@ from stark_ray.run_files import (
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
 from stark_ray.store.read import StoreError, load_trees
-from stark_ray.tasks.agents import ClientFactory, expand
+from stark_ray.tasks.agents import AGENT_CPUS, ClientFactory, expand
 
 STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
 MAX_IN_FLIGHT = 64  # agent calls plus evaluations outstanding at once, over all tasks
@@ -127,6 +127,9 @@ class _Driver:
         cls = run.evaluator_cls or EvaluatorActor
         n = run.evaluators or _default_evaluators(run.eval)
         opts = evaluator_options(run.eval)
+        cpus = float(ray.cluster_resources().get("CPU", 0))
+        if opts.get("num_cpus") and cpus - n * opts["num_cpus"] < AGENT_CPUS:  # a 1-CPU machine: leave agents room
+            opts["num_cpus"] = max(0.0, (cpus - AGENT_CPUS) / n)
         token = uuid.uuid4().hex[:6]  # a resumed run's actors must not collide with a dying driver's
         self.evaluators = [cls.options(name=f"stark-eval-{token}-{i}", **opts).remote(run.eval) for i in range(n)]
         hardware = ray.get(self.evaluators[0].hardware_description.remote())
@@ -288,7 +291,7 @@ class _Driver:
                 tree = self.mirror[name]
             capped = status == STATUS_FINISHED and name in self.capped and tree.evaluated < self.run.search.budget
             summary = task_summary(task, tree, self.dir, self.run_id, STATUS_CAPPED if capped else status, wall_s,
-                                   self.run.search, self.run.eval, recorded_usage(self.dir, name))
+                                   self.run.search, self.run.eval, self._usage_of(name))
             if capped:
                 summary.settings["stopped_by"] = self.capped[name]
             write_atomic(self._task_dir(name) / "summary.json", json.dumps(asdict(summary), indent=2) + "\n")
@@ -298,6 +301,10 @@ class _Driver:
             self.reporter.finish(summary)
             summaries.append(summary)
         return summaries
+
+    def _usage_of(self, name: str) -> UsageTotals:
+        """A fresh run's calls are the ones this driver saw; a resumed run's earlier ones are in the rows."""
+        return recorded_usage(self.dir, name) if self.run.resume is not None else self.usage[name]
 
     def close(self) -> None:
         for ref, (kind, *_rest) in list(self.pending.items()):  # stopped early: the agent calls are not waited for
