@@ -47,7 +47,6 @@ import logging
 import os
 import platform
 import pstats
-import re
 import shutil
 import sys
 import tempfile
@@ -66,6 +65,7 @@ for _p in (str(REPO), str(BENCH_DIR)):  # stark_ray without installing it; this 
         sys.path.insert(0, _p)
 
 import ray  # noqa: E402
+from scripted_plans import plan_reply, prompt_tag  # noqa: E402
 
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor  # noqa: E402
 from stark_ray.agents.base import AgentResult, TaskInfo  # noqa: E402
@@ -87,8 +87,6 @@ FAIL_ONE_IN = 4  # about one candidate in four fails its correctness check (so d
 
 
 # --- the stand-ins: scripted LLM content and an instant evaluator -----------------------------------------------
-_FENCE = re.compile(r"(`{3,})python\n(.*?)\n\1", re.S)
-_JOB = "# Your job"  # the heading of the plan prompt's last section, which shows the selected node's code
 
 _CANDIDATE = """import torch
 import torch.nn as nn
@@ -108,36 +106,11 @@ class ModelNew(nn.Module):
 """
 
 
-def _user_text(request: LLMRequest) -> str:
-    return next(m.content for m in reversed(request.messages) if m.role == "user")
-
-
-def _selected_code(prompt: str) -> str:
-    """The code the plan agent must reproduce: the block under 'Your job', or (for the reference, shown there as
-    a pointer) the task section's block."""
-    head, _, job = prompt.partition(_JOB)
-    found = _FENCE.search(job) or _FENCE.search(head)
-    if found is None:
-        raise ValueError("the plan prompt shows no python code block")
-    return found.group(2)
-
-
-def _anchored(code: str) -> str:
-    """``code`` with one anchor span around its last non-blank line (indented like it)."""
-    lines = code.split("\n")
-    last = max(i for i, line in enumerate(lines) if line.strip())
-    indent = lines[last][: len(lines[last]) - len(lines[last].lstrip())]
-    lines[last:last + 1] = [f"{indent}# <<<IMPROVE BEGIN 1>>>", lines[last], f"{indent}# <<<IMPROVE END 1>>>"]
-    return "\n".join(lines)
-
-
 def instant_reply(request: LLMRequest) -> str:
     """A valid reply for any role, computed from the prompt alone (the same in every worker process)."""
-    prompt = _user_text(request)
     if request.role == "plan":
-        return ("The forward is one elementwise chain.\n\n```python\n" + _anchored(_selected_code(prompt)) +
-                "\n```\n\nINSTRUCTION 1: Fuse the chain into a single pass over the input.\n")
-    tag = hashlib.sha256(prompt.encode()).hexdigest()[:16]
+        return plan_reply(request)
+    tag = prompt_tag(request)
     return f"Done.\n\n```python\n{_CANDIDATE.format(tag=tag)}```\n"
 
 

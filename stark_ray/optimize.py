@@ -30,6 +30,7 @@ from stark_ray.search.policy import make_policy
 from stark_ray.search.team import make_team
 from stark_ray.search.tree import Tree
 from stark_ray.store.parquet import PartWriter, safe_name
+from stark_ray.store.run_store import attempt_row
 
 STATUS_FINISHED, STATUS_INTERRUPTED, STATUS_FAILED = "finished", "interrupted", "failed"
 
@@ -98,10 +99,10 @@ class Run:
         self.calls = PartWriter(self.dir, "llm_calls", task.name, llm_call_schema(), flush_rows=8)
         self.usage = UsageTotals()
         self.best: Node | None = None
-        self.attempts.append({**self.common, "seq": 0, **tree.root.to_record()})
+        self.attempts.append(attempt_row(self.id, task.name, tree.root))
 
     def record(self, node: Node, step: AgentResult, tree: Tree) -> None:
-        self.attempts.append({**self.common, "seq": node.id, **node.to_record()})
+        self.attempts.append(attempt_row(self.id, self.common["task"], node))
         for u in step.usage:
             u.node_id = node.id
             self.usage.add(u)

@@ -109,8 +109,9 @@ def _same_code_env() -> dict[str, Any]:
 
 
 class _Driver:
-    def __init__(self, run: RayRun, reporter: Reporter) -> None:
+    def __init__(self, run: RayRun, reporter: Reporter, embedded: bool = False) -> None:
         self.run, self.reporter = run, reporter
+        self.embedded = embedded  # a local Ray this run started: no autoscaler will add GPUs
         self.tasks = {t.name: t for t in run.tasks}
         self.usage: dict[str, UsageTotals] = {t.name: UsageTotals() for t in run.tasks}
         self.mirror: dict[str, Tree] = {}
@@ -127,6 +128,9 @@ class _Driver:
         cls = run.evaluator_cls or EvaluatorActor
         n = run.evaluators or _default_evaluators(run.eval)
         opts = evaluator_options(run.eval)
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if self.embedded and opts.get("num_gpus") and n > gpus:  # else the actors would wait forever
+            raise RunError(f"{n} evaluators need {n} GPUs and this machine has {gpus}")
         cpus = float(ray.cluster_resources().get("CPU", 0))
         if opts.get("num_cpus") and cpus - n * opts["num_cpus"] < AGENT_CPUS:  # a 1-CPU machine: leave agents room
             opts["num_cpus"] = max(0.0, (cpus - AGENT_CPUS) / n)
@@ -329,7 +333,7 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
     started = _connect(run.address, run.runtime_env)
     if callable(on_term):  # Ray's core installs its own SIGTERM handler (it aborts): the caller's comes back
         signal.signal(signal.SIGTERM, on_term)
-    driver = _Driver(run, reporter)
+    driver = _Driver(run, reporter, embedded=started)
     t0 = time.monotonic()
     try:
         driver.start()

@@ -70,6 +70,7 @@ class EvalResult:
     ref_compile_runtime_ms: float | None = None  # torch.compile(reference), same worker and run (--baseline)
     runtime_cv: float | None = None  # std / mean of the candidate's timed calls
     ref_runtime_cv: float | None = None
+    device: str | None = None  # where it was evaluated: "<host>:gpu<index>" (the physical GPU) or "<host>:cpu"
 
     @property
     def ok(self) -> bool:
@@ -193,6 +194,7 @@ def attempt_schema() -> Any:
             ("run_id", pa.string()),
             ("task", pa.string()),
             ("seq", pa.int64()),  # order in which the attempt finished (0 = the reference)
+            ("recorded_at", pa.timestamp("us", tz="UTC")),  # when the store took the row
             ("node_id", pa.int64()),
             ("parent_id", pa.int64()),
             ("depth", pa.int64()),
@@ -219,6 +221,7 @@ def attempt_schema() -> Any:
             ("ref_compile_runtime_ms", pa.float64()),
             ("runtime_cv", pa.float64()),
             ("ref_runtime_cv", pa.float64()),
+            ("device", pa.string()),
         ]
     )
 

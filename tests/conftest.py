@@ -22,13 +22,17 @@ def shared_build_dir() -> Iterator[str]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _has_gpu() -> bool:
+def _gpu_count() -> int:
     try:
         import torch
 
-        return bool(torch.cuda.is_available())
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
     except Exception:
-        return False
+        return 0
+
+
+def _has_gpu() -> bool:
+    return _gpu_count() > 0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -42,12 +46,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[str]:
-    """One local Ray for the session: 2 CPUs and a logical GPU; its workers import the tests' helpers (the
-    scripted replies). Yields the GCS address, for drivers started in subprocesses."""
+    """One local Ray for the session: 2 CPUs and the machine's GPUs (a logical one where there is none); its
+    workers import the tests' and benchmarks' helpers (the scripted replies). Yields the GCS address, for drivers
+    started in subprocesses."""
     ray = pytest.importorskip("ray")
     repo = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+    path = os.pathsep.join([str(repo), str(repo / "tests"), str(repo / "benchmarks"), os.environ.get("PYTHONPATH", "")])
+    gpus = _gpu_count() or 1
+    ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

@@ -139,3 +139,18 @@ def test_executor_and_resume_mistakes_get_one_line(tmp_path: Path, cassette: str
     (tmp_path / "local-run").mkdir()  # a directory without run.json is not a Ray run
     assert "run.json" in one_error_line(stark("optimize", "--resume", str(tmp_path / "local-run")))
     assert "--executor ray" in one_error_line(stark("optimize", "--resume", str(tmp_path), "--executor", "local"))
+
+
+def test_more_evaluators_than_gpus_on_an_embedded_ray(tmp_path: Path, cassette: str) -> None:
+    """No autoscaler will add GPUs to a local Ray the run started: one line, not a wait forever."""
+    gpus = _gpus()
+    line = one_error_line(stark("optimize", str(TASKS / "1_LeakyReluScale.py"), "--cassette", cassette,
+                                "--backend", "cuda_nvrtc", "--evaluators", str(gpus + 1), "--out", str(tmp_path),
+                                timeout=120))
+    assert f"{gpus + 1} evaluators need {gpus + 1} GPUs and this machine has {gpus}" in line
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

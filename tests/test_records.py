@@ -9,7 +9,7 @@ from stark_ray.records import LLMUsage, attempt_schema, llm_call_schema
 
 def test_attempt_schema_holds_exactly_the_node_record() -> None:
     record = hand_built()[4].to_record()
-    assert set(attempt_schema().names) == {"run_id", "task", "seq"} | set(record)
+    assert set(attempt_schema().names) == {"run_id", "task", "seq", "recorded_at"} | set(record)
 
 
 def test_llm_call_schema_holds_exactly_the_usage_record() -> None:

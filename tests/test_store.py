@@ -11,7 +11,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow.fs as pafs
@@ -164,6 +166,11 @@ def test_flush_if_due_waits_for_flush_s(tmp_path: Path) -> None:
 
 
 # --- RunStore round trips ----------------------------------------------------------------------------------
+def without_time(row: dict[str, Any]) -> dict[str, Any]:
+    """A row without ``recorded_at`` (the wall-clock time the store took it)."""
+    return {k: v for k, v in row.items() if k != "recorded_at"}
+
+
 def test_rows_and_tree_round_trip_exactly(tmp_path: Path) -> None:
     tree, calls = sample_tree()
     with RunStore(tmp_path, "run-1", flush_rows=2, background=False) as store:
@@ -171,9 +178,12 @@ def test_rows_and_tree_round_trip_exactly(tmp_path: Path) -> None:
     run_dir = tmp_path / "run-1"
     assert sorted(p.name for p in (run_dir / "attempts").iterdir()) == ["2_Fused_Swish"]
 
-    expected = [attempt_row("run-1", "2_Fused Swish", n) for n in sorted(tree, key=lambda n: n.id)]
-    assert attempt_rows(run_dir) == expected
-    assert attempt_rows(run_dir, task="2_Fused Swish") == expected and attempt_rows(run_dir, task="x") == []
+    expected = [without_time(attempt_row("run-1", "2_Fused Swish", n)) for n in sorted(tree, key=lambda n: n.id)]
+    got = attempt_rows(run_dir)
+    assert all(isinstance(r["recorded_at"], datetime) and r["recorded_at"].tzinfo is not None for r in got)
+    assert [without_time(r) for r in got] == expected
+    assert [without_time(r) for r in attempt_rows(run_dir, task="2_Fused Swish")] == expected
+    assert attempt_rows(run_dir, task="x") == []
     expected_calls = [r for i in sorted(calls) for r in llm_call_rows("run-1", "2_Fused Swish", i, calls[i])]
     got_calls = call_rows(run_dir)
     assert sorted(got_calls, key=str) == sorted(expected_calls, key=str)
@@ -200,6 +210,19 @@ def test_duckdb_views_and_empty_tables(tmp_path: Path) -> None:
     best = con.execute("SELECT node_id, speedup FROM attempts WHERE correct ORDER BY speedup DESC LIMIT 1")
     assert best.fetchone() == (5, 5.0)
     assert con.execute("SELECT count(*) FROM llm_calls").fetchone() == (0,)
+
+
+def test_a_run_written_before_a_column_existed_reads_it_as_null(tmp_path: Path) -> None:
+    tree, _ = sample_tree()
+    with RunStore(tmp_path, "run", background=False) as store:
+        write_tree(store, "t", tree, {})
+    for part in (tmp_path / "run" / "attempts" / "t").glob("part-*.parquet"):  # as an older version wrote them
+        table = pq.read_table(part)
+        pq.write_table(table.drop_columns(["recorded_at", "device"]), part)
+    con = connect(tmp_path / "run")
+    cur = con.execute("SELECT count(*), count(recorded_at), count(device), max(speedup) FROM attempts")
+    assert cur.fetchone() == (6, 0, 0, 5.0)
+    assert [d[0] for d in con.execute("SELECT * FROM attempts").description] == attempt_schema().names
 
 
 def test_flush_by_row_count_and_close(tmp_path: Path) -> None:

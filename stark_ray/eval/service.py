@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import socket
 import threading
 import weakref
 from collections.abc import Sequence
@@ -131,6 +132,7 @@ class EvalService:
         self._arch: str | None = None
         self._visible = visible_device(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._warmed = threading.Event()
+        self.device_label = f"{socket.gethostname()}:" + ("cpu" if device is None else f"gpu{self._visible}")
         self._finalizer = weakref.finalize(self, self.worker.close)
 
     # -- the device worker ------------------------------------------------------------------------------------
@@ -169,6 +171,7 @@ class EvalService:
         cfg = cfg or self.cfg
         outcome = self._on_device(self._request(MODE_REFERENCE, task, cfg), cfg)
         result = outcome_to_result(outcome, limits_for(cfg))
+        result.device = self.device_label
         if not result.ok:
             error = result.error or "unknown failure"
             if "task_error" not in result.flags:
@@ -219,6 +222,11 @@ class EvalService:
     def evaluate(self, task: Task, source: str, cfg: EvalConfig | None = None) -> EvalResult:
         """Build, check and time one candidate (``class ModelNew``); its faults never raise here."""
         cfg = cfg or self.cfg
+        result = self._evaluate(task, source, cfg)
+        result.device = self.device_label
+        return result
+
+    def _evaluate(self, task: Task, source: str, cfg: EvalConfig) -> EvalResult:
         early = precheck(source)
         if early is not None:
             early.eval_s = 0.0

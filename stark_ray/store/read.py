@@ -1,9 +1,11 @@
-"""Reading a run back: DuckDB views over the complete part files, and each task's search tree rebuilt.
+"""Reading a run back: its rows, each task's search tree rebuilt, and DuckDB views for analysis.
 
-``connect(run_dir)`` gives views ``attempts`` and ``llm_calls`` over ``<run_dir>/<table>/*/part-*.parquet``
-(temporary ``.part-*.tmp`` files never match). A table without files yet is an empty view with the schema's
-columns. Local directories (and ``file://`` URIs) are read by DuckDB itself, live; on other filesystems the
-part files are read once through ``pyarrow.dataset`` and registered in DuckDB.
+Only complete part files are read: ``<run_dir>/<table>/*/part-*.parquet`` (temporary ``.part-*.tmp`` files never
+match). :func:`attempt_rows`, :func:`call_rows` and :func:`rebuild` read them with ``pyarrow.dataset`` (what a
+resume needs, without DuckDB); a column a file lacks (written by an older version) reads as null.
+``connect(run_dir)`` gives DuckDB views ``attempts`` and ``llm_calls`` over the same files. A table without files
+yet is an empty view with the schema's columns. Local directories (and ``file://`` URIs) are read by DuckDB
+itself, live; on other filesystems the part files are read once through ``pyarrow.dataset`` and registered.
 
 ``load_trees`` rebuilds each task's :class:`Tree` for ``--resume``. A (task, seq) written twice is an error
 (:class:`StoreError`); a gap in a task's seqs (a row lost because its process died before flushing it) keeps
@@ -16,16 +18,18 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from stark_ray.search.tree import Tree
 from stark_ray.store.parquet import PART_RE, Location, locate
-from stark_ray.store.run_store import schemas
+from stark_ray.store.run_store import ATTEMPTS, LLM_CALLS, schemas
+
+if TYPE_CHECKING:
+    import duckdb
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,8 @@ class Rebuilt:
 def connect(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with views ``attempts`` and ``llm_calls`` over the run's part files.
     ``run_dir`` is a local path, a ``pyarrow.fs`` URI, or a path inside ``filesystem``."""
+    import duckdb
+
     loc = locate(run_dir, filesystem)
     _require_dir(loc)
     con = duckdb.connect()
@@ -60,23 +66,19 @@ def connect(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> d
 def attempt_rows(run_dir: str | Path, task: str | None = None,
                  filesystem: pafs.FileSystem | None = None) -> list[dict[str, Any]]:
     """The attempts rows (of one task, or all), ordered by task, then seq."""
-    where, params = ("WHERE task = ?", [task]) if task is not None else ("", [])
-    with connect(run_dir, filesystem) as con:
-        return _fetch(con, f"SELECT * FROM attempts {where} ORDER BY task, seq", params)
+    return _rows(run_dir, ATTEMPTS, task, filesystem)
 
 
 def call_rows(run_dir: str | Path, task: str | None = None,
               filesystem: pafs.FileSystem | None = None) -> list[dict[str, Any]]:
     """The llm_calls rows (of one task, or all), ordered by task, then seq."""
-    where, params = ("WHERE task = ?", [task]) if task is not None else ("", [])
-    with connect(run_dir, filesystem) as con:
-        return _fetch(con, f"SELECT * FROM llm_calls {where} ORDER BY task, seq", params)
+    return _rows(run_dir, LLM_CALLS, task, filesystem)
 
 
 def task_names(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> list[str]:
     """The tasks that have attempts rows, sorted."""
-    with connect(run_dir, filesystem) as con:
-        return [t for (t,) in con.execute("SELECT DISTINCT task FROM attempts ORDER BY task").fetchall()]
+    table = _table(locate(run_dir, filesystem), ATTEMPTS, None, columns=["task"])
+    return sorted(set(table.column("task").to_pylist()))
 
 
 def rebuild(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> Rebuilt:
@@ -123,10 +125,14 @@ def _require_dir(loc: Location) -> None:
 
 def _create_view(con: duckdb.DuckDBPyConnection, table_loc: Location, table: str, schema: pa.Schema) -> None:
     columns = ", ".join(f'"{n}"' for n in schema.names)
-    if table_loc.fs is None and _has_local_parts(Path(table_loc.path)):
+    if table_loc.fs is None and _local_parts(Path(table_loc.path)):
         pattern = _sql_string(str(Path(table_loc.path) / "*" / "part-*.parquet"))
-        con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM read_parquet({pattern}, "
-                    "union_by_name = true, hive_partitioning = false)")
+        source = f"read_parquet({pattern}, union_by_name = true, hive_partitioning = false)"
+        present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        # a run written before a column existed reads it as NULL
+        columns = ", ".join(f'"{f.name}"' if f.name in present else f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"'
+                            for f in schema)
+        con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM {source}")
         return
     paths = [] if table_loc.fs is None else _fs_parts(table_loc)
     data = (ds.dataset(paths, schema=schema, format="parquet", filesystem=table_loc.fs).to_table()
@@ -135,11 +141,12 @@ def _create_view(con: duckdb.DuckDBPyConnection, table_loc: Location, table: str
     con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM _arrow_{table}")
 
 
-def _has_local_parts(table_dir: Path) -> bool:
-    if not table_dir.is_dir():
-        return False
-    return any(PART_RE.match(f.name) for task_dir in table_dir.iterdir() if task_dir.is_dir()
-               for f in task_dir.iterdir())
+def _duck_type(t: pa.DataType) -> str:
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMPTZ" if t.tz else "TIMESTAMP"
+    return {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}.get(t, "VARCHAR")
+
+
 
 
 def _fs_parts(table_loc: Location) -> list[str]:
@@ -155,10 +162,30 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
-    cur = con.execute(sql, params)
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
+def _rows(run_dir: str | Path, table: str, task: str | None,
+          filesystem: pafs.FileSystem | None) -> list[dict[str, Any]]:
+    data = _table(locate(run_dir, filesystem), table, task)
+    return data.sort_by([("task", "ascending"), ("seq", "ascending")]).to_pylist()
+
+
+def _table(loc: Location, table: str, task: str | None, columns: list[str] | None = None) -> pa.Table:
+    """The complete part files of ``table`` as one Arrow table (the schema's columns; nulls where a file lacks
+    one), optionally one task's rows only."""
+    _require_dir(loc)
+    schema = schemas()[table]
+    table_loc = loc.join(table)
+    paths = _local_parts(Path(table_loc.path)) if table_loc.fs is None else _fs_parts(table_loc)
+    if not paths:
+        return schema.empty_table().select(columns or schema.names)
+    data = ds.dataset(paths, schema=schema, format="parquet", filesystem=table_loc.fs)
+    return data.to_table(columns=columns, filter=None if task is None else ds.field("task") == task)
+
+
+def _local_parts(table_dir: Path) -> list[str]:
+    if not table_dir.is_dir():
+        return []
+    return sorted(str(f) for task_dir in table_dir.iterdir() if task_dir.is_dir()
+                  for f in task_dir.iterdir() if PART_RE.match(f.name))
 
 
 def _refuse_duplicates(rows: list[dict[str, Any]]) -> None:

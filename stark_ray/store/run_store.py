@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,8 +34,9 @@ def schemas() -> dict[str, pa.Schema]:
 
 
 def attempt_row(run_id: str, task: str, node: Node) -> dict[str, Any]:
-    """The attempts row of a node: its record, with ``seq`` = the node's id."""
-    return {"run_id": run_id, "task": task, "seq": node.id, **node.to_record()}
+    """The attempts row of a node: its record, with ``seq`` = the node's id and ``recorded_at`` = now."""
+    return {"run_id": run_id, "task": task, "seq": node.id, "recorded_at": datetime.now(timezone.utc),
+            **node.to_record()}
 
 
 def llm_call_rows(run_id: str, task: str, seq: int, usage: Iterable[LLMUsage]) -> list[dict[str, Any]]:

@@ -1,0 +1,144 @@
+"""A campaign on one GPU against the same campaign on two: wall time, GPU busy time, attempts.
+
+Each configuration runs in a fresh subprocess with its own embedded Ray (``run_ray(RayRun(...))``, the driver
+``stark campaign`` uses) over every task file given (default: all of ``examples/tasks``), with the same search
+settings, seed and scripted replies (:mod:`kernel_replies`: real kernels, built, checked and timed; only the LLM is
+a stand-in). ``--gpus 1 2`` runs one evaluator actor, then two (``evaluators=N``; the machine must have N GPUs).
+Reported per configuration: wall time of the whole run (Ray start, actors, references, search, summaries), time
+of the search loop alone, attempts, correct attempts, and per GPU (the ``device`` column of the rows) the number
+of evaluations and the sum of their ``eval_s`` (busy time); then the ratio of wall times. Goal: two GPUs
+>= 1.8x faster than one.
+
+Run (GPU machine):  python benchmarks/campaign_scaling.py [--gpus 1 2] [--budget 8] [--parallel 2]
+                    [--backend cuda_nvrtc] [--tasks examples/tasks/*.py] [--keep DIR] [--json F]
+``--keep DIR`` keeps each campaign directory under DIR (for ``stark report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+for _p in (str(REPO), str(BENCH_DIR)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+GOAL = 1.8
+
+
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    """One campaign in this process (called in a subprocess by :func:`main`)."""
+    t0 = time.monotonic()
+    from kernel_replies import kernel_client
+
+    from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+    from stark_ray.eval.tasks import load_task
+    from stark_ray.ray_executor import RayRun, run_ray
+    from stark_ray.store.read import attempt_rows
+
+    tasks = [load_task(Path(p)) for p in args.tasks]
+    path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    started: list[float] = []
+    dirs: list[Path] = []
+
+    def on_started(run_dir: Path) -> None:
+        started.append(time.monotonic())
+        dirs.append(run_dir)
+
+    summaries = run_ray(RayRun(tasks, SearchConfig(budget=args.budget, seed=args.seed, parallel=args.parallel),
+                               AgentConfig(), EvalConfig(backend=args.backend), Path(args.out),
+                               run_id=f"campaign-{args.one}gpu", evaluators=args.one,
+                               client_factory=partial(kernel_client, args.backend),
+                               runtime_env={"env_vars": {"PYTHONPATH": path}}),
+                        on_started=on_started)
+    end = time.monotonic()
+    rows = attempt_rows(dirs[0])
+    per_device: dict[str, dict[str, float]] = defaultdict(lambda: {"evaluations": 0, "busy_s": 0.0})
+    for r in rows:
+        d = per_device[r["device"] or "?"]
+        d["evaluations"] += 1
+        d["busy_s"] += r["eval_s"] or 0.0
+    return {
+        "gpus": args.one, "wall_s": end - t0, "loop_s": end - started[0], "start_s": started[0] - t0,
+        "attempts": sum(s.attempts for s in summaries), "tasks": len(summaries),
+        "correct": sum(1 for r in rows if r["seq"] > 0 and r["correct"]),
+        "finished": all(s.status == "finished" for s in summaries),
+        "best": {s.task: s.best_speedup for s in summaries},
+        "devices": dict(per_device), "run_dir": str(dirs[0]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--budget", type=int, default=8)
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="cuda_nvrtc")
+    ap.add_argument("--tasks", nargs="+", default=sorted(str(p) for p in (REPO / "examples" / "tasks").glob("*.py")))
+    ap.add_argument("--keep", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child: run one configuration
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one is not None:
+        print("RESULT " + json.dumps(run_one(args)), flush=True)
+        return 0
+
+    print(f"campaign scaling: {len(args.tasks)} tasks, budget {args.budget}, parallel {args.parallel}, "
+          f"backend {args.backend}, seed {args.seed}; configurations: {args.gpus} GPU(s)", flush=True)
+    results = []
+    for n in args.gpus:
+        out = Path(tempfile.mkdtemp(prefix=f"stark-scaling-{n}-"))
+        cmd = [sys.executable, __file__, "--one", str(n), "--out", str(out), "--budget", str(args.budget),
+               "--parallel", str(args.parallel), "--seed", str(args.seed), "--backend", args.backend,
+               "--tasks", *args.tasks]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            print(f"{n} GPU(s): failed (exit {proc.returncode})\n{proc.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        res = json.loads(line[len("RESULT "):])
+        results.append(res)
+        print(f"{n} GPU(s): wall {res['wall_s']:.1f} s (start {res['start_s']:.1f} s, search loop {res['loop_s']:.1f}"
+              f" s), {res['attempts']} attempts over {res['tasks']} tasks, {res['correct']} correct, "
+              f"finished={res['finished']}", flush=True)
+        for dev, d in sorted(res["devices"].items()):
+            print(f"    {dev}: {int(d['evaluations'])} evaluations, busy {d['busy_s']:.1f} s "
+                  f"({d['busy_s'] / res['loop_s']:.0%} of the loop)", flush=True)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(res["run_dir"], args.keep / Path(res["run_dir"]).name, dirs_exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)
+    by_n = {r["gpus"]: r for r in results}
+    summary: dict[str, Any] = {"machine": platform.node(), "date": datetime.now(timezone.utc).isoformat(),
+                               "settings": {k: v for k, v in vars(args).items() if k not in ("one", "out", "keep",
+                                                                                        "json")},
+                               "results": results}
+    if 1 in by_n and 2 in by_n:
+        ratio = by_n[1]["wall_s"] / by_n[2]["wall_s"]
+        loop_ratio = by_n[1]["loop_s"] / by_n[2]["loop_s"]
+        summary.update(ratio=ratio, loop_ratio=loop_ratio)
+        print(f"two GPUs vs one: wall {ratio:.2f}x, search loop {loop_ratio:.2f}x (goal >= {GOAL}x: "
+              f"{'met' if ratio >= GOAL else 'NOT met'})", flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
