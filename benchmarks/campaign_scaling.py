@@ -4,10 +4,10 @@ Each configuration runs in a fresh subprocess with its own embedded Ray (``run_r
 ``stark campaign`` uses) over every task file given (default: all of ``examples/tasks``), with the same search
 settings, seed and scripted replies (:mod:`kernel_replies`: real kernels, built, checked and timed; only the LLM is
 a stand-in). ``--gpus 1 2`` runs one evaluator actor, then two (``evaluators=N``; the machine must have N GPUs).
-Reported per configuration: wall time of the whole run (Ray start, actors, references, search, summaries), time
-of the search loop alone, attempts, correct attempts, and per GPU (the ``device`` column of the rows) the number
-of evaluations and the sum of their ``eval_s`` (busy time); then the ratio of wall times. Goal: two GPUs
->= 1.8x faster than one.
+Reported per configuration: wall time of the whole run (imports, Ray start, actors, references, search,
+summaries) with its start phases, time of the search loop alone, attempts, correct attempts, and per GPU (the
+``device`` column of the rows) the number of evaluations and the sum of their ``eval_s`` (busy time); then the
+ratio of wall times. Goal: two GPUs >= 1.8x faster than one.
 
 Run (GPU machine):  python benchmarks/campaign_scaling.py [--gpus 1 2] [--budget 8] [--parallel 2]
                     [--backend cuda_nvrtc] [--tasks examples/tasks/*.py] [--keep DIR] [--json F]
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import shutil
@@ -43,6 +44,7 @@ GOAL = 1.8
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """One campaign in this process (called in a subprocess by :func:`main`)."""
     t0 = time.monotonic()
+    import ray
     from kernel_replies import kernel_client
 
     from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
@@ -52,6 +54,17 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 
     tasks = [load_task(Path(p)) for p in args.tasks]
     path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    phases: dict[str, float] = {"imports_s": time.monotonic() - t0}
+    t_ray = time.monotonic()
+    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})  # what run_ray does for an embedded Ray, timed apart
+    phases["ray_init_s"] = time.monotonic() - t_ray
+    started_log: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: started_log.append(record.getMessage())  # type: ignore[method-assign]
+    driver_log = logging.getLogger("stark_ray.ray_executor")
+    driver_log.addHandler(handler)
+    driver_log.setLevel(logging.INFO)
     started: list[float] = []
     dirs: list[Path] = []
 
@@ -62,8 +75,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     summaries = run_ray(RayRun(tasks, SearchConfig(budget=args.budget, seed=args.seed, parallel=args.parallel),
                                AgentConfig(), EvalConfig(backend=args.backend), Path(args.out),
                                run_id=f"campaign-{args.one}gpu", evaluators=args.one,
-                               client_factory=partial(kernel_client, args.backend),
-                               runtime_env={"env_vars": {"PYTHONPATH": path}}),
+                               client_factory=partial(kernel_client, args.backend)),
                         on_started=on_started)
     end = time.monotonic()
     rows = attempt_rows(dirs[0])
@@ -78,7 +90,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "correct": sum(1 for r in rows if r["seq"] > 0 and r["correct"]),
         "finished": all(s.status == "finished" for s in summaries),
         "best": {s.task: s.best_speedup for s in summaries},
-        "devices": dict(per_device), "run_dir": str(dirs[0]),
+        "devices": dict(per_device), "run_dir": str(dirs[0]), "phases": phases, "driver_log": started_log,
     }
 
 
@@ -117,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n} GPU(s): wall {res['wall_s']:.1f} s (start {res['start_s']:.1f} s, search loop {res['loop_s']:.1f}"
               f" s), {res['attempts']} attempts over {res['tasks']} tasks, {res['correct']} correct, "
               f"finished={res['finished']}", flush=True)
+        print(f"    start: {res['phases']}; {'; '.join(res['driver_log'])}", flush=True)
         for dev, d in sorted(res["devices"].items()):
             print(f"    {dev}: {int(d['evaluations'])} evaluations, busy {d['busy_s']:.1f} s "
                   f"({d['busy_s'] / res['loop_s']:.0%} of the loop)", flush=True)

@@ -61,6 +61,7 @@ from stark_ray.search.tree import Tree
 from stark_ray.store.read import StoreError, load_trees
 from stark_ray.tasks.agents import AGENT_CPUS, ClientFactory, expand
 
+log = logging.getLogger(__name__)
 STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
 MAX_IN_FLIGHT = 64  # agent calls plus evaluations outstanding at once, over all tasks
 
@@ -121,6 +122,7 @@ class _Driver:
         self.spend = CapTracker(run.caps)
         self.capped: dict[str, str] = {}  # task -> why no new LLM calls are made for it
         self._last_progress = 0.0
+        self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -135,8 +137,11 @@ class _Driver:
         if opts.get("num_cpus") and cpus - n * opts["num_cpus"] < AGENT_CPUS:  # a 1-CPU machine: leave agents room
             opts["num_cpus"] = max(0.0, (cpus - AGENT_CPUS) / n)
         token = uuid.uuid4().hex[:6]  # a resumed run's actors must not collide with a dying driver's
+        t0 = time.monotonic()
         self.evaluators = [cls.options(name=f"stark-eval-{token}-{i}", **opts).remote(run.eval) for i in range(n)]
-        hardware = ray.get(self.evaluators[0].hardware_description.remote())
+        # every evaluator starts its device worker now, at once (the first one's answer describes the hardware)
+        hardware = ray.get([e.hardware_description.remote() for e in self.evaluators])[0]
+        self.phases["evaluators_s"] = time.monotonic() - t0
         specs = []
         self.infos: dict[str, TaskInfo] = {}
         for task in run.tasks:
@@ -151,6 +156,8 @@ class _Driver:
         for task in run.tasks:
             reference = self._reference(pending[task.name]) if task.name in pending else None
             specs.append(TaskSpec(self.infos[task.name], reference))
+        self.phases["references_s"] = time.monotonic() - t0 - self.phases["evaluators_s"]
+        t1 = time.monotonic()
         if run.resume is not None:
             self.dir = run.resume
         else:
@@ -174,6 +181,8 @@ class _Driver:
             best = tree.best()
             self.best[name] = best.id if best else None
             self.reporter.start(self.tasks[name], run.search.budget, tree.root)
+        self.phases["memory_s"] = time.monotonic() - t1
+        log.info("run %s started: %s", self.run_id, ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()))
 
     def _reference(self, ref: Any) -> EvalResult:
         try:
