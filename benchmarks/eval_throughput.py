@@ -21,6 +21,9 @@ timing).
     all candidates at once. Note the evaluator does more per candidate than (a)/(b): it also times the
     reference, interleaved with the candidate (so twice the timed calls), on fresh inputs every round, and scales
     the inputs of the last correctness trials. --reference also calls svc.reference(task) once per task.
+(c-warm) the same as (c) with the evaluator's toolchain warm, as on any machine after its first run: the
+    precompiled torch/extension.h of the usual flags is built into the fresh build directory first (its time is
+    reported, not counted); every candidate is still a fresh build.
 (d) the same kernels in cuda_nvrtc and triton form, through (c) (a fresh build dir, and TRITON_CACHE_DIR pointed at
     a fresh temp dir) and through (b)'s two-phase procedure, where the "build" phase is what can be done ahead:
       triton: phase 1 imports each candidate and runs its forward once on the task's inputs, in a pool of GPU
@@ -31,7 +34,7 @@ timing).
 Every harness builds a distinct copy of the candidate sources (their names carry a per-run, per-harness tag), so no
 cache anywhere (torch extensions, Triton, the evaluator's) can serve an earlier build.
 
-Run on the GPU machine:  python benchmarks/eval_throughput.py [--n 16] [--serial-n 4] [--only a,b,c,d] [--json F]
+Run on the GPU machine:  python benchmarks/eval_throughput.py [--n 16] [--serial-n 4] [--only a,b,c,c-warm,d] [--json F]
 Harnesses run in separate commands (each under a time limit) combine afterwards, anywhere:
   python benchmarks/eval_throughput.py --report a.json b.json d.json [--json all.json]
 
@@ -393,7 +396,7 @@ def run_two_phase(cs: list[Candidate], s: Settings, root: Path, key: str) -> Har
     return run
 
 
-def run_service(cs: list[Candidate], s: Settings, root: Path, key: str) -> HarnessRun:
+def run_service(cs: list[Candidate], s: Settings, root: Path, key: str, warm: bool = False) -> HarnessRun:
     try:
         from stark_ray.config import EvalConfig
         from stark_ray.eval.service import EvalService
@@ -404,6 +407,14 @@ def run_service(cs: list[Candidate], s: Settings, root: Path, key: str) -> Harne
     backend = cs[0].backend if cs else "cuda"
     run = HarnessRun(key, f"our evaluator: EvalService.evaluate_batch of all candidates ({backend})", backend)
     build_dir = _fresh_dir(root, f"{key.replace('-', '_')}_build")
+    warm_s = None
+    if warm:  # the toolchain as every run after a machine's first finds it: the precompiled torch header built
+        from stark_ray.eval.backends import get_backend
+
+        t_warm = time.perf_counter()
+        get_backend(backend).warm_toolchain(build_dir)
+        warm_s = time.perf_counter() - t_warm
+        run.title += ", toolchain warmed first (not counted)"
     extra: dict[str, Any] = {}
     if s.tolerance and "tolerance" in {f.name for f in dataclasses.fields(EvalConfig)}:
         extra["tolerance"] = s.tolerance  # "kernelbench": atol = rtol = 1e-2, as (a) and (b) check
@@ -418,7 +429,11 @@ def run_service(cs: list[Candidate], s: Settings, root: Path, key: str) -> Harne
             os.environ.pop("TRITON_CACHE_DIR", None)
         else:
             os.environ["TRITON_CACHE_DIR"] = saved_triton_cache
-    run.note = "times the reference too (interleaved), fresh inputs per round" + (
+    if warm_s is not None:
+        run.phases["toolchain_warm_s (not counted)"] = warm_s
+        pch = sorted(build_dir.glob("pch/*/torch/extension.h.gch"))
+        run.note = f"precompiled header {'present' if pch else 'MISSING'}; "
+    run.note = (run.note or "") + "times the reference too (interleaved), fresh inputs per round" + (
         "; svc.reference per task" if s.reference else "")
     return run
 
@@ -487,7 +502,8 @@ def report(runs: list[HarnessRun]) -> list[str]:
     print(header)
     print("-" * len(header))
     for r in runs:
-        own_b = by_key.get(r.key[:-1] + "b") if r.key.endswith("c") else None  # c -> b, d-triton-c -> d-triton-b
+        base_key = r.key.removesuffix("-warm")  # c, c-warm -> b; d-triton-c -> d-triton-b
+        own_b = by_key.get(base_key[:-1] + "b") if base_key.endswith("c") else None
         print(f"{r.key:<14} {r.backend:<11} {r.n:>5} {r.wall_s:>9.1f} {r.per_min:>10.2f} "
               f"{f'{r.n_correct}/{r.n}':>8} {_ratio(r.per_min, a):>7} {_ratio(r.per_min, b):>7} "
               f"{_ratio(r.per_min, own_b):>8}")
@@ -528,14 +544,15 @@ def parse_only(text: str) -> list[str]:
     d_parts = ["d-nvrtc-c", "d-nvrtc-b", "d-triton-c", "d-triton-b"]
     keys: list[str] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        if part in ("a", "b", "c"):
+        if part in ("a", "b", "c", "c-warm"):
             keys.append(part)
         elif part == "d":
             keys.extend(d_parts)
         elif part in d_parts:
             keys.append(part)
         else:
-            raise argparse.ArgumentTypeError(f"unknown harness {part!r}: use a, b, c, d or {', '.join(d_parts)}")
+            raise argparse.ArgumentTypeError(f"unknown harness {part!r}: use a, b, c, c-warm, d or "
+                                             f"{', '.join(d_parts)}")
     return list(dict.fromkeys(keys))
 
 
@@ -609,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
             plan.append((key, lambda: run_two_phase(sel("cuda", "b", args.n), settings, root, "b")))
         elif key == "c":
             plan.append((key, lambda: run_service(sel("cuda", "c", args.n), settings, root, "c")))
+        elif key == "c-warm":
+            plan.append((key, lambda: run_service(sel("cuda", "c-warm", args.n), settings, root, "c-warm",
+                                                  warm=True)))
         elif key.startswith("d-"):
             backend = "cuda_nvrtc" if "nvrtc" in key else "triton"
             if key.endswith("-b"):
