@@ -34,10 +34,15 @@ def _cfg(backend: str, build_dir: str) -> EvalConfig:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[EvalResult, int]]]:
+def gpu_build_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("gpu-build"))
+
+
+@pytest.fixture(scope="module")
+def results(gpu_build_dir: str) -> Iterator[dict[str, tuple[EvalResult, int]]]:
     """Every candidate of expected.json through one service per backend, in parallel where they build;
     each result with the number of worker processes started so far."""
-    build_dir = str(tmp_path_factory.mktemp("gpu-build"))
+    build_dir = gpu_build_dir
     out: dict[str, tuple[EvalResult, int]] = {}
     for backend in BACKENDS:
         files = [f for f, e in EXPECTED.items() if e["backend"] == backend]
@@ -92,6 +97,16 @@ def test_worker_survives_every_broken_kernel(results: dict[str, tuple[EvalResult
     assert r.ok, r.error
     if backend == "cuda":  # the illegal address and the endless loop each cost the worker its life
         assert starts >= 3
+
+
+def test_cuda_builds_leave_out_torch_types_where_they_can(results: dict[str, tuple[EvalResult, int]],
+                                                           gpu_build_dir: str) -> None:
+    """Every example .cu names nothing of torch: each builds without torch/types.h (the compile-error one tries,
+    then fails as load_inline builds it, and its log shows nvcc's own error)."""
+    choices = sorted(p.read_text() for p in Path(gpu_build_dir).glob("*/stark_headers"))
+    assert choices.count("light") >= 10 and choices.count("full") >= 1, choices
+    r, _ = results["2_FusedSwishScaleClamp_cuda_compile_error.py"]
+    assert r.stage == "compile" and '"res" is undefined' in r.log, r.log[-2000:]
 
 
 def test_hardware_description_reads_the_device(tmp_path: Path) -> None:
