@@ -4,6 +4,7 @@ with ``pytest -m gpu``; skipped on machines without a CUDA GPU (and the two-GPU 
 
 from __future__ import annotations
 
+import statistics
 import sys
 from datetime import timedelta
 from functools import partial
@@ -51,7 +52,9 @@ def test_search_through_one_gpu_evaluator_actor(ray_cluster: str, tmp_path: Path
     for r in timed:  # real timings on the GPU, against the reference timed in the same worker
         assert r["runtime_ms"] > 0 and r["ref_runtime_ms"] > 0 and r["speedup"] == pytest.approx(
             r["ref_runtime_ms"] / r["runtime_ms"], rel=1e-6)
-        assert r["runtime_cv"] is not None and r["runtime_cv"] < 0.5
+        assert r["runtime_cv"] is not None and r["runtime_cv"] >= 0
+    # the median is what counts; a single late sample can lift one candidate's CV (seen: 1.01 once, under Ray)
+    assert statistics.median(r["runtime_cv"] for r in timed) < 0.1, [r["runtime_cv"] for r in timed]
     wrong = [r for r in rows if r["seq"] > 0 and not r["correct"]]
     assert all(r["stage"] in ("correctness", "compile", "runtime") for r in wrong), wrong
     by_task = {s.task: s for s in summaries}
