@@ -341,3 +341,37 @@ def test_report_command(campaign: Path) -> None:
     assert lines[1].startswith("3 tasks: success (fast_0) 66.7% (2/3), fast_1 66.7%, fast_1.5 66.7%, fast_2 33.3%")
     assert lines[2] == "geomean speedup vs eager 2.00x over successful tasks, 1.59x over all tasks (failure = 1.0)"
     assert lines[3].startswith("vs torch.compile (1 of 3 tasks measured): fast_1 100.0%")
+
+
+def test_devices_view_and_report_section(tmp_path: Path) -> None:
+    """Where each attempt was evaluated (``device``) and when it was recorded (``recorded_at``): per device the
+    evaluations, tasks and busy seconds, as a view and as the report's Devices section."""
+    def on(device: str, eval_s: float, result: EvalResult) -> EvalResult:
+        result.device, result.eval_s = device, eval_s
+        return result
+
+    nodes = {}
+    for k, task in enumerate(("t-a", "t-b", "t-c")):
+        dev = "h:gpu0" if k != 1 else "h:gpu1"
+        ref = reference(10.0)
+        ref.result = on(dev, 0.5, ref.result)
+        nodes[task] = [ref, candidate(1, on(dev, 1.0, timed(5.0, 10.0))), candidate(2, on(dev, 2.0, wrong()))]
+    run = write_run(tmp_path, "run-d", nodes)
+    with connect(run) as con:
+        got = rows(con, "SELECT device, evaluations, candidates, tasks, busy_s, span_s >= 0 AS spans, "
+                        "first_at <= last_at AS ordered FROM devices ORDER BY device")
+    assert got == [
+        {"device": "h:gpu0", "evaluations": 6, "candidates": 4, "tasks": 2, "busy_s": 7.0, "spans": True,
+         "ordered": True},
+        {"device": "h:gpu1", "evaluations": 3, "candidates": 2, "tasks": 1, "busy_s": 3.5, "spans": True,
+         "ordered": True},
+    ]
+    text = write_report(run).read_text()
+    assert "## Devices" in text
+    assert "| run-d | h:gpu0 | 2 | 6 | 7.0 |" in text and "| run-d | h:gpu1 | 1 | 3 | 3.5 |" in text
+
+
+def test_rows_without_a_device_are_unknown_and_left_out_of_the_report(campaign: Path) -> None:
+    with connect(campaign / "run-a") as con:
+        assert rows(con, "SELECT device, evaluations FROM devices") == [{"device": "unknown", "evaluations": 12}]
+    assert "## Devices" not in write_report(campaign / "run-a").read_text()

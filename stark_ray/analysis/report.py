@@ -27,6 +27,7 @@ class Report:
     runs: list[Summary]
     tasks: list[dict[str, Any]]
     failures: dict[str, int]
+    devices: list[dict[str, Any]] = field(default_factory=list)
     plots: list[Path] = field(default_factory=list)
     plot_error: str | None = None
 
@@ -46,10 +47,11 @@ def generate(path: str | Path, out: str | Path | None = None) -> Report:
                  "GROUP BY failure ORDER BY n DESC, failure")}
         progress = rows(con, "SELECT run_id, task, seq, best_speedup_so_far FROM judged WHERE seq > 0 "
                              "ORDER BY run_id, task, seq")
+        devices = rows(con, "SELECT * FROM devices WHERE device <> 'unknown' ORDER BY run_id, device")
     target = Path(out).expanduser() if out is not None else Path(path).expanduser()
     target.mkdir(parents=True, exist_ok=True)
     report = Report(path=target / REPORT_FILE, overall=metrics.summarize(tasks), levels=metrics.by_level(tasks),
-                    runs=metrics.by_run(tasks), tasks=tasks, failures=failures)
+                    runs=metrics.by_run(tasks), tasks=tasks, failures=failures, devices=devices)
     _plots(report, target / PLOTS_DIR, progress, several_runs=len(runs) > 1)
     text = render(report, Path(path).expanduser(), runs)
     tmp = report.path.with_name(f".{REPORT_FILE}.tmp")
@@ -98,6 +100,13 @@ def render(r: Report, source: Path, runs: Sequence[Path]) -> str:
     else:
         out.append("No failed attempts.")
     out.append("")
+    if r.devices:
+        out += ["## Devices", "", "Where candidates were evaluated; busy: the sum of their evaluation times over "
+                "the span from the device's first to its last row.", "",
+                "| run | device | tasks | evaluations | busy s | span s | busy |", "|---|---|---:|---:|---:|---:|---:|",
+                *[f"| {_cell(d['run_id'])} | {_cell(d['device'])} | {d['tasks']} | {d['evaluations']} | "
+                  f"{_num(d['busy_s'], '{:.1f}')} | {_num(d['span_s'], '{:.1f}')} | {_pct(d['busy_share'])} |"
+                  for d in r.devices], ""]
     if r.plots:
         out += ["## Plots", ""]
         base = r.path.parent

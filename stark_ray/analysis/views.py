@@ -18,6 +18,10 @@ Views (columns in ``TASK_COLUMNS`` and the docstrings of the SQL below):
   reference, highest speedup, then lowest runtime, then earliest. Tasks without a correct candidate have no row.
 - ``tasks``: one row per (run_id, task), see :data:`TASK_COLUMNS`.
 - ``runs``: one row per run directory with the settings its ``run.json`` records (NULL where it has none).
+- ``devices``: one row per (run_id, device) — where attempts were evaluated (``<host>:gpu<N>`` or ``<host>:cpu``;
+  ``unknown`` for rows written before the column existed): ``evaluations`` (references included),
+  ``candidates``, ``tasks``, ``busy_s`` (sum of ``eval_s``), ``first_at``/``last_at`` (``recorded_at``),
+  ``span_s`` and ``busy_share`` (busy_s / span_s: how busy the device was between its first and last row).
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def is_run_dir(path: Path) -> bool:
 
 def connect(path: str | Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the views ``attempts``, ``llm_calls``, ``judged``, ``best``,
-    ``tasks`` and ``runs`` over the run(s) at ``path``."""
+    ``tasks``, ``runs`` and ``devices`` over the run(s) at ``path``."""
     runs = run_dirs(path)
     if len(runs) == 1:
         con = read.connect(runs[0])
@@ -165,6 +169,7 @@ def _derived(con: duckdb.DuckDBPyConnection, runs: list[Path]) -> None:
     con.execute(_JUDGED.format(rejected=_rejected_sql()))
     con.execute(_BEST)
     con.execute(_TASKS)
+    con.execute(_DEVICES)
 
 
 def _rejected_sql() -> str:
@@ -292,4 +297,18 @@ LEFT JOIN ref USING (run_id, task)
 LEFT JOIN cand c USING (run_id, task)
 LEFT JOIN calls USING (run_id, task)
 LEFT JOIN best b USING (run_id, task)
+"""
+
+_DEVICES = """
+CREATE VIEW devices AS
+SELECT run_id, device, evaluations, candidates, tasks, busy_s, first_at, last_at, span_s,
+       CASE WHEN span_s > 0 THEN busy_s / span_s END AS busy_share
+FROM (
+    SELECT run_id, coalesce(device, 'unknown') AS device, count(*) AS evaluations,
+           count(*) FILTER (WHERE seq > 0) AS candidates, count(DISTINCT task) AS tasks,
+           CAST(sum(coalesce(eval_s, 0)) AS DOUBLE) AS busy_s,
+           min(recorded_at) AS first_at, max(recorded_at) AS last_at,
+           epoch(max(recorded_at)) - epoch(min(recorded_at)) AS span_s
+    FROM attempts GROUP BY ALL
+)
 """
