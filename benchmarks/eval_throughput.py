@@ -467,6 +467,9 @@ def _run_service_groups(cs: list[Candidate], s: Settings, cfg: Any, key: str, ru
             spent = [ln for ln in (er.log or "").splitlines() if ln.startswith("evaluator time:")]
             if spent:
                 print(f"  [{key}]      {spent[0]}", flush=True)
+        started = svc.hello().get("start_phases")
+        if started:
+            print(f"  [{key}] device worker start: {started}", flush=True)
         run.phases["evaluate_s"] = time.perf_counter() - t0 - run.phases["start_s"]
     run.wall_s = time.perf_counter() - t0
     run.phases["close_s"] = run.wall_s - run.phases["start_s"] - run.phases["evaluate_s"]

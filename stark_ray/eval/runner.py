@@ -147,6 +147,7 @@ class WorkerProcess:
             self._proc = subprocess.Popen(self.spec.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=log, cwd=workdir, env=self._env(workdir),
                                           start_new_session=True)
+        spawned = time.monotonic()
         self.starts += 1
         self.served = 0
         self._queue = queue.Queue()
@@ -157,6 +158,9 @@ class WorkerProcess:
             msg, dead = self._next(deadline)
             if msg is not None and "hello" in msg:
                 self.hello = dict(msg["hello"])
+                phases = self.hello.get("start_phases")
+                if isinstance(phases, dict):  # the whole start as the parent saw it (interpreter start included)
+                    phases["total_s"] = round(time.monotonic() - spawned, 3)
                 return self.hello
             if dead or time.monotonic() >= deadline:
                 log = self._read_log(0)

@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any, TextIO
@@ -55,22 +56,33 @@ def main(argv: list[str] | None = None) -> None:
         ctrl.flush()
 
     try:
+        started = time.perf_counter()
+        laps: dict[str, float] = {}
+
+        def lap(name: str) -> None:
+            laps[name] = round(time.perf_counter() - started - sum(laps.values()), 3)
+
         from stark_ray.eval.backends import get_backend
         from stark_ray.eval.judging import Judge
 
         backend = get_backend(args.backend)
         build_dir = Path(args.build_dir)
+        lap("imports_s")
         if args.compile_only:
             os.nice(10)  # builds yield the CPU to the device worker, which launches and times kernels
             backend.prepare_compiler(build_dir, args.threads, args.arch)
             hello: dict[str, Any] = {"device": "none"}
         else:
             backend.prepare_worker(build_dir, args.threads)
+            lap("prepare_s")
             hello = backend.hardware_info()
+        lap("device_info_s")
         import torch
 
         torch.set_grad_enabled(False)
         judge = Judge(backend, compile_only=args.compile_only)
+        lap("judge_s")
+        hello["start_phases"] = laps  # where a worker's start goes (the parent logs it)
     except BaseException as e:  # a host problem (no GPU, no triton): the parent reports the log's last lines
         traceback.print_exc()
         print(f"worker start failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
