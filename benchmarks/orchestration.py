@@ -4,8 +4,8 @@ Two measurements, on one local Ray started by this script (``ray.init(num_cpus=-
 
 1. Search iterations per second through the actors. The real driver, ``run_ray(RayRun(...))``, runs ``--tasks``
    copies of ``examples/tasks/1_LeakyReluScale.py`` (``SearchConfig(budget=--budget, parallel=--parallel)``)
-   with the real TreeMemory actor, the real agent Ray tasks (plan + code / debug agents, prompt rendering,
-   anchor validation, parsing) and the real Parquet store. Only two things are stand-ins: the LLM
+   with the real TreeMemory actor, the real agent calls (AgentWorker actors: plan + code / debug agents, prompt
+   rendering, anchor validation, parsing) and the real Parquet store. Only two things are stand-ins: the LLM
    (:func:`scripted_client`: a :class:`~stark_ray.llm.scripted.ScriptedClient` whose replies are computed
    from the prompt at once) and the GPU work (:class:`InstantEvaluator`: an actor with EvaluatorActor's
    methods that returns a plausible ``EvalResult`` at once — correct or not and its speedup derived from a hash
@@ -423,9 +423,11 @@ def driver_breakdown(profile: cProfile.Profile, iterations: int) -> dict[str, An
     stats = pstats.Stats(profile)
     wanted = {
         ("ray_executor.py", "loop"): "driver loop",
-        ("ray_executor.py", "_refill"): "_refill (ask the memory for work, submit agents)",
-        ("ray_executor.py", "_done"): "_done (an agent or evaluation finished)",
-        ("ray_executor.py", "_add"): "_add (memory.add round trip, mirror, best_kernel.py)",
+        ("ray_executor.py", "_ask"): "_ask (next_many when the memory may hold unoffered work)",
+        ("ray_executor.py", "_launch"): "_launch (agent calls submitted)",
+        ("ray_executor.py", "_done"): "_done (a call finished: agent, evaluation, add, next)",
+        ("ray_executor.py", "_add"): "_add (memory.add_next submitted)",
+        ("ray_executor.py", "_attached"): "_attached (mirror, usage, best_kernel.py, reporter)",
         ("ray_executor.py", "start"): "start (actors, references, snapshots)",
         ("ray_executor.py", "finish"): "finish (snapshots, DuckDB reads, summaries)",
         ("worker.py", "get"): "ray.get (all)",

@@ -1,10 +1,12 @@
 """The Ray executor: the driver of a run whose state lives in actors.
 
-One TreeMemory actor owns every task's tree and policy; agent calls are stateless Ray tasks; one Evaluator actor
-per GPU (or one on the CPU) evaluates. The driver only moves work along: it asks the memory for expansions
-(``next``), launches their agent tasks, sends each candidate to its task's evaluator (tasks are spread
-round-robin over the evaluators; a task's reference is timed on the same GPU as its candidates), and hands
-results back (``add``) — handling whatever finishes first (``ray.wait``), with a cap on the work in flight.
+One TreeMemory actor owns every task's tree and policy; agent calls are stateless calls to a few threaded
+AgentWorker actors; one Evaluator actor per GPU (or one on the CPU) evaluates. The driver only moves work along:
+it asks the memory for expansions, launches their agent calls, sends each candidate to its task's evaluator
+(tasks are spread round-robin over the evaluators; a task's reference is timed on the same GPU as its
+candidates), and hands results back (``add_next``: the attempt, and in the same round trip the work that takes
+its place) — never waiting on one call: whatever finishes first is handled (``ray.wait``), with a cap on the
+work in flight.
 
 A run directory holds ``run.json`` (settings and task sources, enough for ``--resume``), the Parquet rows the
 memory writes, and, when the run ends, ``summary.json`` and ``best_kernel.py`` for each task (one task: at
@@ -59,7 +61,7 @@ from stark_ray.run_files import (
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
 from stark_ray.store.read import StoreError, load_trees
-from stark_ray.tasks.agents import AGENT_CPUS, ClientFactory, expand
+from stark_ray.tasks.agents import AGENT_CPUS, AGENT_WORKERS, ClientFactory, agent_pool
 
 log = logging.getLogger(__name__)
 STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
@@ -109,6 +111,21 @@ def _same_code_env() -> dict[str, Any]:
     return {"env_vars": {"PYTHONPATH": path}}
 
 
+_AGENT, _EVAL, _ADD, _NEXT = "agent", "eval", "add", "next"
+_UNSET: Any = object()  # a ref's value not fetched yet
+
+
+@dataclass
+class _Work:
+    """What an object ref the driver waits on stands for."""
+
+    kind: str  # _AGENT | _EVAL | _ADD (memory.add_next) | _NEXT (memory.next_many)
+    ticket: Ticket | None = None  # the expansion (agent, eval, add)
+    step: AgentResult | None = None  # its agent step (eval, add)
+    which: int = -1  # the agent worker (agent) or the evaluator (eval)
+    limit: int = 0  # tickets asked for (add, next): room kept for them until they come back
+
+
 class _Driver:
     def __init__(self, run: RayRun, reporter: Reporter, embedded: bool = False) -> None:
         self.run, self.reporter = run, reporter
@@ -117,12 +134,21 @@ class _Driver:
         self.usage: dict[str, UsageTotals] = {t.name: UsageTotals() for t in run.tasks}
         self.mirror: dict[str, Tree] = {}
         self.best: dict[str, int | None] = {}
-        self.pending: dict[Any, tuple[str, Ticket, AgentResult | None, int]] = {}
+        self.pending: dict[Any, _Work] = {}  # object ref -> what it is
+        self.working = 0  # tickets with an agent call or an evaluation outstanding
+        self.reserved = 0  # tickets asked of the memory (add_next, next_many) and not come back yet
+        self.dirty = True  # the memory may hold work that no request has offered: ask with next_many
+        self.asking = False  # a next_many is outstanding (at most one)
+        self.orphans: dict[str, dict[int, list[Node]]] = {}  # task -> parent -> nodes waiting for it (mirror)
         self.home: dict[str, int] = {}  # task -> its evaluator (round-robin over the tasks)
         self.spend = CapTracker(run.caps)
         self.capped: dict[str, str] = {}  # task -> why no new LLM calls are made for it
+        self._caps_unchecked = True  # the caps are checked against what a resumed run spent before
         self._last_progress = 0.0
         self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
+        self.agents: list[Any] = []  # the AgentWorker actors
+        self.agent_load: list[int] = []  # calls outstanding on each
+        self._start_agents()  # now: their processes start (and import) while the evaluators and references do
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -194,15 +220,37 @@ class _Driver:
             raise
 
     # -- the loop --------------------------------------------------------------------------------------------
+    # Nothing here blocks on one call: every agent call, evaluation, ``add`` and ``next_many`` is an object ref in
+    # ``pending``, and the one ``ray.wait`` below hands whichever finished first to ``_done``. An ``add`` also asks
+    # for new expansions (``add_next``: the memory selects right after attaching), so a finished attempt and the
+    # work that replaces it take one round trip; a separate ``next_many`` (at most one outstanding) is sent only
+    # when the memory may hold work that no request has offered yet (``dirty``).
     def loop(self) -> None:
         while True:
-            self._refill()
+            self._ask()
             self._progress(final=not self.pending)
             if not self.pending:
                 return
-            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=1.0)
-            for ref in ready:
-                self._done(ref)
+            refs = list(self.pending)
+            ready = ray.wait(refs, num_returns=len(refs), timeout=0)[0]  # all that have finished, or
+            if not ready:
+                ready = ray.wait(refs, num_returns=1, timeout=1.0)[0]  # the first to finish
+            try:
+                values: list[Any] = ray.get(ready)  # one call for all
+            except Exception:  # one of them failed: each is fetched on its own, handled as its kind says
+                values = [_UNSET] * len(ready)
+            for ref, value in zip(ready, values, strict=True):
+                self._done(ref, value)
+
+    def _start_agents(self) -> None:
+        """The agent workers, on the driver's node: one per CPU the evaluators leave (at least one, at most
+        AGENT_WORKERS), each taking its share of ``max_in_flight`` calls at once."""
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        n = max(1, min(AGENT_WORKERS, cpus - (self.run.evaluators or 1)))
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)  # the driver's
+        self.agents = agent_pool(n, -(-self.run.max_in_flight // n), self.run.agents, self.run.search,
+                                 self.run.client_factory, scheduling_strategy=here)
+        self.agent_load = [0] * n
 
     def _progress(self, final: bool = False) -> None:
         now = time.monotonic()
@@ -210,7 +258,7 @@ class _Driver:
         if report is None or (now - self._last_progress < 0.5 and not final):
             return
         self._last_progress = now
-        running = {t.task for _, t, _, _ in self.pending.values()}
+        running = {w.ticket.task for w in self.pending.values() if w.ticket is not None}
         report({
             "tasks": len(self.tasks), "running": len(running),
             "done": sum(1 for n, tree in self.mirror.items() if n not in running and
@@ -219,33 +267,64 @@ class _Driver:
             "correct": sum(1 for t in self.mirror.values() for n in t if n.correct and not n.is_root),
             "best": {n: b.result.speedup for n, t in self.mirror.items() if (b := t.best()) is not None},
             "cost": self.spend.total.cost, "tokens": self.spend.total.tokens,
-            "evaluators": len(self.evaluators), "evaluating": sum(1 for k, *_ in self.pending.values() if k == "eval"),
+            "evaluators": len(self.evaluators),
+            "evaluating": sum(1 for w in self.pending.values() if w.kind == _EVAL),
             "capped": dict(self.capped),
         })
 
-    def _refill(self) -> None:
-        room = self.run.max_in_flight - len(self.pending)
-        if room <= 0:
-            return
-        for name in self.tasks:
-            reason = self.spend.task_reason(name)
-            if reason and name not in self.capped:
+    def _room(self) -> int:
+        """Expansions that may still be started: ``max_in_flight`` less the agent calls and evaluations
+        outstanding and the tickets asked of the memory and not come back yet."""
+        return self.run.max_in_flight - self.working - self.reserved
+
+    def _exclude(self) -> list[str] | None:
+        """The tasks the memory must not hand out work for (capped: no new LLM calls), or None when that is
+        every task."""
+        if self._caps_unchecked:  # the spend a resumed run starts with
+            self._caps_unchecked = False
+            self._spent(*self.tasks)
+        return None if len(self.capped) == len(self.tasks) else sorted(self.capped)
+
+    def _spent(self, *names: str) -> None:
+        """``names`` have spent more: which caps are reached now (a campaign cap stops every task)."""
+        if self.spend.campaign_reason():
+            names = tuple(self.tasks)
+        for name in names:
+            if name not in self.capped and (reason := self.spend.task_reason(name)):
                 self.capped[name] = reason
-        if len(self.capped) == len(self.tasks):
+
+    def _ask(self) -> None:
+        """One ``next_many`` when the memory may hold work no request has offered yet, and there is room."""
+        room = self._room()
+        if not self.dirty or self.asking or room <= 0 or (exclude := self._exclude()) is None:
             return
-        for ticket in ray.get(self.memory.next_many.remote(room, sorted(self.capped))):
-            ref = expand.remote(ticket.request, self.run.agents, self.run.search, self._info(ticket.task),
-                                self.run.client_factory)
-            self.pending[ref] = ("agent", ticket, None, -1)
+        ref = self.memory.next_many.remote(room, exclude)
+        self.pending[ref] = _Work(_NEXT, limit=room)
+        self.reserved += room
+        self.asking, self.dirty = True, False
+
+    def _launch(self, tickets: list[Ticket]) -> None:
+        for ticket in tickets:
+            if ticket.task in self.capped:  # its cap was reached while the memory was asked: no new LLM call
+                self.memory.release.remote(ticket)
+                continue
+            which = min(range(len(self.agents)), key=self.agent_load.__getitem__)  # the least busy worker
+            ref = self.agents[which].run.remote(ticket.request, self._info(ticket.task))
+            self.pending[ref] = _Work(_AGENT, ticket, which=which)
+            self.agent_load[which] += 1
+            self.working += 1
 
     def _info(self, name: str) -> TaskInfo:
         return self.infos[name]
 
-    def _done(self, ref: Any) -> None:
-        kind, ticket, step, which = self.pending.pop(ref)
-        if kind == "agent":
+    def _done(self, ref: Any, value: Any = _UNSET) -> None:
+        """``ref`` has finished (``value``: what it holds, when already fetched)."""
+        work = self.pending.pop(ref)
+        if work.kind == _AGENT:
+            assert work.ticket is not None
+            self.agent_load[work.which] -= 1
             try:
-                step = ray.get(ref)
+                step: AgentResult = ray.get(ref) if value is _UNSET else value
             except RayTaskError as e:
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, LLMError) and cause.fatal:
@@ -253,38 +332,80 @@ class _Driver:
                 step = AgentResult(None, error=f"the agent task failed: {_one_line(e)}")
             except RayError as e:
                 step = AgentResult(None, error=f"the agent task failed: {_one_line(e)}")
+            # the calls are spent now: the caps see them before any further work is asked for
+            self.spend.add(work.ticket.task, sum(u.cost_usd for u in step.usage),
+                           sum(u.input_tokens + u.output_tokens for u in step.usage))
+            self._spent(work.ticket.task)
             if step.ok and step.source:
-                which = self.home[ticket.task]
-                eref = self.evaluators[which].evaluate.remote(self.tasks[ticket.task], step.source)
-                self.pending[eref] = ("eval", ticket, step, which)
+                which = self.home[work.ticket.task]
+                eref = self.evaluators[which].evaluate.remote(self.tasks[work.ticket.task], step.source)
+                self.pending[eref] = _Work(_EVAL, work.ticket, step, which)
             else:
-                self._add(ticket, step, no_candidate(step))
-            return
-        assert step is not None
-        try:
-            result = ray.get(ref)
-        except RayActorError:
-            result = EvalResult.failed(STAGE_CRASH, "the evaluator actor died while evaluating this candidate "
-                                       "(it is restarted; this candidate is not run again)")
-        except RayError as e:
-            result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {_one_line(e)}")
-        self._add(ticket, step, result)
+                self._add(work.ticket, step, no_candidate(step))
+        elif work.kind == _EVAL:
+            assert work.ticket is not None and work.step is not None
+            try:
+                result = ray.get(ref) if value is _UNSET else value
+            except RayActorError:
+                result = EvalResult.failed(STAGE_CRASH, "the evaluator actor died while evaluating this candidate "
+                                           "(it is restarted; this candidate is not run again)")
+            except RayError as e:
+                result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {_one_line(e)}")
+            self._add(work.ticket, work.step, result)
+        elif work.kind == _ADD:
+            assert work.ticket is not None and work.step is not None
+            node, tickets = ray.get(ref) if value is _UNSET else value
+            self._came_back(work, tickets)
+            if node is not None:  # None: its parent was lost with a memory restart: the work is redone
+                self._attached(work.ticket.task, node, work.step)
+            self._launch(tickets)
+        else:
+            self.asking = False
+            tickets = ray.get(ref) if value is _UNSET else value
+            self._came_back(work, tickets)
+            self._launch(tickets)
+
+    def _came_back(self, work: _Work, tickets: list[Ticket]) -> None:
+        """The room kept for a request is free again; the memory may hold more work when the request got all
+        it asked for, or selected nothing after its attach (asked for nothing)."""
+        self.reserved -= work.limit
+        if len(tickets) >= work.limit:
+            self.dirty = True
 
     def _add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> None:
-        node: Node | None = ray.get(self.memory.add.remote(ticket, step, result))
-        if node is None:
-            return  # its parent was lost with a memory restart: the work is redone
-        name = ticket.task
+        """Hand an attempt to the memory, asking in the same call for the work that may take its place."""
+        self.working -= 1
+        exclude = self._exclude()
+        limit = max(0, self._room()) if exclude is not None else 0
+        ref = self.memory.add_next.remote(ticket.slim(), step, result, limit, exclude or [])
+        self.pending[ref] = _Work(_ADD, ticket, step, limit=limit)
+        self.reserved += limit
+        if limit > 0:
+            self.dirty = False  # the memory selects after this attach: whatever was there is offered
+
+    def _attached(self, name: str, node: Node, step: AgentResult) -> None:
+        """A node the memory acknowledged (written): the driver's mirror, usage, best_kernel.py, the reporter."""
         tree = self.mirror[name]
-        if node.id not in tree.nodes and node.parent in tree.nodes:
-            tree._attach(replace(node, children=[]))
+        waiting = self.orphans.setdefault(name, {})
+        attached: list[Node] = []
+        if node.id not in tree.nodes and node.parent is not None:
+            if node.parent in tree.nodes:
+                todo = [node]
+                while todo:  # with it, the nodes whose acknowledgement reached the driver before it
+                    n = todo.pop()
+                    if n.id not in tree.nodes:
+                        tree._attach(replace(n, children=[]))
+                        attached.append(tree[n.id])
+                        todo += waiting.pop(n.id, [])
+            else:  # its parent's acknowledgement has not been handled yet (one commit wrote both)
+                waiting.setdefault(node.parent, []).append(node)
         usage = self.usage[name]
         for u in step.usage:
             usage.add(u)
-        self.spend.add(name, sum(u.cost_usd for u in step.usage),
-                       sum(u.input_tokens + u.output_tokens for u in step.usage))
-        best = tree.best()
-        if best is not None and best.id != self.best[name]:
+        best_id = self.best[name]
+        # the leaderboard's first: the best only changes when a node just attached beats it
+        best = min((n for n in attached if n.correct), key=lambda n: (n.score, n.id), default=None)
+        if best is not None and (best_id is None or (best.score, best.id) < (tree[best_id].score, best_id)):
             self.best[name] = best.id
             write_atomic(self._task_dir(name) / "best_kernel.py", best.source)
         self.reporter.attempt(node, step, tree, usage)
@@ -320,10 +441,13 @@ class _Driver:
         return recorded_usage(self.dir, name) if self.run.resume is not None else self.usage[name]
 
     def close(self) -> None:
-        for ref, (kind, *_rest) in list(self.pending.items()):  # stopped early: the agent calls are not waited for
-            if kind == "agent":
+        for ref, work in list(self.pending.items()):  # stopped early: the agent calls are not waited for
+            if work.kind == _AGENT:
                 with contextlib.suppress(RayError, TypeError, ValueError):
                     ray.cancel(ref)
+        for agent in self.agents:  # their calls still running are dropped with them
+            with contextlib.suppress(RayError, ValueError):
+                ray.kill(agent, no_restart=True)
         for actor in [*getattr(self, "evaluators", []), getattr(self, "memory", None)]:
             if actor is None:
                 continue
@@ -342,7 +466,12 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
     started = _connect(run.address, run.runtime_env)
     if callable(on_term):  # Ray's core installs its own SIGTERM handler (it aborts): the caller's comes back
         signal.signal(signal.SIGTERM, on_term)
-    driver = _Driver(run, reporter, embedded=started)
+    try:
+        driver = _Driver(run, reporter, embedded=started)
+    except BaseException:
+        if started:
+            ray.shutdown()
+        raise
     t0 = time.monotonic()
     try:
         driver.start()

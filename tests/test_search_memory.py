@@ -92,3 +92,27 @@ def test_one_in_flight_is_the_sequential_search_step_for_step() -> None:
             s.add(t, step(f"n{len(order)}"), ok(1.0 + (len(order) % 3)))
         runs.append(order)
     assert runs[0] == runs[1] and len(runs[0]) == 8
+
+
+def test_a_ticket_whose_node_id_now_names_another_node_is_refused() -> None:
+    """A memory restarted from its rows may give a lost node's id to another node: a ticket cut from the lost one
+    must not attach its child there."""
+    s = search_for("t", budget=5, parallel=1)
+    a = s.next()
+    assert a is not None
+    s.add(a, step("a"), ok(2.0))
+    b = s.next()
+    assert b is not None and b.parent == 1
+    lost = replace(b, request=replace(b.request, node=replace(b.request.node, source="another node 1")))
+    with pytest.raises(UnknownParent):
+        s.add(lost, step("x"), ok(1.0))
+
+
+def test_a_slim_ticket_carries_no_windows_and_is_added_alike() -> None:
+    s = search_for("t", budget=5, parallel=1)
+    a = s.next()
+    assert a is not None and a.request.windows
+    slim = a.slim()
+    assert slim.request.windows == {} and (slim.task, slim.id, slim.parent) == (a.task, a.id, a.parent)
+    node = s.add(slim, step("a"), ok(2.0))
+    assert node.parent == 0 and s.tree.evaluated == 1 and not s.in_flight

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from search_helpers import add, bad, hand_built, ok, reference_tree
 
 from stark_ray.records import AGENT_DEBUG, STAGE_CORRECTNESS, STAGE_PARSE
-from stark_ray.search.policy import BestOfK, EpsilonGreedy, Greedy, Rules, is_dead, make_policy
+from stark_ray.search.policy import BestOfK, EpsilonGreedy, Greedy, Rules, is_dead, make_policy, pruned_nodes
 from stark_ray.search.tree import Tree
 
 
@@ -163,3 +163,35 @@ def test_make_policy_maps_ablations() -> None:
     p = make_policy("epsilon_greedy", ablation="ma_only")
     assert isinstance(p, BestOfK) and p.repair
     assert isinstance(make_policy("best_of_k", k=4), BestOfK)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1000), st.sampled_from(["ok", "fail", "parse"])), min_size=1,
+                max_size=60), st.integers(1, 4))
+def test_the_one_pass_pruning_is_the_definition(shape, n_child) -> None:
+    """What select uses (one pass over the tree, kept until it grows) equals is_dead on the node and its
+    ancestors, after every attach."""
+    t = reference_tree()
+    rules = Rules(n_root=3, n_child=n_child, max_debug_chain=2)
+    for parent_pick, kind in shape:
+        parent = parent_pick % len(t)
+        add(t, parent, ok(5.0) if kind == "ok" else bad(STAGE_PARSE if kind == "parse" else STAGE_CORRECTNESS))
+        want = {n.id for n in t if any(is_dead(t, m, n_child) for m in [n, *t.ancestors(n.id)])}
+        assert pruned_nodes(t, n_child) == want
+        assert {n.id for n in t if rules.pruned(t, n)} == want
+        assert [n.id for n in rules.expandable_leaves(t)] == \
+            [n.id for n in t.leaves() if rules.selectable(t, n)]
+
+
+def test_what_selection_keeps_is_forgotten_when_the_tree_grows() -> None:
+    t = reference_tree()
+    a = add(t, 0, ok(5.0))
+    rules = Rules(n_root=5, n_child=3)
+    policy = EpsilonGreedy(0.0, rules)
+    assert policy.select(t, random.Random(0)).id == a
+    b = add(t, a, ok(2.0))  # faster: exploit must see it at once
+    assert policy.select(t, random.Random(0)).id == b
+    for _ in range(4):
+        add(t, b, bad())  # b has more than n_child children, all failed: dead, with its subtree
+    assert rules.pruned(t, t[b]) and policy.select(t, random.Random(0)).id == a
+    assert policy.select(t, random.Random(0), busy={a}).id == 0  # busy nodes are left out, cache or not

@@ -88,3 +88,17 @@ def test_debug_window_membership() -> None:
     assert set(ids(debug_window(t, t[5]))) == {5, 0, 4, 6}
     assert set(ids(debug_window(t, t[2]))) == {2, 0, 1, 3}
     assert ids(debug_window(t, t[0])) == [0]
+
+
+def test_memo_keeps_a_value_until_a_node_is_attached() -> None:
+    t = reference_tree()
+    calls: list[int] = []
+
+    def size(tree: Tree) -> int:
+        calls.append(len(tree))
+        return len(tree)
+
+    assert t.memo("size", size) == 1 and t.memo("size", size) == 1 and calls == [1]
+    add(t, 0, ok(5.0))
+    assert t.memo("size", size) == 2 and calls == [1, 2]
+    assert t.memo("other", size) == 2 and calls == [1, 2, 2]  # one value per key

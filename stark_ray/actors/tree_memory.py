@@ -3,10 +3,19 @@
 Its state is rebuilt from the run's Parquet rows whenever it starts on a run directory that has some: after
 a restart (``max_restarts``) and for ``--resume`` alike. Every attached node is written (attempts row and its
 LLM calls) before ``add`` returns, so what a restart restores is everything it acknowledged.
+
+Writes are group commits: an ``add`` attaches its node and buffers its rows at once, then waits for the next
+commit, which first lets every call already queued on the actor's event loop run (so the adds of one burst
+share it) and then writes all buffered rows in a thread (the event loop keeps serving calls meanwhile). An add
+returns only after a commit that started after its rows were buffered has finished: acknowledged still means
+written. Selection may meanwhile pick a node whose commit is still running; should the actor die before it is
+written, a ticket cut from it is refused later (``UnknownParent``), as for any node lost with a restart.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +38,41 @@ class TaskSpec:
     reference: EvalResult | None  # None: the tree must already be in the run directory (resume)
 
 
+class GroupCommit:
+    """Calls of one event loop that share a ``flush``: :meth:`wait` returns once a flush that began after the
+    call has finished (it raises what that flush raised). One flush runs at a time, in a thread (the event loop
+    keeps serving calls meanwhile); the calls that arrive while it runs all wait for the next one, so the busier
+    the actor, the more rows each flush writes."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self.flush = flush
+        self._next: asyncio.Future[None] | None = None  # the commit rows buffered now will be written by
+        self._running: asyncio.Future[None] | None = None  # the commit whose flush runs now
+        self.commits = 0  # flushes started (tests, figures)
+
+    async def wait(self) -> None:
+        if self._next is None:
+            self._next = asyncio.ensure_future(self._commit(self._running))
+        await asyncio.shield(self._next)
+
+    async def _commit(self, previous: asyncio.Future[None] | None) -> None:
+        await asyncio.sleep(0)  # the calls already queued on the loop buffer their rows and join this commit
+        if previous is not None:
+            await asyncio.wait([previous])  # one flush at a time (its outcome is its own callers')
+        self._next, self._running = None, self._next  # rows buffered from here on wait for the next commit
+        self.commits += 1
+        try:
+            await asyncio.to_thread(self.flush)
+        finally:
+            self._running = None
+
+
 @ray.remote
 class TreeMemoryActor:
     def __init__(self, root: str, run_id: str, specs: list[TaskSpec], search: SearchConfig,
                  agents: AgentConfig) -> None:
         self.store = RunStore(root, run_id, flush_rows=256, flush_s=1.0, fsync=False)
+        self.commit = GroupCommit(self.store.flush)
         recorded = _recorded_trees(self.store.run_dir)
         self.memory = TreeMemory(sink=self._record)
         self.restored: dict[str, int] = {}
@@ -51,9 +90,8 @@ class TreeMemoryActor:
         self.store.flush()
 
     def _record(self, task: str, node: Node, step: AgentResult) -> None:
-        self.store.record_node(task, node)
+        self.store.record_node(task, node)  # buffered: the add waits for the group commit that writes it
         self.store.record_usage(task, node.id, step.usage)
-        self.store.flush()  # acknowledged means written: a restart restores it
 
     async def next(self, task: str) -> Ticket | None:
         return self.memory.next(task)
@@ -62,11 +100,24 @@ class TreeMemoryActor:
         return self.memory.next_many(limit, exclude or ())
 
     async def add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> Node | None:
-        """The new node, or None when the ticket's node was lost with a restart (the work is dropped)."""
+        """The new node, or None when the ticket's node was lost with a restart (the work is dropped). Returns
+        once the node's rows are written (acknowledged means written: a restart restores it)."""
+        node, _ = await self.add_next(ticket, step, result)
+        return node
+
+    async def add_next(self, ticket: Ticket, step: AgentResult, result: EvalResult, limit: int = 0,
+                       exclude: list[str] | None = None) -> tuple[Node | None, list[Ticket]]:
+        """``add``, then up to ``limit`` new expansions over all tasks but ``exclude`` (``next_many``, selected
+        right after the attach): one round trip where a driver would make two. The node is None as for ``add``;
+        the tickets are handed out only once the node is written."""
         try:
-            return self.memory.add(ticket, step, result)
+            node: Node | None = self.memory.add(ticket, step, result)
         except UnknownParent:
-            return None
+            node = None
+        tickets = self.memory.next_many(limit, exclude or ()) if limit > 0 else []
+        if node is not None:
+            await self.commit.wait()
+        return node, tickets
 
     async def release(self, ticket: Ticket) -> None:
         self.memory.release(ticket)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import secrets
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stark_ray.agents.base import AgentResult, TaskInfo
@@ -40,6 +40,10 @@ class Ticket:
     @property
     def parent(self) -> int:
         return self.request.node.id
+
+    def slim(self) -> Ticket:
+        """The ticket as ``add`` needs it back: without the context windows (the bulk of a request)."""
+        return replace(self, request=replace(self.request, windows={})) if self.request.windows else self
 
 
 class UnknownParent(LookupError):
@@ -95,7 +99,8 @@ class TaskSearch:
         """Attach the child the ticket's expansion produced. A ticket this search did not issue (the memory was
         restarted since) is accepted while its node is in the tree."""
         self.in_flight.pop(ticket.id, None)
-        if ticket.parent not in self.tree.nodes:
+        parent = self.tree.nodes.get(ticket.parent)
+        if parent is None or not _same_node(parent, ticket.request.node):
             raise UnknownParent(f"task {self.name}: node {ticket.parent} is not in the tree")
         self._exhausted = False
         return self.tree.add(ticket.parent, step.source or "", ticket.request.agent, result, step.instruction,
@@ -104,6 +109,12 @@ class TaskSearch:
     def release(self, ticket: Ticket) -> None:
         """Give a ticket back without an attempt (cancelled, or lost with a worker): it may be selected again."""
         self.in_flight.pop(ticket.id, None)
+
+
+def _same_node(a: Node, b: Node) -> bool:
+    """The node a ticket was cut from, as the tree holds it now (a memory restarted from its rows may have given
+    a lost node's id to another one)."""
+    return a.parent == b.parent and a.agent == b.agent and a.source == b.source
 
 
 def make_task_search(name: str, tree: Tree, search: SearchConfig, agents: AgentConfig, info: TaskInfo,

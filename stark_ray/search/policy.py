@@ -36,6 +36,26 @@ def is_dead(tree: Tree, node: Node, n_child: int) -> bool:
     return not node.is_root and len(node.children) > n_child and not any(d.correct for d in tree.descendants(node.id))
 
 
+def pruned_nodes(tree: Tree, n_child: int) -> frozenset[int]:
+    """Every node that is dead or lies below a dead node, in one pass over the tree (O(n); :func:`is_dead` on
+    each node and its ancestors would be O(n^2)). Kept by the tree until it grows."""
+    order: list[Node] = []  # pre-order: every parent before its children
+    stack = [tree.root]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(tree[c] for c in node.children)
+    correct_below: dict[int, bool] = {}  # any correct node strictly below
+    for node in reversed(order):
+        correct_below[node.id] = any(tree[c].correct or correct_below[c] for c in node.children)
+    out: set[int] = set()
+    for node in order:
+        if (node.parent is not None and node.parent in out) or (
+                not node.is_root and len(node.children) > n_child and not correct_below[node.id]):
+            out.add(node.id)
+    return frozenset(out)
+
+
 class Rules:
     """Selectability shared by the tree policies."""
 
@@ -43,7 +63,9 @@ class Rules:
         self.n_root, self.n_child, self.max_debug_chain = n_root, n_child, max_debug_chain
 
     def pruned(self, tree: Tree, node: Node) -> bool:
-        return any(is_dead(tree, n, self.n_child) for n in [node, *tree.ancestors(node.id)])
+        """``node`` or one of its ancestors is a dead branch."""
+        n_child = self.n_child
+        return node.id in tree.memo(("pruned", n_child), lambda t: pruned_nodes(t, n_child))
 
     def selectable(self, tree: Tree, node: Node) -> bool:
         if node.is_root and len(node.children) >= self.n_root:
@@ -53,13 +75,21 @@ class Rules:
         return not self.pruned(tree, node)
 
     def expandable_leaves(self, tree: Tree, busy: Collection[int] = ()) -> list[Node]:
-        return [n for n in tree.leaves() if n.id not in busy and self.selectable(tree, n)]
+        return [n for n in self._selectable(tree)[0] if n.id not in busy]
 
     def best_correct(self, tree: Tree, busy: Collection[int] = ()) -> Node | None:
         """The best-scoring (fastest relative to the reference) selectable correct node; the reference competes
         with a score of 1."""
-        correct = [n for n in tree if n.correct and n.id not in busy and self.selectable(tree, n)]
-        return min(correct, key=lambda n: (n.score, n.id), default=None)
+        return next((n for n in self._selectable(tree)[1] if n.id not in busy), None)
+
+    def _selectable(self, tree: Tree) -> tuple[list[Node], list[Node]]:
+        """(selectable leaves in tree order, selectable correct nodes best first), kept until the tree grows."""
+        def compute(t: Tree) -> tuple[list[Node], list[Node]]:
+            leaves = [n for n in t.leaves() if self.selectable(t, n)]
+            correct = sorted((n for n in t if n.correct and self.selectable(t, n)), key=lambda n: (n.score, n.id))
+            return leaves, correct
+
+        return tree.memo(("selectable", self.n_root, self.n_child, self.max_debug_chain), compute)
 
 
 class EpsilonGreedy:

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from stark_ray.records import AGENT_REFERENCE, STAGE_PARSE, EvalResult, LLMUsage, Node
+
+T = TypeVar("T")
 
 
 class Tree:
     """A search tree rooted at the reference implementation (node 0).
 
     Nodes are only ever added, never changed (observations come with the node), which is what makes the tree
-    rebuildable from its records: ``Tree.from_records(t.to_records())`` equals ``t``.
+    rebuildable from its records: ``Tree.from_records(t.to_records())`` equals ``t``. What is derived from the
+    whole tree (the policy's pruning) is kept by :meth:`memo` until the next node is attached.
     """
 
     def __init__(self, root: Node) -> None:
         if root.parent is not None or root.id != 0:
             raise ValueError("the root must be node 0 without a parent")
         self.nodes: dict[int, Node] = {0: root}
+        self._memo: dict[Hashable, Any] = {}
 
     @staticmethod
     def with_reference(source: str, result: EvalResult) -> Tree:
@@ -47,6 +51,13 @@ class Tree:
             raise ValueError(f"node {node.id} names parent {node.parent}, which is not in the tree")
         self.nodes[node.id] = node
         self.nodes[node.parent].children.append(node.id)
+        self._memo.clear()
+
+    def memo(self, key: Hashable, compute: Callable[[Tree], T]) -> T:
+        """``compute(self)``, computed once per key until the tree grows (every attach forgets what was kept)."""
+        if key not in self._memo:
+            self._memo[key] = compute(self)
+        return self._memo[key]  # type: ignore[no-any-return]
 
     # --- queries -----------------------------------------------------------------------------------------
     @property

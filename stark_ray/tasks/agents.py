@@ -1,14 +1,22 @@
-"""The agent call as a stateless Ray task: a request (node + context windows) in, an AgentResult out.
+"""The agent call, run by Ray: a request (node + context windows) in, an AgentResult out.
 
-The LLM client is made in the worker process from the run's AgentConfig (once per process and config), or by
-``client_factory`` — a picklable callable, for scripted replies in tests and benchmarks. Transient provider
-failures are retried by the SDKs; what still fails comes back as an AgentResult with its error, which the
-search records as a failed attempt. The task itself is retried only when its worker process dies.
+Agent calls run in the threads of a few long-lived :class:`AgentWorker` actors (a pool the driver starts with
+the run), each taking up to ``max_concurrency`` calls at once: an agent call mostly waits on the provider, and
+a thread per call in a warm process costs neither a Ray worker process per concurrent call (each paying its
+imports, started and reaped by Ray as bursts come and go) nor a scheduling round per call.
+``expand`` runs the same call as a plain Ray task.
+
+The LLM client is made in the worker process from the run's AgentConfig (once per process and config, shared by
+its threads), or by ``client_factory`` — a picklable callable, for scripted replies in tests and benchmarks.
+Transient provider failures are retried by the SDKs; what still fails comes back as an AgentResult with its
+error, which the search records as a failed attempt. A call is retried only when its process dies.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import ray
 
@@ -19,26 +27,50 @@ from stark_ray.search.team import Request, make_team
 
 ClientFactory = Callable[[], LLMClient]
 AGENT_CPUS = 0.05  # an agent call waits on the network: many fit on one core
+AGENT_WORKERS = 4  # at most this many AgentWorker processes per run
 
 
 _CLIENTS: dict[str, LLMClient] = {}
+_CLIENTS_LOCK = threading.Lock()
 
 
 def _client(cfg: AgentConfig) -> LLMClient:
     """One client per worker process and configuration (its HTTP connections are reused)."""
     key = repr(cfg)
-    if key not in _CLIENTS:
-        from stark_ray.llm.factory import make_client
+    with _CLIENTS_LOCK:
+        if key not in _CLIENTS:
+            from stark_ray.llm.factory import make_client
 
-        _CLIENTS[key] = make_client(cfg)
-    return _CLIENTS[key]
+            _CLIENTS[key] = make_client(cfg)
+        return _CLIENTS[key]
 
 
 def run_request(request: Request, agents: AgentConfig, search: SearchConfig, info: TaskInfo,
                 client_factory: ClientFactory | None = None) -> AgentResult:
-    """What the Ray task runs (callable in-process too)."""
+    """What a Ray agent call runs (callable in-process too)."""
     client = client_factory() if client_factory is not None else _client(agents)
     return make_team(client, agents, search, info).run(request)
 
 
 expand = ray.remote(num_cpus=AGENT_CPUS, max_retries=2)(run_request)
+
+
+@ray.remote
+class AgentWorker:
+    """Agent calls in the threads of one warm process (a threaded actor: ``max_concurrency`` at once). The run's
+    settings come once, with the actor; a call carries only its request and its task's facts."""
+
+    def __init__(self, agents: AgentConfig, search: SearchConfig, client_factory: ClientFactory | None = None) -> None:
+        self.agents, self.search, self.client_factory = agents, search, client_factory
+
+    def run(self, request: Request, info: TaskInfo) -> AgentResult:
+        return run_request(request, self.agents, self.search, info, self.client_factory)
+
+
+def agent_pool(workers: int, concurrency: int, agents: AgentConfig, search: SearchConfig,
+               client_factory: ClientFactory | None = None, **options: Any) -> list[Any]:
+    """``workers`` AgentWorker actors, each running up to ``concurrency`` calls at once; restarted (and the calls
+    they held retried) when their process dies."""
+    return [AgentWorker.options(num_cpus=AGENT_CPUS, max_concurrency=max(1, concurrency),  # type: ignore[attr-defined]
+                                max_restarts=-1, max_task_retries=2, **options).remote(agents, search, client_factory)
+            for _ in range(max(1, workers))]

@@ -1,0 +1,219 @@
+"""The Ray driver's loop against stand-ins for Ray (no cluster): the real TreeMemory actor class and Parquet store,
+agent calls and evaluations answered at once, and every call finishing in a random order (a random share of the
+outstanding calls runs each time the driver waits). Whatever the order, the run ends only when every task's
+budget is spent, nothing is lost or doubled, the driver's mirror equals the memory's trees, and caps stop new
+calls as soon as the spend reaches them."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import random
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray")
+
+from ray.exceptions import RayTaskError
+
+from stark_ray import ray_executor
+from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
+from stark_ray.agents.base import AgentResult, TaskInfo
+from stark_ray.campaign import Caps
+from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+from stark_ray.eval.tasks import Task
+from stark_ray.llm.base import LLMError
+from stark_ray.optimize import Reporter
+from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, EvalResult, LLMUsage
+from stark_ray.search.tree import Tree
+from stark_ray.store.read import attempt_rows
+
+SOURCE = "class Model: ..."
+
+
+class FakeRef:
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call, self.done, self.value, self.error = call, False, None, None
+
+    def run(self) -> None:
+        try:
+            value = self.call()
+            self.value = asyncio.run(value) if asyncio.iscoroutine(value) else value
+        except Exception as e:  # as Ray hands it to the caller
+            self.error = RayTaskError("call", "", e)
+        self.done = True
+
+
+class FakeRay:
+    """``ray.wait`` / ``ray.get`` over FakeRefs. A call runs when the driver waits: each wait runs a random share
+    of the calls not run yet, in a random order (a blocking wait at least one)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng, self.calls = rng, []  # type: ignore[var-annotated]
+
+    def submit(self, call: Callable[[], Any]) -> FakeRef:
+        ref = FakeRef(call)
+        self.calls.append(ref)
+        return ref
+
+    def wait(self, refs: list[FakeRef], num_returns: int = 1, timeout: float | None = None) -> tuple[list, list]:
+        todo = [r for r in self.calls if not r.done]
+        self.rng.shuffle(todo)
+        for ref in todo[:self.rng.randint(0 if timeout == 0 else 1, len(todo)) if todo else 0]:
+            ref.run()
+        ready = [r for r in refs if r.done][:num_returns]
+        return ready, [r for r in refs if r not in ready]
+
+    def get(self, refs: Any) -> Any:
+        out = []
+        for ref in refs if isinstance(refs, list) else [refs]:
+            if not ref.done:
+                ref.run()
+            if ref.error is not None:
+                raise ref.error
+            out.append(ref.value)
+        return out if isinstance(refs, list) else out[0]
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 2.0}
+
+    def get_runtime_context(self) -> Any:
+        return SimpleNamespace(get_node_id=lambda: "node")
+
+    def cancel(self, ref: Any) -> None: ...
+
+    def kill(self, actor: Any, no_restart: bool = True) -> None: ...
+
+
+class Handle:
+    """An actor handle: ``handle.method.remote(...)`` queues the call; arguments and results are copied, as Ray
+    serializes them."""
+
+    def __init__(self, fake: FakeRay, target: Any) -> None:
+        self._fake, self._target = fake, target
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._target, name)
+
+        def remote(*args: Any) -> FakeRef:
+            copied = copy.deepcopy(args)
+
+            async def call_async() -> Any:
+                return copy.deepcopy(await method(*copied))
+
+            if asyncio.iscoroutinefunction(method):
+                return self._fake.submit(call_async)
+            return self._fake.submit(lambda: copy.deepcopy(method(*copied)))
+
+        return SimpleNamespace(remote=remote)
+
+
+class Agents:
+    """A step at once: a candidate (or, one time in five, nothing usable), 5 tokens spent."""
+
+    def __init__(self, fatal_after: int | None = None) -> None:
+        self.calls, self.fatal_after = 0, fatal_after
+
+    def run(self, request: Any, info: TaskInfo) -> AgentResult:
+        self.calls += 1
+        if self.fatal_after is not None and self.calls > self.fatal_after:
+            raise LLMError("invalid API key", kind="auth")
+        usage = [LLMUsage(role="code", provider="fake", model="m", input_tokens=3, output_tokens=2)]
+        if self.calls % 5 == 0:
+            return AgentResult(None, error="code: no code block", usage=usage)
+        return AgentResult(f"class ModelNew: ...  # {info.name} from {request.node.id}, call {self.calls}",
+                           instruction="fuse", usage=usage)
+
+
+class Evaluator:
+    def evaluate(self, task: Task, source: str) -> EvalResult:
+        digest = hashlib.sha256(source.encode()).digest()
+        if digest[0] % 4 == 0:
+            return EvalResult.failed(STAGE_CORRECTNESS, "mismatch", "log")
+        speedup = 0.5 + digest[1] / 100
+        return EvalResult(compiled=True, correct=True, runtime_ms=1 / speedup, ref_runtime_ms=1.0, speedup=speedup,
+                          stage=STAGE_OK)
+
+
+def ok_reference() -> EvalResult:
+    return EvalResult(compiled=True, correct=True, runtime_ms=1.0, ref_runtime_ms=1.0, speedup=1.0, stage=STAGE_OK)
+
+
+def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int = 3, budget: int = 7,
+          parallel: int = 2, max_in_flight: int = 64, caps: Caps | None = None,
+          agents: Agents | None = None) -> tuple[ray_executor._Driver, Any]:
+    fake = FakeRay(random.Random(seed))
+    agents = agents or Agents()
+    monkeypatch.setattr(ray_executor, "ray", fake)
+    monkeypatch.setattr(ray_executor, "NodeAffinitySchedulingStrategy", lambda *a, **k: None)
+    monkeypatch.setattr(ray_executor, "agent_pool", lambda n, *a, **k: [Handle(fake, agents) for _ in range(n)])
+    task_list = [Task(f"t{i}", tmp_path / f"t{i}.py", SOURCE) for i in range(tasks)]
+    search = SearchConfig(budget=budget, parallel=parallel, seed=seed)
+    run = ray_executor.RayRun(task_list, search, AgentConfig(), EvalConfig(), tmp_path, run_id="run",
+                              max_in_flight=max_in_flight, caps=caps or Caps())
+    driver = ray_executor._Driver(run, Reporter())
+    driver.evaluators = [Handle(fake, Evaluator())]
+    driver.infos = {t.name: TaskInfo(t.name, SOURCE, "cpu_cpp") for t in task_list}
+    driver.home = {t.name: 0 for t in task_list}
+    driver.dir, driver.run_id = tmp_path / "run", "run"
+    specs = [TaskSpec(driver.infos[t.name], ok_reference()) for t in task_list]
+    memory = TreeMemoryActor.__ray_actor_class__(str(tmp_path), "run", specs, search, AgentConfig())  # type: ignore[attr-defined]
+    driver.memory = Handle(fake, memory)
+    for t in task_list:
+        driver.mirror[t.name] = Tree.from_records(memory.memory.snapshot(t.name))
+        driver.best[t.name] = None
+    return driver, memory
+
+
+def shape(tree: Tree) -> list[tuple[int, int | None, str]]:
+    return sorted((n.id, n.parent, n.source) for n in tree)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize(("parallel", "max_in_flight"), [(1, 64), (2, 64), (3, 4), (2, 1)])
+def test_whatever_order_calls_finish_in_every_budget_is_spent_and_nothing_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, parallel: int, max_in_flight: int) -> None:
+    driver, memory = drive(tmp_path, monkeypatch, seed, parallel=parallel, max_in_flight=max_in_flight)
+    driver.loop()
+    assert not driver.pending and driver.working == 0 and driver.reserved == 0
+    for name in driver.tasks:
+        search = memory.memory[name]
+        assert search.tree.evaluated == 7 and not search.in_flight  # did not end early, did not overshoot
+        assert shape(driver.mirror[name]) == shape(search.tree)  # every acknowledged node, once
+        assert not any(driver.orphans.get(name, {}).values())
+        best = search.tree.best()
+        assert driver.best[name] == (best.id if best else None)  # and best_kernel.py holds it
+        if best is not None:
+            assert (tmp_path / "run" / "tasks" / name / "best_kernel.py").read_text() == best.source
+    memory.store.flush()
+    rows = attempt_rows(tmp_path / "run")
+    assert sorted((r["task"], r["seq"]) for r in rows) == sorted((n, s) for n in driver.tasks for s in range(8))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_task_cap_stops_its_calls_as_soon_as_the_spend_reaches_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    agents = Agents()
+    driver, memory = drive(tmp_path, monkeypatch, seed, parallel=1, caps=Caps(task_max_tokens=1), agents=agents)
+    driver.loop()  # ends with budget left: every task is capped
+    assert sorted(driver.capped) == ["t0", "t1", "t2"] and agents.calls == 3
+    assert all(memory.memory[n].tree.evaluated == 1 and not memory.memory[n].in_flight for n in driver.tasks)
+
+
+def test_a_campaign_cap_stops_every_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agents = Agents()
+    driver, memory = drive(tmp_path, monkeypatch, 0, max_in_flight=1, caps=Caps(max_tokens=12), agents=agents)
+    driver.loop()
+    assert agents.calls == 3 and len(driver.capped) == 3  # 5 tokens a call: the third reaches 12
+    assert sum(memory.memory[n].tree.evaluated for n in driver.tasks) == 3
+
+
+def test_a_fatal_llm_error_ends_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    driver, _ = drive(tmp_path, monkeypatch, 0, agents=Agents(fatal_after=4))
+    with pytest.raises(LLMError, match="invalid API key"):
+        driver.loop()
