@@ -18,13 +18,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +34,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
 from stark_ray.agents.base import AgentResult, TaskInfo
-from stark_ray.campaign import Caps, CapTracker
-from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+from stark_ray.campaign import CapTracker
 from stark_ray.eval.service import EvaluatorError
-from stark_ray.eval.tasks import Task, TaskError
+from stark_ray.eval.tasks import TaskError
 from stark_ray.llm.base import LLMError
 from stark_ray.llm.usage import UsageTotals
 from stark_ray.optimize import (
@@ -50,6 +48,14 @@ from stark_ray.optimize import (
     new_run_dir,
     write_atomic,
 )
+from stark_ray.ray_run import (
+    STATUS_CAPPED,
+    RayRun,
+    connect,
+    default_evaluators,
+    one_line,
+    recorded_tasks,
+)
 from stark_ray.records import STAGE_CRASH, EvalResult, Node
 from stark_ray.run_files import (
     RUN_FILE,
@@ -60,57 +66,9 @@ from stark_ray.run_files import (
 )
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
-from stark_ray.store.read import StoreError, load_trees
-from stark_ray.tasks.agents import AGENT_CPUS, AGENT_WORKERS, ClientFactory, agent_pool
+from stark_ray.tasks.agents import AGENT_CPUS, AGENT_WORKERS, agent_pool
 
 log = logging.getLogger(__name__)
-STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
-MAX_IN_FLIGHT = 64  # agent calls plus evaluations outstanding at once, over all tasks
-
-
-@dataclass
-class RayRun:
-    """What a Ray run is given (and what run.json keeps for a resume)."""
-
-    tasks: list[Task]
-    search: SearchConfig
-    agents: AgentConfig
-    eval: EvalConfig
-    out: Path
-    run_id: str | None = None  # default: <task>-<time>
-    resume: Path | None = None  # an earlier run directory: continue it
-    address: str | None = None  # None: an embedded local Ray; "auto" or "ray://...": join a cluster
-    evaluators: int | None = None  # default: one per GPU of the cluster now (GPU backends), else one; more than
-    # the cluster has wait for the autoscaler to add GPU nodes
-    max_in_flight: int = MAX_IN_FLIGHT
-    client_factory: ClientFactory | None = None  # scripted replies (tests, benchmarks)
-    evaluator_cls: Any = None  # an actor class with reference/evaluate/hardware_description (benchmarks)
-    runtime_env: dict[str, Any] | None = None  # for a Ray this run starts or joins
-    caps: Caps = field(default_factory=Caps)  # spending limits (campaigns)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _connect(address: str | None, runtime_env: dict[str, Any] | None = None) -> bool:
-    """Join the cluster at ``address``, or start an embedded local Ray (no dashboard, sized to the machine);
-    True when this call started it."""
-    if ray.is_initialized():
-        return False
-    logging.getLogger("ray").setLevel(logging.ERROR)  # the CLI's stderr is for one clear line, not Ray's notes
-    if address:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=runtime_env)
-        return False
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env=runtime_env or _same_code_env())
-    return True
-
-
-def _same_code_env() -> dict[str, Any]:
-    """Workers of an embedded Ray import this very stark_ray (not another install on the path)."""
-    here = str(Path(__file__).resolve().parents[1])
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    return {"env_vars": {"PYTHONPATH": path}}
-
-
 _AGENT, _EVAL, _ADD, _NEXT = "agent", "eval", "add", "next"
 _UNSET: Any = object()  # a ref's value not fetched yet
 
@@ -154,7 +112,7 @@ class _Driver:
     def start(self) -> None:
         run = self.run
         cls = run.evaluator_cls or EvaluatorActor
-        n = run.evaluators or _default_evaluators(run.eval)
+        n = run.evaluators or default_evaluators(run.eval)
         opts = evaluator_options(run.eval)
         gpus = int(ray.cluster_resources().get("GPU", 0))
         if self.embedded and opts.get("num_gpus") and n > gpus:  # else the actors would wait forever
@@ -176,7 +134,7 @@ class _Driver:
             self.home[task.name] = len(self.home) % n  # its reference and its candidates: the same GPU
         # every reference is checked (all evaluators at once) before a run directory exists; a resumed run needs
         # them only for tasks whose tree has no row yet (killed before its reference was written)
-        recorded = set(_recorded_tasks(run.resume)) if run.resume is not None else set()
+        recorded = set(recorded_tasks(run.resume)) if run.resume is not None else set()
         pending = {t.name: self.evaluators[self.home[t.name]].reference.remote(t) for t in run.tasks
                    if t.name not in recorded}
         for task in run.tasks:
@@ -329,9 +287,9 @@ class _Driver:
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, LLMError) and cause.fatal:
                     raise LLMError(str(cause), cause.kind) from None  # every further call would fail alike
-                step = AgentResult(None, error=f"the agent task failed: {_one_line(e)}")
+                step = AgentResult(None, error=f"the agent task failed: {one_line(e)}")
             except RayError as e:
-                step = AgentResult(None, error=f"the agent task failed: {_one_line(e)}")
+                step = AgentResult(None, error=f"the agent task failed: {one_line(e)}")
             # the calls are spent now: the caps see them before any further work is asked for
             self.spend.add(work.ticket.task, sum(u.cost_usd for u in step.usage),
                            sum(u.input_tokens + u.output_tokens for u in step.usage))
@@ -350,7 +308,7 @@ class _Driver:
                 result = EvalResult.failed(STAGE_CRASH, "the evaluator actor died while evaluating this candidate "
                                            "(it is restarted; this candidate is not run again)")
             except RayError as e:
-                result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {_one_line(e)}")
+                result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {one_line(e)}")
             self._add(work.ticket, work.step, result)
         elif work.kind == _ADD:
             assert work.ticket is not None and work.step is not None
@@ -463,7 +421,7 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
     directory complete: rows, summary.json, best_kernel.py."""
     reporter = reporter or Reporter()
     on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-    started = _connect(run.address, run.runtime_env)
+    started = connect(run.address, run.runtime_env)
     if callable(on_term):  # Ray's core installs its own SIGTERM handler (it aborts): the caller's comes back
         signal.signal(signal.SIGTERM, on_term)
     try:
@@ -494,25 +452,3 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
             closing()
         if started:
             ray.shutdown()
-
-
-def _recorded_tasks(run_dir: Path) -> list[str]:
-    try:
-        return list(load_trees(run_dir))
-    except FileNotFoundError:
-        return []
-    except StoreError as e:
-        raise RunError(f"{run_dir}: {e}") from None
-
-
-def _default_evaluators(cfg: EvalConfig) -> int:
-    if evaluator_options(cfg).get("num_gpus"):
-        gpus = int(ray.cluster_resources().get("GPU", 0))
-        if gpus < 1:
-            raise RunError(f"backend {cfg.backend} needs a GPU and the Ray cluster has none")
-        return gpus
-    return 1
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:300]

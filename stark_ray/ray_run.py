@@ -1,0 +1,89 @@
+"""What a Ray run is given (:class:`RayRun`) and the plumbing around the driver: joining or starting Ray, the
+default number of evaluators, which tasks a run directory has recorded."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from stark_ray.actors.evaluator import evaluator_options
+from stark_ray.campaign import Caps
+from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+from stark_ray.eval.tasks import Task
+from stark_ray.run_files import RunError
+from stark_ray.store.read import StoreError, load_trees
+from stark_ray.tasks.agents import ClientFactory
+
+STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
+MAX_IN_FLIGHT = 64  # agent calls plus evaluations outstanding at once, over all tasks
+
+
+@dataclass
+class RayRun:
+    """What a Ray run is given (and what run.json keeps for a resume)."""
+
+    tasks: list[Task]
+    search: SearchConfig
+    agents: AgentConfig
+    eval: EvalConfig
+    out: Path
+    run_id: str | None = None  # default: <task>-<time>
+    resume: Path | None = None  # an earlier run directory: continue it
+    address: str | None = None  # None: an embedded local Ray; "auto" or "ray://...": join a cluster
+    evaluators: int | None = None  # default: one per GPU of the cluster now (GPU backends), else one; more than
+    # the cluster has wait for the autoscaler to add GPU nodes
+    max_in_flight: int = MAX_IN_FLIGHT
+    client_factory: ClientFactory | None = None  # scripted replies (tests, benchmarks)
+    evaluator_cls: Any = None  # an actor class with reference/evaluate/hardware_description (benchmarks)
+    runtime_env: dict[str, Any] | None = None  # for a Ray this run starts or joins
+    caps: Caps = field(default_factory=Caps)  # spending limits (campaigns)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def connect(address: str | None, runtime_env: dict[str, Any] | None = None) -> bool:
+    """Join the cluster at ``address``, or start an embedded local Ray (no dashboard, sized to the machine);
+    True when this call started it."""
+    if ray.is_initialized():
+        return False
+    logging.getLogger("ray").setLevel(logging.ERROR)  # the CLI's stderr is for one clear line, not Ray's notes
+    if address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=runtime_env)
+        return False
+    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env=runtime_env or same_code_env())
+    return True
+
+
+def same_code_env() -> dict[str, Any]:
+    """Workers of an embedded Ray import this very stark_ray (not another install on the path)."""
+    here = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    return {"env_vars": {"PYTHONPATH": path}}
+
+
+
+def recorded_tasks(run_dir: Path) -> list[str]:
+    try:
+        return list(load_trees(run_dir))
+    except FileNotFoundError:
+        return []
+    except StoreError as e:
+        raise RunError(f"{run_dir}: {e}") from None
+
+
+def default_evaluators(cfg: EvalConfig) -> int:
+    if evaluator_options(cfg).get("num_gpus"):
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus < 1:
+            raise RunError(f"backend {cfg.backend} needs a GPU and the Ray cluster has none")
+        return gpus
+    return 1
+
+
+def one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
