@@ -4,7 +4,6 @@ Agent calls run in the threads of a few long-lived :class:`AgentWorker` actors (
 the run), each taking up to ``max_concurrency`` calls at once: an agent call mostly waits on the provider, and
 a thread per call in a warm process costs neither a Ray worker process per concurrent call (each paying its
 imports, started and reaped by Ray as bursts come and go) nor a scheduling round per call.
-``expand`` runs the same call as a plain Ray task.
 
 The LLM client is made in the worker process from the run's AgentConfig (once per process and config, shared by
 its threads), or by ``client_factory`` — a picklable callable, for scripted replies in tests and benchmarks.
@@ -51,8 +50,6 @@ def run_request(request: Request, agents: AgentConfig, search: SearchConfig, inf
     client = client_factory() if client_factory is not None else _client(agents)
     return make_team(client, agents, search, info).run(request)
 
-
-expand = ray.remote(num_cpus=AGENT_CPUS, max_retries=2)(run_request)
 
 
 @ray.remote
