@@ -52,7 +52,8 @@ def test_run_directory_holds_best_kernel_summary_and_parquet(tmp_path: Path) -> 
     assert dict(calls.fetchall()) == {r: sum(1 for q in client.requests if q.role == r)
                                       for r in {q.role for q in client.requests}}
     # the rows rebuild the tree exactly
-    records = duckdb.sql(f"SELECT * EXCLUDE (run_id, task, seq, recorded_at) FROM '{attempts}' ORDER BY seq").to_arrow_table()
+    records = duckdb.sql(f"SELECT * EXCLUDE (run_id, task, seq, recorded_at) FROM '{attempts}' "
+                         "ORDER BY seq").to_arrow_table()
     tree = Tree.from_records(records.to_pylist())
     assert tree.to_records() == records.to_pylist()
     assert tree.best() is not None and tree.best().id == summary.best_node
