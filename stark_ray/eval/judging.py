@@ -62,7 +62,9 @@ Send = Callable[[dict[str, Any]], None]
 LARGE_SPEEDUP = 10.0  # above this, a wall-clock re-measure on fresh inputs must confirm the speedup
 WALL_AGREEMENT = 0.5  # confirmed when the wall-clock speedup is at least this fraction of the event one
 WALL_ROUNDS = 10
-KEPT_TASKS = 2  # task references a worker keeps (a campaign worker moves from task to task)
+KEPT_TASKS = 32  # task references a worker keeps at most (a campaign worker moves from task to task) ...
+KEPT_SHARE = 0.25  # ... while what they hold on the device stays under this share of its memory
+KEPT_CPU_BYTES = 4 << 30  # ... or, on the CPU, under this
 
 
 class Judge:
@@ -98,9 +100,27 @@ class Judge:
         out = run_reference_once(state.model, make_inputs(state.get_inputs, cfg.seed, device=device), state.name)
         state.output_nbytes = nbytes_of(out)
         self.tasks[key] = state
-        while len(self.tasks) > KEPT_TASKS:
-            self.tasks.popitem(last=False)
+        self._evict(key)
         return state
+
+    def _evict(self, keep: str) -> None:
+        """Forget the least recently used tasks beyond KEPT_TASKS or the memory they may hold (never ``keep``)."""
+        budget = self._kept_budget()
+        while len(self.tasks) > 1:
+            held = sum(s.held_bytes() for s in self.tasks.values())
+            if len(self.tasks) <= KEPT_TASKS and held <= budget:
+                return
+            oldest = next(iter(self.tasks))
+            if oldest == keep:
+                return
+            del self.tasks[oldest]
+
+    def _kept_budget(self) -> int:
+        if self.backend.device != "cuda":
+            return KEPT_CPU_BYTES
+        import torch
+
+        return int(KEPT_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def handle(self, req: WorkerRequest, send: Send) -> tuple[EvalResult, bool]:
@@ -124,6 +144,8 @@ class Judge:
             result = EvalResult(compiled=True, stage=STAGE_RUNTIME,
                                 error=describe_exception(e) + candidate_frame(e.__traceback__),
                                 log=excerpt(traceback.format_exc()))
+        if self.tasks:  # what this request made (trials, input sets) counts now
+            self._evict(next(reversed(self.tasks)))
         changed = [] if self.compile_only else self.fingerprint.changed()
         if changed:
             result = EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=_tamper_error(changed),

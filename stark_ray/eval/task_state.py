@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from stark_ray.eval.correctness import TrialCache
 from stark_ray.eval.diagnostics import describe_exception
+from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all
 from stark_ray.eval.tasks import TaskError, make_task_inputs
 from stark_ray.eval.timing import make_input_sets
@@ -33,6 +35,15 @@ class TaskState:
     compiled_model: Any = None
     streams: set[int] | None = None  # the streams the reference's kernels run on (GPU)
     trials: TrialCache = field(default_factory=lambda: TrialCache(TRIAL_CACHE_BYTES))
+
+    def held_bytes(self) -> int:
+        """Device (or host) memory this state keeps alive: the parameters, the timing input sets, the trials."""
+        held = self.trials.used + sum(sum(nbytes_of(s)) for s in self.input_sets or [])
+        params = getattr(self.model, "parameters", None)
+        if callable(params):
+            with contextlib.suppress(Exception):  # a reference with an odd parameters(): counted as none
+                held += sum(p.numel() * p.element_size() for p in params())
+        return held
 
     def get_inputs(self) -> list[Any]:
         return make_task_inputs(self.module, self.name)

@@ -1,0 +1,56 @@
+"""A warm worker keeps the references of the tasks it serves (a campaign moves it from task to task), as many as
+KEPT_TASKS and while what they hold stays under the memory budget, forgetting the least recently used first."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval import judging
+from stark_ray.eval.backends import get_backend
+from stark_ray.eval.judging import Judge
+from stark_ray.eval.protocol import MODE_REFERENCE, WorkerRequest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tasks"
+NAMES = ["1_LeakyReluScale", "2_FusedSwishScaleClamp", "5_RowSoftmax"]
+
+
+@pytest.fixture(scope="module")
+def judge() -> Judge:
+    return Judge(get_backend("cpu_cpp"))
+
+
+def reference(judge: Judge, name: str) -> None:
+    cfg = EvalConfig(backend="cpu_cpp", timing_trials=2, warmup=1)
+    req = WorkerRequest(MODE_REFERENCE, name, (EXAMPLES / f"{name}.py").read_text(), asdict(cfg))
+    result, healthy = judge.handle(req, lambda _: None)
+    assert result.ok and healthy, result.error
+
+
+def kept(judge: Judge) -> list[str]:
+    return [state.name for state in judge.tasks.values()]
+
+
+def test_a_worker_keeps_every_task_it_serves_while_they_fit(judge: Judge) -> None:
+    judge.tasks.clear()
+    for name in NAMES:
+        reference(judge, name)
+    assert kept(judge) == NAMES
+    assert all(state.held_bytes() > 0 for state in judge.tasks.values())  # the timing input sets at least
+    reference(judge, NAMES[0])  # served again from what it kept: now the most recently used
+    assert kept(judge) == [*NAMES[1:], NAMES[0]]
+
+
+def test_the_least_recently_used_go_first_beyond_the_count_or_the_bytes(
+        judge: Judge, monkeypatch: pytest.MonkeyPatch) -> None:
+    judge.tasks.clear()
+    monkeypatch.setattr(judging, "KEPT_TASKS", 2)
+    for name in NAMES:
+        reference(judge, name)
+    assert kept(judge) == NAMES[1:]
+    monkeypatch.setattr(judging, "KEPT_CPU_BYTES", 1)  # nothing fits: only the task just served stays
+    reference(judge, NAMES[0])
+    assert kept(judge) == [NAMES[0]]
