@@ -154,6 +154,9 @@ class InstantEvaluator:
     def hardware_description(self) -> str:
         return HARDWARE
 
+    def hardware(self) -> dict[str, Any]:
+        return {"description": HARDWARE, "class": HARDWARE, "start_phases": {}}
+
     def close(self) -> None:
         pass
 

@@ -157,7 +157,8 @@ def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
     from stark_ray.eval.service import EvaluatorError
     from stark_ray.eval.tasks import TaskError
     from stark_ray.llm.base import LLMError
-    from stark_ray.ray_executor import RunError, run_ray
+    from stark_ray.ray_executor import run_ray
+    from stark_ray.run_files import RunError
 
     signal.signal(signal.SIGTERM, _interrupt)
     try:

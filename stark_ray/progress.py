@@ -96,7 +96,9 @@ class CampaignReporter(Reporter):
         best = sorted(((s, n) for n, s in stats["best"].items() if s), reverse=True)[:5]
         table.add_row("best", ", ".join(f"{escape(n)} {s:.2f}×" for s, n in best) or "—")
         table.add_row("spent", f"{stats['tokens']} tokens, ${stats['cost']:.4f}")
-        table.add_row("evaluators", f"{stats['evaluating']} candidates in evaluation on {stats['evaluators']}")
+        waiting = f", {stats['waiting']} waiting" if stats.get("waiting") else ""
+        table.add_row("evaluators", f"{stats.get('busy', '?')} of {stats['evaluators']} busy: "
+                                    f"{stats['evaluating']} candidates in evaluation{waiting}")
         if stats["capped"]:
             table.add_row("capped", escape("; ".join(sorted(set(stats["capped"].values())))))
         self.live.update(table)

@@ -2,15 +2,14 @@
 
 One TreeMemory actor owns every task's tree and policy; agent calls are stateless calls to a few threaded
 AgentWorker actors; one Evaluator actor per GPU (or one on the CPU) evaluates. The driver only moves work along:
-it asks the memory for expansions, launches their agent calls, sends each candidate to its task's evaluator
-(tasks are spread round-robin over the evaluators; a task's reference is timed on the same GPU as its
-candidates), and hands results back (``add_next``: the attempt, and in the same round trip the work that takes
-its place) — never waiting on one call: whatever finishes first is handled (``ray.wait``), with a cap on the
-work in flight.
+it asks the memory for expansions, launches their agent calls, sends each candidate to an evaluator
+(:mod:`stark_ray.dispatch`: a task's reference is timed on its home evaluator; its candidates go to whichever
+evaluator of the home's device class has room, each timed against the reference on its own device), and hands
+results back (``add_next``: the attempt, and in the same round trip the work that takes its place) — never
+waiting on one call: whatever finishes first is handled (``ray.wait``), with a cap on the work in flight.
 
-A run directory holds ``run.json`` (settings and task sources, enough for ``--resume``), the Parquet rows the
-memory writes, and, when the run ends, ``summary.json`` and ``best_kernel.py`` for each task (one task: at
-the top; several: under ``tasks/<name>/``).
+A run directory holds ``run.json`` (settings and task sources, for ``--resume``), the memory's Parquet rows, and
+each task's ``summary.json`` and ``best_kernel.py`` (:mod:`stark_ray.run_mirror`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +30,11 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.campaign import CapTracker
+from stark_ray.dispatch import EvalDispatch
+from stark_ray.eval.backends import get_backend
 from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import TaskError
 from stark_ray.llm.base import LLMError
@@ -52,25 +52,22 @@ from stark_ray.ray_run import (
     STATUS_CAPPED,
     RayRun,
     connect,
-    default_evaluators,
     one_line,
     recorded_tasks,
+    start_agents,
+    start_evaluators,
+    stop_actors,
 )
-from stark_ray.records import STAGE_CRASH, EvalResult, Node
-from stark_ray.run_files import (
-    RUN_FILE,
-    RunError,
-    recorded_usage,
-    run_record,
-    task_summary,
-)
+from stark_ray.records import STAGE_CRASH, EvalResult
+from stark_ray.run_files import RUN_FILE, recorded_usage, run_record, task_summary
+from stark_ray.run_mirror import RunMirror
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
-from stark_ray.tasks.agents import AGENT_CPUS, AGENT_WORKERS, agent_pool
 
 log = logging.getLogger(__name__)
 _AGENT, _EVAL, _ADD, _NEXT = "agent", "eval", "add", "next"
 _UNSET: Any = object()  # a ref's value not fetched yet
+EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
 
 @dataclass
@@ -89,54 +86,47 @@ class _Driver:
         self.run, self.reporter = run, reporter
         self.embedded = embedded  # a local Ray this run started: no autoscaler will add GPUs
         self.tasks = {t.name: t for t in run.tasks}
-        self.usage: dict[str, UsageTotals] = {t.name: UsageTotals() for t in run.tasks}
-        self.mirror: dict[str, Tree] = {}
-        self.best: dict[str, int | None] = {}
+        self.view = RunMirror(t.name for t in run.tasks)  # the trees as the memory acknowledged them
         self.pending: dict[Any, _Work] = {}  # object ref -> what it is
         self.working = 0  # tickets with an agent call or an evaluation outstanding
         self.reserved = 0  # tickets asked of the memory (add_next, next_many) and not come back yet
         self.dirty = True  # the memory may hold work that no request has offered: ask with next_many
         self.asking = False  # a next_many is outstanding (at most one)
-        self.orphans: dict[str, dict[int, list[Node]]] = {}  # task -> parent -> nodes waiting for it (mirror)
-        self.home: dict[str, int] = {}  # task -> its evaluator (round-robin over the tasks)
+        # which evaluator times which candidate; a backend that builds in the compile pool gets every candidate
+        # at once (its builds overlap the device's work)
+        self.dispatch: EvalDispatch[_Work] = EvalDispatch(
+            run.max_in_flight if get_backend(run.eval.backend).precompile else EVAL_WINDOW)
         self.spend = CapTracker(run.caps)
         self.capped: dict[str, str] = {}  # task -> why no new LLM calls are made for it
         self._caps_unchecked = True  # the caps are checked against what a resumed run spent before
         self._last_progress = 0.0
         self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
-        self.agents: list[Any] = []  # the AgentWorker actors
-        self.agent_load: list[int] = []  # calls outstanding on each
-        self._start_agents()  # now: their processes start (and import) while the evaluators and references do
+        self.agents = start_agents(run)  # now: they start (and import) while the evaluators and references do
+        self.agent_load = [0] * len(self.agents)  # calls outstanding on each
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
         run = self.run
-        cls = run.evaluator_cls or EvaluatorActor
-        n = run.evaluators or default_evaluators(run.eval)
-        opts = evaluator_options(run.eval)
-        gpus = int(ray.cluster_resources().get("GPU", 0))
-        if self.embedded and opts.get("num_gpus") and n > gpus:  # else the actors would wait forever
-            raise RunError(f"{n} evaluators need {n} GPUs and this machine has {gpus}")
-        cpus = float(ray.cluster_resources().get("CPU", 0))
-        if opts.get("num_cpus") and cpus - n * opts["num_cpus"] < AGENT_CPUS:  # a 1-CPU machine: leave agents room
-            opts["num_cpus"] = max(0.0, (cpus - AGENT_CPUS) / n)
         token = uuid.uuid4().hex[:6]  # a resumed run's actors must not collide with a dying driver's
         t0 = time.monotonic()
-        self.evaluators = [cls.options(name=f"stark-eval-{token}-{i}", **opts).remote(run.eval) for i in range(n)]
-        # every evaluator starts its device worker now, at once (the first one's answer describes the hardware)
-        hardware = ray.get([e.hardware_description.remote() for e in self.evaluators])[0]
-        self.phases["evaluators_s"] = time.monotonic() - t0
-        specs = []
-        self.infos: dict[str, TaskInfo] = {}
-        for task in run.tasks:
-            self.infos[task.name] = TaskInfo(name=task.name, reference_source=task.source,
-                                             backend=run.eval.backend, hardware=hardware)
-            self.home[task.name] = len(self.home) % n  # its reference and its candidates: the same GPU
-        # every reference is checked (all evaluators at once) before a run directory exists; a resumed run needs
-        # them only for tasks whose tree has no row yet (killed before its reference was written)
+        self.evaluators = start_evaluators(run, self.embedded, token)
+        self.dispatch.place([t.name for t in run.tasks], len(self.evaluators))
+        home = self.dispatch.home
+        # every evaluator starts its device worker now, at once, and times its tasks' references as soon as that
+        # is up. Every reference is checked before a run directory exists; a resumed run needs them only for tasks
+        # whose tree has no row yet (killed before its reference was written)
+        hardware_refs = [e.hardware.remote() for e in self.evaluators]
         recorded = set(recorded_tasks(run.resume)) if run.resume is not None else set()
-        pending = {t.name: self.evaluators[self.home[t.name]].reference.remote(t) for t in run.tasks
+        pending = {t.name: self.evaluators[home[t.name]].reference.remote(t) for t in run.tasks
                    if t.name not in recorded}
+        hardware = ray.get(hardware_refs)
+        self.phases["evaluators_s"] = time.monotonic() - t0
+        self.worker_starts = [h["start_phases"] for h in hardware]  # where each device worker's start went
+        self.dispatch.share([h["class"] for h in hardware])
+        specs = []
+        self.infos: dict[str, TaskInfo] = {
+            t.name: TaskInfo(name=t.name, reference_source=t.source, backend=run.eval.backend,
+                             hardware=hardware[home[t.name]]["description"]) for t in run.tasks}
         for task in run.tasks:
             reference = self._reference(pending[task.name]) if task.name in pending else None
             specs.append(TaskSpec(self.infos[task.name], reference))
@@ -151,22 +141,23 @@ class _Driver:
             record = run_record(run.tasks, run.search, run.agents, run.eval)
             write_atomic(self.dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
         self.run_id = self.dir.name
+        self.view.dir = self.dir
         # on the driver's node: the run directory it writes is the driver's (a GPU worker may be scaled away)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         self.memory = TreeMemoryActor.options(name=f"stark-memory-{self.run_id}-{token}", max_restarts=-1,
                                               max_task_retries=-1, num_cpus=0, scheduling_strategy=here).remote(
             str(self.dir.parent), self.run_id, specs, run.search, run.agents)
-        for name in self.tasks:
+        snapshots = ray.get([self.memory.snapshot.remote(name) for name in self.tasks])
+        for name, snapshot in zip(self.tasks, snapshots, strict=True):
             if run.resume is not None:  # what the earlier part of the run spent counts against the caps
                 recorded = recorded_usage(self.dir, name)
                 self.spend.add(name, recorded.cost_usd, recorded.input_tokens + recorded.output_tokens)
-            tree = Tree.from_records(ray.get(self.memory.snapshot.remote(name)))
-            self.mirror[name] = tree
-            best = tree.best()
-            self.best[name] = best.id if best else None
+            tree = Tree.from_records(snapshot)
+            self.view.load(name, tree)
             self.reporter.start(self.tasks[name], run.search.budget, tree.root)
         self.phases["memory_s"] = time.monotonic() - t1
-        log.info("run %s started: %s", self.run_id, ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()))
+        log.info("run %s started: %s; device workers: %s", self.run_id,
+                 ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()), self.worker_starts)
 
     def _reference(self, ref: Any) -> EvalResult:
         try:
@@ -178,12 +169,11 @@ class _Driver:
             raise
 
     # -- the loop --------------------------------------------------------------------------------------------
-    # Nothing here blocks on one call: every agent call, evaluation, ``add`` and ``next_many`` is an object ref in
-    # ``pending``, and the one ``ray.wait`` below hands whichever finished first to ``_done``. An ``add`` also asks
-    # for new expansions (``add_next``: the memory selects right after attaching), so a finished attempt and the
-    # work that replaces it take one round trip; a separate ``next_many`` (at most one outstanding) is sent only
-    # when the memory may hold work that no request has offered yet (``dirty``).
     def loop(self) -> None:
+        """Every agent call, evaluation, ``add_next`` and ``next_many`` is an object ref in ``pending``; whichever
+        finished first goes to ``_done``. ``add_next`` also asks for the work that replaces the attempt (the memory
+        selects right after attaching); a ``next_many`` (at most one outstanding) is sent only when the memory may
+        hold work that no request has offered yet (``dirty``)."""
         while True:
             self._ask()
             self._progress(final=not self.pending)
@@ -200,16 +190,6 @@ class _Driver:
             for ref, value in zip(ready, values, strict=True):
                 self._done(ref, value)
 
-    def _start_agents(self) -> None:
-        """The agent workers, on the driver's node: one per CPU the evaluators leave (at least one, at most
-        AGENT_WORKERS), each taking its share of ``max_in_flight`` calls at once."""
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        n = max(1, min(AGENT_WORKERS, cpus - (self.run.evaluators or 1)))
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)  # the driver's
-        self.agents = agent_pool(n, -(-self.run.max_in_flight // n), self.run.agents, self.run.search,
-                                 self.run.client_factory, scheduling_strategy=here)
-        self.agent_load = [0] * n
-
     def _progress(self, final: bool = False) -> None:
         now = time.monotonic()
         report = getattr(self.reporter, "status", None)
@@ -217,16 +197,13 @@ class _Driver:
             return
         self._last_progress = now
         running = {w.ticket.task for w in self.pending.values() if w.ticket is not None}
+        running |= {task for task, _ in self.dispatch.queue}
         report({
-            "tasks": len(self.tasks), "running": len(running),
-            "done": sum(1 for n, tree in self.mirror.items() if n not in running and
-                        (tree.evaluated >= self.run.search.budget or n in self.capped)),
-            "attempts": sum(t.evaluated for t in self.mirror.values()),
-            "correct": sum(1 for t in self.mirror.values() for n in t if n.correct and not n.is_root),
-            "best": {n: b.result.speedup for n, t in self.mirror.items() if (b := t.best()) is not None},
+            **self.view.status(running, self.run.search.budget, set(self.capped)),
             "cost": self.spend.total.cost, "tokens": self.spend.total.tokens,
             "evaluators": len(self.evaluators),
-            "evaluating": sum(1 for w in self.pending.values() if w.kind == _EVAL),
+            "evaluating": self.dispatch.running, "waiting": len(self.dispatch.queue),
+            "busy": sum(1 for load in self.dispatch.load if load),
             "capped": dict(self.capped),
         })
 
@@ -295,13 +272,14 @@ class _Driver:
                            sum(u.input_tokens + u.output_tokens for u in step.usage))
             self._spent(work.ticket.task)
             if step.ok and step.source:
-                which = self.home[work.ticket.task]
-                eref = self.evaluators[which].evaluate.remote(self.tasks[work.ticket.task], step.source)
-                self.pending[eref] = _Work(_EVAL, work.ticket, step, which)
+                self.dispatch.put(work.ticket.task, _Work(_EVAL, work.ticket, step))
+                self._send_evaluations()
             else:
                 self._add(work.ticket, step, no_candidate(step))
         elif work.kind == _EVAL:
             assert work.ticket is not None and work.step is not None
+            self.dispatch.done(work.which)
+            self._send_evaluations()
             try:
                 result = ray.get(ref) if value is _UNSET else value
             except RayActorError:
@@ -315,13 +293,23 @@ class _Driver:
             node, tickets = ray.get(ref) if value is _UNSET else value
             self._came_back(work, tickets)
             if node is not None:  # None: its parent was lost with a memory restart: the work is redone
-                self._attached(work.ticket.task, node, work.step)
+                name = work.ticket.task
+                self.view.attach(name, node, work.step)
+                self.reporter.attempt(node, work.step, self.view.trees[name], self.view.usage[name])
             self._launch(tickets)
         else:
             self.asking = False
             tickets = ray.get(ref) if value is _UNSET else value
             self._came_back(work, tickets)
             self._launch(tickets)
+
+    def _send_evaluations(self) -> None:
+        """The candidates an evaluator has room for now (:mod:`stark_ray.dispatch`); the rest wait their turn."""
+        for which, work in self.dispatch.ready():
+            assert work.ticket is not None and work.step is not None
+            ref = self.evaluators[which].evaluate.remote(self.tasks[work.ticket.task], work.step.source)
+            work.which = which
+            self.pending[ref] = work
 
     def _came_back(self, work: _Work, tickets: list[Ticket]) -> None:
         """The room kept for a request is free again; the memory may hold more work when the request got all
@@ -341,38 +329,6 @@ class _Driver:
         if limit > 0:
             self.dirty = False  # the memory selects after this attach: whatever was there is offered
 
-    def _attached(self, name: str, node: Node, step: AgentResult) -> None:
-        """A node the memory acknowledged (written): the driver's mirror, usage, best_kernel.py, the reporter."""
-        tree = self.mirror[name]
-        waiting = self.orphans.setdefault(name, {})
-        attached: list[Node] = []
-        if node.id not in tree.nodes and node.parent is not None:
-            if node.parent in tree.nodes:
-                todo = [node]
-                while todo:  # with it, the nodes whose acknowledgement reached the driver before it
-                    n = todo.pop()
-                    if n.id not in tree.nodes:
-                        tree._attach(replace(n, children=[]))
-                        attached.append(tree[n.id])
-                        todo += waiting.pop(n.id, [])
-            else:  # its parent's acknowledgement has not been handled yet (one commit wrote both)
-                waiting.setdefault(node.parent, []).append(node)
-        usage = self.usage[name]
-        for u in step.usage:
-            usage.add(u)
-        best_id = self.best[name]
-        # the leaderboard's first: the best only changes when a node just attached beats it
-        best = min((n for n in attached if n.correct), key=lambda n: (n.score, n.id), default=None)
-        if best is not None and (best_id is None or (best.score, best.id) < (tree[best_id].score, best_id)):
-            self.best[name] = best.id
-            write_atomic(self._task_dir(name) / "best_kernel.py", best.source)
-        self.reporter.attempt(node, step, tree, usage)
-
-    def _task_dir(self, name: str) -> Path:
-        d = self.dir if len(self.tasks) == 1 else self.dir / "tasks" / name
-        d.mkdir(parents=True, exist_ok=True)
-        return d
-
     # -- end -------------------------------------------------------------------------------------------------
     def finish(self, status: str, wall_s: float) -> list[RunSummary]:
         summaries = []
@@ -380,38 +336,27 @@ class _Driver:
             try:
                 tree = Tree.from_records(ray.get(self.memory.snapshot.remote(name)))
             except RayError:
-                tree = self.mirror[name]
+                tree = self.view.trees[name]
             capped = status == STATUS_FINISHED and name in self.capped and tree.evaluated < self.run.search.budget
             summary = task_summary(task, tree, self.dir, self.run_id, STATUS_CAPPED if capped else status, wall_s,
                                    self.run.search, self.run.eval, self._usage_of(name))
             if capped:
                 summary.settings["stopped_by"] = self.capped[name]
-            write_atomic(self._task_dir(name) / "summary.json", json.dumps(asdict(summary), indent=2) + "\n")
-            best = tree.best()
-            if best is not None:
-                write_atomic(self._task_dir(name) / "best_kernel.py", best.source)
+            self.view.write_summary(name, tree, summary)
             self.reporter.finish(summary)
             summaries.append(summary)
         return summaries
 
     def _usage_of(self, name: str) -> UsageTotals:
         """A fresh run's calls are the ones this driver saw; a resumed run's earlier ones are in the rows."""
-        return recorded_usage(self.dir, name) if self.run.resume is not None else self.usage[name]
+        return recorded_usage(self.dir, name) if self.run.resume is not None else self.view.usage[name]
 
     def close(self) -> None:
         for ref, work in list(self.pending.items()):  # stopped early: the agent calls are not waited for
             if work.kind == _AGENT:
                 with contextlib.suppress(RayError, TypeError, ValueError):
                     ray.cancel(ref)
-        for agent in self.agents:  # their calls still running are dropped with them
-            with contextlib.suppress(RayError, ValueError):
-                ray.kill(agent, no_restart=True)
-        for actor in [*getattr(self, "evaluators", []), getattr(self, "memory", None)]:
-            if actor is None:
-                continue
-            with contextlib.suppress(RayError, TimeoutError):
-                ray.get(actor.close.remote(), timeout=30)
-            ray.kill(actor, no_restart=True)
+        stop_actors(self.agents, [*getattr(self, "evaluators", []), getattr(self, "memory", None)])
 
 
 def run_ray(run: RayRun, reporter: Reporter | None = None,

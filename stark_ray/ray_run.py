@@ -3,6 +3,7 @@ default number of evaluators, which tasks a run directory has recorded."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -10,14 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from stark_ray.actors.evaluator import evaluator_options
+from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
 from stark_ray.campaign import Caps
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import Task
 from stark_ray.run_files import RunError
 from stark_ray.store.read import StoreError, load_trees
-from stark_ray.tasks.agents import ClientFactory
+from stark_ray.tasks.agents import AGENT_CPUS, AGENT_WORKERS, ClientFactory, agent_pool
 
 STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
 MAX_IN_FLIGHT = 64  # agent calls plus evaluations outstanding at once, over all tasks
@@ -65,6 +68,44 @@ def same_code_env() -> dict[str, Any]:
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     return {"env_vars": {"PYTHONPATH": path}}
 
+
+def start_evaluators(run: RayRun, embedded: bool, token: str) -> list[Any]:
+    """The run's evaluator actors (one per GPU by default), created now; their device workers start with the
+    first call each gets. RunError when an embedded Ray has fewer GPUs than evaluators (they would wait forever:
+    no autoscaler adds any)."""
+    cls = run.evaluator_cls or EvaluatorActor
+    n = run.evaluators or default_evaluators(run.eval)
+    opts = evaluator_options(run.eval)
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if embedded and opts.get("num_gpus") and n > gpus:
+        raise RunError(f"{n} evaluators need {n} GPUs and this machine has {gpus}")
+    cpus = float(ray.cluster_resources().get("CPU", 0))
+    if opts.get("num_cpus") and cpus - n * opts["num_cpus"] < AGENT_CPUS:  # a 1-CPU machine: leave agents room
+        opts["num_cpus"] = max(0.0, (cpus - AGENT_CPUS) / n)
+    return [cls.options(name=f"stark-eval-{token}-{i}", **opts).remote(run.eval) for i in range(n)]
+
+
+def start_agents(run: RayRun) -> list[Any]:
+    """The agent workers, on the driver's node: one per CPU the evaluators leave (at least one, at most
+    AGENT_WORKERS), each taking its share of ``max_in_flight`` calls at once."""
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    n = max(1, min(AGENT_WORKERS, cpus - (run.evaluators or 1)))
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)  # the driver's
+    return agent_pool(n, -(-run.max_in_flight // n), run.agents, run.search, run.client_factory,
+                      scheduling_strategy=here)
+
+
+def stop_actors(agents: list[Any], actors: list[Any]) -> None:
+    """Kill the agent workers (their calls still running are dropped with them); close, then kill, the others."""
+    for agent in agents:
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(agent, no_restart=True)
+    for actor in actors:
+        if actor is None:
+            continue
+        with contextlib.suppress(RayError, TimeoutError):
+            ray.get(actor.close.remote(), timeout=30)
+        ray.kill(actor, no_restart=True)
 
 
 def recorded_tasks(run_dir: Path) -> list[str]:

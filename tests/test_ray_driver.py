@@ -131,7 +131,11 @@ class Agents:
 
 
 class Evaluator:
+    def __init__(self) -> None:
+        self.seen: list[str] = []  # the tasks of the candidates it evaluated
+
     def evaluate(self, task: Task, source: str) -> EvalResult:
+        self.seen.append(task.name)
         digest = hashlib.sha256(source.encode()).digest()
         if digest[0] % 4 == 0:
             return EvalResult.failed(STAGE_CORRECTNESS, "mismatch", "log")
@@ -146,27 +150,29 @@ def ok_reference() -> EvalResult:
 
 def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int = 3, budget: int = 7,
           parallel: int = 2, max_in_flight: int = 64, caps: Caps | None = None,
-          agents: Agents | None = None) -> tuple[ray_executor._Driver, Any]:
+          agents: Agents | None = None, evaluators: list[Evaluator] | None = None,
+          classes: list[str] | None = None) -> tuple[ray_executor._Driver, Any]:
     fake = FakeRay(random.Random(seed))
     agents = agents or Agents()
     monkeypatch.setattr(ray_executor, "ray", fake)
     monkeypatch.setattr(ray_executor, "NodeAffinitySchedulingStrategy", lambda *a, **k: None)
-    monkeypatch.setattr(ray_executor, "agent_pool", lambda n, *a, **k: [Handle(fake, agents) for _ in range(n)])
+    monkeypatch.setattr(ray_executor, "start_agents", lambda run: [Handle(fake, agents)])
     task_list = [Task(f"t{i}", tmp_path / f"t{i}.py", SOURCE) for i in range(tasks)]
     search = SearchConfig(budget=budget, parallel=parallel, seed=seed)
     run = ray_executor.RayRun(task_list, search, AgentConfig(), EvalConfig(), tmp_path, run_id="run",
                               max_in_flight=max_in_flight, caps=caps or Caps())
     driver = ray_executor._Driver(run, Reporter())
-    driver.evaluators = [Handle(fake, Evaluator())]
+    driver.evaluators = [Handle(fake, e) for e in evaluators or [Evaluator()]]
     driver.infos = {t.name: TaskInfo(t.name, SOURCE, "cpu_cpp") for t in task_list}
-    driver.home = {t.name: 0 for t in task_list}
+    driver.dispatch.place([t.name for t in task_list], len(driver.evaluators))
+    driver.dispatch.share(classes or ["gpu"] * len(driver.evaluators))
     driver.dir, driver.run_id = tmp_path / "run", "run"
     specs = [TaskSpec(driver.infos[t.name], ok_reference()) for t in task_list]
     memory = TreeMemoryActor.__ray_actor_class__(str(tmp_path), "run", specs, search, AgentConfig())  # type: ignore[attr-defined]
     driver.memory = Handle(fake, memory)
+    driver.view.dir = driver.dir
     for t in task_list:
-        driver.mirror[t.name] = Tree.from_records(memory.memory.snapshot(t.name))
-        driver.best[t.name] = None
+        driver.view.load(t.name, Tree.from_records(memory.memory.snapshot(t.name)))
     return driver, memory
 
 
@@ -184,10 +190,10 @@ def test_whatever_order_calls_finish_in_every_budget_is_spent_and_nothing_lost(
     for name in driver.tasks:
         search = memory.memory[name]
         assert search.tree.evaluated == 7 and not search.in_flight  # did not end early, did not overshoot
-        assert shape(driver.mirror[name]) == shape(search.tree)  # every acknowledged node, once
-        assert not any(driver.orphans.get(name, {}).values())
+        assert shape(driver.view.trees[name]) == shape(search.tree)  # every acknowledged node, once
+        assert not any(driver.view.orphans.get(name, {}).values())
         best = search.tree.best()
-        assert driver.best[name] == (best.id if best else None)  # and best_kernel.py holds it
+        assert driver.view.best[name] == (best.id if best else None)  # and best_kernel.py holds it
         if best is not None:
             assert (tmp_path / "run" / "tasks" / name / "best_kernel.py").read_text() == best.source
     memory.store.flush()
@@ -217,3 +223,40 @@ def test_a_fatal_llm_error_ends_the_run(tmp_path: Path, monkeypatch: pytest.Monk
     driver, _ = drive(tmp_path, monkeypatch, 0, agents=Agents(fatal_after=4))
     with pytest.raises(LLMError, match="invalid API key"):
         driver.loop()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_evaluators_of_one_device_class_share_every_tasks_candidates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    evaluators = [Evaluator(), Evaluator()]
+    driver, memory = drive(tmp_path, monkeypatch, seed, tasks=3, budget=12, evaluators=evaluators)
+    most = [0, 0]
+    ready = driver.dispatch.ready
+
+    def watched() -> list[tuple[int, Any]]:
+        sent = ready()
+        most[:] = [max(m, load) for m, load in zip(most, driver.dispatch.load, strict=True)]
+        return sent
+
+    monkeypatch.setattr(driver.dispatch, "ready", watched)
+    driver.loop()
+    assert max(most) <= ray_executor.EVAL_WINDOW  # the choice stays late: no evaluator holds a queue
+    assert not driver.dispatch.queue and driver.dispatch.running == 0
+    for name in driver.tasks:
+        assert memory.memory[name].tree.evaluated == 12
+    seen = [set(e.seen) for e in evaluators]
+    assert seen[0] | seen[1] == set(driver.tasks)
+    home = driver.dispatch.home
+    assert any(home[name] != i for i in (0, 1) for name in seen[i])  # not a fixed share of the tasks each
+
+
+def test_a_task_stays_on_its_home_device_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    evaluators = [Evaluator(), Evaluator(), Evaluator()]
+    driver, memory = drive(tmp_path, monkeypatch, 0, tasks=3, budget=9, evaluators=evaluators,
+                           classes=["H200", "A100", "H200"])
+    driver.loop()
+    assert driver.dispatch.home == {"t0": 0, "t1": 1, "t2": 2}
+    assert set(evaluators[1].seen) == {"t1"}  # the only A100 serves the only task whose reference it timed
+    assert set(evaluators[0].seen) | set(evaluators[2].seen) == {"t0", "t2"}
+    for name in driver.tasks:
+        assert memory.memory[name].tree.evaluated == 9

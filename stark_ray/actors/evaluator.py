@@ -1,7 +1,10 @@
 """The Evaluator actor: one per GPU (``num_gpus=1``; CPU backends take a CPU instead), a shell over
 :class:`~stark_ray.eval.service.EvalService` — its warm device worker and compile pool live as long as it does.
 
-Candidates run in the service's worker process, so a crashing kernel costs a worker, not the actor. Should the
+The actor is threaded (``max_concurrency``): every evaluation sent to it runs at once up to the service's
+device lock, so a ``cuda`` candidate builds in the compile pool while the device checks and times the ones
+already built. Candidates run in the service's worker process, so a crashing kernel costs a worker, not the
+actor. Should the
 actor itself die (out of memory, a killed node), Ray restarts it (``max_restarts``) but never retries the call
 that was running (``max_task_retries=0``): a candidate that kills its evaluator is not run again; the driver
 records that attempt as failed and the search goes on.
@@ -38,6 +41,12 @@ class EvaluatorActor:
     def hardware_description(self) -> str:
         return self.service.hardware_description()
 
+    def hardware(self) -> dict[str, Any]:
+        """The device's description for the prompts, its class (evaluators of one class share tasks) and where
+        its worker's start went (starting the worker the first time)."""
+        return {"description": self.service.hardware_description(), "class": self.service.hardware_class(),
+                "start_phases": self.service.hello().get("start_phases", {})}
+
     def where(self) -> dict[str, Any]:
         """The actor's process and GPU (tests and logs)."""
         return {"pid": os.getpid(), "gpus": [str(g) for g in ray.get_gpu_ids()],
@@ -47,8 +56,11 @@ class EvaluatorActor:
         self.service.close()
 
 
+EVALUATOR_THREADS = 64  # evaluations one actor takes at once (they wait for the device; builds run meanwhile)
+
+
 def evaluator_options(cfg: EvalConfig) -> dict[str, Any]:
     """A GPU backend's actor takes one GPU; a CPU backend's takes one CPU (its worker times on it)."""
     if get_backend(cfg.backend).device == "cuda":
-        return {"num_gpus": 1, "num_cpus": 0}
-    return {"num_cpus": 1}
+        return {"num_gpus": 1, "num_cpus": 0, "max_concurrency": EVALUATOR_THREADS}
+    return {"num_cpus": 1, "max_concurrency": EVALUATOR_THREADS}

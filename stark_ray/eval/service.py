@@ -153,6 +153,10 @@ class EvalService:
     def hardware_description(self) -> str:
         return self.backend.describe_hardware(self.hello(), self.threads)
 
+    def hardware_class(self) -> str:
+        """Devices of one class are interchangeable for timing (see ``Backend.hardware_class``)."""
+        return self.backend.hardware_class(self.hello(), self.threads)
+
     def _on_device(self, request: WorkerRequest, cfg: EvalConfig) -> WorkerOutcome:
         limits = limits_for(cfg)
         with self._device_lock:

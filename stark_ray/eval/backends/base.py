@@ -61,3 +61,8 @@ class Backend(ABC):
     @abstractmethod
     def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
         """A few lines on the target device for the agents' prompts, from ``hardware_info`` (in the parent)."""
+
+    def hardware_class(self, info: dict[str, Any], threads: int) -> str:
+        """What makes two devices interchangeable for timing (same model, same software): evaluators of one class
+        may share a task's candidates. Measured figures (bandwidth) are left out; they differ a little per device."""
+        return self.describe_hardware(info, threads)

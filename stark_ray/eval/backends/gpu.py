@@ -173,3 +173,9 @@ class CudaDeviceBackend(Backend):
 
     def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
         return f"{describe_device(info)}\n{self.notes}"
+
+    def hardware_class(self, info: dict[str, Any], threads: int) -> str:
+        if info.get("device") != "cuda":
+            return "no GPU"
+        return " ".join(f"{k}={info.get(k)}" for k in ("name", "capability", "sm_count", "memory_gb", "l2_bytes",
+                                                         "torch", "cuda_runtime"))

@@ -1,0 +1,87 @@
+"""The driver's copy of a run: each task's tree as the memory acknowledged it, its best node (kept in
+``best_kernel.py`` as it changes), and the LLM usage of its calls.
+
+Acknowledgements can reach the driver out of order (one group commit writes a node and its child; the child's
+``add_next`` may be handled first): a node whose parent is not here yet waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from stark_ray.agents.base import AgentResult
+from stark_ray.llm.usage import UsageTotals
+from stark_ray.optimize import RunSummary, write_atomic
+from stark_ray.records import Node
+from stark_ray.search.tree import Tree
+
+
+class RunMirror:
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = list(names)
+        self.trees: dict[str, Tree] = {}
+        self.best: dict[str, int | None] = {}
+        self.usage: dict[str, UsageTotals] = {n: UsageTotals() for n in self.names}
+        self.orphans: dict[str, dict[int, list[Node]]] = {}  # task -> parent -> nodes waiting for it
+        self.dir: Path | None = None  # the run directory, once it exists
+
+    def load(self, name: str, tree: Tree) -> None:
+        """A task's tree as the memory holds it at the start (a resumed run's recorded nodes)."""
+        self.trees[name] = tree
+        best = tree.best()
+        self.best[name] = best.id if best else None
+
+    def attach(self, name: str, node: Node, step: AgentResult) -> None:
+        """A node the memory acknowledged (written), with the agent step that made it."""
+        tree = self.trees[name]
+        waiting = self.orphans.setdefault(name, {})
+        attached: list[Node] = []
+        if node.id not in tree.nodes and node.parent is not None:
+            if node.parent in tree.nodes:
+                todo = [node]
+                while todo:  # with it, the nodes whose acknowledgement reached the driver before it
+                    n = todo.pop()
+                    if n.id not in tree.nodes:
+                        tree._attach(replace(n, children=[]))
+                        attached.append(tree[n.id])
+                        todo += waiting.pop(n.id, [])
+            else:  # its parent's acknowledgement has not been handled yet (one commit wrote both)
+                waiting.setdefault(node.parent, []).append(node)
+        for u in step.usage:
+            self.usage[name].add(u)
+        best_id = self.best[name]
+        # the leaderboard's first: the best only changes when a node just attached beats it
+        best = min((n for n in attached if n.correct), key=lambda n: (n.score, n.id), default=None)
+        if best is not None and (best_id is None or (best.score, best.id) < (tree[best_id].score, best_id)):
+            self.best[name] = best.id
+            write_atomic(self.task_dir(name) / "best_kernel.py", best.source)
+
+    def task_dir(self, name: str) -> Path:
+        """Where a task's summary and best kernel go: the run directory itself for a one-task run, else
+        ``tasks/<name>/`` in it."""
+        assert self.dir is not None
+        d = self.dir if len(self.names) == 1 else self.dir / "tasks" / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def write_summary(self, name: str, tree: Tree, summary: RunSummary) -> None:
+        """The end of a task: its ``summary.json`` and the best kernel of its final tree."""
+        write_atomic(self.task_dir(name) / "summary.json", json.dumps(asdict(summary), indent=2) + "\n")
+        best = tree.best()
+        if best is not None:
+            write_atomic(self.task_dir(name) / "best_kernel.py", best.source)
+
+    def status(self, running: set[str], budget: int, capped: set[str]) -> dict[str, Any]:
+        """The live view's figures on the trees: tasks done and running, attempts, correct ones, best speedups."""
+        trees = self.trees
+        return {
+            "tasks": len(self.names), "running": len(running),
+            "done": sum(1 for n, t in trees.items() if n not in running and (t.evaluated >= budget or n in capped)),
+            "attempts": sum(t.evaluated for t in trees.values()),
+            "correct": sum(1 for t in trees.values() for n in t if n.correct and not n.is_root),
+            "best": {n: b.result.speedup for n, t in trees.items() if (b := t.best()) is not None},
+        }
