@@ -41,6 +41,21 @@ for _p in (str(REPO), str(BENCH_DIR)):
 GOAL = 1.8
 
 
+def idle(windows: list[tuple[float, float]], start: float, end: float) -> dict[str, float]:
+    """Where a device sat idle during the search loop, from its evaluations' (start, end) wall-clock windows
+    (the end is when the memory recorded the row: a few ms late): before the first, in gaps between, after the
+    last."""
+    if not windows:
+        return {"idle_head_s": end - start, "idle_gaps_s": 0.0, "idle_tail_s": 0.0, "largest_gap_s": 0.0}
+    gaps, reach = [], windows[0][1]
+    for a, b in windows[1:]:
+        if a > reach:
+            gaps.append(a - reach)
+        reach = max(reach, b)
+    return {"idle_head_s": max(0.0, windows[0][0] - start), "idle_gaps_s": sum(gaps),
+            "idle_tail_s": max(0.0, end - reach), "largest_gap_s": max(gaps, default=0.0)}
+
+
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """One campaign in this process (called in a subprocess by :func:`main`)."""
     t0 = time.monotonic()
@@ -68,8 +83,11 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     started: list[float] = []
     dirs: list[Path] = []
 
+    walls: list[float] = []
+
     def on_started(run_dir: Path) -> None:
         started.append(time.monotonic())
+        walls.append(time.time())
         dirs.append(run_dir)
 
     summaries = run_ray(RayRun(tasks, SearchConfig(budget=args.budget, seed=args.seed, parallel=args.parallel),
@@ -78,12 +96,18 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
                                client_factory=partial(kernel_client, args.backend)),
                         on_started=on_started)
     end = time.monotonic()
+    end_wall = time.time()
     rows = attempt_rows(dirs[0])
-    per_device: dict[str, dict[str, float]] = defaultdict(lambda: {"evaluations": 0, "busy_s": 0.0})
+    per_device: dict[str, dict[str, Any]] = defaultdict(lambda: {"evaluations": 0, "busy_s": 0.0, "windows": []})
     for r in rows:
         d = per_device[r["device"] or "?"]
         d["evaluations"] += 1
         d["busy_s"] += r["eval_s"] or 0.0
+        if r["seq"] > 0 and r["recorded_at"] is not None and r["eval_s"]:
+            done = r["recorded_at"].timestamp() if hasattr(r["recorded_at"], "timestamp") else r["recorded_at"]
+            d["windows"].append((done - r["eval_s"], done))
+    for d in per_device.values():
+        d.update(idle(sorted(d.pop("windows")), walls[0], end_wall))
     return {
         "gpus": args.one, "wall_s": end - t0, "loop_s": end - started[0], "start_s": started[0] - t0,
         "attempts": sum(s.attempts for s in summaries), "tasks": len(summaries),
@@ -132,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    start: {res['phases']}; {'; '.join(res['driver_log'])}", flush=True)
         for dev, d in sorted(res["devices"].items()):
             print(f"    {dev}: {int(d['evaluations'])} evaluations, busy {d['busy_s']:.1f} s "
-                  f"({d['busy_s'] / res['loop_s']:.0%} of the loop)", flush=True)
+                  f"({d['busy_s'] / res['loop_s']:.0%} of the loop); idle {d['idle_head_s']:.1f} s before the first, "
+                  f"{d['idle_gaps_s']:.1f} s between (largest {d['largest_gap_s']:.2f} s), {d['idle_tail_s']:.1f} s "
+                  "after the last", flush=True)
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
             shutil.copytree(res["run_dir"], args.keep / Path(res["run_dir"]).name, dirs_exist_ok=True)
