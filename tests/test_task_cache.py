@@ -18,8 +18,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tasks"
 NAMES = ["1_LeakyReluScale", "2_FusedSwishScaleClamp", "5_RowSoftmax"]
 
 
-@pytest.fixture(scope="module")
-def judge() -> Judge:
+@pytest.fixture
+def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Judge:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the worker writes the task modules it imports
     return Judge(get_backend("cpu_cpp"))
 
 
@@ -35,7 +36,6 @@ def kept(judge: Judge) -> list[str]:
 
 
 def test_a_worker_keeps_every_task_it_serves_while_they_fit(judge: Judge) -> None:
-    judge.tasks.clear()
     for name in NAMES:
         reference(judge, name)
     assert kept(judge) == NAMES
@@ -46,7 +46,6 @@ def test_a_worker_keeps_every_task_it_serves_while_they_fit(judge: Judge) -> Non
 
 def test_the_least_recently_used_go_first_beyond_the_count_or_the_bytes(
         judge: Judge, monkeypatch: pytest.MonkeyPatch) -> None:
-    judge.tasks.clear()
     monkeypatch.setattr(judging, "KEPT_TASKS", 2)
     for name in NAMES:
         reference(judge, name)
