@@ -210,3 +210,30 @@ def test_a_large_speedup_is_re_measured_by_wall_clock_and_kept_when_confirmed(tm
     assert r.ok and r.speedup and r.speedup > 10, r.error
     assert "large_speedup" in r.flags and "suspicious" not in r.flags
     assert "confirmed by wall-clock time" in r.log
+
+
+def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, shared_build_dir: str) -> None:
+    """A device worker's spare (here on the CPU, switched on by hand) waits with its imports done; a restart
+    promotes it instead of starting a process from nothing, and a new spare waits behind it."""
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=3, check_timeout_s=10)
+    with EvalService(cfg) as svc:
+        worker = svc.worker
+        worker.use_spare, worker.max_requests = True, 3
+        assert svc.evaluate(task, GOOD).ok
+        fresh_s = worker.hello["start_phases"]["total_s"]
+        spare = worker._spare
+        assert spare is not None and worker.spare_ready(timeout_s=60)  # its imports done, waiting
+        crash = svc.evaluate(task, candidate("import ctypes; return ctypes.string_at(0)"))
+        assert crash.stage == STAGE_CRASH
+        assert svc.evaluate(task, GOOD).ok
+        assert worker.promotions == 1 and worker._proc is spare.proc  # the spare serves now
+        phases = worker.hello["start_phases"]
+        assert "spare_wait_s" in phases and phases["promoted_s"] < 0.5 * fresh_s, (phases, fresh_s)
+        second = worker._spare
+        assert second is not None and second.proc.poll() is None and second.proc is not spare.proc
+        for _ in range(3):  # the third request on this process recycles it: the next one promotes the spare
+            assert svc.evaluate(task, GOOD).ok
+        assert worker.promotions == 2 and worker._proc is second.proc
+        last = worker._spare
+    assert last is not None and last.proc.poll() is not None  # closing the service ends the spare too
+    assert not last.workdir.exists()

@@ -359,6 +359,12 @@ class _Phases:
         return "evaluator time: " + ", ".join(f"{name} {s:.3f} s" for name, s in self.laps)
 
 
+def preload() -> None:
+    """The imports a device worker's judge needs, done ahead (no device work): a spare worker does them while
+    it waits to be promoted."""
+    import torch._dynamo  # noqa: F401
+
+
 def _settle_torch() -> None:
     """Let torch make the patches it makes to itself (dynamo replaces torch.manual_seed on import, and tags
     nn.Module.__init__ on the first torch.compile) before the fingerprint, so that a candidate using

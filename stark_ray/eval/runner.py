@@ -54,13 +54,15 @@ class WorkerSpec:
     device: int | None = None  # index among this process's visible GPUs (None: the default / no GPU)
     arch: str | None = None  # TORCH_CUDA_ARCH_LIST for builds (compile workers get the GPU worker's)
 
-    def argv(self) -> list[str]:
+    def argv(self, spare: bool = False) -> list[str]:
         args = [sys.executable, "-m", "stark_ray.eval.worker", "--backend", self.backend,
                 "--build-dir", self.build_dir, "--threads", str(self.threads)]
         if self.compile_only:
             args.append("--compile-only")
         if self.arch:
             args += ["--arch", self.arch]
+        if spare:
+            args.append("--spare")
         return args
 
 
@@ -107,21 +109,39 @@ def visible_device(device: int | None, base: str | None) -> str | None:
     return str(device)
 
 
+@dataclass
+class _Child:
+    """One spawned worker process: its pipes, the reader of its control channel, its private directory."""
+
+    proc: subprocess.Popen[bytes]
+    queue: queue.Queue[bytes | None]
+    workdir: Path
+    spawned: float
+
+
 class WorkerProcess:
-    """One worker process at a time, restarted on demand. Not thread-safe: callers serialize requests."""
+    """One worker process at a time, restarted on demand. Not thread-safe: callers serialize requests.
+
+    With ``spare=True`` (a device worker) a second process is started beside the one serving: it does all its
+    imports and then waits, touching no device, until a restart (a crash, a timeout, a poisoned context, the
+    recycling after ``max_requests``) promotes it — the next candidate then waits for a CUDA context (under a
+    second), not for a whole interpreter start (seconds) — and a new spare is started behind it."""
 
     def __init__(self, spec: WorkerSpec, start_timeout_s: float = START_TIMEOUT_S,
-                 max_requests: int = MAX_REQUESTS) -> None:
+                 max_requests: int = MAX_REQUESTS, spare: bool = False) -> None:
         self.spec = spec
         self.start_timeout_s = start_timeout_s
         self.max_requests = max_requests
+        self.use_spare = spare
         self.hello: dict[str, Any] = {}
         self.starts = 0  # processes started so far (1 + restarts)
+        self.promotions = 0  # restarts served by the spare
         self.served = 0  # requests answered by the current process
         self._proc: subprocess.Popen[bytes] | None = None
         self._queue: queue.Queue[bytes | None] = queue.Queue()
         self._workdir: Path | None = None
         self._log_path: Path | None = None
+        self._spare: _Child | None = None
 
     # -- life cycle -------------------------------------------------------------------------------------------
     @property
@@ -130,6 +150,7 @@ class WorkerProcess:
 
     def _env(self, workdir: Path) -> dict[str, str]:
         env = worker_env(workdir, self.spec.threads)
+        env.setdefault("TRITON_CACHE_DIR", str(Path(self.spec.build_dir) / "triton"))
         if self.spec.compile_only:
             env["CUDA_VISIBLE_DEVICES"] = ""  # builds never touch a GPU (nor create a context on it)
         else:
@@ -138,53 +159,93 @@ class WorkerProcess:
                 env["CUDA_VISIBLE_DEVICES"] = pinned
         return env
 
-    def start(self) -> dict[str, Any]:
-        """Start a fresh process and wait for its hello (the device's properties)."""
-        self.close()
+    def _spawn(self, spare: bool = False) -> _Child:
         workdir = Path(tempfile.mkdtemp(prefix="stark-eval-"))
-        self._workdir, self._log_path = workdir, workdir / "worker.log"
-        with open(self._log_path, "wb") as log:
-            self._proc = subprocess.Popen(self.spec.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=log, cwd=workdir, env=self._env(workdir),
-                                          start_new_session=True)
-        spawned = time.monotonic()
+        with open(workdir / "worker.log", "wb") as log:
+            proc = subprocess.Popen(self.spec.argv(spare), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=log, cwd=workdir, env=self._env(workdir), start_new_session=True)
+        q: queue.Queue[bytes | None] = queue.Queue()
+        assert proc.stdout is not None
+        threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
+        return _Child(proc, q, workdir, time.monotonic())
+
+    def spare_ready(self, timeout_s: float = 0.0) -> bool:
+        """Whether a spare waits with its imports done (waiting up to ``timeout_s`` for it to say so)."""
+        child = self._spare
+        deadline = time.monotonic() + timeout_s
+        while child is not None and child.proc.poll() is None:
+            try:
+                line = child.queue.get(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return False
+                continue
+            if line is None:
+                return False
+            with contextlib.suppress(ValueError):
+                if json.loads(line) == {"waiting": True}:
+                    return True
+        return False
+
+    def _take_spare(self) -> _Child | None:
+        """The spare, told to go on (None when there is none, or it died waiting)."""
+        child, self._spare = self._spare, None
+        if child is None:
+            return None
+        try:
+            assert child.proc.stdin is not None
+            child.proc.stdin.write(b"go\n")
+            child.proc.stdin.flush()
+            return child
+        except (OSError, AssertionError):
+            _end(child)
+            return None
+
+    def start(self) -> dict[str, Any]:
+        """Start a fresh process (the spare, if one waits) and wait for its hello (the device's properties)."""
+        self.close_current()
+        child = self._take_spare()
+        promoted = child is not None
+        if child is None:
+            child = self._spawn()
+        self._proc, self._queue, self._workdir = child.proc, child.queue, child.workdir
+        self._log_path = child.workdir / "worker.log"
         self.starts += 1
         self.served = 0
-        self._queue = queue.Queue()
-        assert self._proc.stdout is not None
-        threading.Thread(target=_reader, args=(self._proc.stdout, self._queue), daemon=True).start()
-        deadline = time.monotonic() + self.start_timeout_s
+        go = time.monotonic()
+        deadline = go + self.start_timeout_s
         while True:
             msg, dead = self._next(deadline)
             if msg is not None and "hello" in msg:
                 self.hello = dict(msg["hello"])
                 phases = self.hello.get("start_phases")
                 if isinstance(phases, dict):  # the whole start as the parent saw it (interpreter start included)
-                    phases["total_s"] = round(time.monotonic() - spawned, 3)
+                    phases["total_s"] = round(time.monotonic() - child.spawned, 3)
+                    if promoted:
+                        phases["promoted_s"] = round(time.monotonic() - go, 3)  # what a restart waited
+                self.promotions += promoted
+                if self.use_spare:
+                    self._spare = self._spawn(spare=True)
                 return self.hello
             if dead or time.monotonic() >= deadline:
                 log = self._read_log(0)
                 why = "timed out" if not dead else "exited"
                 self.kill()
+                if promoted:  # the spare could not take over: a fresh start says whether the host can
+                    return self.start()
                 tail = " | ".join(log.strip().splitlines()[-3:]) if log.strip() else "no output"
                 raise WorkerStartError(f"the {self.spec.backend} evaluator worker {why} while starting: {tail}")
 
     def kill(self) -> None:
+        """Kill the serving process (and everything in its group); the spare stays."""
         proc = self._proc
         if proc is not None:
-            if proc.poll() is None:
-                kill_tree(proc.pid)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=EXIT_GRACE_S)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # anything the candidate left running in the group
+            _end(_Child(proc, self._queue, self._workdir or Path(), 0.0), kill=True)
         self._proc = None
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = self._log_path = None
+        self._workdir = self._log_path = None
 
-    def close(self) -> None:
-        """Let the worker finish (end of its stdin), then make sure it and its group are gone."""
+    def close_current(self) -> None:
+        """Let the serving worker finish (end of its stdin), then make sure it and its group are gone."""
         proc = self._proc
         if proc is not None and proc.poll() is None and proc.stdin is not None:
             with contextlib.suppress(OSError):
@@ -192,6 +253,13 @@ class WorkerProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=EXIT_GRACE_S)
         self.kill()
+
+    def close(self) -> None:
+        """End the serving worker and the spare."""
+        self.close_current()
+        child, self._spare = self._spare, None
+        if child is not None:
+            _end(child)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def _next(self, deadline: float) -> tuple[dict[str, Any] | None, bool]:
@@ -288,8 +356,27 @@ class WorkerProcess:
         else:
             self.served += 1
             if self.served >= self.max_requests:
-                self.close()
+                self.close_current()
         return WorkerOutcome(result, phase, returncode, timed_out, log, wall, phase_s, healthy)
+
+
+def _end(child: _Child, kill: bool = False) -> None:
+    """Make sure a worker process and its group are gone (``kill``: at once; else it may exit by itself when
+    its stdin ends), and remove its directory."""
+    proc = child.proc
+    if not kill and proc.poll() is None and proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=EXIT_GRACE_S)
+    if proc.poll() is None:
+        kill_tree(proc.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=EXIT_GRACE_S)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # anything the candidate left running in the group
+    if child.workdir != Path():
+        shutil.rmtree(child.workdir, ignore_errors=True)
 
 
 def run_once(spec: WorkerSpec, request: WorkerRequest, timeouts: dict[str, float]) -> WorkerOutcome:

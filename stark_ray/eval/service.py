@@ -125,7 +125,9 @@ class EvalService:
         self.build_dir = cache_root(self.cfg.build_dir)
         self.threads = usable_cpus()
         self.compile_workers = compile_workers or default_compile_workers(self.threads)
-        self.worker = WorkerProcess(WorkerSpec(self.cfg.backend, str(self.build_dir), self.threads, device=device))
+        # a GPU's worker has a hot spare: a restart (crash, timeout, recycling) costs a CUDA context, not a start
+        self.worker = WorkerProcess(WorkerSpec(self.cfg.backend, str(self.build_dir), self.threads, device=device),
+                                    spare=device is not None)
         self._device_lock = threading.Lock()
         self._compile_slots = threading.BoundedSemaphore(self.compile_workers)
         self._hello: dict[str, Any] | None = None

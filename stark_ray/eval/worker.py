@@ -6,7 +6,9 @@ points fd 1 at the log (fd 2), so nothing a candidate or a compiler prints can c
 of it lands in the log the debug agent sees; faulthandler dumps the Python stack on a crash or when the parent
 asks before a kill. It prepares its backend once (a GPU worker creates its CUDA context here), says hello with
 the device's facts, then answers one request per stdin line, each in a fresh private directory, until its
-stdin ends or a request leaves it unhealthy.
+stdin ends or a request leaves it unhealthy. A ``--spare`` worker (a device worker's hot spare) does every
+import first and then waits for a ``go`` line before it touches the device, so that it neither disturbs the
+timings of the worker it will replace nor keeps the next candidate waiting for imports.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--arch", default=None)
+    p.add_argument("--spare", action="store_true",
+                   help="import, then wait for a 'go' line on stdin before touching the device (a hot spare)")
     return p.parse_args(argv)
 
 
@@ -63,11 +67,18 @@ def main(argv: list[str] | None = None) -> None:
             laps[name] = round(time.perf_counter() - started - sum(laps.values()), 3)
 
         from stark_ray.eval.backends import get_backend
-        from stark_ray.eval.judging import Judge
+        from stark_ray.eval.judging import Judge, preload
 
         backend = get_backend(args.backend)
         build_dir = Path(args.build_dir)
         lap("imports_s")
+        if args.spare:  # a hot spare: nothing on the device until the parent promotes it (its timings go on)
+            preload()  # CPU only: what the judge imports (torch._dynamo: seconds)
+            lap("preload_s")
+            send({"waiting": True})
+            if sys.stdin.readline().strip() != "go":
+                os._exit(0)  # the parent closed it unused
+            lap("spare_wait_s")
         if args.compile_only:
             os.nice(10)  # builds yield the CPU to the device worker, which launches and times kernels
             backend.prepare_compiler(build_dir, args.threads, args.arch)
