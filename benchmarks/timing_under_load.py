@@ -2,8 +2,8 @@
 
 For each task given (default: the launch-bound ``7_TinyConvNet`` and the GPU-bound ``2_FusedSwishScaleClamp``),
 the reference is timed against itself with the evaluator's own ``time_interleaved`` and ``CudaTimer`` (L2 flush,
-events, device-wide sync), ``--repeats`` times, for each head start (``--heads``, µs; ``auto`` = twice the
-forward's measured host launch time, at least 300 µs), first on an idle host, then with ``--load`` processes
+events, device-wide sync), ``--repeats`` times, for each head start (``--heads``: a fixed one in µs, or ``auto``,
+the evaluator's: fitted to the warm-up's host launch time), first on an idle host, then with ``--load`` processes
 spinning on the CPU (a campaign's compile pool, agents and other workers). Printed per configuration: the host
 launch time of one forward (median), the median runtime of each repeat, their spread, and the median CV within a
 repeat.
@@ -69,14 +69,14 @@ def measure(path: Path, heads: list[str], repeats: int, trials: int) -> list[dic
     host = launch_us(model, sets)
     rows = []
     for head in heads:
-        head_us = max(300.0, 2 * host) if head == "auto" else float(head)
-        timer = CudaTimer(l2, head_us)
+        timer = CudaTimer(l2) if head == "auto" else CudaTimer(l2, float(head), fit=False)
         medians, cvs = [], []
         for _ in range(repeats):
-            t = time_interleaved([model, model], sets, timer, 3, trials, None, GPU_WARMUP_MS)[0].stats
-            medians.append(t.median)
-            cvs.append(t.cv)
-        rows.append({"task": path.stem, "head": head, "head_us": round(head_us, 1), "launch_us": round(host, 1),
+            t = time_interleaved([model, model], sets, timer, 3, trials, None, GPU_WARMUP_MS)[0]
+            medians.append(t.stats.median)
+            cvs.append(t.stats.cv)
+        rows.append({"task": path.stem, "head": head, "head_us": round(t.head_us or 0.0, 1),
+                     "launch_us": round(host, 1),
                      "medians_ms": [round(m, 5) for m in medians],
                      "spread": (max(medians) - min(medians)) / min(medians),
                      "cv_median": statistics.median(cvs)})

@@ -29,6 +29,7 @@ from stark_ray.eval.inputs import make_inputs, same_values, scale_floats, trial_
 from stark_ray.eval.sandbox_env import PACKAGE_ROOT, is_secret, worker_env
 from stark_ray.eval.timing import (
     CpuTimer,
+    Sample,
     Stats,
     Timing,
     TimingMismatch,
@@ -306,3 +307,32 @@ def test_tolerances_depend_on_the_dtype_and_the_preset() -> None:
         c = compare_outputs(torch.zeros(1000), ref, tol)
         assert not c.ok and "normalized error" in c.problem
     assert compare_outputs(ref.double() * (1 + 1e-4), ref.double(), default).ok is False  # float64 is strict
+
+
+class FittingTimer:
+    """A GPU-like timer on the CPU: reports a host launch time per function, takes a fitted head start."""
+
+    def __init__(self, launch_ms: dict[str, float]) -> None:
+        self.launch_ms, self.head_us, self.fits, self.calls = launch_ms, 300.0, [], []  # type: ignore[var-annotated]
+
+    def fit_head_start(self, launch_ms: float) -> None:
+        self.fits.append((launch_ms, len(self.calls)))
+        self.head_us = max(300.0, 2 * launch_ms * 1e3)
+
+    def __call__(self, fn, args):  # type: ignore[no-untyped-def]
+        self.calls.append(fn.__name__)
+        return Sample(1.0, 1.0, fn(*args), self.launch_ms[fn.__name__])
+
+
+def test_the_head_start_is_fitted_once_to_the_slowest_launch_before_the_timed_rounds() -> None:
+    def eager(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    def fused(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    timer = FittingTimer({"eager": 0.4, "fused": 0.05})
+    sets = [[torch.ones(3)]]
+    timings = time_interleaved([eager, fused], sets, timer, warmup=3, trials=5)  # type: ignore[arg-type]
+    assert timer.fits == [(0.4, 6)]  # after the 3 warm-up rounds of both, before the first timed call
+    assert len(timer.calls) == 16 and all(t.head_us == 800.0 for t in timings)

@@ -48,6 +48,7 @@ from stark_ray.eval.task_state import TaskState, on_device
 from stark_ray.eval.tasks import TaskError, build_reference, run_reference_once
 from stark_ray.eval.timing import (
     GPU_WARMUP_MS,
+    HEAD_START_US,
     WALL_SEED_OFFSET,
     Stats,
     TimingMismatch,
@@ -292,6 +293,9 @@ class Judge:
         if len(timings) > 2:
             compiled_ms = timings[2].stats.median
             log.append(f"torch.compile baseline: {timings[2].stats.describe()}")
+        if ref_t.head_us and ref_t.head_us > HEAD_START_US:
+            log.append(f"launch-bound: timed with a {ref_t.head_us:.0f} us head start (GPU time; launch overhead "
+                       "not counted)")
         log += notes
         log.append(phases.describe())
         if "warning:" in build_output:
