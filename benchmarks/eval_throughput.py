@@ -24,6 +24,9 @@ timing).
 (c-warm) the same as (c) with the evaluator's toolchain warm, as on any machine after its first run: the
     precompiled torch/extension.h of the usual flags is built into the fresh build directory first (its time is
     reported, not counted); every candidate is still a fresh build.
+(d-nvrtc-c-warm, d-triton-c-warm) (c) of the cuda_nvrtc / triton form with the device worker started before the
+    clock (its start reported, not counted): the evaluator as a campaign has it after its start, paid once per GPU
+    and campaign; the kernels still compile fresh (NVRTC, Triton JIT into a fresh cache).
 (d) the same kernels in cuda_nvrtc and triton form, through (c) (a fresh build dir, and TRITON_CACHE_DIR pointed at
     a fresh temp dir) and through (b)'s two-phase procedure, where the "build" phase is what can be done ahead:
       triton: phase 1 imports each candidate and runs its forward once on the task's inputs, in a pool of GPU
@@ -408,7 +411,8 @@ def run_service(cs: list[Candidate], s: Settings, root: Path, key: str, warm: bo
     run = HarnessRun(key, f"our evaluator: EvalService.evaluate_batch of all candidates ({backend})", backend)
     build_dir = _fresh_dir(root, f"{key.replace('-', '_')}_build")
     warm_s = None
-    if warm:  # the toolchain as every run after a machine's first finds it: the precompiled torch header built
+    if warm and backend == "cuda":  # the toolchain as every run after a machine's first finds it: the precompiled
+        # torch header built
         from stark_ray.eval.backends import get_backend
 
         t_warm = time.perf_counter()
@@ -423,7 +427,8 @@ def run_service(cs: list[Candidate], s: Settings, root: Path, key: str, warm: bo
     saved_triton_cache = os.environ.get("TRITON_CACHE_DIR")
     os.environ["TRITON_CACHE_DIR"] = str(_fresh_dir(root, f"{key.replace('-', '_')}_triton_cache"))
     try:
-        _run_service_groups(cs, s, cfg, key, run, EvalService, load_task)
+        # warm, in-process backends: the evaluator as a campaign has it after its start (the device worker up)
+        _run_service_groups(cs, s, cfg, key, run, EvalService, load_task, started=warm and backend != "cuda")
     finally:
         if saved_triton_cache is None:
             os.environ.pop("TRITON_CACHE_DIR", None)
@@ -439,11 +444,16 @@ def run_service(cs: list[Candidate], s: Settings, root: Path, key: str, warm: bo
 
 
 def _run_service_groups(cs: list[Candidate], s: Settings, cfg: Any, key: str, run: HarnessRun, service_cls: Any,
-                        load_task: Callable[[Path], Any]) -> None:
+                        load_task: Callable[[Path], Any], started: bool = False) -> None:
     tasks = {c.stem: load_task(cands.task_path(c.stem)) for c in cs}
     by_index: dict[int, CandidateResult] = {}
     t0 = time.perf_counter()
     with service_cls(cfg, device=0, compile_workers=s.compile_workers) as svc:
+        if started:  # the device worker started first, its time reported and not counted
+            svc.hello()
+            run.phases["worker_start_s (not counted)"] = time.perf_counter() - t0
+            run.title += ", device worker started first (not counted)"
+            t0 = time.perf_counter()
         # the device worker starts inside evaluate_batch, while the first builds run (its start-up is in the
         # evaluate phase); with --reference it starts here
         run.phases["start_s"] = time.perf_counter() - t0
@@ -530,7 +540,8 @@ def load_runs(paths: list[Path]) -> list[HarnessRun]:
         for r in json.loads(path.read_text())["runs"]:
             runs[r["key"]] = HarnessRun(r["key"], r["title"], r["backend"], r["wall_s"], dict(r["phases"]),
                                         [CandidateResult(**x) for x in r["results"]], r.get("note", ""))
-    order = ["a", "b", "c", "d-nvrtc-c", "d-nvrtc-b", "d-triton-c", "d-triton-b"]
+    order = ["a", "b", "c", "c-warm", "d-nvrtc-c", "d-nvrtc-c-warm", "d-nvrtc-b", "d-triton-c", "d-triton-c-warm",
+             "d-triton-b"]
     return sorted(runs.values(), key=lambda r: order.index(r.key) if r.key in order else len(order))
 
 
@@ -543,8 +554,9 @@ def payload_of(runs: list[HarnessRun], warnings: list[str], **meta: Any) -> dict
 
 
 def parse_only(text: str) -> list[str]:
-    """a, b, c, d (d = d-nvrtc-c, d-nvrtc-b, d-triton-c, d-triton-b) or any of those four by name."""
-    d_parts = ["d-nvrtc-c", "d-nvrtc-b", "d-triton-c", "d-triton-b"]
+    """a, b, c, c-warm, d (d = d-nvrtc-c, d-nvrtc-b, d-triton-c, d-triton-b) or any d harness by name (also
+    d-nvrtc-c-warm, d-triton-c-warm)."""
+    d_parts = ["d-nvrtc-c", "d-nvrtc-b", "d-triton-c", "d-triton-b", "d-nvrtc-c-warm", "d-triton-c-warm"]
     keys: list[str] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         if part in ("a", "b", "c", "c-warm"):
@@ -637,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
             if key.endswith("-b"):
                 plan.append((key, lambda b=backend, k=key: run_two_phase(sel(b, k, args.n), settings, root, k)))
             else:
-                plan.append((key, lambda b=backend, k=key: run_service(sel(b, k, args.n), settings, root, k)))
+                plan.append((key, lambda b=backend, k=key: run_service(sel(b, k, args.n), settings, root, k,
+                                                                       warm=k.endswith("-warm"))))
     runs: list[HarnessRun] = []
     try:
         for key, fn in plan:

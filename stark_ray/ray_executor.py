@@ -35,8 +35,6 @@ from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.campaign import CapTracker
 from stark_ray.dispatch import EvalDispatch
 from stark_ray.eval.backends import get_backend
-from stark_ray.eval.service import EvaluatorError
-from stark_ray.eval.tasks import TaskError
 from stark_ray.llm.base import LLMError
 from stark_ray.llm.usage import UsageTotals
 from stark_ray.optimize import (
@@ -54,6 +52,7 @@ from stark_ray.ray_run import (
     connect,
     one_line,
     recorded_tasks,
+    reference_result,
     start_agents,
     start_evaluators,
     stop_actors,
@@ -128,7 +127,7 @@ class _Driver:
             t.name: TaskInfo(name=t.name, reference_source=t.source, backend=run.eval.backend,
                              hardware=hardware[home[t.name]]["description"]) for t in run.tasks}
         for task in run.tasks:
-            reference = self._reference(pending[task.name]) if task.name in pending else None
+            reference = reference_result(pending[task.name]) if task.name in pending else None
             specs.append(TaskSpec(self.infos[task.name], reference))
         self.phases["references_s"] = time.monotonic() - t0 - self.phases["evaluators_s"]
         t1 = time.monotonic()
@@ -158,15 +157,6 @@ class _Driver:
         self.phases["memory_s"] = time.monotonic() - t1
         log.info("run %s started: %s; device workers: %s", self.run_id,
                  ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()), self.worker_starts)
-
-    def _reference(self, ref: Any) -> EvalResult:
-        try:
-            return ray.get(ref)
-        except RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, TaskError | EvaluatorError):
-                raise type(cause)(str(cause)) from None  # one line, as the local executor says it
-            raise
 
     # -- the loop --------------------------------------------------------------------------------------------
     def loop(self) -> None:
@@ -332,9 +322,11 @@ class _Driver:
     # -- end -------------------------------------------------------------------------------------------------
     def finish(self, status: str, wall_s: float) -> list[RunSummary]:
         summaries = []
+        t0 = time.monotonic()
+        snapshots = {name: self.memory.snapshot.remote(name) for name in self.tasks}  # asked all at once
         for name, task in self.tasks.items():
             try:
-                tree = Tree.from_records(ray.get(self.memory.snapshot.remote(name)))
+                tree = Tree.from_records(ray.get(snapshots[name]))
             except RayError:
                 tree = self.view.trees[name]
             capped = status == STATUS_FINISHED and name in self.capped and tree.evaluated < self.run.search.budget
@@ -345,6 +337,7 @@ class _Driver:
             self.view.write_summary(name, tree, summary)
             self.reporter.finish(summary)
             summaries.append(summary)
+        self.phases["finish_s"] = time.monotonic() - t0
         return summaries
 
     def _usage_of(self, name: str) -> UsageTotals:
@@ -356,7 +349,11 @@ class _Driver:
             if work.kind == _AGENT:
                 with contextlib.suppress(RayError, TypeError, ValueError):
                     ray.cancel(ref)
+        t0 = time.monotonic()
         stop_actors(self.agents, [*getattr(self, "evaluators", []), getattr(self, "memory", None)])
+        self.phases["close_s"] = time.monotonic() - t0
+        log.info("run %s ended: finish_s %.2f, close_s %.2f", getattr(self, "run_id", "?"),
+                 self.phases.get("finish_s", 0.0), self.phases["close_s"])
 
 
 def run_ray(run: RayRun, reporter: Reporter | None = None,

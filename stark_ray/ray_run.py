@@ -6,18 +6,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
 from stark_ray.campaign import Caps
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
-from stark_ray.eval.tasks import Task
+from stark_ray.eval.service import EvaluatorError
+from stark_ray.eval.tasks import Task, TaskError
+from stark_ray.records import EvalResult
 from stark_ray.run_files import RunError
 from stark_ray.store.read import StoreError, load_trees
 from stark_ray.tasks.agents import AGENT_CPUS, AGENT_WORKERS, ClientFactory, agent_pool
@@ -100,12 +103,29 @@ def stop_actors(agents: list[Any], actors: list[Any]) -> None:
     for agent in agents:
         with contextlib.suppress(RayError, ValueError):
             ray.kill(agent, no_restart=True)
-    for actor in actors:
-        if actor is None:
-            continue
+    live = [a for a in actors if a is not None]
+    closing = []
+    for actor in live:  # all at once: each ends its worker processes
+        with contextlib.suppress(RayError):
+            closing.append(actor.close.remote())
+    deadline = time.monotonic() + 30
+    for ref in closing:
         with contextlib.suppress(RayError, TimeoutError):
-            ray.get(actor.close.remote(), timeout=30)
+            ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+    for actor in live:
         ray.kill(actor, no_restart=True)
+
+
+def reference_result(ref: Any) -> EvalResult:
+    """A reference's result; TaskError or EvaluatorError (one line, as the local executor says it) when the task
+    cannot serve as one or the evaluator cannot work."""
+    try:
+        return ray.get(ref)
+    except RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, TaskError | EvaluatorError):
+            raise type(cause)(str(cause)) from None
+        raise
 
 
 def recorded_tasks(run_dir: Path) -> list[str]:
