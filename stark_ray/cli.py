@@ -235,7 +235,10 @@ def eval_candidate(
                                               show_default=False)],
     backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = "cpu_cpp",
     trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = 5,
-    timing_trials: Annotated[int | None, typer.Option(help="Timed calls (default: CPU 20, GPU 100).")] = None,
+    timing_trials: Annotated[int | None, typer.Option(help="Timed calls at most (default: CPU 20, GPU 100).")] = None,
+    timing_precision: Annotated[float, typer.Option(
+        help="Stop timing (after 40 rounds) once each median's relative standard error is below this; 0: "
+             "always --timing-trials.")] = 0.003,
     baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = "eager",
     tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
     seed: Annotated[int, typer.Option(help="Seeds the inputs.")] = 0,
@@ -252,6 +255,7 @@ def eval_candidate(
 
     try:
         cfg = EvalConfig(backend=backend, trials=trials, timing_trials=timing_trials, seed=seed, baseline=baseline,
+                         timing_precision=timing_precision,
                          tolerance=tolerance, build_dir=str(build_dir) if build_dir else None)
     except ValueError as e:
         fail(str(e))

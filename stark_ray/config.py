@@ -107,6 +107,9 @@ class EvalConfig:
     max_rel_err: float | None = None
     warmup: int = 3
     timing_trials: int | None = None  # timed calls per function; None: the backend's default (CPU 20, GPU 100)
+    # timing stops before timing_trials once every median is known within this relative standard error (checked
+    # every 10 rounds from the 40th); 0: always timing_trials
+    timing_precision: float = 0.003
     baseline: str = "eager"  # "compile": also time torch.compile(reference) in the same worker and run
     compile_timeout_s: float = 300.0
     check_timeout_s: float = 120.0  # correctness trials (and the task set-up in the worker)
@@ -123,6 +126,8 @@ class EvalConfig:
             raise ValueError(f"unknown baseline {self.baseline!r}; choose one of {', '.join(BASELINES)}")
         if self.trials < 1 or (self.timing_trials is not None and self.timing_trials < 1):
             raise ValueError("trials and timing_trials must be >= 1")
+        if not 0 <= self.timing_precision < 1:
+            raise ValueError("timing_precision must be >= 0 and < 1")
         for name in ("atol", "rtol", "max_rel_err"):
             value = getattr(self, name)
             if value is not None and not value >= 0:

@@ -28,6 +28,7 @@ from stark_ray.eval.guards import (
 from stark_ray.eval.inputs import make_inputs, same_values, scale_floats, trial_scale
 from stark_ray.eval.sandbox_env import PACKAGE_ROOT, is_secret, worker_env
 from stark_ray.eval.timing import (
+    MIN_TIMED_ROUNDS,
     CpuTimer,
     Sample,
     Stats,
@@ -35,6 +36,7 @@ from stark_ray.eval.timing import (
     TimingMismatch,
     leaves_work_behind,
     make_input_sets,
+    median_error,
     time_interleaved,
 )
 from stark_ray.records import STAGE_COMPILE
@@ -336,3 +338,37 @@ def test_the_head_start_is_fitted_once_to_the_slowest_launch_before_the_timed_ro
     timings = time_interleaved([eager, fused], sets, timer, warmup=3, trials=5)  # type: ignore[arg-type]
     assert timer.fits == [(0.4, 6)]  # after the 3 warm-up rounds of both, before the first timed call
     assert len(timer.calls) == 16 and all(t.head_us == 800.0 for t in timings)
+
+
+class ScriptedTimer:
+    """Samples from a script per function (cycled): a tight distribution or two modes."""
+
+    def __init__(self, scripts: dict[str, list[float]]) -> None:
+        self.scripts, self.calls = scripts, {name: 0 for name in scripts}
+
+    def __call__(self, fn, args):  # type: ignore[no-untyped-def]
+        k = self.calls[fn.__name__]
+        self.calls[fn.__name__] += 1
+        script = self.scripts[fn.__name__]
+        ms = script[k % len(script)]
+        return Sample(ms, ms, fn(*args))
+
+
+def test_timing_stops_early_once_the_medians_are_precise_and_never_on_two_modes() -> None:
+    def ref(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def cand(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    sets = [[torch.ones(2)]]
+    tight = ScriptedTimer({"ref": [1.0, 1.001, 0.999], "cand": [0.5, 0.5005, 0.4995]})
+    timings = time_interleaved([ref, cand], sets, tight, warmup=1, trials=100, precision=0.003)  # type: ignore[arg-type]
+    assert [t.stats.n for t in timings] == [MIN_TIMED_ROUNDS] * 2
+    assert median_error(timings[0].stats.samples) < 0.003
+    modes = ScriptedTimer({"ref": [1.0, 1.0, 3.0, 3.0], "cand": [0.5, 0.5005, 0.4995]})  # a busy host, say
+    timings = time_interleaved([ref, cand], sets, modes, warmup=1, trials=100, precision=0.003)  # type: ignore[arg-type]
+    assert [t.stats.n for t in timings] == [100, 100]
+    exact = ScriptedTimer({"ref": [1.0, 1.001, 0.999], "cand": [0.5, 0.5005, 0.4995]})
+    timings = time_interleaved([ref, cand], sets, exact, warmup=1, trials=100)  # type: ignore[arg-type]
+    assert [t.stats.n for t in timings] == [100, 100]  # no precision asked for: every round

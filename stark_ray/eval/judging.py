@@ -184,7 +184,7 @@ class Judge:
             fns.append(state.baseline_compiled())
         try:
             timings = time_interleaved(fns, state.timing_sets(), self.backend.timer(), cfg.warmup,
-                                       self._trials(cfg), None, self._warmup_ms(state))
+                                       self._trials(cfg), None, self._warmup_ms(state), cfg.timing_precision)
         except TaskError:
             raise
         except Exception as e:
@@ -264,10 +264,11 @@ class Judge:
 
         try:
             timings = time_interleaved(fns[:2], state.timing_sets(), self.backend.timer(), cfg.warmup,
-                                       self._trials(cfg), check, self._warmup_ms(state))
+                                       self._trials(cfg), check, self._warmup_ms(state), cfg.timing_precision)
             if len(fns) > 2:  # the baseline is checked once when compiled; timed beside the eager reference
                 timings.append(time_interleaved([fns[0], fns[2]], state.timing_sets(), self.backend.timer(),
-                                                cfg.warmup, self._trials(cfg), None, self._warmup_ms(state))[1])
+                                                cfg.warmup, self._trials(cfg), None, self._warmup_ms(state),
+                                                cfg.timing_precision)[1])
         except TimingMismatch as e:
             return EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=f"{e} (memoised or racy output?)",
                               **base)

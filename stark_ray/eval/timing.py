@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +35,8 @@ MAX_WARMUP_ROUNDS = 1000
 HEAD_START_US = 300.0  # GPU time queued before a timed call's start event, while the host launches it ...
 HEAD_START_LAUNCHES = 2.0  # ... or this many times the host's launch time of the slowest function timed ...
 MAX_HEAD_START_US = 20_000.0  # ... up to this
+MIN_TIMED_ROUNDS = 40  # timing may stop early (at a precision asked for) only after this many rounds ...
+PRECISION_EVERY = 10  # ... checked every this many
 
 
 @dataclass(frozen=True)
@@ -207,13 +210,26 @@ class TimingMismatch(Exception):
     """A timed output differed from the reference's for the same inputs (memoised, racy, input-dependent)."""
 
 
+def median_error(samples: Sequence[float]) -> float:
+    """The relative standard error of the median of ``samples``, from a robust spread (1.4826 MAD: a few late
+    samples do not hide a tight distribution, two modes do not pass for one)."""
+    m = statistics.median(samples)
+    if m <= 0 or len(samples) < 2:
+        return math.inf
+    mad = statistics.median(abs(x - m) for x in samples)
+    return 1.2533 * 1.4826 * mad / math.sqrt(len(samples)) / m
+
+
 def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]], timer: Timer, warmup: int,
-                     trials: int, check: Check | None = None, warmup_ms: float = 0.0) -> list[Timing]:
+                     trials: int, check: Check | None = None, warmup_ms: float = 0.0,
+                     precision: float = 0.0) -> list[Timing]:
     """Time each of ``fns`` ``trials`` times, round-robin, the order rotating every round to cancel drift and
     cache warmth, after at least ``warmup`` rounds and ``warmup_ms`` of warm-up. Round r uses input set
     r mod len(input_sets), and each call gets its own clone. With ``check``, every output of ``fns[i]``
     (i > 0) is checked against ``fns[0]``'s in the same round — or, cheaper, found bit for bit equal to its
-    own output that passed the check on the same input set in an earlier round (kept while small)."""
+    own output that passed the check on the same input set in an earlier round (kept while small). With
+    ``precision`` > 0, timing stops before ``trials`` rounds (after MIN_TIMED_ROUNDS at least) once every
+    function's median is known within that relative standard error (:func:`median_error`)."""
     ms: list[list[float]] = [[] for _ in fns]
     synced: list[list[float]] = [[] for _ in fns]
     launches: list[list[float]] = [[] for _ in fns]  # warm-up calls' host launch times (GPU)
@@ -252,6 +268,9 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
             order = order[1:] + order[:1]
             r += 1
             del outs
+            if (precision > 0 and timed >= MIN_TIMED_ROUNDS and timed % PRECISION_EVERY == 0
+                    and all(median_error(m) <= precision for m in ms)):
+                break
     head = getattr(timer, "head_us", None)
     return [Timing(Stats.of(m), Stats.of(s), head) for m, s in zip(ms, synced, strict=True)]
 
