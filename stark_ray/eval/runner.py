@@ -198,7 +198,7 @@ class WorkerProcess:
             child.proc.stdin.flush()
             return child
         except (OSError, AssertionError):
-            _end(child)
+            _end(child.proc, child.workdir)
             return None
 
     def start(self) -> dict[str, Any]:
@@ -238,28 +238,24 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """Kill the serving process (and everything in its group); the spare stays."""
-        proc = self._proc
-        if proc is not None:
-            _end(_Child(proc, self._queue, self._workdir or Path(), 0.0), kill=True)
-        self._proc = None
-        self._workdir = self._log_path = None
+        self._end_current(kill=True)
 
     def close_current(self) -> None:
         """Let the serving worker finish (end of its stdin), then make sure it and its group are gone."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None and proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=EXIT_GRACE_S)
-        self.kill()
+        self._end_current(kill=False)
+
+    def _end_current(self, kill: bool) -> None:
+        if self._proc is not None:
+            _end(self._proc, self._workdir, kill)
+        self._proc = None
+        self._workdir = self._log_path = None
 
     def close(self) -> None:
         """End the serving worker and the spare."""
         self.close_current()
         child, self._spare = self._spare, None
         if child is not None:
-            _end(child)
+            _end(child.proc, child.workdir)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def _next(self, deadline: float) -> tuple[dict[str, Any] | None, bool]:
@@ -360,10 +356,9 @@ class WorkerProcess:
         return WorkerOutcome(result, phase, returncode, timed_out, log, wall, phase_s, healthy)
 
 
-def _end(child: _Child, kill: bool = False) -> None:
-    """Make sure a worker process and its group are gone (``kill``: at once; else it may exit by itself when
-    its stdin ends), and remove its directory."""
-    proc = child.proc
+def _end(proc: subprocess.Popen[bytes], workdir: Path | None, kill: bool = False) -> None:
+    """Make sure a worker process and its group are gone (``kill``: at once; else it may first exit by itself
+    when its stdin ends), and remove its directory."""
     if not kill and proc.poll() is None and proc.stdin is not None:
         with contextlib.suppress(OSError):
             proc.stdin.close()
@@ -375,8 +370,8 @@ def _end(child: _Child, kill: bool = False) -> None:
         proc.wait(timeout=EXIT_GRACE_S)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # anything the candidate left running in the group
-    if child.workdir != Path():
-        shutil.rmtree(child.workdir, ignore_errors=True)
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run_once(spec: WorkerSpec, request: WorkerRequest, timeouts: dict[str, float]) -> WorkerOutcome:

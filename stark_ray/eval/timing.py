@@ -89,7 +89,8 @@ class CudaTimer:
         self.spin_cycles = int(us * _cycles_per_us()) if us > 0 else 0
 
     def fit_head_start(self, launch_ms: float) -> None:
-        """Size the head start for calls whose host side takes ``launch_ms`` to launch (0: fixed head start)."""
+        """Size the head start for calls whose host side takes ``launch_ms`` to launch (a no-op for a fixed head
+        start: ``fit=False`` or none at all)."""
         if self.fit and self.min_head_us > 0:
             self._set_head(min(max(self.min_head_us, HEAD_START_LAUNCHES * launch_ms * 1e3), MAX_HEAD_START_US))
 
