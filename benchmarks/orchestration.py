@@ -151,9 +151,6 @@ class InstantEvaluator:
     def evaluate(self, task: Task, source: str) -> EvalResult:
         return instant_result(source)
 
-    def hardware_description(self) -> str:
-        return HARDWARE
-
     def hardware(self) -> dict[str, Any]:
         return {"description": HARDWARE, "class": HARDWARE, "start_phases": {}}
 

@@ -45,7 +45,7 @@ class RayRun:
     # the cluster has wait for the autoscaler to add GPU nodes
     max_in_flight: int = MAX_IN_FLIGHT
     client_factory: ClientFactory | None = None  # scripted replies (tests, benchmarks)
-    evaluator_cls: Any = None  # an actor class with reference/evaluate/hardware_description (benchmarks)
+    evaluator_cls: Any = None  # an actor class with reference/evaluate/hardware/close (benchmarks)
     runtime_env: dict[str, Any] | None = None  # for a Ray this run starts or joins
     caps: Caps = field(default_factory=Caps)  # spending limits (campaigns)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -38,9 +38,6 @@ class EvaluatorActor:
     def evaluate(self, task: Task, source: str) -> EvalResult:
         return self.service.evaluate(task, source)
 
-    def hardware_description(self) -> str:
-        return self.service.hardware_description()
-
     def hardware(self) -> dict[str, Any]:
         """The device's description for the prompts, its class (evaluators of one class share tasks) and where
         its worker's start went (starting the worker the first time)."""
