@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from stark_ray.optimize import Reporter, RunSummary
     from stark_ray.ray_executor import RayRun
     from stark_ray.records import EvalResult
+    from stark_ray.store.location import Location
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="STARK on Ray: LLM agents that search for faster GPU kernels.")
@@ -50,7 +51,8 @@ def optimize(
     policy: Annotated[str, typer.Option(help=f"{' | '.join(POLICIES)}")] = "epsilon_greedy",
     backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = "cpu_cpp",
     seed: Annotated[int, typer.Option(help="Seeds the policy and the evaluator's inputs.")] = 0,
-    out: Annotated[Path, typer.Option(help="Where run directories go.")] = Path("runs"),
+    out: Annotated[str, typer.Option(help="Where run directories go: a local directory or a filesystem URI "
+                                          "(s3://bucket/prefix, gs://…).")] = "runs",
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (vLLM, SGLang, Ollama).")] = None,
     cassette: Annotated[Path | None, typer.Option(help="Replay recorded LLM exchanges from this JSONL.")] = None,
     record: Annotated[Path | None, typer.Option(help="Record every LLM exchange to this JSONL.")] = None,
@@ -75,7 +77,8 @@ def optimize(
                                                "sequential search).")] = 1,
     address: Annotated[str | None, typer.Option(help="Ray cluster to join: auto or ray://host:10001 (default: "
                                                      "an embedded local Ray).")] = None,
-    resume: Annotated[Path | None, typer.Option(help="Continue this Ray run directory (its task and settings).",
+    resume: Annotated[str | None, typer.Option(help="Continue this Ray run directory (its task and settings; a "
+                                                    "path or a URI).",
                                                 show_default=False)] = None,
     evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU of the cluster "
                                                         "at the start; more wait for the autoscaler).",
@@ -116,7 +119,7 @@ def optimize(
     try:
         check_credentials(agent_cfg)  # before any work
         the_task = load_task(path)
-        _writable_dir(out, "--out")
+        out_dir = _writable_dir(out, "--out")
         if record is not None:
             _writable_file(record, "--record")
         client = make_client(agent_cfg)
@@ -129,14 +132,14 @@ def optimize(
     if executor == "ray":
         from stark_ray.ray_executor import RayRun
 
-        _run_on_ray(RayRun([the_task], search_cfg, agent_cfg, eval_cfg, out, address=address,
+        _run_on_ray(RayRun([the_task], search_cfg, agent_cfg, eval_cfg, out_dir, address=address,
                            evaluators=evaluators), reporter)
         return
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
     from stark_ray.eval.service import EvaluatorError
 
     try:
-        run_optimize(the_task, client, search_cfg, agent_cfg, eval_cfg, out, reporter)
+        run_optimize(the_task, client, search_cfg, agent_cfg, eval_cfg, out_dir, reporter)
     except (TaskError, EvaluatorError) as e:
         fail(str(e))
     except LLMError as e:
@@ -171,7 +174,7 @@ def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
         fail("interrupted; everything recorded so far is in the run directory (--resume it)", 130)
 
 
-def _resume(run_dir: Path, executor: str, parallel: int, address: str | None, quiet: bool,
+def _resume(resume: str, executor: str, parallel: int, address: str | None, quiet: bool,
             evaluators: int | None = None) -> None:
     """Continue a Ray run: its task(s) and settings come from its run.json; --parallel may change."""
     from dataclasses import replace
@@ -183,8 +186,7 @@ def _resume(run_dir: Path, executor: str, parallel: int, address: str | None, qu
 
     if executor != "ray":
         fail("--resume continues a Ray run: it needs --executor ray")
-    if not run_dir.is_dir():
-        fail(f"--resume {run_dir}: no such run directory")
+    run_dir = existing_dir(resume, "--resume", "run directory")
     try:
         tasks, search_cfg, agent_cfg, eval_cfg = resume_settings(run_dir)
         search_cfg = replace(search_cfg, parallel=parallel)
@@ -210,13 +212,42 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _writable_dir(path: Path, flag: str) -> None:
+def _location(text: str | Path, flag: str) -> Location:
+    from stark_ray.store.location import locate
+
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        return locate(text)
+    except ValueError as e:
+        fail(f"{flag} {e}")
+
+
+def _writable_dir(path: str | Path, flag: str) -> Location:
+    """The directory (local or a filesystem URI), created when absent; one line and exit 2 when it cannot be."""
+    loc = _location(path, flag)
+    try:
+        loc.mkdir()
     except OSError as e:
-        fail(f"{flag} {path}: cannot create the directory ({e.strerror or e})")
-    if not os.access(path, os.W_OK):
+        fail(f"{flag} {path}: cannot create the directory ({_oneline(e)})")
+    if loc.local and not os.access(loc.path, os.W_OK):
         fail(f"{flag} {path}: the directory is not writable")
+    return loc
+
+
+def existing_dir(path: str | Path, flag: str, what: str) -> Location:
+    """A directory that must exist (local or a filesystem URI); one line and exit 2 when it does not."""
+    loc = _location(path, flag)
+    try:
+        found = loc.is_dir()
+    except OSError as e:
+        fail(f"{flag} {path}: cannot read it ({_oneline(e)})")
+    if not found:
+        fail(f"{flag} {path}: no such {what}")
+    return loc
+
+
+def _oneline(e: OSError) -> str:
+    text = e.strerror or " ".join(str(e).split())
+    return text[:300]
 
 
 def _writable_file(path: Path, flag: str) -> None:

@@ -11,7 +11,6 @@ import io
 import json
 import math
 from decimal import Decimal
-from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -22,8 +21,9 @@ VIEWS = "attempts, llm_calls, judged, best, tasks, runs"
 
 
 def sql(
-    run_dir: Annotated[Path, typer.Argument(metavar="DIR", help="A run directory, or a directory of run "
-                                                                "directories (united).", show_default=False)],
+    run_dir: Annotated[str, typer.Argument(metavar="DIR", help="A run directory, or a directory of run "
+                                                               "directories (united); a path or a URI.",
+                                           show_default=False)],
     query: Annotated[str, typer.Argument(metavar="QUERY", help=f"SQL over the views {VIEWS}.", show_default=False)],
     fmt: Annotated[str, typer.Option("--format", "-f", help=" | ".join(FORMATS))] = "table",
 ) -> None:
@@ -51,10 +51,10 @@ def sql(
 
 
 def report(
-    run_dir: Annotated[Path, typer.Argument(metavar="DIR", help="A run directory, or a directory of run "
-                                                                "directories.", show_default=False)],
-    out: Annotated[Path | None, typer.Option(help="Where report.md and report/*.png go (default: DIR).",
-                                             show_default=False)] = None,
+    run_dir: Annotated[str, typer.Argument(metavar="DIR", help="A run directory, or a directory of run "
+                                                               "directories; a path or a URI.", show_default=False)],
+    out: Annotated[str | None, typer.Option(help="Where report.md and report/*.png go (default: DIR; a path or "
+                                                 "a URI).", show_default=False)] = None,
 ) -> None:
     """Write report.md (fast_p, speedups, search statistics per level, per task) and PNG plots; print the
     headline numbers."""

@@ -45,9 +45,11 @@ def campaign(
     max_tokens: Annotated[int | None, typer.Option(help="Token cap for the campaign.")] = None,
     task_max_cost: Annotated[float | None, typer.Option(help="USD cap per task.")] = None,
     task_max_tokens: Annotated[int | None, typer.Option(help="Token cap per task.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Where campaign directories go [runs].")] = None,
+    out: Annotated[str | None, typer.Option(help="Where campaign directories go: a directory or a filesystem URI "
+                                                 "(s3://…) [runs].")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster to join (auto, ray://…).")] = None,
-    resume: Annotated[Path | None, typer.Option(help="Continue this campaign directory.", show_default=False)] = None,
+    resume: Annotated[str | None, typer.Option(help="Continue this campaign directory (a path or a URI).",
+                                               show_default=False)] = None,
     evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU at the start; "
                                                         "more wait for the autoscaler).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view.")] = False,
@@ -56,7 +58,7 @@ def campaign(
     from dataclasses import replace
 
     from stark_ray.campaign import CampaignError, Caps, load_config, select_tasks
-    from stark_ray.cli import _reporter, _run_on_ray, _writable_dir, fail
+    from stark_ray.cli import _reporter, _run_on_ray, _writable_dir, existing_dir, fail
     from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
@@ -73,7 +75,7 @@ def campaign(
         "eval": {"backend": backend, "baseline": baseline, "trials": trials, "seed": seed},
         "caps": {"max_cost": max_cost, "max_tokens": max_tokens, "task_max_cost": task_max_cost,
                  "task_max_tokens": task_max_tokens},
-        "run": {"out": str(out) if out else None, "address": address, "evaluators": evaluators},
+        "run": {"out": out, "address": address, "evaluators": evaluators},
     }
     try:
         file_cfg = load_config(config) if config else {}
@@ -85,16 +87,15 @@ def campaign(
     run_cfg = merged["run"]
     reporter = _reporter(True) if quiet else _campaign_reporter()
     if resume is not None:
-        if not resume.is_dir():
-            fail(f"--resume {resume}: no such campaign directory")
+        run_dir = existing_dir(resume, "--resume", "campaign directory")
         try:
-            picked, search_cfg, agent_cfg, eval_cfg = resume_settings(resume)
+            picked, search_cfg, agent_cfg, eval_cfg = resume_settings(run_dir)
             if parallel is not None:
                 search_cfg = replace(search_cfg, parallel=parallel)
             check_credentials(agent_cfg)
         except (RunError, ConfigError, ValueError, TypeError) as e:
             fail(f"--resume {resume}: {e}")
-        _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, resume.parent, resume=resume,
+        _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, run_dir.parent, resume=run_dir,
                            address=run_cfg.get("address"), caps=caps, evaluators=run_cfg.get("evaluators")),
                     reporter)
         return
@@ -113,8 +114,7 @@ def campaign(
         fail(str(e))
     except TypeError as e:  # an unknown key in the TOML file
         fail(f"{config}: {e}")
-    out_dir = Path(run_cfg.get("out") or "runs")
-    _writable_dir(out_dir, "--out")
+    out_dir = _writable_dir(str(run_cfg.get("out") or "runs"), "--out")
     _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"),
                        caps=caps, evaluators=run_cfg.get("evaluators")), reporter)
 

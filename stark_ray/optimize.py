@@ -8,7 +8,6 @@ interrupted or failed run still leaves both, with its status.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from collections import Counter
@@ -29,6 +28,7 @@ from stark_ray.search.loop import search
 from stark_ray.search.policy import make_policy
 from stark_ray.search.team import make_team
 from stark_ray.search.tree import Tree
+from stark_ray.store.location import Location, locate
 from stark_ray.store.parquet import PartWriter, safe_name
 from stark_ray.store.run_store import attempt_row
 
@@ -68,30 +68,32 @@ class Reporter:
         """A campaign's figures now (tasks, attempts, spend, evaluators busy): called a few times a second."""
 
 
-def new_run_dir(out: Path, task_name: str) -> Path:
+def new_run_dir(out: str | Path | Location, task_name: str) -> Location:
+    """A new run directory ``<task>-<UTC time>`` (``-2``, ``-3``, ... when taken) under ``out``, a local
+    directory or a filesystem URI (created when absent)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     base = f"{safe_name(task_name)}-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
+    root = locate(out)
+    root.mkdir()
     for n in range(1, 1000):
-        run_dir = out / (base if n == 1 else f"{base}-{n}")
+        run_dir = root / (base if n == 1 else f"{base}-{n}")
         try:
-            run_dir.mkdir()
+            run_dir.make_new()
             return run_dir
         except FileExistsError:
             continue
-    raise FileExistsError(f"no free run directory name for {base} under {out}")
+    raise FileExistsError(f"no free run directory name for {base} under {root}")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def write_atomic(path: Path | Location, text: str) -> None:
+    """Write a small file whole (a reader never sees part of it), locally or on a filesystem URI."""
+    locate(path).write_text(text)
 
 
 class Run:
     """The run directory of one task: Parquet rows as they happen, the best kernel, the summary."""
 
-    def __init__(self, out: Path, task: Task, tree: Tree) -> None:
+    def __init__(self, out: str | Path | Location, task: Task, tree: Tree) -> None:
         self.dir = new_run_dir(out, task.name)
         self.id = self.dir.name
         self.common = {"run_id": self.id, "task": task.name}
@@ -140,7 +142,7 @@ def summarize(run: Run, task: Task, tree: Tree, status: str, settings: dict[str,
 
 
 def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg: AgentConfig,
-             eval_cfg: EvalConfig, out: Path, reporter: Reporter | None = None,
+             eval_cfg: EvalConfig, out: str | Path | Location, reporter: Reporter | None = None,
              evaluator_factory: Callable[[Task, EvalConfig], Any] = make_evaluator) -> RunSummary:
     """Run STARK on one task. Raises TaskError when the reference itself cannot be evaluated (before any run
     directory exists); any later exception (Ctrl-C included) propagates after the run directory is complete."""

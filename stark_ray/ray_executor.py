@@ -23,7 +23,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -56,12 +55,14 @@ from stark_ray.ray_run import (
     start_agents,
     start_evaluators,
     stop_actors,
+    store_env,
 )
 from stark_ray.records import STAGE_CRASH, EvalResult
 from stark_ray.run_files import RUN_FILE, recorded_usage, run_record, task_summary
 from stark_ray.run_mirror import RunMirror
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
+from stark_ray.store.location import Location, locate
 
 log = logging.getLogger(__name__)
 _AGENT, _EVAL, _ADD, _NEXT = "agent", "eval", "add", "next"
@@ -132,11 +133,12 @@ class _Driver:
         self.phases["references_s"] = time.monotonic() - t0 - self.phases["evaluators_s"]
         t1 = time.monotonic()
         if run.resume is not None:
-            self.dir = run.resume
+            self.dir = locate(run.resume)
         else:
             base = run.tasks[0].name if len(run.tasks) == 1 else "campaign"
-            self.dir = new_run_dir(run.out, base) if run.run_id is None else run.out / run.run_id
-            self.dir.mkdir(parents=True, exist_ok=True)
+            out = locate(run.out)
+            self.dir = new_run_dir(out, base) if run.run_id is None else out / run.run_id
+            self.dir.mkdir()
             record = run_record(run.tasks, run.search, run.agents, run.eval)
             write_atomic(self.dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
         self.run_id = self.dir.name
@@ -149,8 +151,8 @@ class _Driver:
         snapshots = ray.get([self.memory.snapshot.remote(name) for name in self.tasks])
         for name, snapshot in zip(self.tasks, snapshots, strict=True):
             if run.resume is not None:  # what the earlier part of the run spent counts against the caps
-                recorded = recorded_usage(self.dir, name)
-                self.spend.add(name, recorded.cost_usd, recorded.input_tokens + recorded.output_tokens)
+                spent = recorded_usage(self.dir, name)
+                self.spend.add(name, spent.cost_usd, spent.input_tokens + spent.output_tokens)
             tree = Tree.from_records(snapshot)
             self.view.load(name, tree)
             self.reporter.start(self.tasks[name], run.search.budget, tree.root)
@@ -357,13 +359,13 @@ class _Driver:
 
 
 def run_ray(run: RayRun, reporter: Reporter | None = None,
-            on_started: Callable[[Path], None] | None = None) -> list[RunSummary]:
+            on_started: Callable[[Location], None] | None = None) -> list[RunSummary]:
     """Run (or resume) a search on Ray. Raises TaskError before any run directory exists when a reference
     cannot be evaluated, RunError for a bad resume; after that, every exit (Ctrl-C included) leaves the run
     directory complete: rows, summary.json, best_kernel.py."""
     reporter = reporter or Reporter()
     on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-    started = connect(run.address, run.runtime_env)
+    started = connect(run.address, run.runtime_env, store_env(run.resume if run.resume is not None else run.out))
     if callable(on_term):  # Ray's core installs its own SIGTERM handler (it aborts): the caller's comes back
         signal.signal(signal.SIGTERM, on_term)
     try:

@@ -22,6 +22,7 @@ from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.records import EvalResult
 from stark_ray.run_files import RunError
+from stark_ray.store.location import Location, locate
 from stark_ray.store.read import StoreError, load_trees
 from stark_ray.tasks.agents import AGENT_CPUS, AGENT_WORKERS, ClientFactory, agent_pool
 
@@ -37,9 +38,9 @@ class RayRun:
     search: SearchConfig
     agents: AgentConfig
     eval: EvalConfig
-    out: Path
+    out: str | Path | Location  # a local directory or a filesystem URI (s3://...)
     run_id: str | None = None  # default: <task>-<time>
-    resume: Path | None = None  # an earlier run directory: continue it
+    resume: str | Path | Location | None = None  # an earlier run directory: continue it
     address: str | None = None  # None: an embedded local Ray; "auto" or "ray://...": join a cluster
     evaluators: int | None = None  # default: one per GPU of the cluster now (GPU backends), else one; more than
     # the cluster has wait for the autoscaler to add GPU nodes
@@ -51,18 +52,39 @@ class RayRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def connect(address: str | None, runtime_env: dict[str, Any] | None = None) -> bool:
+def connect(address: str | None, runtime_env: dict[str, Any] | None = None,
+            env_vars: dict[str, str] | None = None) -> bool:
     """Join the cluster at ``address``, or start an embedded local Ray (no dashboard, sized to the machine);
-    True when this call started it."""
+    True when this call started it. ``env_vars`` are added to the job's runtime environment (the credentials
+    of a run directory on an object store: :func:`store_env`)."""
     if ray.is_initialized():
         return False
     logging.getLogger("ray").setLevel(logging.ERROR)  # the CLI's stderr is for one clear line, not Ray's notes
+    env = runtime_env or (None if address else same_code_env())
+    if env_vars:
+        env = {**(env or {}), "env_vars": {**(env or {}).get("env_vars", {}), **env_vars}}
     if address:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=runtime_env)
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=env)
         return False
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env=runtime_env or same_code_env())
+    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False, runtime_env=env)
     return True
+
+
+# what pyarrow's filesystems read from the environment: a run directory on one needs them in every Ray worker
+# that writes it (the TreeMemory actor), and workers started by a cluster's raylet do not inherit the driver's
+STORE_CREDENTIALS = {
+    "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
+           "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED"),
+    "gcs": ("GOOGLE_APPLICATION_CREDENTIALS",),
+}
+
+
+def store_env(run_dir: str | Path | Location) -> dict[str, str]:
+    """The credential variables set here that the run directory's filesystem reads ({} for a local one)."""
+    loc = locate(run_dir)
+    if loc.fs is None:
+        return {}
+    return {k: os.environ[k] for k in STORE_CREDENTIALS.get(loc.fs.type_name, ()) if k in os.environ}
 
 
 def same_code_env() -> dict[str, Any]:
@@ -128,7 +150,7 @@ def reference_result(ref: Any) -> EvalResult:
         raise
 
 
-def recorded_tasks(run_dir: Path) -> list[str]:
+def recorded_tasks(run_dir: str | Path | Location) -> list[str]:
     try:
         return list(load_trees(run_dir))
     except FileNotFoundError:

@@ -13,6 +13,7 @@ from stark_ray.llm.usage import UsageTotals
 from stark_ray.optimize import RunSummary, summary_of
 from stark_ray.records import LLMUsage
 from stark_ray.search.tree import Tree
+from stark_ray.store.location import Location, locate
 from stark_ray.store.read import call_rows
 
 RUN_FILE = "run.json"
@@ -22,17 +23,17 @@ class RunError(Exception):
     """A run that cannot start (a bad resume directory, no evaluator). One line."""
 
 
-def load_run(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / RUN_FILE
-    if not path.is_file():
-        raise RunError(f"{run_dir} is not a Ray run directory (no {RUN_FILE})")
+def load_run(run_dir: str | Path | Location) -> dict[str, Any]:
     try:
+        path = locate(run_dir) / RUN_FILE
+        if not path.is_file():
+            raise RunError(f"{run_dir} is not a Ray run directory (no {RUN_FILE})")
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise RunError(f"cannot read {path}: {e}") from None
 
 
-def resume_settings(run_dir: Path) -> tuple[list[Task], SearchConfig, AgentConfig, EvalConfig]:
+def resume_settings(run_dir: str | Path | Location) -> tuple[list[Task], SearchConfig, AgentConfig, EvalConfig]:
     """The tasks and settings an earlier run recorded."""
     data = load_run(run_dir)
     tasks = [Task(t["name"], Path(t["path"]), t["source"]) for t in data["tasks"]]
@@ -44,7 +45,7 @@ def run_record(tasks: list[Task], search: SearchConfig, agents: AgentConfig, ev:
             "search": asdict(search), "agents": asdict(agents), "eval": asdict(ev), "executor": "ray"}
 
 
-def recorded_usage(run_dir: Path, task: str) -> UsageTotals:
+def recorded_usage(run_dir: str | Path | Location, task: str) -> UsageTotals:
     """Every LLM call of the task as recorded (a resumed run's earlier calls included)."""
     totals = UsageTotals()
     try:
@@ -57,7 +58,7 @@ def recorded_usage(run_dir: Path, task: str) -> UsageTotals:
     return totals
 
 
-def task_summary(task: Task, tree: Tree, run_dir: Path, run_id: str, status: str, wall_s: float,
+def task_summary(task: Task, tree: Tree, run_dir: str | Path | Location, run_id: str, status: str, wall_s: float,
                  search: SearchConfig, ev: EvalConfig, usage: UsageTotals) -> RunSummary:
     settings = {"search": asdict(search), "eval": asdict(ev), "executor": "ray"}
     return summary_of(task.name, run_id, str(run_dir), tree, status, search.budget, usage, settings, wall_s)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 from stark_ray.agents.base import AgentResult
@@ -18,6 +17,7 @@ from stark_ray.llm.usage import UsageTotals
 from stark_ray.optimize import RunSummary, write_atomic
 from stark_ray.records import Node
 from stark_ray.search.tree import Tree
+from stark_ray.store.location import Location, locate
 
 
 class RunMirror:
@@ -27,7 +27,7 @@ class RunMirror:
         self.best: dict[str, int | None] = {}
         self.usage: dict[str, UsageTotals] = {n: UsageTotals() for n in self.names}
         self.orphans: dict[str, dict[int, list[Node]]] = {}  # task -> parent -> nodes waiting for it
-        self.dir: Path | None = None  # the run directory, once it exists
+        self.dir: Location | None = None  # the run directory, once it exists
 
     def load(self, name: str, tree: Tree) -> None:
         """A task's tree as the memory holds it at the start (a resumed run's recorded nodes)."""
@@ -60,12 +60,13 @@ class RunMirror:
             self.best[name] = best.id
             write_atomic(self.task_dir(name) / "best_kernel.py", best.source)
 
-    def task_dir(self, name: str) -> Path:
+    def task_dir(self, name: str) -> Location:
         """Where a task's summary and best kernel go: the run directory itself for a one-task run, else
         ``tasks/<name>/`` in it."""
         assert self.dir is not None
-        d = self.dir if len(self.names) == 1 else self.dir / "tasks" / name
-        d.mkdir(parents=True, exist_ok=True)
+        run_dir = locate(self.dir)
+        d = run_dir if len(self.names) == 1 else run_dir / "tasks" / name
+        d.mkdir()
         return d
 
     def write_summary(self, name: str, tree: Tree, summary: RunSummary) -> None:

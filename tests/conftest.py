@@ -44,6 +44,67 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+# Credentials for the local S3 server of s3_root (which accepts any): every process that writes a run directory on
+# it needs them, the Ray cluster's workers included (they are set when the cluster starts)
+S3_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "stark-test", "AWS_SECRET_ACCESS_KEY": "stark-test",
+                       "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """A local S3-compatible server (moto) on 127.0.0.1 for the session; yields its ``host:port``. The test
+    process gets the credentials above while it runs."""
+    pytest.importorskip("moto.server")
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    saved = {k: os.environ.get(k) for k in S3_TEST_CREDENTIALS}
+    os.environ.update(S3_TEST_CREDENTIALS)
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).close()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        raise RuntimeError(f"the S3 server did not start: {log.read()[-2000:]!r}") from None
+                    time.sleep(0.2)
+            yield f"127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture
+def s3_root(s3_server: str, request: pytest.FixtureRequest) -> str:
+    """A fresh bucket on the local S3 server, as the URI a user would give: ``s3://<bucket>/runs?...``."""
+    import re
+    import uuid
+
+    import pyarrow.fs as pafs
+
+    bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:6]
+    options = f"endpoint_override={s3_server}&scheme=http&region=us-east-1"
+    fs, _ = pafs.FileSystem.from_uri(f"s3://{bucket}?{options}&allow_bucket_creation=true")
+    fs.create_dir(bucket)
+    return f"s3://{bucket}/runs?{options}"
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[str]:
     """One local Ray for the session: 2 CPUs and the machine's GPUs (a logical one where there is none); its
@@ -54,6 +115,6 @@ def ray_cluster() -> Iterator[str]:
     path = os.pathsep.join([str(repo), str(repo / "tests"), str(repo / "benchmarks"), os.environ.get("PYTHONPATH", "")])
     gpus = _gpu_count() or 1
     ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+             runtime_env={"env_vars": {"PYTHONPATH": path, **S3_TEST_CREDENTIALS}})
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

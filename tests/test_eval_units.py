@@ -202,9 +202,11 @@ def test_crash_location_and_one_line() -> None:
 
 
 def test_worker_env_has_no_credentials() -> None:
-    base = {"OPENAI_API_KEY": "sk", "GITHUB_TOKEN": "t", "hf_token": "t", "PATH": "/bin", "TOKENIZERS": "1"}
+    cloud = {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t",
+             "GOOGLE_APPLICATION_CREDENTIALS": "/k.json", "AWS_SHARED_CREDENTIALS_FILE": "/c"}  # run dirs on S3/GCS
+    base = {"OPENAI_API_KEY": "sk", "GITHUB_TOKEN": "t", "hf_token": "t", "PATH": "/bin", "TOKENIZERS": "1", **cloud}
     env = worker_env(Path("/tmp/w"), 2, base)
-    assert not any(is_secret(k) for k in env)
+    assert not any(is_secret(k) for k in env) and not set(cloud) & set(env)
     assert env["PATH"] == "/bin" and env["TOKENIZERS"] == "1" and env["OMP_NUM_THREADS"] == "2"
     assert env["TMPDIR"] == "/tmp/w"
     assert env["PYTHONPATH"].split(":")[0] == str(PACKAGE_ROOT)

@@ -26,6 +26,7 @@ from stark_ray.config import AgentConfig, SearchConfig
 from stark_ray.records import EvalResult, Node
 from stark_ray.search.memory import Ticket, TreeMemory, UnknownParent, make_task_search
 from stark_ray.search.tree import Tree
+from stark_ray.store.location import Location
 from stark_ray.store.read import load_trees
 from stark_ray.store.run_store import RunStore
 
@@ -138,7 +139,7 @@ class TreeMemoryActor:
         self.store.close()
 
 
-def _recorded_trees(run_dir: str) -> dict[str, Tree]:
+def _recorded_trees(run_dir: Location) -> dict[str, Tree]:
     try:
         return load_trees(run_dir)
     except FileNotFoundError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -12,6 +13,7 @@ from typing import Any
 from stark_ray.analysis import metrics
 from stark_ray.analysis.metrics import FAST_PS, Baseline, Summary
 from stark_ray.analysis.views import connect, rows, run_dirs, task_rows
+from stark_ray.store.location import Location, locate
 
 REPORT_FILE = "report.md"
 PLOTS_DIR = "report"
@@ -21,26 +23,29 @@ PLOTS_DIR = "report"
 class Report:
     """What :func:`generate` wrote and computed."""
 
-    path: Path
+    path: Path | Location  # a Location after an upload to a filesystem URI
     overall: Summary
     levels: list[Summary]
     runs: list[Summary]
     tasks: list[dict[str, Any]]
     failures: dict[str, int]
     devices: list[dict[str, Any]] = field(default_factory=list)
-    plots: list[Path] = field(default_factory=list)
+    plots: list[Path | Location] = field(default_factory=list)  # Locations after an upload
     plot_error: str | None = None
 
 
-def write_report(path: str | Path, out: str | Path | None = None) -> Path:
+def write_report(path: str | Path | Location, out: str | Path | Location | None = None) -> Path | Location:
     """Analyse the run(s) at ``path`` and write ``report.md`` (and the plots) into ``out`` (default: ``path``);
     the report's path."""
     return generate(path, out).path
 
 
-def generate(path: str | Path, out: str | Path | None = None) -> Report:
-    runs = run_dirs(path)
-    with connect(path) as con:
+def generate(path: str | Path | Location, out: str | Path | Location | None = None) -> Report:
+    """``path`` and ``out`` may be local directories or filesystem URIs (``s3://...``); a report for a URI is
+    written in a local temporary directory and then uploaded."""
+    source = locate(path)
+    runs = run_dirs(source)
+    with connect(source) as con:
         tasks = task_rows(con)
         failures = {r["failure"]: int(r["n"]) for r in rows(
             con, "SELECT failure, count(*) AS n FROM judged WHERE seq > 0 AND failure IS NOT NULL "
@@ -48,15 +53,33 @@ def generate(path: str | Path, out: str | Path | None = None) -> Report:
         progress = rows(con, "SELECT run_id, task, seq, best_speedup_so_far FROM judged WHERE seq > 0 "
                              "ORDER BY run_id, task, seq")
         devices = rows(con, "SELECT * FROM devices WHERE device <> 'unknown' ORDER BY run_id, device")
-    target = Path(out).expanduser() if out is not None else Path(path).expanduser()
+    target = locate(out) if out is not None else source
+    if target.local:
+        return _write(target.local_path(), tasks, failures, progress, devices, source, runs)
+    with tempfile.TemporaryDirectory(prefix="stark-report-") as tmp:
+        report = _write(Path(tmp), tasks, failures, progress, devices, source, runs)
+        uploaded: list[Path | Location] = []
+        for f in [report.path, *report.plots]:
+            local = Path(str(f))
+            dest = target.join(*local.relative_to(tmp).parts)
+            dest.parent.mkdir()
+            dest.write_bytes(local.read_bytes())
+            uploaded.append(dest)
+        report.path, report.plots = uploaded[0], uploaded[1:]
+    return report
+
+
+def _write(target: Path, tasks: list[dict[str, Any]], failures: dict[str, int], progress: list[dict[str, Any]],
+           devices: list[dict[str, Any]], source: Location, runs: list[Location]) -> Report:
     target.mkdir(parents=True, exist_ok=True)
-    report = Report(path=target / REPORT_FILE, overall=metrics.summarize(tasks), levels=metrics.by_level(tasks),
+    path = target / REPORT_FILE
+    report = Report(path=path, overall=metrics.summarize(tasks), levels=metrics.by_level(tasks),
                     runs=metrics.by_run(tasks), tasks=tasks, failures=failures, devices=devices)
     _plots(report, target / PLOTS_DIR, progress, several_runs=len(runs) > 1)
-    text = render(report, Path(path).expanduser(), runs)
-    tmp = report.path.with_name(f".{REPORT_FILE}.tmp")
+    text = render(report, source, runs)
+    tmp = path.with_name(f".{REPORT_FILE}.tmp")
     tmp.write_text(text, encoding="utf-8")
-    tmp.replace(report.path)
+    tmp.replace(path)
     return report
 
 
@@ -77,7 +100,7 @@ def headline(s: Summary) -> list[str]:
 
 
 # --- rendering -----------------------------------------------------------------------------------------------
-def render(r: Report, source: Path, runs: Sequence[Path]) -> str:
+def render(r: Report, source: Path | Location, runs: Sequence[Path | Location]) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     names = ", ".join(f"`{p.name}`" for p in runs[:8]) + (f" and {len(runs) - 8} more" if len(runs) > 8 else "")
     out = [f"# STARK analysis: `{source}`", "",
@@ -109,10 +132,8 @@ def render(r: Report, source: Path, runs: Sequence[Path]) -> str:
                   for d in r.devices], ""]
     if r.plots:
         out += ["## Plots", ""]
-        base = r.path.parent
-        for p in r.plots:
-            rel = p.relative_to(base).as_posix() if p.is_relative_to(base) else str(p)
-            out += [f"![{p.stem}]({rel})", ""]
+        for p in r.plots:  # all in report/ beside report.md
+            out += [f"![{Path(p.name).stem}]({PLOTS_DIR}/{p.name})", ""]
     elif r.plot_error:
         out += ["## Plots", "", f"No plots: {r.plot_error}.", ""]
     out += ["## Definitions", "", *_DEFINITIONS, ""]

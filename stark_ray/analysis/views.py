@@ -34,6 +34,7 @@ import duckdb
 
 from stark_ray.records import REJECTING_FLAGS
 from stark_ray.store import read
+from stark_ray.store.location import Location, locate
 
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
@@ -67,27 +68,29 @@ TASK_COLUMNS: dict[str, str] = {
 _LEVEL_RE = r"(^|[/\\])level([0-9]+)[/\\][0-9]+_[^/\\]+$"
 
 
-def run_dirs(path: str | Path) -> list[Path]:
-    """The run directories at ``path``: itself when it is one, else its subdirectories that are, by name.
-    FileNotFoundError when ``path`` does not exist, ValueError when it holds no run."""
-    p = Path(path).expanduser()
+def run_dirs(path: str | Path | Location) -> list[Location]:
+    """The run directories at ``path`` (a local path or a filesystem URI such as ``s3://bucket/runs``): itself
+    when it is one, else its subdirectories that are, by name. FileNotFoundError when ``path`` does not exist,
+    ValueError when it holds no run (or is not a URI pyarrow can open)."""
+    p = locate(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such directory")
     if not p.is_dir():
         raise ValueError(f"{p}: not a directory (give a run directory or a directory of runs)")
     if is_run_dir(p):
         return [p]
-    runs = sorted((c for c in p.iterdir() if c.is_dir() and is_run_dir(c)), key=lambda c: c.name)
+    runs = [c for c in p.subdirs() if is_run_dir(c)]
     if not runs:
         raise ValueError(f"{p}: no run here (neither {RUN_FILE} nor attempts/ in it or in a subdirectory)")
     return runs
 
 
-def is_run_dir(path: Path) -> bool:
-    return (path / RUN_FILE).is_file() or (path / "attempts").is_dir()
+def is_run_dir(path: str | Path | Location) -> bool:
+    loc = locate(path)
+    return (loc / RUN_FILE).is_file() or (loc / "attempts").is_dir()
 
 
-def connect(path: str | Path) -> duckdb.DuckDBPyConnection:
+def connect(path: str | Path | Location) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the views ``attempts``, ``llm_calls``, ``judged``, ``best``,
     ``tasks``, ``runs`` and ``devices`` over the run(s) at ``path``."""
     runs = run_dirs(path)
@@ -142,7 +145,7 @@ def _arrow(relation: Any) -> Any:
     raise RuntimeError("this DuckDB cannot export Arrow tables")
 
 
-def _union(con: duckdb.DuckDBPyConnection, runs: list[Path]) -> None:
+def _union(con: duckdb.DuckDBPyConnection, runs: list[Location]) -> None:
     parts: dict[str, list[str]] = {t: [] for t in TABLES}
     for i, run in enumerate(runs):
         with read.connect(run) as one:
@@ -155,7 +158,7 @@ def _union(con: duckdb.DuckDBPyConnection, runs: list[Path]) -> None:
         con.execute(f"CREATE VIEW {table} AS " + " UNION ALL BY NAME ".join(selects))
 
 
-def _derived(con: duckdb.DuckDBPyConnection, runs: list[Path]) -> None:
+def _derived(con: duckdb.DuckDBPyConnection, runs: list[Location]) -> None:
     con.execute("CREATE TABLE _task_info (run_id VARCHAR, task VARCHAR, path VARCHAR, status VARCHAR)")
     con.execute("CREATE TABLE runs (run_id VARCHAR, run_dir VARCHAR, executor VARCHAR, provider VARCHAR, "
                 "model VARCHAR, backend VARCHAR, baseline VARCHAR, policy VARCHAR, ablation VARCHAR, "
@@ -179,7 +182,7 @@ def _rejected_sql() -> str:
     return f"CASE {whens} END"
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Location) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -191,7 +194,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _run_info(run: Path) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
+def _run_info(run: Location) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
     """Per task (run_id, task, path, status) from run.json and the summaries; the run's settings row."""
     record = _read_json(run / RUN_FILE) or {}
     paths: dict[str, str | None] = {}
@@ -199,7 +202,7 @@ def _run_info(run: Path) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
         if isinstance(t, dict) and t.get("name"):
             paths[str(t["name"])] = str(t["path"]) if t.get("path") else None
     status: dict[str, str | None] = {}
-    summaries = [run / SUMMARY_FILE, *sorted((run / "tasks").rglob(SUMMARY_FILE))]
+    summaries = [run / SUMMARY_FILE, *(run / "tasks").find(SUMMARY_FILE)]
     for s in summaries:
         try:
             data = _read_json(s)

@@ -6,7 +6,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-SECRET_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET", "_SECRET_KEY", "_PASSWORD", "_ACCESS_KEY")
+# API keys, and the cloud credentials a run directory on an object store needs (AWS_ACCESS_KEY_ID,
+# AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, GOOGLE_APPLICATION_CREDENTIALS, AWS_SHARED_CREDENTIALS_FILE, ...)
+SECRET_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET", "_SECRET_KEY", "_PASSWORD", "_ACCESS_KEY", "_KEY_ID",
+                   "_CREDENTIALS", "_CREDENTIALS_FILE")
 SECRET_NAMES = {"API_KEY", "TOKEN", "PASSWORD", "SECRET"}
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding stark_ray/
 

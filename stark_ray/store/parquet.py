@@ -8,7 +8,8 @@ after the highest number already in the directory and ``<token>`` is random per 
 
 The root is a local path or a URI that ``pyarrow.fs`` understands (``file:///...``, ``s3://bucket/prefix``,
 ...). Local directories take a fast path (``os.replace``, optional ``fsync`` of the file and its directory);
-other filesystems write the temporary object and ``move`` it into place.
+object stores (S3, GCS) write the object in place (it appears only once complete), other filesystems write the
+temporary file and ``move`` it into place.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,48 +27,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from stark_ray.store.location import Location, locate, writes_whole
+
 PART_RE = re.compile(r"^part-(\d+)-[0-9a-f]+\.parquet$")
 
 
 def safe_name(name: str) -> str:
     """A task name as a directory name (no separators, no '=' so readers do not mistake it for a partition)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "task"
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where a store lives: ``fs`` is None for a local directory (the fast path), else a pyarrow filesystem;
-    ``path`` is a local path or the path inside ``fs``."""
-
-    fs: pafs.FileSystem | None
-    path: str
-
-    @property
-    def local(self) -> bool:
-        return self.fs is None
-
-    def join(self, *parts: str) -> Location:
-        if self.fs is None:
-            return Location(None, os.path.join(self.path, *parts))
-        return Location(self.fs, "/".join([self.path.rstrip("/"), *parts]))
-
-    def __str__(self) -> str:
-        return self.path if self.fs is None else f"{self.fs.type_name}:{self.path}"
-
-
-def locate(root: str | Path, filesystem: pafs.FileSystem | None = None) -> Location:
-    """Resolve a local path or a URI (``file://``, ``s3://``, ...) to a :class:`Location`; with ``filesystem``
-    the root is a path inside it. A URI that names the local filesystem takes the local fast path."""
-    if filesystem is not None:
-        if isinstance(filesystem, pafs.LocalFileSystem):
-            return Location(None, str(root))
-        return Location(filesystem, str(root))
-    if isinstance(root, Path) or "://" not in root:
-        return Location(None, str(root))
-    fs, path = pafs.FileSystem.from_uri(root)
-    if isinstance(fs, pafs.LocalFileSystem):
-        return Location(None, path)
-    return Location(fs, path)
 
 
 def part_names(loc: Location) -> list[str]:
@@ -94,7 +60,7 @@ class PartWriter:
     process never leaves a partial part file either way.
     """
 
-    def __init__(self, root: str | Path, table: str, task: str, schema: pa.Schema,
+    def __init__(self, root: str | Path | Location, table: str, task: str, schema: pa.Schema,
                  flush_rows: int = 64, flush_s: float = 10.0, fsync: bool = True,
                  filesystem: pafs.FileSystem | None = None) -> None:
         self.loc = locate(root, filesystem).join(table, safe_name(task))
@@ -176,7 +142,11 @@ class PartWriter:
     def _write_fs(self, table: pa.Table, name: str) -> str:
         fs = self.loc.fs
         assert fs is not None
-        final, tmp = self.loc.join(name).path, self.loc.join(f".{name}.tmp").path
+        final = self.loc.join(name).path
+        if writes_whole(fs):  # an object store: the object appears once complete (a move would copy it)
+            pq.write_table(table, final, filesystem=fs)
+            return final
+        tmp = self.loc.join(f".{name}.tmp").path
         try:
             pq.write_table(table, tmp, filesystem=fs)
             fs.move(tmp, final)

@@ -25,7 +25,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from stark_ray.search.tree import Tree
-from stark_ray.store.parquet import PART_RE, Location, locate
+from stark_ray.store.location import Location, locate
+from stark_ray.store.parquet import PART_RE
 from stark_ray.store.run_store import ATTEMPTS, LLM_CALLS, schemas
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class Rebuilt:
     dropped: dict[str, list[int]] = field(default_factory=dict)
 
 
-def connect(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> duckdb.DuckDBPyConnection:
+def connect(run_dir: str | Path | Location, filesystem: pafs.FileSystem | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with views ``attempts`` and ``llm_calls`` over the run's part files.
     ``run_dir`` is a local path, a ``pyarrow.fs`` URI, or a path inside ``filesystem``."""
     import duckdb
@@ -63,25 +64,25 @@ def connect(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> d
     return con
 
 
-def attempt_rows(run_dir: str | Path, task: str | None = None,
+def attempt_rows(run_dir: str | Path | Location, task: str | None = None,
                  filesystem: pafs.FileSystem | None = None) -> list[dict[str, Any]]:
     """The attempts rows (of one task, or all), ordered by task, then seq."""
     return _rows(run_dir, ATTEMPTS, task, filesystem)
 
 
-def call_rows(run_dir: str | Path, task: str | None = None,
+def call_rows(run_dir: str | Path | Location, task: str | None = None,
               filesystem: pafs.FileSystem | None = None) -> list[dict[str, Any]]:
     """The llm_calls rows (of one task, or all), ordered by task, then seq."""
     return _rows(run_dir, LLM_CALLS, task, filesystem)
 
 
-def task_names(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> list[str]:
+def task_names(run_dir: str | Path | Location, filesystem: pafs.FileSystem | None = None) -> list[str]:
     """The tasks that have attempts rows, sorted."""
     table = _table(locate(run_dir, filesystem), ATTEMPTS, None, columns=["task"])
     return sorted(set(table.column("task").to_pylist()))
 
 
-def rebuild(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> Rebuilt:
+def rebuild(run_dir: str | Path | Location, filesystem: pafs.FileSystem | None = None) -> Rebuilt:
     """Every task's tree from its attempts rows. Raises :class:`StoreError` when a (task, seq) appears more than
     once, when a row's node_id is not its seq, or when the rows do not form a tree. After a gap in a task's seqs
     only the prefix ``0..k`` is kept and the rest is reported in ``dropped``; a task without seq 0 gets no tree."""
@@ -102,7 +103,7 @@ def rebuild(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> R
     return out
 
 
-def load_trees(run_dir: str | Path, filesystem: pafs.FileSystem | None = None) -> dict[str, Tree]:
+def load_trees(run_dir: str | Path | Location, filesystem: pafs.FileSystem | None = None) -> dict[str, Tree]:
     """:func:`rebuild`'s trees; the seqs dropped after a gap are logged as a warning (use :func:`rebuild` to get
     them as data)."""
     result = rebuild(run_dir, filesystem)
@@ -162,7 +163,7 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _rows(run_dir: str | Path, table: str, task: str | None,
+def _rows(run_dir: str | Path | Location, table: str, task: str | None,
           filesystem: pafs.FileSystem | None) -> list[dict[str, Any]]:
     data = _table(locate(run_dir, filesystem), table, task)
     return data.sort_by([("task", "ascending"), ("seq", "ascending")]).to_pylist()

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from stark_ray.records import LLMUsage, Node, attempt_schema, llm_call_schema
-from stark_ray.store.parquet import PartWriter, locate, safe_name
+from stark_ray.store.location import Location, locate
+from stark_ray.store.parquet import PartWriter, safe_name
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class RunStore:
     A second store on the same root and run (a resume) adds new part files and never touches the old ones.
     """
 
-    def __init__(self, root: str | Path, run_id: str, flush_rows: int = 64, flush_s: float = 2.0,
+    def __init__(self, root: str | Path | Location, run_id: str, flush_rows: int = 64, flush_s: float = 2.0,
                  background: bool = True, fsync: bool = True, filesystem: pafs.FileSystem | None = None) -> None:
         if not run_id or safe_name(run_id) != run_id:
             raise ValueError(f"run_id {run_id!r} is not a plain directory name (letters, digits, '.', '_', '-')")
@@ -82,9 +83,9 @@ class RunStore:
             self._thread.start()
 
     @property
-    def run_dir(self) -> str:
-        """The run's directory (a local path, or the path inside the store's filesystem)."""
-        return self.loc.path
+    def run_dir(self) -> Location:
+        """The run's directory (``str()`` of it is a local path or a URI)."""
+        return self.loc
 
     # --- recording -------------------------------------------------------------------------------------------
     def record_attempt(self, task: str, row: dict[str, Any]) -> None:
