@@ -154,3 +154,25 @@ def _wait_for_rows(run_dir: str, n: int, proc: subprocess.Popen[bytes], timeout:
             raise AssertionError(f"the driver exited early: {err}")
         time.sleep(0.3)
     raise AssertionError(f"fewer than {n} rows in {run_dir} after {timeout} s")
+
+
+@pytest.mark.slow
+def test_stark_optimize_writes_its_run_to_s3_with_the_local_executor(s3_root: str) -> None:
+    """The command line end to end (a real OpenAI SDK against a local server): the printed run directory is
+    the URI, and summary, best kernel and rows are objects in the bucket."""
+    from llm_server import OPENAI_PATH, FakeLLMServer, ok
+    from scripted_replies import SLOW
+    from test_cli_runs import code_text, env, plan_text, stark
+
+    with FakeLLMServer() as server:
+        server.script(OPENAI_PATH, ok(plan_text()), ok(code_text(SLOW)))
+        proc = stark(str(TASK), "--base-url", server.openai_base_url, "--model", "gpt-4o", "-B", "1",
+                     "--out", s3_root, "--executor", "local", "--trials", "2", "--quiet",
+                     env=env(OPENAI_API_KEY="sk-test"))
+        out, errs = proc.communicate(timeout=300)
+    assert proc.returncode == 0, errs
+    [run] = locate(s3_root).subdirs()
+    assert f"results in {run}" in out  # the URI, query included: what --resume and stark sql take
+    assert json.loads((run / "summary.json").read_text())["attempts"] == 1
+    assert (run / "best_kernel.py").read_text() == SLOW
+    assert [r["seq"] for r in attempt_rows(str(run))] == [0, 1]
