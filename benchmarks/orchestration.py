@@ -77,6 +77,7 @@ from stark_ray.optimize import Reporter  # noqa: E402
 from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, EvalResult, LLMUsage, Node  # noqa: E402
 from stark_ray.search.memory import TreeMemory, make_task_search  # noqa: E402
 from stark_ray.search.tree import Tree  # noqa: E402
+from stark_ray.store.location import Location, locate  # noqa: E402
 from stark_ray.store.run_store import RunStore  # noqa: E402
 
 GOAL_ITERATIONS_S = 200.0
@@ -300,8 +301,8 @@ def write_tasks(directory: Path, n: int) -> list[Task]:
     return tasks
 
 
-def _run(tasks: list[Task], budget: int, parallel: int, max_in_flight: int, out: Path, run_id: str,
-         profile: cProfile.Profile | None = None) -> tuple[_Clock, float, list[Any], Path]:
+def _run(tasks: list[Task], budget: int, parallel: int, max_in_flight: int, out: Path | str, run_id: str,
+         profile: cProfile.Profile | None = None) -> tuple[_Clock, float, list[Any], Location]:
     """One run_ray; returns the clock (times[0]: the loop's start, then one per attempt), when run_ray was
     called, the summaries and the run directory."""
     from stark_ray.ray_executor import RayRun, run_ray
@@ -319,7 +320,13 @@ def _run(tasks: list[Task], budget: int, parallel: int, max_in_flight: int, out:
     finally:
         if profile is not None:
             profile.disable()
-    return clock, t0, summaries, out / run_id
+    return clock, t0, summaries, locate(out) / run_id
+
+
+def _part_files(run_dir: Location) -> int:
+    from stark_ray.store.parquet import part_names
+
+    return sum(len(part_names(d)) for table in ("attempts", "llm_calls") for d in (run_dir / table).subdirs())
 
 
 def _self_module() -> Any:
@@ -335,11 +342,12 @@ def measure_throughput(args: argparse.Namespace, work: Path) -> Throughput:
     tasks = write_tasks(work / "tasks", args.tasks)
     in_flight = args.max_in_flight or args.tasks * args.parallel
     w0 = time.perf_counter()
-    warm, _, _, _ = _run(tasks, args.warmup_budget, args.parallel, in_flight, work / "runs", "warmup")
+    out = args.out or work / "runs"
+    warm, _, _, _ = _run(tasks, args.warmup_budget, args.parallel, in_flight, out, "warmup")
     warmup_s = time.perf_counter() - w0
 
     profile = cProfile.Profile() if args.profile else None
-    clock, t0, summaries, run_dir = _run(tasks, args.budget, args.parallel, in_flight, work / "runs", "measured",
+    clock, t0, summaries, run_dir = _run(tasks, args.budget, args.parallel, in_flight, out, "measured",
                                          profile)
     t_end = time.perf_counter()
     loop_start, times = clock.times[0], clock.times[1:]
@@ -363,7 +371,7 @@ def measure_throughput(args: argparse.Namespace, work: Path) -> Throughput:
         loop_s=round(loop_s, 3), iterations_s=round(rate, 1), steady_iterations_s=round(steady, 1),
         start_s=round(loop_start - t0, 3), finish_s=round(t_end - times[-1], 3), total_s=round(t_end - t0, 3),
         warmup_s=round(warmup_s, 3), warmup_iterations=len(warm.times) - 1, parquet_rows=len(rows),
-        parquet_ok=parquet_ok, parquet_files=sum(1 for _ in run_dir.glob("*/*/part-*.parquet")),
+        parquet_ok=parquet_ok, parquet_files=_part_files(run_dir),
         llm_calls=len(call_rows(run_dir)), evaluations=clock.evaluated,
         correct_share=round(clock.correct / max(iterations, 1), 3), goal_met=rate >= GOAL_ITERATIONS_S,
         cpu_s=cpu_by_role(*clock.cpu) if len(clock.cpu) == 2 else {},
@@ -696,6 +704,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", choices=("all", "throughput", "latency"), default="all")
     p.add_argument("--cpus", type=int, default=os.cpu_count() or 2,
                    help="ray.init(num_cpus=...); default the machine's cores (>= 2: the evaluator holds one)")
+    p.add_argument("--out", help="root of the runs of [1]: a directory or a URI such as s3://bucket/prefix?... "
+                                 "(default: a temporary directory)")
     p.add_argument("--json", type=Path, help="write the figures to this file")
     p.add_argument("--profile", type=Path, help="write a cProfile of the driver's measured run here")
     args = p.parse_args(argv)

@@ -30,7 +30,7 @@ from stark_ray.search.team import make_team
 from stark_ray.search.tree import Tree
 from stark_ray.store.location import Location, locate
 from stark_ray.store.parquet import PartWriter, safe_name
-from stark_ray.store.run_store import attempt_row
+from stark_ray.store.run_store import attempt_row, llm_call_rows
 
 STATUS_FINISHED, STATUS_INTERRUPTED, STATUS_FAILED = "finished", "interrupted", "failed"
 
@@ -104,11 +104,12 @@ class Run:
         self.attempts.append(attempt_row(self.id, task.name, tree.root))
 
     def record(self, node: Node, step: AgentResult, tree: Tree) -> None:
-        self.attempts.append(attempt_row(self.id, self.common["task"], node))
+        task = self.common["task"]
+        self.attempts.append(attempt_row(self.id, task, node))
         for u in step.usage:
-            u.node_id = node.id
             self.usage.add(u)
-            self.calls.append({**self.common, "seq": node.id, **u.to_record()})
+        for row in llm_call_rows(self.id, task, node.id, step.usage):  # the Ray store's rows, same function
+            self.calls.append(row)
         best = tree.best()
         if best is not None and best is not self.best:
             self.best = best

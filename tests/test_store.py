@@ -445,6 +445,42 @@ def test_a_non_local_filesystem_writes_and_reads_through_pyarrow(tmp_path: Path)
         connect("results/missing", filesystem=fs)
 
 
+def test_a_remote_store_writes_the_files_of_one_flush_at_once_and_keeps_a_failed_writers_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a non-local filesystem (an object store's requests take tens of ms) one flush writes the part files
+    of different tasks concurrently; a write that fails leaves its rows buffered for the next flush and the
+    others written."""
+    fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    tree, _ = sample_tree()
+    lock, active, peak, broken = threading.Lock(), [0], [0], {"t3"}
+    real = PartWriter._write_fs
+
+    def slow_write(self: PartWriter, table: Any, name: str) -> str:
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            time.sleep(0.05)
+            if any(f"/{t}" in str(self.loc.path) for t in broken):
+                raise OSError("the store refused the write")
+            return real(self, table, name)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(PartWriter, "_write_fs", slow_write)
+    tasks = [f"t{i}" for i in range(8)]
+    with RunStore("results", "run", flush_rows=100, background=False, filesystem=fs) as store:
+        for t in tasks:
+            store.record_node(t, tree.root)
+        with pytest.raises(OSError, match="refused"):
+            store.flush()
+        assert peak[0] > 1  # written at once, not one after another
+        assert task_names("results/run", filesystem=fs) == [t for t in tasks if t not in broken]
+        broken.clear()  # the store recovers: the kept rows go out with the next flush
+    assert task_names("results/run", filesystem=fs) == tasks
+
+
 def test_a_missing_run_directory_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-run"
     with pytest.raises(FileNotFoundError, match=r"no run directory at .*no-such-run"):

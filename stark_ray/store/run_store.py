@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +28,7 @@ from stark_ray.store.parquet import PartWriter, safe_name
 log = logging.getLogger(__name__)
 
 ATTEMPTS, LLM_CALLS = "attempts", "llm_calls"
+FLUSH_THREADS = 16
 
 
 def schemas() -> dict[str, pa.Schema]:
@@ -78,6 +80,7 @@ class RunStore:
         self._closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None  # remote filesystems: concurrent part-file writes
         if background:
             self._thread = threading.Thread(target=self._flush_loop, name=f"run-store-{run_id}", daemon=True)
             self._thread.start()
@@ -127,9 +130,23 @@ class RunStore:
 
     # --- flushing and closing --------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Write every buffered row now."""
-        for writer in self._snapshot():
-            writer.flush()
+        """Write every buffered row now. On a remote filesystem (an object store: each file is a request of tens
+        of milliseconds) the part files of different (table, task) writers are written at once, by up to
+        ``FLUSH_THREADS`` threads; locally one after another. When a write fails the others still happen, its rows
+        stay buffered, and the first error is raised."""
+        writers = [w for w in self._snapshot() if w.pending]
+        if self.loc.fs is None or len(writers) < 2:
+            for writer in writers:
+                writer.flush()
+            return
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="stark-flush")
+            pool = self._pool
+        futures = [pool.submit(w.flush) for w in writers]
+        errors = [e for f in futures if (e := f.exception()) is not None]
+        if errors:
+            raise errors[0]
 
     def close(self) -> None:
         """Stop the flush thread and write what is buffered; later calls do nothing."""
@@ -141,7 +158,11 @@ class RunStore:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
 
     def __enter__(self) -> RunStore:
         return self
