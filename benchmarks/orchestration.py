@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -343,11 +344,12 @@ def measure_throughput(args: argparse.Namespace, work: Path) -> Throughput:
     in_flight = args.max_in_flight or args.tasks * args.parallel
     w0 = time.perf_counter()
     out = args.out or work / "runs"
-    warm, _, _, _ = _run(tasks, args.warmup_budget, args.parallel, in_flight, out, "warmup")
+    suffix = f"-{uuid.uuid4().hex[:6]}" if args.out else ""  # never continue an earlier run under --out
+    warm, _, _, _ = _run(tasks, args.warmup_budget, args.parallel, in_flight, out, "warmup" + suffix)
     warmup_s = time.perf_counter() - w0
 
     profile = cProfile.Profile() if args.profile else None
-    clock, t0, summaries, run_dir = _run(tasks, args.budget, args.parallel, in_flight, out, "measured",
+    clock, t0, summaries, run_dir = _run(tasks, args.budget, args.parallel, in_flight, out, "measured" + suffix,
                                          profile)
     t_end = time.perf_counter()
     loop_start, times = clock.times[0], clock.times[1:]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from pathlib import Path
@@ -222,19 +221,24 @@ def _location(text: str | Path, flag: str) -> Location:
 
 
 def _writable_dir(path: str | Path, flag: str) -> Location:
-    """The directory (local or a filesystem URI), created when absent; one line and exit 2 when it cannot be."""
-    loc = _location(path, flag)
+    """The directory (local or a filesystem URI), created when absent, where files can be written (on an object
+    store a probe object is written and deleted); one line and exit 2 otherwise."""
+    return _writable(_location(path, flag), path, flag)
+
+
+def _writable(loc: Location, path: str | Path, flag: str) -> Location:
     try:
-        loc.mkdir()
-    except OSError as e:
-        fail(f"{flag} {path}: cannot create the directory ({_oneline(e)})")
-    if loc.local and not os.access(loc.path, os.W_OK):
+        loc.check_writable()
+    except PermissionError:
         fail(f"{flag} {path}: the directory is not writable")
+    except OSError as e:
+        fail(f"{flag} {path}: cannot write there ({_oneline(e)})")
     return loc
 
 
 def existing_dir(path: str | Path, flag: str, what: str) -> Location:
-    """A directory that must exist (local or a filesystem URI); one line and exit 2 when it does not."""
+    """A directory that must exist and take new files (a resume writes to it), local or a filesystem URI; one
+    line and exit 2 otherwise."""
     loc = _location(path, flag)
     try:
         found = loc.is_dir()
@@ -242,7 +246,7 @@ def existing_dir(path: str | Path, flag: str, what: str) -> Location:
         fail(f"{flag} {path}: cannot read it ({_oneline(e)})")
     if not found:
         fail(f"{flag} {path}: no such {what}")
-    return loc
+    return _writable(loc, path, flag)
 
 
 def _oneline(e: OSError) -> str:

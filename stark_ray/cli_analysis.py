@@ -38,7 +38,7 @@ def sql(
         _fail("the query is empty")
     try:
         con = connect(run_dir)
-    except (OSError, ValueError, duckdb.Error) as e:
+    except (OSError, ValueError, NotImplementedError, duckdb.Error) as e:
         _fail(_message(e))
     with con:
         try:
@@ -64,7 +64,7 @@ def report(
 
     try:
         result = generate(run_dir, out)
-    except (OSError, ValueError, duckdb.Error) as e:
+    except (OSError, ValueError, NotImplementedError, duckdb.Error) as e:
         _fail(_message(e))
     typer.echo(f"report: {result.path}")
     for line in headline(result.overall):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -70,10 +71,11 @@ class Reporter:
 
 def new_run_dir(out: str | Path | Location, task_name: str) -> Location:
     """A new run directory ``<task>-<UTC time>`` (``-2``, ``-3``, ... when taken) under ``out``, a local
-    directory or a filesystem URI (created when absent)."""
+    directory or a filesystem URI (created when absent). On a remote filesystem, where a name cannot be taken
+    atomically, the name ends with four random hex digits so that drivers started in the same second differ."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    base = f"{safe_name(task_name)}-{stamp}"
     root = locate(out)
+    base = f"{safe_name(task_name)}-{stamp}" + ("" if root.local else f"-{uuid.uuid4().hex[:4]}")
     root.mkdir()
     for n in range(1, 1000):
         run_dir = root / (base if n == 1 else f"{base}-{n}")

@@ -145,9 +145,11 @@ class _Driver:
         self.view.dir = self.dir
         # on the driver's node: the run directory it writes is the driver's (a GPU worker may be scaled away)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        self.memory = TreeMemoryActor.options(name=f"stark-memory-{self.run_id}-{token}", max_restarts=-1,
-                                              max_task_retries=-1, num_cpus=0, scheduling_strategy=here).remote(
-            str(self.dir.parent), self.run_id, specs, run.search, run.agents)
+        credentials = store_env(self.dir)  # for a run directory on an object store; this actor alone gets them
+        self.memory = TreeMemoryActor.options(
+            name=f"stark-memory-{self.run_id}-{token}", max_restarts=-1, max_task_retries=-1, num_cpus=0,
+            scheduling_strategy=here, runtime_env={"env_vars": credentials} if credentials else None).remote(
+            self.dir.parent, self.run_id, specs, run.search, run.agents)
         snapshots = ray.get([self.memory.snapshot.remote(name) for name in self.tasks])
         for name, snapshot in zip(self.tasks, snapshots, strict=True):
             if run.resume is not None:  # what the earlier part of the run spent counts against the caps
@@ -365,7 +367,7 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
     directory complete: rows, summary.json, best_kernel.py."""
     reporter = reporter or Reporter()
     on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-    started = connect(run.address, run.runtime_env, store_env(run.resume if run.resume is not None else run.out))
+    started = connect(run.address, run.runtime_env)
     if callable(on_term):  # Ray's core installs its own SIGTERM handler (it aborts): the caller's comes back
         signal.signal(signal.SIGTERM, on_term)
     try:

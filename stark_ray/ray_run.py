@@ -52,26 +52,24 @@ class RayRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def connect(address: str | None, runtime_env: dict[str, Any] | None = None,
-            env_vars: dict[str, str] | None = None) -> bool:
+def connect(address: str | None, runtime_env: dict[str, Any] | None = None) -> bool:
     """Join the cluster at ``address``, or start an embedded local Ray (no dashboard, sized to the machine);
-    True when this call started it. ``env_vars`` are added to the job's runtime environment (the credentials
-    of a run directory on an object store: :func:`store_env`)."""
+    True when this call started it."""
     if ray.is_initialized():
         return False
     logging.getLogger("ray").setLevel(logging.ERROR)  # the CLI's stderr is for one clear line, not Ray's notes
-    env = runtime_env or (None if address else same_code_env())
-    if env_vars:
-        env = {**(env or {}), "env_vars": {**(env or {}).get("env_vars", {}), **env_vars}}
     if address:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=env)
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=runtime_env)
         return False
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False, runtime_env=env)
+    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env=runtime_env or same_code_env())
     return True
 
 
-# what pyarrow's filesystems read from the environment: a run directory on one needs them in every Ray worker
-# that writes it (the TreeMemory actor), and workers started by a cluster's raylet do not inherit the driver's
+# what pyarrow's filesystems read from the environment: a run directory on one needs them in the one actor that
+# writes it (the TreeMemory actor), which a cluster's raylet starts without the driver's environment. They go to
+# that actor alone (its options' runtime_env), never job-wide: evaluator actors, whose children run generated
+# kernels, do not get them
 STORE_CREDENTIALS = {
     "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
            "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED"),
@@ -80,7 +78,8 @@ STORE_CREDENTIALS = {
 
 
 def store_env(run_dir: str | Path | Location) -> dict[str, str]:
-    """The credential variables set here that the run directory's filesystem reads ({} for a local one)."""
+    """The credential variables set here that the run directory's filesystem reads ({} for a local one): the
+    TreeMemory actor's ``runtime_env`` env_vars."""
     loc = locate(run_dir)
     if loc.fs is None:
         return {}

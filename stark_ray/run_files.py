@@ -26,6 +26,9 @@ class RunError(Exception):
 def load_run(run_dir: str | Path | Location) -> dict[str, Any]:
     try:
         path = locate(run_dir) / RUN_FILE
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    try:
         if not path.is_file():
             raise RunError(f"{run_dir} is not a Ray run directory (no {RUN_FILE})")
         return json.loads(path.read_text())

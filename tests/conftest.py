@@ -44,8 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
-# Credentials for the local S3 server of s3_root (which accepts any): every process that writes a run directory on
-# it needs them, the Ray cluster's workers included (they are set when the cluster starts)
+# Credentials for the local S3 server of s3_root (which accepts any), set in the test process while it runs
 S3_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "stark-test", "AWS_SECRET_ACCESS_KEY": "stark-test",
                        "AWS_EC2_METADATA_DISABLED": "true"}
 
@@ -114,7 +113,13 @@ def ray_cluster() -> Iterator[str]:
     repo = Path(__file__).resolve().parents[1]
     path = os.pathsep.join([str(repo), str(repo / "tests"), str(repo / "benchmarks"), os.environ.get("PYTHONPATH", "")])
     gpus = _gpu_count() or 1
-    ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path, **S3_TEST_CREDENTIALS}})
+    # the cluster's processes must not inherit the S3 credentials (should s3_server have set them already): a run
+    # directory on S3 works only if the driver forwards them to its TreeMemory actor, as on a real cluster
+    hidden = {k: os.environ.pop(k) for k in S3_TEST_CREDENTIALS if k in os.environ}
+    try:
+        ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+    finally:
+        os.environ.update(hidden)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

@@ -41,7 +41,8 @@ def test_a_location_on_s3_reads_writes_lists_and_prints_as_its_uri(s3_root: str)
     assert [str(x) for x in (root / "run-1").find("summary.json")] == [str(f)]
     assert str(f.parent.parent) == str(root / "run-1" / "tasks" / "level1")
     new = root / "run-2"
-    new.make_new()
+    new.make_new()  # on an object store: the name is free (the directory appears with its first object)
+    (new / "run.json").write_text("{}")
     with pytest.raises(FileExistsError):
         new.make_new()
     with pytest.raises(FileNotFoundError):
@@ -51,6 +52,38 @@ def test_a_location_on_s3_reads_writes_lists_and_prints_as_its_uri(s3_root: str)
     assert locate(Path("x")) == Location(None, "x")
     with pytest.raises(ValueError, match="not a filesystem URI"):
         locate("nosuchscheme://bucket/x")
+
+
+def test_uris_are_checked_printed_back_exactly_and_directories_cost_no_writes(s3_root: str) -> None:
+    import pyarrow.fs as pafs
+
+    from stark_ray.optimize import new_run_dir
+    from stark_ray.run_files import RunError, load_run
+
+    base, _, query = s3_root.partition("?")
+    spaced = locate(f"{base}/with%20space?{query}")
+    assert spaced.path.endswith("/runs/with space") and str(spaced) == f"{base}/with%20space?{query}"
+    assert locate(str(spaced / "x")).path == (spaced / "x").path  # printed, then read back: the same place
+    for bad, says in [("s3:/bucket/x", "without '//'"), ("file:~/runs", "without '//'"),
+                      (s3_root.replace("s3://", "s3://KEY:s3cr3tvalue@"), "credentials in the URI")]:
+        with pytest.raises(ValueError, match=says) as e:
+            locate(bad)
+        assert "s3cr3tvalue" not in str(e.value)
+    with pytest.raises(RunError, match="not a filesystem URI"):  # one line, never an UnboundLocalError
+        load_run("nosuchscheme://x/y")
+
+    root = locate(s3_root)
+    assert root.fs is not None
+    deep = root / "a" / "b" / "c"
+    listed = pafs.FileSelector(root.path, recursive=True, allow_not_found=True)
+    deep.mkdir()  # directories are implicit on an object store: nothing written, so prefix-scoped policies do
+    assert root.fs.get_file_info(listed) == []
+    deep.check_writable()  # the probe is written and deleted (pyarrow may keep an empty marker of its directory)
+    assert [i.path for i in root.fs.get_file_info(listed) if i.type != pafs.FileType.Directory] == []
+    run = new_run_dir(root, "task")  # a random suffix: a name cannot be taken atomically here
+    assert run.name.startswith("task-") and len(run.name.split("-")[-1]) == 4
+    with pytest.raises(OSError, match="no-such-bucket-x"):  # a missing bucket fails before any work
+        locate(f"s3://no-such-bucket-x/runs?{query}").check_writable()
 
 
 def test_bad_uris_fail_in_one_line(s3_server: str, tmp_path: Path) -> None:

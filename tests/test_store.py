@@ -481,6 +481,33 @@ def test_a_remote_store_writes_the_files_of_one_flush_at_once_and_keeps_a_failed
     assert task_names("results/run", filesystem=fs) == tasks
 
 
+def test_a_write_that_failed_but_landed_is_replaced_by_its_retry_not_doubled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An object store can report a failure for a write that landed (a timeout after the upload): the retry
+    reuses the part file's name, so its rows are never on the store twice."""
+    fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    tree, _ = sample_tree()
+    real, calls = PartWriter._write_fs, []
+
+    def lands_then_fails(self: PartWriter, table: Any, name: str) -> str:
+        calls.append(name)
+        written = real(self, table, name)
+        if len(calls) == 1:
+            raise OSError("timed out waiting for the reply")
+        return written
+
+    monkeypatch.setattr(PartWriter, "_write_fs", lands_then_fails)
+    store = RunStore("results", "run", flush_rows=100, background=False, filesystem=fs)
+    store.record_node("t", tree.root)
+    with pytest.raises(OSError, match="timed out"):
+        store.flush()
+    store.record_node("t", tree.nodes[1])
+    store.close()
+    store.flush()  # after close: nothing left, and no error from the closed pool
+    assert calls[0] == calls[1]  # the same name, replaced
+    assert [r["seq"] for r in attempt_rows("results/run", filesystem=fs)] == [0, 1]
+
+
 def test_a_missing_run_directory_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-run"
     with pytest.raises(FileNotFoundError, match=r"no run directory at .*no-such-run"):

@@ -70,7 +70,7 @@ class GroupCommit:
 
 @ray.remote
 class TreeMemoryActor:
-    def __init__(self, root: str, run_id: str, specs: list[TaskSpec], search: SearchConfig,
+    def __init__(self, root: str | Location, run_id: str, specs: list[TaskSpec], search: SearchConfig,
                  agents: AgentConfig) -> None:
         self.store = RunStore(root, run_id, flush_rows=256, flush_s=1.0, fsync=False)
         self.commit = GroupCommit(self.store.flush)

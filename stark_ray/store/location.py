@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
 
 import pyarrow.fs as pafs
 
+_HALF_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:[/~]")  # s3:/bucket, file:~/x: a URI missing '//'
 _OBJECT_STORES = ("s3", "gcs")  # a written object appears whole or not at all
 
 
@@ -67,7 +71,7 @@ class Location:
     def __str__(self) -> str:
         if self.fs is None:
             return self.path
-        return f"{self.prefix}{self.path}" + (f"?{self.query}" if self.query else "")
+        return f"{self.prefix}{quote(self.path, safe='/')}" + (f"?{self.query}" if self.query else "")
 
     def __fspath__(self) -> str:
         """Local locations work with ``open`` and ``os`` functions; others refuse."""
@@ -129,21 +133,36 @@ class Location:
 
     # -- directories -------------------------------------------------------------------------------------
     def mkdir(self) -> None:
-        """Create the directory and its parents (nothing when it exists)."""
+        """Create the directory and its parents (nothing when it exists). On an object store directories are
+        implicit (a prefix exists once an object is under it): nothing is written, so a bucket policy that
+        allows writes only under the run's prefix is enough."""
         if self.fs is None:
             Path(self.path).mkdir(parents=True, exist_ok=True)
-        else:
+        elif not writes_whole(self.fs):
             self.fs.create_dir(self.path, recursive=True)
 
     def make_new(self) -> None:
         """Create the directory, which must not exist yet (FileExistsError); its parent must exist locally.
-        On an object store the check and the creation are two requests: names should be unlikely to collide."""
+        On an object store this only checks the name (the directory appears with its first object): callers
+        make names unlikely to collide (:func:`~stark_ray.optimize.new_run_dir` adds a random suffix there)."""
         if self.fs is None:
             os.mkdir(self.path)
             return
         if self.exists():
             raise FileExistsError(str(self))
-        self.fs.create_dir(self.path, recursive=True)
+        self.mkdir()
+
+    def check_writable(self) -> None:
+        """Create the directory and prove that files can be written in it (a probe written and deleted on a
+        remote filesystem); OSError (PermissionError locally) when they cannot."""
+        self.mkdir()
+        if self.fs is None:
+            if not os.access(self.path, os.W_OK):
+                raise PermissionError(f"{self}: the directory is not writable")
+            return
+        probe = self.join(f".stark-write-check-{uuid.uuid4().hex[:8]}")
+        probe.write_bytes(b"")
+        self.fs.delete_file(probe.path)
 
     # -- small files -------------------------------------------------------------------------------------
     def read_bytes(self) -> bytes:
@@ -159,7 +178,8 @@ class Location:
         return self.read_bytes().decode(encoding)
 
     def write_bytes(self, data: bytes) -> None:
-        """Write the whole file atomically (see the module's note); the directory is created when absent."""
+        """Write the whole file atomically (see the module's note). Its directory must exist locally (see
+        :meth:`mkdir`)."""
         if self.fs is None:
             final = Path(self.path)
             tmp = final.with_name(f".{final.name}.tmp")
@@ -186,16 +206,24 @@ class Location:
 def locate(root: str | Path | Location, filesystem: pafs.FileSystem | None = None) -> Location:
     """Resolve a local path or a URI (``file://``, ``s3://``, ...) to a :class:`Location`; with ``filesystem``
     the root is a path inside it. A URI that names the local filesystem takes the local fast path. A
-    :class:`Location` is returned as it is. Raises ValueError, one line, for a URI pyarrow cannot resolve or
-    a filesystem it cannot reach."""
+    :class:`Location` is returned as it is. Raises ValueError, one line, for a URI pyarrow cannot resolve, a
+    filesystem it cannot reach, credentials written into the URI, or a URI this module cannot print back."""
     if isinstance(root, Location):
         return root
     if filesystem is not None:
         if isinstance(filesystem, pafs.LocalFileSystem):
             return Location(None, str(root))
         return Location(filesystem, str(root), f"{filesystem.type_name}://")
-    if isinstance(root, Path) or "://" not in root:
-        return Location(None, os.path.expanduser(str(root)))
+    if isinstance(root, Path):
+        return Location(None, str(root))
+    if "://" not in root:
+        if _HALF_URI.match(root):
+            raise ValueError(f"{root}: looks like a URI without '//' after the scheme (s3://bucket/prefix)")
+        return Location(None, os.path.expanduser(root))
+    parts = urlsplit(root)
+    if parts.password:  # s3://KEY:SECRET@bucket/... (abfs://container@account/... names no secret)
+        raise ValueError(f"{root.split('@')[-1]}: credentials in the URI would be printed and recorded with the "
+                         "run; give them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...)")
     try:
         fs, path = pafs.FileSystem.from_uri(root)
     except (ValueError, TypeError) as e:  # pyarrow.lib.ArrowInvalid is a ValueError
@@ -205,10 +233,11 @@ def locate(root: str | Path | Location, filesystem: pafs.FileSystem | None = Non
     if isinstance(fs, pafs.LocalFileSystem):
         return Location(None, path)
     uri, _, query = root.partition("?")
-    uri = uri.rstrip("/")
-    stripped = path.rstrip("/")
-    prefix = uri[: len(uri) - len(stripped)] if stripped and uri.endswith(stripped) else f"{fs.type_name}://"
-    return Location(fs, stripped or path, prefix, query)
+    uri, stripped = unquote(uri.rstrip("/")), path.rstrip("/")
+    if not stripped or not uri.endswith(stripped) or uri[: len(uri) - len(stripped)].count("/") < 2:
+        raise ValueError(f"{root}: cannot be used as a run directory (give a path inside a bucket, such as "
+                         f"{fs.type_name}://bucket/prefix)")
+    return Location(fs, stripped, uri[: len(uri) - len(stripped)], query)
 
 
 def is_uri(text: str | Path) -> bool:

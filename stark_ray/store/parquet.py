@@ -116,8 +116,9 @@ class PartWriter:
                 table = pa.Table.from_pylist(rows, schema=self.schema)
                 final = self._write_local(table, name) if self.loc.fs is None else self._write_fs(table, name)
             except BaseException:
-                with self._lock:  # keep the rows for the next flush
-                    self._rows[:0] = rows
+                with self._lock:  # keep the rows for the next flush, under the same name: should the failed
+                    self._rows[:0] = rows  # write have landed after all (an object store's timeout), the
+                    self._seq = seq  # retry replaces it instead of writing its rows a second time
                 raise
             with self._lock:
                 self.rows_written += len(rows)

@@ -81,6 +81,7 @@ class RunStore:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None  # remote filesystems: concurrent part-file writes
+        self._pool_shut = False
         if background:
             self._thread = threading.Thread(target=self._flush_loop, name=f"run-store-{run_id}", daemon=True)
             self._thread.start()
@@ -135,15 +136,16 @@ class RunStore:
         ``FLUSH_THREADS`` threads; locally one after another. When a write fails the others still happen, its rows
         stay buffered, and the first error is raised."""
         writers = [w for w in self._snapshot() if w.pending]
-        if self.loc.fs is None or len(writers) < 2:
+        futures = None
+        with self._lock:  # submitted under the lock: close() shuts the pool down under it
+            if self.loc.fs is not None and len(writers) > 1 and not self._pool_shut:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="stark-flush")
+                futures = [self._pool.submit(w.flush) for w in writers]
+        if futures is None:
             for writer in writers:
                 writer.flush()
             return
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="stark-flush")
-            pool = self._pool
-        futures = [pool.submit(w.flush) for w in writers]
         errors = [e for f in futures if (e := f.exception()) is not None]
         if errors:
             raise errors[0]
@@ -161,8 +163,10 @@ class RunStore:
         try:
             self.flush()
         finally:
-            if self._pool is not None:
-                self._pool.shutdown()
+            with self._lock:
+                self._pool_shut, pool = True, self._pool  # later flushes write one file after another
+            if pool is not None:
+                pool.shutdown()
 
     def __enter__(self) -> RunStore:
         return self
@@ -209,9 +213,8 @@ class RunStore:
         key = (table, task)
         writer = self._writers.get(key)
         if writer is None:
-            fs = self.loc.fs or pafs.LocalFileSystem()  # the path is already resolved: never re-read as a URI
-            writer = PartWriter(self.loc.path, table, task, self._schemas[table], flush_rows=self.flush_rows,
-                                flush_s=self.flush_s, fsync=self.fsync, filesystem=fs)
+            writer = PartWriter(self.loc, table, task, self._schemas[table], flush_rows=self.flush_rows,
+                                flush_s=self.flush_s, fsync=self.fsync)
             self._writers[key] = writer
         return writer
 
