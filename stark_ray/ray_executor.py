@@ -27,9 +27,8 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
+from stark_ray.actors.tree_memory import TaskSpec
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.campaign import CapTracker
 from stark_ray.dispatch import EvalDispatch
@@ -54,11 +53,11 @@ from stark_ray.ray_run import (
     reference_result,
     start_agents,
     start_evaluators,
+    start_memory,
     stop_actors,
-    store_env,
 )
 from stark_ray.records import STAGE_CRASH, EvalResult
-from stark_ray.run_files import RUN_FILE, recorded_usage, run_record, task_summary
+from stark_ray.run_files import RUN_FILE, RunError, recorded_usage, run_record, task_summary
 from stark_ray.run_mirror import RunMirror
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
@@ -143,13 +142,7 @@ class _Driver:
             write_atomic(self.dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
         self.run_id = self.dir.name
         self.view.dir = self.dir
-        # on the driver's node: the run directory it writes is the driver's (a GPU worker may be scaled away)
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        credentials = store_env(self.dir)  # for a run directory on an object store; this actor alone gets them
-        self.memory = TreeMemoryActor.options(
-            name=f"stark-memory-{self.run_id}-{token}", max_restarts=-1, max_task_retries=-1, num_cpus=0,
-            scheduling_strategy=here, runtime_env={"env_vars": credentials} if credentials else None).remote(
-            self.dir.parent, self.run_id, specs, run.search, run.agents)
+        self.memory = start_memory(run, self.dir, f"stark-memory-{self.run_id}-{token}", specs)
         snapshots = ray.get([self.memory.snapshot.remote(name) for name in self.tasks])
         for name, snapshot in zip(self.tasks, snapshots, strict=True):
             if run.resume is not None:  # what the earlier part of the run spent counts against the caps
@@ -284,7 +277,13 @@ class _Driver:
             self._add(work.ticket, work.step, result)
         elif work.kind == _ADD:
             assert work.ticket is not None and work.step is not None
-            node, tickets = ray.get(ref) if value is _UNSET else value
+            try:
+                node, tickets = ray.get(ref) if value is _UNSET else value
+            except RayTaskError as e:  # the store failed past the memory's retries: stop, nothing acknowledged lost
+                if not isinstance(getattr(e, "cause", None), OSError):
+                    raise
+                raise RunError(f"the run's rows could not be written ({one_line(e.cause)}); every attempt "
+                               f"acknowledged so far is recorded: continue with --resume {self.dir}") from None
             self._came_back(work, tickets)
             if node is not None:  # None: its parent was lost with a memory restart: the work is redone
                 name = work.ticket.task

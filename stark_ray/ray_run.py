@@ -16,6 +16,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
+from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
 from stark_ray.campaign import Caps
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.service import EvaluatorError
@@ -91,6 +92,18 @@ def same_code_env() -> dict[str, Any]:
     here = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     return {"env_vars": {"PYTHONPATH": path}}
+
+
+def start_memory(run: RayRun, run_dir: Location, name: str, specs: list[TaskSpec]) -> Any:
+    """The run's TreeMemory actor, on the driver's node (the run directory it writes is the driver's; a GPU
+    worker may be scaled away), restarted whenever it dies; the credentials of a run directory on an object
+    store go to it alone (:func:`store_env`)."""
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    credentials = store_env(run_dir)
+    return TreeMemoryActor.options(  # type: ignore[attr-defined]  # Ray's decorator
+        name=name, max_restarts=-1, max_task_retries=-1, num_cpus=0, scheduling_strategy=here,
+        runtime_env={"env_vars": credentials} if credentials else None).remote(
+        run_dir.parent, run_dir.name, specs, run.search, run.agents)
 
 
 def start_evaluators(run: RayRun, embedded: bool, token: str) -> list[Any]:

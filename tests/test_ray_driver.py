@@ -30,6 +30,7 @@ from stark_ray.eval.tasks import Task
 from stark_ray.llm.base import LLMError
 from stark_ray.optimize import Reporter
 from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, EvalResult, LLMUsage
+from stark_ray.run_files import RunError
 from stark_ray.search.tree import Tree
 from stark_ray.store.read import attempt_rows
 
@@ -155,7 +156,6 @@ def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int
     fake = FakeRay(random.Random(seed))
     agents = agents or Agents()
     monkeypatch.setattr(ray_executor, "ray", fake)
-    monkeypatch.setattr(ray_executor, "NodeAffinitySchedulingStrategy", lambda *a, **k: None)
     monkeypatch.setattr(ray_executor, "start_agents", lambda run: [Handle(fake, agents)])
     task_list = [Task(f"t{i}", tmp_path / f"t{i}.py", SOURCE) for i in range(tasks)]
     search = SearchConfig(budget=budget, parallel=parallel, seed=seed)
@@ -223,6 +223,27 @@ def test_a_fatal_llm_error_ends_the_run(tmp_path: Path, monkeypatch: pytest.Monk
     driver, _ = drive(tmp_path, monkeypatch, 0, agents=Agents(fatal_after=4))
     with pytest.raises(LLMError, match="invalid API key"):
         driver.loop()
+
+
+def test_a_store_that_stays_down_ends_the_run_in_one_line_and_loses_nothing_acknowledged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory retries a failed write (test_tree_memory_actor); when the store is still down after that, the
+    add fails and the driver stops with a RunError naming --resume, with every acknowledged attempt on disk."""
+    driver, memory = drive(tmp_path, monkeypatch, 0, budget=6)
+    flush, flushes = memory.store.flush, {"n": 0}
+
+    def failing_after_a_while() -> None:
+        flushes["n"] += 1
+        if flushes["n"] > 3:
+            raise OSError("503 Service Unavailable")
+        flush()
+
+    memory.commit.flush, memory.commit.retry_delays = failing_after_a_while, (0.0,)
+    with pytest.raises(RunError, match=r"could not be written \(503 Service Unavailable\).*--resume"):
+        driver.loop()
+    on_disk = {(r["task"], r["seq"]) for r in attempt_rows(tmp_path / "run")}
+    acknowledged = {(n, node.id) for n, tree in driver.view.trees.items() for node in tree}
+    assert acknowledged <= on_disk
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -103,6 +103,28 @@ def test_adds_arriving_during_a_flush_wait_for_the_next_one(tmp_path: Path) -> N
     assert on_disk[-1] == 3 + 3  # three references and three nodes
 
 
+def test_a_flush_that_fails_is_tried_again_and_its_adds_return_once_written(tmp_path: Path) -> None:
+    mem = memory(tmp_path, ["a"])
+    flush = mem.store.flush
+    calls = {"n": 0}
+
+    def flaky() -> None:  # an object store's bad minute: two failed writes, then it answers again
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise OSError("503 Slow Down")
+        flush()
+
+    mem.commit.flush, mem.commit.retry_delays = flaky, (0.01, 0.01)
+
+    async def main() -> None:
+        [a] = await mem.next_many(1)
+        assert await mem.add(a, step("a"), ok(2.0)) is not None
+
+    asyncio.run(main())
+    assert calls["n"] == 3
+    assert sorted(r["seq"] for r in attempt_rows(tmp_path / "run")) == [0, 1]  # written once
+
+
 def test_a_failed_flush_fails_its_adds_and_keeps_the_rows_for_the_next(tmp_path: Path) -> None:
     mem = memory(tmp_path, ["a", "b"])
     flush = mem.store.flush
@@ -114,7 +136,7 @@ def test_a_failed_flush_fails_its_adds_and_keeps_the_rows_for_the_next(tmp_path:
             raise OSError("disk full")
         flush()
 
-    mem.commit.flush = flaky
+    mem.commit.flush, mem.commit.retry_delays = flaky, ()  # no retry: the add sees the failure
 
     async def main() -> None:
         a, b = await mem.next_many(2)

@@ -15,6 +15,7 @@ written, a ticket cut from it is refused later (``UnknownParent``), as for any n
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,14 +40,20 @@ class TaskSpec:
     reference: EvalResult | None  # None: the tree must already be in the run directory (resume)
 
 
+FLUSH_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)  # 15.5 s of retries before the adds waiting for a flush fail
+log = logging.getLogger(__name__)
+
+
 class GroupCommit:
     """Calls of one event loop that share a ``flush``: :meth:`wait` returns once a flush that began after the
     call has finished (it raises what that flush raised). One flush runs at a time, in a thread (the event loop
     keeps serving calls meanwhile); the calls that arrive while it runs all wait for the next one, so the busier
-    the actor, the more rows each flush writes."""
+    the actor, the more rows each flush writes. A flush that fails with an OSError is tried again after each of
+    ``retry_delays``; the calls waiting for it fail only when the last try does."""
 
-    def __init__(self, flush: Callable[[], None]) -> None:
+    def __init__(self, flush: Callable[[], None], retry_delays: tuple[float, ...] = FLUSH_RETRY_DELAYS) -> None:
         self.flush = flush
+        self.retry_delays = retry_delays  # seconds before each retry of a flush that failed with an OSError
         self._next: asyncio.Future[None] | None = None  # the commit rows buffered now will be written by
         self._running: asyncio.Future[None] | None = None  # the commit whose flush runs now
         self.commits = 0  # flushes started (tests, figures)
@@ -63,7 +70,15 @@ class GroupCommit:
         self._next, self._running = None, self._next  # rows buffered from here on wait for the next commit
         self.commits += 1
         try:
-            await asyncio.to_thread(self.flush)
+            for delay in (*self.retry_delays, None):
+                try:
+                    await asyncio.to_thread(self.flush)  # a failed flush keeps its rows: a retry writes them
+                    return
+                except OSError as e:  # the store (a disk, an object store): often transient
+                    if delay is None:
+                        raise
+                    log.warning("writing the run's rows failed (%s); trying again in %.1f s", e, delay)
+                    await asyncio.sleep(delay)
         finally:
             self._running = None
 
