@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from stark_ray.optimize import Reporter, RunSummary
     from stark_ray.ray_executor import RayRun
     from stark_ray.records import EvalResult
-    from stark_ray.store.location import Location
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="STARK on Ray: LLM agents that search for faster GPU kernels.")
@@ -84,6 +83,7 @@ def optimize(
                                                    show_default=False)] = None,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
+    from stark_ray.cli_places import writable_dir, writable_file
     from stark_ray.eval.backends import available_backends
     from stark_ray.eval.tasks import TaskError, load_task
     from stark_ray.llm.base import ConfigError, LLMError
@@ -118,9 +118,9 @@ def optimize(
     try:
         check_credentials(agent_cfg)  # before any work
         the_task = load_task(path)
-        out_dir = _writable_dir(out, "--out")
+        out_dir = writable_dir(out, "--out")
         if record is not None:
-            _writable_file(record, "--record")
+            writable_file(record, "--record")
         client = make_client(agent_cfg)
     except (ConfigError, TaskError) as e:
         fail(str(e))
@@ -178,6 +178,7 @@ def _resume(resume: str, executor: str, parallel: int, address: str | None, quie
     """Continue a Ray run: its task(s) and settings come from its run.json; --parallel may change."""
     from dataclasses import replace
 
+    from stark_ray.cli_places import existing_dir
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
     from stark_ray.ray_executor import RayRun
@@ -209,58 +210,6 @@ class _QuietReporter:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def _location(text: str | Path, flag: str) -> Location:
-    from stark_ray.store.location import locate
-
-    try:
-        return locate(text)
-    except ValueError as e:
-        fail(f"{flag} {e}")
-
-
-def _writable_dir(path: str | Path, flag: str) -> Location:
-    """The directory (local or a filesystem URI), created when absent, where files can be written (on an object
-    store a probe object is written and deleted); one line and exit 2 otherwise."""
-    return _writable(_location(path, flag), path, flag)
-
-
-def _writable(loc: Location, path: str | Path, flag: str) -> Location:
-    try:
-        loc.check_writable()
-    except PermissionError:
-        fail(f"{flag} {path}: the directory is not writable")
-    except OSError as e:
-        fail(f"{flag} {path}: cannot write there ({_oneline(e)})")
-    return loc
-
-
-def existing_dir(path: str | Path, flag: str, what: str) -> Location:
-    """A directory that must exist and take new files (a resume writes to it), local or a filesystem URI; one
-    line and exit 2 otherwise."""
-    loc = _location(path, flag)
-    try:
-        found = loc.is_dir()
-    except OSError as e:
-        fail(f"{flag} {path}: cannot read it ({_oneline(e)})")
-    if not found:
-        fail(f"{flag} {path}: no such {what}")
-    return _writable(loc, path, flag)
-
-
-def _oneline(e: OSError) -> str:
-    text = e.strerror or " ".join(str(e).split())
-    return text[:300]
-
-
-def _writable_file(path: Path, flag: str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8"):
-            pass
-    except OSError as e:
-        fail(f"{flag} {path}: cannot write there ({e.strerror or e})")
 
 
 @app.command("eval")

@@ -58,7 +58,8 @@ def campaign(
     from dataclasses import replace
 
     from stark_ray.campaign import CampaignError, Caps, load_config, select_tasks
-    from stark_ray.cli import _reporter, _run_on_ray, _writable_dir, existing_dir, fail
+    from stark_ray.cli import _reporter, _run_on_ray, fail
+    from stark_ray.cli_places import existing_dir, writable_dir
     from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
@@ -114,7 +115,7 @@ def campaign(
         fail(str(e))
     except TypeError as e:  # an unknown key in the TOML file
         fail(f"{config}: {e}")
-    out_dir = _writable_dir(str(run_cfg.get("out") or "runs"), "--out")
+    out_dir = writable_dir(str(run_cfg.get("out") or "runs"), "--out")
     _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"),
                        caps=caps, evaluators=run_cfg.get("evaluators")), reporter)
 
