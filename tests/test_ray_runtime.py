@@ -157,8 +157,9 @@ def test_the_tree_memory_actor_restarts_from_its_rows(ray_cluster: str, tmp_path
     assert len(load_trees(run_dir)["1_LeakyReluScale"]) == summary.attempts + 1
 
 
-def test_kill_9_of_the_driver_then_resume_loses_and_doubles_nothing(ray_cluster: str, tmp_path: Path,
-                                                                    shared_build_dir: str) -> None:
+def driver_script(tmp_path: Path, out: str, run_id: str, address: str, build_dir: str) -> Path:
+    """A driver of one 10-attempt run of TASK (scripted replies) joining the session's cluster, as a script to
+    start in a process of its own (and kill)."""
     script = tmp_path / "driver.py"
     script.write_text(textwrap.dedent(f"""
         import sys
@@ -169,12 +170,17 @@ def test_kill_9_of_the_driver_then_resume_loses_and_doubles_nothing(ray_cluster:
         from stark_ray.eval.tasks import load_task
         from stark_ray.ray_executor import RayRun, run_ray
         run = RayRun([load_task(Path({str(TASK)!r}))], SearchConfig(budget=10, seed=0), AgentConfig(),
-                     EvalConfig(trials=2, warmup=1, timing_trials=3, build_dir={shared_build_dir!r}),
-                     Path({str(tmp_path / "runs")!r}), run_id="killed", address={ray_cluster!r},
-                     client_factory=ray_replies.client,
+                     EvalConfig(trials=2, warmup=1, timing_trials=3, build_dir={build_dir!r}),
+                     {out!r}, run_id={run_id!r}, address={address!r}, client_factory=ray_replies.client,
                      runtime_env={{"env_vars": {{"PYTHONPATH": {WORKER_PATH!r}}}}})
         run_ray(run)
     """))
+    return script
+
+
+def test_kill_9_of_the_driver_then_resume_loses_and_doubles_nothing(ray_cluster: str, tmp_path: Path,
+                                                                    shared_build_dir: str) -> None:
+    script = driver_script(tmp_path, str(tmp_path / "runs"), "killed", ray_cluster, shared_build_dir)
     run_dir = tmp_path / "runs" / "killed"
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from stark_ray.store.read import attempt_rows, load_trees
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = REPO / "examples" / "tasks" / "1_LeakyReluScale.py"
-WORKER_PATH = os.pathsep.join([str(REPO), str(REPO / "tests")])
 
 
 def invoke(*args: str) -> Any:
@@ -105,21 +103,9 @@ def test_bad_uris_fail_in_one_line(s3_server: str, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_ray_run_on_s3_survives_kill_9_resumes_and_reads_back(ray_cluster: str, s3_root: str, tmp_path: Path,
                                                                  shared_build_dir: str) -> None:
-    script = tmp_path / "driver.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
-        from pathlib import Path
-        import ray_replies
-        from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
-        from stark_ray.eval.tasks import load_task
-        from stark_ray.ray_executor import RayRun, run_ray
-        run = RayRun([load_task(Path({str(TASK)!r}))], SearchConfig(budget=10, seed=0), AgentConfig(),
-                     EvalConfig(trials=2, warmup=1, timing_trials=3, build_dir={shared_build_dir!r}),
-                     {s3_root!r}, run_id="killed", address={ray_cluster!r}, client_factory=ray_replies.client,
-                     runtime_env={{"env_vars": {{"PYTHONPATH": {WORKER_PATH!r}}}}})
-        run_ray(run)
-    """))
+    from test_ray_runtime import driver_script
+
+    script = driver_script(tmp_path, s3_root, "killed", ray_cluster, shared_build_dir)
     run_dir = locate(s3_root) / "killed"
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
