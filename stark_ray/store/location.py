@@ -5,8 +5,8 @@ A :class:`Location` is what every part of a run that reads or writes its directo
 driver's ``run.json``, summaries and best kernels, ``--resume``, ``stark sql`` and ``stark report``. Local
 directories take the fast path (plain file operations, atomic renames); other filesystems go through
 ``pyarrow.fs``. ``str(location)`` is a URI again (with the query the root was given, such as an S3
-``endpoint_override``), so a run directory printed by one command can be given to the next, and a Ray actor on
-another node gets the same place from a string.
+``endpoint_override``), so a run directory printed by one command can be given to the next. A Location pickles
+(filesystem options, never credentials: those come from the environment), so an actor gets it as it is.
 
 Writes of small files are atomic where the filesystem allows: local files are written under a temporary name and
 renamed; an object store (S3, GCS) publishes an object only once it is complete, so objects are written in place;
@@ -15,6 +15,7 @@ other filesystems write a temporary file and move it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
@@ -113,16 +114,6 @@ class Location:
         return [self.join(i.base_name) for i in sorted(infos, key=lambda i: i.base_name)
                 if i.type == pafs.FileType.Directory]
 
-    def files(self) -> list[str]:
-        """Names of the files directly in this directory ([] when it does not exist)."""
-        if self.fs is None:
-            try:
-                return sorted(e.name for e in os.scandir(self.path) if e.is_file())
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-        infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
-        return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
-
     def find(self, name: str) -> list[Location]:
         """Every file called ``name`` anywhere below this directory, by path ([] when it does not exist)."""
         if self.fs is None:
@@ -195,9 +186,14 @@ class Location:
                 f.write(data)
             return
         staged = self.parent.join(f".{self.name}.tmp").path
-        with self.fs.open_output_stream(staged) as f:
-            f.write(data)
-        self.fs.move(staged, self.path)
+        try:
+            with self.fs.open_output_stream(staged) as f:
+                f.write(data)
+            self.fs.move(staged, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(staged)
+            raise
 
     def write_text(self, text: str, encoding: str = "utf-8") -> None:
         self.write_bytes(text.encode(encoding))
@@ -238,10 +234,6 @@ def locate(root: str | Path | Location, filesystem: pafs.FileSystem | None = Non
         raise ValueError(f"{root}: cannot be used as a run directory (give a path inside a bucket, such as "
                          f"{fs.type_name}://bucket/prefix)")
     return Location(fs, stripped, uri[: len(uri) - len(stripped)], query)
-
-
-def is_uri(text: str | Path) -> bool:
-    return isinstance(text, str) and "://" in text
 
 
 def _first_line(e: BaseException) -> str:

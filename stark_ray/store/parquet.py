@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from stark_ray.store.location import Location, locate, writes_whole
+from stark_ray.store.location import Location, locate
 
 PART_RE = re.compile(r"^part-(\d+)-[0-9a-f]+\.parquet$")
 
@@ -141,21 +141,13 @@ class PartWriter:
         return final
 
     def _write_fs(self, table: pa.Table, name: str) -> str:
-        fs = self.loc.fs
-        assert fs is not None
-        final = self.loc.join(name).path
-        if writes_whole(fs):  # an object store: the object appears once complete (a move would copy it)
-            pq.write_table(table, final, filesystem=fs)
-            return final
-        tmp = self.loc.join(f".{name}.tmp").path
-        try:
-            pq.write_table(table, tmp, filesystem=fs)
-            fs.move(tmp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                fs.delete_file(tmp)
-            raise
-        return final
+        """A whole part file, written the way :meth:`Location.write_bytes` writes on this filesystem (in place on
+        an object store, else a temporary file moved into place)."""
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        target = self.loc.join(name)
+        target.write_bytes(sink.getvalue().to_pybytes())
+        return target.path
 
     def close(self) -> None:
         self.flush()
