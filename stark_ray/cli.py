@@ -66,6 +66,8 @@ def optimize(
     temperature_code: Annotated[float, typer.Option(help="Code agent temperature.")] = 0.1,
     temperature_debug: Annotated[float, typer.Option(help="Debug agent temperature.")] = 0.1,
     build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
+    isolate: Annotated[bool, typer.Option("--isolate", help="Run generated code in namespaces of its own: no other "
+                                                            "process visible, no network (Linux unshare).")] = False,
     baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = "eager",
     tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
@@ -110,7 +112,7 @@ def optimize(
                                 temperature_plan=temperature_plan, temperature_code=temperature_code,
                                 temperature_debug=temperature_debug, temperature_single=temperature_code)
         eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed, baseline=baseline, tolerance=tolerance,
-                              build_dir=str(build_dir) if build_dir else None)
+                              build_dir=str(build_dir) if build_dir else None, isolate=isolate)
     except ValueError as e:
         fail(str(e))
     if backend not in available_backends():
@@ -227,6 +229,8 @@ def eval_candidate(
     tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
     seed: Annotated[int, typer.Option(help="Seeds the inputs.")] = 0,
     build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
+    isolate: Annotated[bool, typer.Option("--isolate", help="Run generated code in namespaces of its own: no other "
+                                                            "process visible, no network (Linux unshare).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a report.")] = False,
 ) -> None:
     """Compile, check and time one candidate against the task's reference. Exit 0 when it is correct."""
@@ -239,7 +243,7 @@ def eval_candidate(
 
     try:
         cfg = EvalConfig(backend=backend, trials=trials, timing_trials=timing_trials, seed=seed, baseline=baseline,
-                         timing_precision=timing_precision,
+                         timing_precision=timing_precision, isolate=isolate,
                          tolerance=tolerance, build_dir=str(build_dir) if build_dir else None)
     except ValueError as e:
         fail(str(e))
@@ -252,7 +256,11 @@ def eval_candidate(
         fail(str(e))
     except (OSError, UnicodeDecodeError) as e:
         fail(f"{candidate}: cannot read the candidate ({getattr(e, 'strerror', None) or e})")
-    with EvalService(cfg) as service:
+    try:
+        service = EvalService(cfg)
+    except EvaluatorError as e:
+        fail(str(e))
+    with service:
         try:
             reference = service.reference(the_task)  # the task must run before a candidate is judged against it
         except (TaskError, EvaluatorError) as e:

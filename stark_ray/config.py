@@ -116,6 +116,9 @@ class EvalConfig:
     timing_timeout_s: float = 120.0
     build_dir: str | None = None  # persistent build cache; default ~/.cache/stark-ray/build
     seed: int = 0
+    # workers that run generated code in namespaces of their own (no other process visible, no network):
+    # stark_ray/eval/isolation.py; off by default, an error where the host cannot create them
+    isolate: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -47,10 +47,10 @@ from stark_ray.optimize import (
 from stark_ray.ray_run import (
     STATUS_CAPPED,
     RayRun,
+    checked_get,
     connect,
     one_line,
     recorded_tasks,
-    reference_result,
     start_agents,
     start_evaluators,
     start_memory,
@@ -118,7 +118,7 @@ class _Driver:
         recorded = set(recorded_tasks(run.resume)) if run.resume is not None else set()
         pending = {t.name: self.evaluators[home[t.name]].reference.remote(t) for t in run.tasks
                    if t.name not in recorded}
-        hardware = ray.get(hardware_refs)
+        hardware = checked_get(hardware_refs)  # EvaluatorError: this host cannot evaluate (one line)
         self.phases["evaluators_s"] = time.monotonic() - t0
         self.worker_starts = [h["start_phases"] for h in hardware]  # where each device worker's start went
         self.dispatch.share([h["class"] for h in hardware])
@@ -127,7 +127,7 @@ class _Driver:
             t.name: TaskInfo(name=t.name, reference_source=t.source, backend=run.eval.backend,
                              hardware=hardware[home[t.name]]["description"]) for t in run.tasks}
         for task in run.tasks:
-            reference = reference_result(pending[task.name]) if task.name in pending else None
+            reference = checked_get(pending[task.name]) if task.name in pending else None
             specs.append(TaskSpec(self.infos[task.name], reference))
         self.phases["references_s"] = time.monotonic() - t0 - self.phases["evaluators_s"]
         t1 = time.monotonic()

@@ -21,7 +21,6 @@ from stark_ray.campaign import Caps
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import Task, TaskError
-from stark_ray.records import EvalResult
 from stark_ray.run_files import RunError
 from stark_ray.store.location import Location, locate
 from stark_ray.store.read import StoreError, load_trees
@@ -150,9 +149,9 @@ def stop_actors(agents: list[Any], actors: list[Any]) -> None:
         ray.kill(actor, no_restart=True)
 
 
-def reference_result(ref: Any) -> EvalResult:
-    """A reference's result; TaskError or EvaluatorError (one line, as the local executor says it) when the task
-    cannot serve as one or the evaluator cannot work."""
+def checked_get(ref: Any) -> Any:
+    """``ray.get`` of an evaluator's call (a reference's result, its hardware); TaskError or EvaluatorError (one
+    line, as the local executor says it) when the task cannot serve as a reference or the evaluator cannot work."""
     try:
         return ray.get(ref)
     except RayTaskError as e:

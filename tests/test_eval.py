@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +23,7 @@ import pytest
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval import Evaluator, Task, TaskError, load_task
+from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
 from stark_ray.eval.sandbox_env import is_secret
 from stark_ray.records import (
     STAGE_COMPILE,
@@ -294,6 +298,56 @@ def test_worker_environment_has_no_credentials(tmp_path: Path, cfg: EvalConfig,
     cwd = Path(seen["cwd"])  # a private directory per request inside the worker's own
     assert cwd.name.startswith("req-") and cwd.parent.name.startswith("stark-eval-") and cwd != Path(os.getcwd())
     assert not cwd.exists()  # the private working directory is removed afterwards
+
+
+def test_an_isolated_worker_sees_no_other_process_and_no_network(tmp_path: Path, cfg: EvalConfig) -> None:
+    """``isolate``: a candidate can read neither another process's environment (the driver and the agent workers
+    hold API keys in theirs) nor reach the network. The same candidate without it does both: that is the risk."""
+    try:
+        isolation_prefix()
+    except IsolationUnavailable as e:
+        pytest.skip(str(e))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],  # an agent worker, say
+                              env={**os.environ, "STARK_TEST_API_KEY": "sk-do-not-leak"})
+    server = socket.create_server(("127.0.0.1", 0))
+    record = tmp_path / "seen.json"
+    snoop = (f"import json, os, socket\n"
+             f"pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+             f"found = []\n"
+             f"for p in pids:\n"
+             f"    try:\n"
+             f"        if b'sk-do-not-leak' in open(f'/proc/{{p}}/environ', 'rb').read(): found.append(p)\n"
+             f"    except OSError:\n"
+             f"        pass\n"
+             f"s = socket.socket(); s.settimeout(3)\n"
+             f"json.dump({{'found': found, 'pids': len(pids), 'connect': s.connect_ex(('127.0.0.1', "
+             f"{server.getsockname()[1]}))}}, open({str(record)!r}, 'w'))\n")
+    try:
+        exposed = Evaluator(task(DEMO), cfg).evaluate(eager(prelude=snoop))
+        seen_exposed = json.loads(record.read_text())
+        isolated = Evaluator(task(DEMO), replace(cfg, isolate=True)).evaluate(eager(prelude=snoop))
+        seen_isolated = json.loads(record.read_text())
+    finally:
+        holder.kill()
+        holder.wait()
+        server.close()
+    assert exposed.ok and isolated.ok, (exposed.error, isolated.error)
+    assert seen_exposed["found"] and seen_exposed["connect"] == 0
+    assert seen_isolated["found"] == [] and seen_isolated["connect"] != 0 and seen_isolated["pids"] <= 3
+
+
+def test_an_isolated_worker_that_crashes_or_hangs_is_judged_as_before(cfg: EvalConfig) -> None:
+    try:
+        isolation_prefix()
+    except IsolationUnavailable as e:
+        pytest.skip(str(e))
+    iso = replace(cfg, isolate=True, check_timeout_s=10)
+    crashed = Evaluator(task(DEMO), iso).evaluate(PY_CANDIDATES["py_segfault"])
+    assert crashed.stage == STAGE_CRASH and crashed.error is not None and "SIGSEGV" in crashed.error
+    hung = Evaluator(task(DEMO), iso).evaluate(PY_CANDIDATES["py_hang_in_forward"])
+    assert hung.stage == STAGE_TIMEOUT and hung.error is not None
+    assert "at candidate.py:" in hung.error  # the stack dump reached the worker inside the namespace
+    assert Evaluator(task(DEMO), iso).evaluate(eager()).ok  # and a good one after both
 
 
 def _processes_mentioning(text: str) -> list[str]:

@@ -28,9 +28,12 @@ EXPECTED: dict[str, dict[str, str]] = json.loads((GPU_CANDIDATES / "expected.jso
 BACKENDS = ("cuda", "cuda_nvrtc", "triton")
 
 
+ISOLATE = os.environ.get("STARK_TEST_ISOLATE") == "1"  # the whole candidate set again with isolated workers
+
+
 def _cfg(backend: str, build_dir: str) -> EvalConfig:
     return EvalConfig(backend=backend, build_dir=build_dir, check_timeout_s=60, timing_timeout_s=120,
-                      compile_timeout_s=400)
+                      compile_timeout_s=400, isolate=ISOLATE)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import ray
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import get_backend
-from stark_ray.eval.service import EvalService
+from stark_ray.eval.service import EvalService, EvaluatorError
 from stark_ray.eval.tasks import Task
 from stark_ray.records import EvalResult
 
@@ -29,7 +29,18 @@ class EvaluatorActor:
     def __init__(self, cfg: EvalConfig) -> None:
         self.cfg = cfg
         on_gpu = get_backend(cfg.backend).device == "cuda"
-        self.service = EvalService(cfg, device=0 if on_gpu else None)  # Ray set CUDA_VISIBLE_DEVICES: its GPU
+        self._service: EvalService | None = None
+        self._error: EvaluatorError | None = None
+        try:
+            self._service = EvalService(cfg, device=0 if on_gpu else None)  # Ray set CUDA_VISIBLE_DEVICES: its GPU
+        except EvaluatorError as e:  # every call raises it: an __init__ that raised would be restarted forever
+            self._error = e
+
+    @property
+    def service(self) -> EvalService:
+        if self._service is None:
+            raise EvaluatorError(str(self._error))
+        return self._service
 
     def reference(self, task: Task) -> EvalResult:
         """Raises TaskError (to the caller) when the task cannot serve as a reference."""
@@ -40,7 +51,8 @@ class EvaluatorActor:
 
     def hardware(self) -> dict[str, Any]:
         """The device's description for the prompts, its class (evaluators of one class share tasks) and where
-        its worker's start went (starting the worker the first time)."""
+        its worker's start went (starting the worker the first time). EvaluatorError when this host cannot
+        evaluate."""
         return {"description": self.service.hardware_description(), "class": self.service.hardware_class(),
                 "start_phases": self.service.hello().get("start_phases", {})}
 
@@ -50,7 +62,8 @@ class EvaluatorActor:
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def close(self) -> None:
-        self.service.close()
+        if self._service is not None:
+            self._service.close()
 
 
 EVALUATOR_THREADS = 64  # evaluations one actor takes at once (they wait for the device; builds run meanwhile)

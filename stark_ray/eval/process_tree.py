@@ -45,6 +45,11 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (as this process's /proc shows them), by pid."""
+    return sorted(child for child, parent in _parents().items() if parent == pid)
+
+
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)

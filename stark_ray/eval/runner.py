@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from stark_ray.eval.process_tree import kill_tree
+from stark_ray.eval.isolation import isolation_prefix
+from stark_ray.eval.process_tree import children, kill_tree
 from stark_ray.eval.protocol import (
     PHASE_SETUP,
     PHASE_START,
@@ -53,9 +54,11 @@ class WorkerSpec:
     compile_only: bool = False  # a compile-pool worker: no device, builds only
     device: int | None = None  # index among this process's visible GPUs (None: the default / no GPU)
     arch: str | None = None  # TORCH_CUDA_ARCH_LIST for builds (compile workers get the GPU worker's)
+    isolate: bool = False  # in namespaces of its own: no other process visible, no network (eval/isolation.py)
 
     def argv(self, spare: bool = False) -> list[str]:
-        args = [sys.executable, "-m", "stark_ray.eval.worker", "--backend", self.backend,
+        prefix = list(isolation_prefix()) if self.isolate else []
+        args = [*prefix, sys.executable, "-m", "stark_ray.eval.worker", "--backend", self.backend,
                 "--build-dir", self.build_dir, "--threads", str(self.threads)]
         if self.compile_only:
             args.append("--compile-only")
@@ -299,8 +302,11 @@ class WorkerProcess:
     def _dump_stack(self) -> None:
         """Ask the worker (not its compiler children) to print where it is stuck, and give it a moment."""
         assert self._proc is not None
+        # an isolated worker is the child of `unshare`, which a SIGUSR1 would end (and the worker with it)
+        pids = children(self._proc.pid)[:1] if self.spec.isolate else [self._proc.pid]
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            self._proc.send_signal(STACK_DUMP_SIGNAL)
+            for pid in pids:
+                os.kill(pid, STACK_DUMP_SIGNAL)
             time.sleep(STACK_DUMP_WAIT_S)
 
     def request(self, request: WorkerRequest, timeouts: dict[str, float]) -> WorkerOutcome:

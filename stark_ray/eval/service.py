@@ -26,6 +26,7 @@ from stark_ray.eval.backends import get_backend
 from stark_ray.eval.build_cache import cache_root
 from stark_ray.eval.diagnostics import clean_log, crash_location
 from stark_ray.eval.hardware import usable_cpus
+from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
     MODE_COMPILE,
@@ -126,8 +127,13 @@ class EvalService:
         self.threads = usable_cpus()
         self.compile_workers = compile_workers or default_compile_workers(self.threads)
         # a GPU's worker has a hot spare: a restart (crash, timeout, recycling) costs a CUDA context, not a start
-        self.worker = WorkerProcess(WorkerSpec(self.cfg.backend, str(self.build_dir), self.threads, device=device),
-                                    spare=device is not None)
+        if self.cfg.isolate:
+            try:
+                isolation_prefix()  # probed before any worker starts
+            except IsolationUnavailable as e:
+                raise EvaluatorError(str(e)) from None
+        self.worker = WorkerProcess(WorkerSpec(self.cfg.backend, str(self.build_dir), self.threads, device=device,
+                                               isolate=self.cfg.isolate), spare=device is not None)
         self._device_lock = threading.Lock()
         self._compile_slots = threading.BoundedSemaphore(self.compile_workers)
         self._hello: dict[str, Any] | None = None
@@ -190,7 +196,7 @@ class EvalService:
         crash or a hang at import — else None, the seconds the build took)."""
         self._warm_toolchain()
         spec = WorkerSpec(cfg.backend, str(self.build_dir), max(1, self.threads // self.compile_workers),
-                          compile_only=True, arch=self._build_arch())
+                          compile_only=True, arch=self._build_arch(), isolate=self.cfg.isolate)
         limits = {PHASE_SETUP: cfg.compile_timeout_s, PHASE_COMPILE: cfg.compile_timeout_s}
         with self._compile_slots:
             outcome = run_once(spec, self._request(MODE_COMPILE, task, cfg, source), limits)

@@ -1,0 +1,48 @@
+"""Isolating a worker that runs generated code: Linux namespaces of its own, through util-linux ``unshare``.
+
+A worker started with :func:`isolation_prefix` runs in a new PID namespace with its own ``/proc`` (it sees no other
+process: not the ``/proc/<pid>/environ`` of the driver or the agent workers, which hold API keys, and it cannot
+signal the evaluator), and in a new network namespace (no network at all: nothing to send data to, no cloud
+metadata endpoint that hands out the node's credentials). The file system is shared as before (builds, caches,
+the request's private directory). Where the caller is not root, a user namespace maps it to root inside, which
+the other namespaces need. CUDA works inside (checked on an H200).
+
+Inside, the worker is the namespace's first process (PID 1): a signal it sends itself with no handler installed
+(``os.kill(os.getpid(), SIGSEGV)``, ``raise(SIGABRT)``) is ignored rather than fatal; faults raised by the
+hardware (a segfault, an illegal instruction) still end it and are reported as before (``unshare`` passes the
+signal on). ``--kill-child`` makes the worker die with the ``unshare`` process the evaluator kills.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+
+NAMESPACES = ("--pid", "--fork", "--kill-child", "--mount-proc", "--net")
+_AS_ROOT_INSIDE = ("--user", "--map-root-user")
+
+
+class IsolationUnavailable(RuntimeError):
+    """This host cannot create the namespaces (no ``unshare``, or the kernel or a container refuses them)."""
+
+
+@functools.cache
+def isolation_prefix() -> tuple[str, ...]:
+    """The command prefix that starts a process isolated (probed once per process); IsolationUnavailable, with
+    the reason in one line, when neither form works here."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        raise IsolationUnavailable("isolation needs util-linux `unshare`, which is not installed")
+    reasons = []
+    for extra in ((), _AS_ROOT_INSIDE):
+        prefix = (unshare, *extra, *NAMESPACES)
+        try:
+            probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            reasons.append(str(e))
+            continue
+        if probe.returncode == 0:
+            return prefix
+        reasons.append((probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1])
+    raise IsolationUnavailable(f"this host cannot create the namespaces for isolation ({reasons[-1]})")
