@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ ray = pytest.importorskip("ray")
 
 import ray_replies  # noqa: E402
 
+from stark_ray.actors.evaluator import EvaluatorActor  # noqa: E402
 from stark_ray.agents.base import TaskInfo  # noqa: E402
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig  # noqa: E402
 from stark_ray.eval.tasks import load_task  # noqa: E402
@@ -129,6 +131,46 @@ def test_a_candidate_that_kills_its_evaluator_actor_is_recorded_and_the_run_goes
     assert "os.kill(os.getppid()" in crashed[0].source
     later = [n for n in tree if n.id > crashed[0].id]
     assert later and any(n.result.compiled for n in later)  # the restarted actor evaluated the next ones
+
+
+def _refusing_isolation() -> tuple[str, ...]:
+    from stark_ray.eval.isolation import IsolationUnavailable
+
+    raise IsolationUnavailable("this host cannot create the namespaces for isolation (test: refused)")
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class NoIsolationEvaluator(EvaluatorActor.__ray_actor_class__):  # type: ignore[misc, name-defined]
+    """The real Evaluator actor on a host that refuses isolation (a container without namespaces)."""
+
+    def __init__(self, cfg: EvalConfig) -> None:
+        import stark_ray.eval.service as service
+
+        service.isolation_prefix = _refusing_isolation
+        super().__init__(replace(cfg, isolate=True))
+
+
+def test_an_evaluator_that_cannot_work_ends_the_run_in_one_line(ray_cluster: str, tmp_path: Path,
+                                                                 shared_build_dir: str) -> None:
+    """Its service fails as the actor starts: every call says why, and the driver raises that EvaluatorError (the
+    CLI's one line). An __init__ that raised would reach the driver as Ray's ActorDiedError, a traceback."""
+    from stark_ray.eval.service import EvaluatorError
+
+    outcome: dict[str, BaseException] = {}
+
+    def go() -> None:
+        try:
+            run_ray(ray_run(tmp_path, shared_build_dir, budget=2, evaluator_cls=NoIsolationEvaluator))
+        except BaseException as e:
+            outcome["error"] = e
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the run waits on an evaluator that cannot start"
+    error = outcome.get("error")
+    assert isinstance(error, EvaluatorError) and "test: refused" in str(error) and "\n" not in str(error)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no run directory made
 
 
 def test_the_tree_memory_actor_restarts_from_its_rows(ray_cluster: str, tmp_path: Path,

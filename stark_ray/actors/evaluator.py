@@ -33,8 +33,8 @@ class EvaluatorActor:
         self._error: EvaluatorError | None = None
         try:
             self._service = EvalService(cfg, device=0 if on_gpu else None)  # Ray set CUDA_VISIBLE_DEVICES: its GPU
-        except EvaluatorError as e:  # every call raises it: an __init__ that raised would be restarted forever
-            self._error = e
+        except EvaluatorError as e:  # every call raises it (an __init__ that raised would be ActorDiedError,
+            self._error = e  # a traceback to the user instead of the reason in one line)
 
     @property
     def service(self) -> EvalService:
