@@ -116,11 +116,7 @@ def load_trees(run_dir: str | Path | Location, filesystem: pafs.FileSystem | Non
 
 # --- internals ---------------------------------------------------------------------------------------------
 def _require_dir(loc: Location) -> None:
-    if loc.fs is None:
-        is_dir = Path(loc.path).is_dir()
-    else:
-        is_dir = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
-    if not is_dir:
+    if not loc.is_dir():
         raise FileNotFoundError(f"no run directory at {loc}")
 
 
