@@ -200,13 +200,13 @@ def test_exit_at_import_is_a_crash(results: dict[str, EvalResult]) -> None:
 def test_sys_exit_in_forward_is_caught(results: dict[str, EvalResult]) -> None:
     r = results["py_sys_exit_in_forward"]
     assert r.stage == STAGE_RUNTIME and r.compiled and not r.correct
-    assert r.error is not None and r.error.startswith("SystemExit: 1")
+    assert r.error == "trial 1/5: SystemExit: 1 (candidate.py:13)"
 
 
 def test_exception_in_forward_is_a_runtime_failure(results: dict[str, EvalResult]) -> None:
     r = results["py_raises"]
     assert r.stage == STAGE_RUNTIME
-    assert r.error == "trial 1/5: ValueError: bad block size"
+    assert r.error == "trial 1/5: ValueError: bad block size (candidate.py:13)"
     assert "candidate.py" in r.log and "Traceback" in r.log
 
 

@@ -18,13 +18,9 @@ from stark_ray.eval.diagnostics import (
     first_compiler_error,
 )
 from stark_ray.eval.evaluator import precheck
-from stark_ray.eval.guards import (
-    TorchFingerprint,
-    defined_kernels,
-    output_problem,
-    own_kernel_names,
-    poison,
-)
+from stark_ray.eval.guards import Fingerprint, output_problem, poison
+from stark_ray.eval.kernel_sources import KernelSources, cuda_kernel_names, own_kernel_names, python_kernel_names
+from stark_ray.eval.streams import Launch, classify
 from stark_ray.eval.inputs import make_inputs, same_values, scale_floats, trial_scale
 from stark_ray.eval.sandbox_env import PACKAGE_ROOT, is_secret, worker_env
 from stark_ray.eval.timing import (
@@ -253,11 +249,11 @@ def test_poison_leaves_nothing_allocated_and_accepts_empty_sizes() -> None:
 def test_fingerprint_sees_a_replaced_torch_function_and_nothing_else() -> None:
     import torch.nn.functional as F
 
-    from stark_ray.eval.judging import _settle_torch
+    from stark_ray.eval.host import settle_torch
 
-    _settle_torch()  # as in the worker, before the fingerprint
+    settle_torch()  # as in the worker, before the fingerprint
 
-    fp = TorchFingerprint()
+    fp = Fingerprint()
     assert fp.changed() == []
     original = F.gelu
     try:
@@ -290,8 +286,8 @@ def test_kernel_names_from_sources_and_profiles() -> None:
     extern "C" __global__ void add_relu(const float* a) {}
     """
     triton = "@triton.autotune(configs=[], key=['n'])\n@triton.jit\ndef scale_kernel(x_ptr, n):\n    pass\n"
-    assert defined_kernels(cuda) == {"fused_swish", "rowwise_softmax_kernel", "add_relu"}
-    assert defined_kernels(triton) == {"scale_kernel"}
+    assert cuda_kernel_names(cuda) == {"fused_swish", "rowwise_softmax_kernel", "add_relu"}
+    assert python_kernel_names(triton) == {"scale_kernel"}
     launched = ["void rowwise_softmax_kernel<4>(float*)", "void at::native::vectorized_elementwise_kernel<4>()",
                 "scale_kernel_0d1d"]
     assert own_kernel_names(launched, {"rowwise_softmax_kernel"}) == {"void rowwise_softmax_kernel<4>(float*)"}
@@ -374,3 +370,76 @@ def test_timing_stops_early_once_the_medians_are_precise_and_never_on_two_modes(
     exact = ScriptedTimer({"ref": [1.0, 1.001, 0.999], "cand": [0.5, 0.5005, 0.4995]})
     timings = time_interleaved([ref, cand], sets, exact, warmup=1, trials=100)  # type: ignore[arg-type]
     assert [t.stats.n for t in timings] == [100, 100]  # no precision asked for: every round
+
+
+def test_the_fingerprint_watches_time_builtins_and_every_module_of_the_evaluator() -> None:
+    import builtins
+    import time
+
+    from stark_ray.eval import compare, host, timing
+
+    fp = Fingerprint()
+    saved = (time.perf_counter, builtins.sum, compare.compare_outputs, timing.CudaTimer.__call__)
+    try:
+        time.perf_counter = lambda: 0.0
+        builtins.sum = lambda *a, **k: 0
+        compare.compare_outputs = lambda *a, **k: None
+        timing.CudaTimer.__call__ = lambda *a, **k: None
+        changed = fp.changed()
+    finally:
+        time.perf_counter, builtins.sum, compare.compare_outputs, timing.CudaTimer.__call__ = saved
+    assert {"time.perf_counter", "builtins.sum", "stark_ray.eval.compare.compare_outputs",
+            "stark_ray.eval.timing.CudaTimer.__call__"} <= set(changed), changed
+    assert fp.changed() == []
+    import sys
+
+    real = sys.modules["stark_ray.eval.host"]
+    try:
+        sys.modules["stark_ray.eval.host"] = type(sys)("stark_ray.eval.host")  # a module swapped for another
+        assert "sys.modules['stark_ray.eval.host']" in fp.changed()
+    finally:
+        sys.modules["stark_ray.eval.host"] = real
+    assert host is real and fp.changed() == []
+
+
+def test_kernel_names_come_from_what_reaches_the_compiler() -> None:
+    """A module that builds its CUDA source from escaped one-line strings has its kernels read from the string
+    load_inline gets, not from its Python text (where a regex reads `nmy_kernel`)."""
+    python_text = 'SRC = "#include <cuda.h>\\n__global__ void\\nmy_kernel(float* x) {}"'
+    assert python_kernel_names(python_text) == {"nmy_kernel"}  # the misreading
+    sources = KernelSources()
+    recorded = []
+    wrapped = sources._wrap(lambda *a, **k: recorded.append((a, k)), sources._inline)
+    wrapped("ext", "void wrapper();", "#include <cuda.h>\n__global__ void\nmy_kernel(float* x) {}\n")
+    assert recorded and sources.recorded and sources.names() == {"my_kernel"}
+    nvrtc = sources._wrap(lambda *a, **k: None, sources._nvrtc)
+    nvrtc(kernel_source='extern "C" __global__ void add_one(float* p) {}', kernel_name="add_one")
+    assert {"my_kernel", "add_one"} <= sources.names()
+    sources.reset()
+    assert not sources.recorded
+
+
+def _launch(name: str, stream: int, start: float, end: float) -> Launch:
+    return Launch(name, stream, start, end)
+
+
+def test_streams_are_classified_by_when_their_kernels_ran_against_the_spins() -> None:
+    spin = "at::cuda::(anonymous namespace)::spin_kernel(long)"
+    head, marker = _launch(spin, 7, 0.0, 1000.0), _launch(spin, 7, 5000.0, 5001.0)
+    ordered = classify([head, _launch("k_main", 7, 1001, 1100), _launch("k_side", 13, 1100, 1200), marker])
+    assert not ordered.unordered and ordered.side_streams == {13} and ordered.names == ["k_main", "k_side"]
+    early = classify([head, _launch("k_side", 17, 300.0, 305.0), marker])  # ran under the head start
+    assert early.unordered and "does not wait for the current stream" in early.describe_unordered()
+    late = classify([head, marker, _launch("k_side", 17, 4000.0, 6000.0)])  # still running after the marker
+    assert late.unordered and "still running" in late.describe_unordered()
+    plain = classify([head, _launch("k_main", 7, 1001, 1100), marker])
+    assert not plain.unordered and not plain.side_streams
+
+
+def test_dict_outputs_are_compared_key_by_key() -> None:
+    ref = {"a": torch.ones(3), "b": torch.zeros(2)}
+    assert compare_outputs({"b": torch.zeros(2), "a": torch.ones(3)}, ref, TOL).ok  # same keys, another order
+    c = compare_outputs({"a": torch.ones(3), "b": torch.ones(2)}, ref, TOL)
+    assert not c.ok and c.problem.startswith("output['b']: values differ")
+    c = compare_outputs({"a": torch.ones(3), "c": torch.zeros(2)}, ref, TOL)
+    assert not c.ok and "expected output['a'], output['b']" in c.problem

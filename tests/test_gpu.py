@@ -60,12 +60,12 @@ def results(gpu_build_dir: str) -> Iterator[dict[str, tuple[EvalResult, int]]]:
                 names.sort(key=lambda n: "infinite_loop" in n)
                 rs = service.evaluate_many(task, [(GPU_CANDIDATES / n).read_text() for n in names])
                 for n, r in zip(names, rs, strict=True):
-                    out[n] = (r, service.worker.starts)
+                    out[n] = (r, service.worker_starts)
             # after all of it, the service still judges a correct kernel correctly
             task = load_task(TASKS / "1_LeakyReluScale.py")
             good = next(f for f in files if f.startswith("1_") and EXPECTED[f]["expect"] == "ok")
             out[f"after-all:{backend}"] = (service.evaluate(task, (GPU_CANDIDATES / good).read_text()),
-                                           service.worker.starts)
+                                           service.worker_starts)
     report = os.environ.get("STARK_TEST_REPORT_DIR")
     if report:  # every result in full, for the notes of a GPU session
         rows = {k: {**asdict(r), "worker_starts": n} for k, (r, n) in out.items()}
@@ -137,10 +137,10 @@ def test_tampering_candidate_is_rejected_and_its_worker_replaced(tmp_path: Path)
     task = load_task(TASKS / "2_FusedSwishScaleClamp.py")
     with EvalService(_cfg("cuda_nvrtc", str(tmp_path))) as service:
         r = service.evaluate(task, cheat)
-        starts = service.worker.starts
+        starts = service.worker_starts
         again = service.evaluate(task, source)
     assert not r.ok and "tampered" in r.flags and "silu" in (r.error or "")
-    assert again.ok and service.worker.starts == starts + 1
+    assert again.ok and service.worker_starts == starts + 1
 
 
 def test_stark_eval_json_on_the_gpu(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Compare a candidate's outputs with the reference's: structure, shape, dtype, NaNs, tolerances."""
+"""Compare a candidate's outputs with the reference's: structure (tuples, lists, dicts key by key), shape, dtype,
+NaNs, tolerances."""
 
 from __future__ import annotations
 
@@ -44,19 +45,24 @@ TOLERANCE_PRESETS: dict[str, dict[str, Tolerance]] = {
 
 @dataclass(frozen=True)
 class Tolerances:
-    """Tolerances by output dtype (a preset), with optional overrides for every dtype."""
+    """Tolerances by output dtype (a preset), with optional overrides for every dtype; ``factor`` widens all."""
 
     preset: str = "default"
     atol: float | None = None
     rtol: float | None = None
     max_rel_err: float | None = None
+    factor: float = 1.0
 
     def for_dtype(self, dtype: torch.dtype) -> Tolerance:
         table = TOLERANCE_PRESETS[self.preset]
         base = table.get(str(dtype).removeprefix("torch."), table["other"])
-        return Tolerance(base.atol if self.atol is None else self.atol,
-                         base.rtol if self.rtol is None else self.rtol,
-                         base.max_rel_err if self.max_rel_err is None else self.max_rel_err)
+        f = self.factor
+        return Tolerance(f * (base.atol if self.atol is None else self.atol),
+                         f * (base.rtol if self.rtol is None else self.rtol),
+                         f * (base.max_rel_err if self.max_rel_err is None else self.max_rel_err))
+
+    def widened(self, factor: float) -> Tolerances:
+        return Tolerances(self.preset, self.atol, self.rtol, self.max_rel_err, self.factor * factor)
 
     @staticmethod
     def of(cfg: Any) -> Tolerances:
@@ -64,10 +70,32 @@ class Tolerances:
         return Tolerances(cfg.tolerance, cfg.atol, cfg.rtol, cfg.max_rel_err)
 
 
-def _flatten(value: Any, prefix: str = "output") -> list[tuple[str, Any]]:
+@dataclass(frozen=True)
+class TensorStub:
+    """A candidate's output tensor known only by its description (it did not cross to the judge: its shape, dtype
+    or device differ from the slot the reference's output gave it)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+
+def flatten_outputs(value: Any, prefix: str = "output") -> list[tuple[str, Any]]:
+    """(path, leaf) for every tensor and plain value in a (nested) tuple/list/dict, in order; dict items by key."""
     if isinstance(value, list | tuple):
-        return [item for i, v in enumerate(value) for item in _flatten(v, f"{prefix}[{i}]")]
+        return [item for i, v in enumerate(value) for item in flatten_outputs(v, f"{prefix}[{i}]")]
+    if isinstance(value, dict):
+        return [item for k, v in value.items() for item in flatten_outputs(v, f"{prefix}[{str(k)!r}]")]
     return [(prefix, value)]
+
+
+def _compare_stub(name: str, out: TensorStub, ref: torch.Tensor) -> Comparison:
+    if out.shape != tuple(ref.shape):
+        return Comparison(False, math.inf, math.inf, f"{name}: shape {out.shape}, expected {tuple(ref.shape)}")
+    expected = str(ref.dtype).removeprefix("torch.")
+    if out.dtype != expected:
+        return Comparison(False, math.inf, math.inf, f"{name}: dtype torch.{out.dtype}, expected {ref.dtype}")
+    return Comparison(False, math.inf, math.inf, f"{name}: on {out.device}, expected {ref.device.type}")
 
 
 def _compare_tensor(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Comparison:
@@ -128,19 +156,28 @@ def _compare_plain(name: str, out: Any, ref: Any, tol: Tolerance) -> Comparison:
 
 
 def compare_outputs(out: Any, ref: Any, tol: Tolerance | Tolerances) -> Comparison:
-    """Compare a tensor, or a (nested) tuple/list of tensors and plain values, element by element; with
-    :class:`Tolerances`, each tensor by its reference's dtype."""
-    outs, refs = _flatten(out), _flatten(ref)
+    """Compare a tensor, or a (nested) tuple/list/dict of tensors and plain values, item by item (dicts key by
+    key); with :class:`Tolerances`, each tensor by its reference's dtype."""
+    outs, refs = flatten_outputs(out), flatten_outputs(ref)
     if len(outs) != len(refs):
         return Comparison(False, math.inf, math.inf, f"returned {len(outs)} outputs, expected {len(refs)}")
+    names = [n for n, _ in refs]
+    if [n for n, _ in outs] != names:
+        if sorted(n for n, _ in outs) != sorted(names):
+            return Comparison(False, math.inf, math.inf,
+                              f"returned {', '.join(n for n, _ in outs)[:120]}; expected {', '.join(names)[:120]}")
+        by_name = dict(outs)
+        outs = [(n, by_name[n]) for n in names]  # the same keys, another order: compared key by key
     worst = Comparison(True)
     for (name, o), (_, r) in zip(outs, refs, strict=True):
         if isinstance(r, torch.Tensor):
+            if isinstance(o, TensorStub):
+                return _compare_stub(name, o, r)
             if not isinstance(o, torch.Tensor):
                 return Comparison(False, math.inf, math.inf,
                                   f"{name}: got {type(o).__name__}, expected a tensor")
             c = _compare_tensor(name, o, r, tol.for_dtype(r.dtype) if isinstance(tol, Tolerances) else tol)
-        elif isinstance(o, torch.Tensor):
+        elif isinstance(o, torch.Tensor | TensorStub):
             return Comparison(False, math.inf, math.inf, f"{name}: got a tensor, expected {type(r).__name__}")
         else:
             c = _compare_plain(name, o, r, tol.for_dtype(torch.float32) if isinstance(tol, Tolerances) else tol)

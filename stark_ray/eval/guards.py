@@ -1,23 +1,23 @@
-"""Guards against candidates that cheat or break the evaluator, beyond plain output comparison.
+"""Guards inside the worker: a backstop against candidates that tamper, and checks of what a call returned.
 
-- :class:`TorchFingerprint`: the identity of every public callable of torch, ``torch.nn.functional``,
-  ``torch.Tensor`` and of the evaluator's own comparison code, taken before the candidate is imported and
-  checked after; a candidate that replaces one (to make the reference match it, or to fake a comparison) is
-  rejected and its worker replaced.
+The verdict itself is the judge's (:mod:`stark_ray.eval.judge`): these only make the worker's own measurements
+harder to fool and say when a worker must not serve another candidate.
+
+- :class:`Fingerprint`: the identity of every callable of torch (its main namespaces, ``torch.Tensor`` with its
+  dunders, ``nn.Module``, ``torch.cuda.Event``/``Stream``), of ``time`` and ``builtins``, of the profiler, and of
+  every module of the evaluator loaded in the worker (the functions and the classes it defines), and which module
+  object each name in ``sys.modules`` is; taken once, compared before and after each step of a candidate.
 - :func:`output_problem`: outputs must be plain tensors on the reference's device that share no memory with
   the inputs.
 - :func:`poison`: fills memory the allocator will hand out next with 0xFF bytes (NaN in every float format),
   so outputs that a kernel leaves partly unwritten fail the comparison.
-- :func:`kernel_names` / :func:`own_kernel_names`: which kernels a call launched (profiler), against the
-  kernel names the candidate's own source defines; none of its own launched means ``no_kernel``.
 """
 
 from __future__ import annotations
 
 import inspect
-import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
@@ -26,9 +26,11 @@ import torch
 from stark_ray.eval.inputs import map_tensors
 
 _WATCHED_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special", "torch.cuda",
-                    "torch.testing", "stark_ray.eval.compare", "stark_ray.eval.correctness",
-                    "stark_ray.eval.timing", "stark_ray.eval.guards", "stark_ray.eval.inputs")
-_WATCHED_CLASSES = (torch.Tensor, torch.nn.Module, torch.cuda.Event)
+                    "torch.testing", "torch.profiler", "torch.autograd.profiler", "torch.utils.cpp_extension",
+                    "time", "builtins", "gc", "os")
+_OURS = "stark_ray"  # every loaded module of the evaluator is watched, with the classes it defines
+_WATCHED_CLASSES = (torch.Tensor, torch.nn.Module, torch.cuda.Event, torch.cuda.Stream)
+_BUILTIN_DUNDERS = ("__import__", "__build_class__")
 
 
 _VOLATILE = {"__dict__", "__doc__", "__weakref__", "__module__", "__annotations__", "__qualname__",
@@ -48,31 +50,53 @@ def _members(obj: Any) -> Iterable[tuple[str, Any]]:
             continue
 
 
-class TorchFingerprint:
-    """The identity of the callables candidates could monkeypatch. Taken once; compared after each candidate.
+def _watched_modules() -> dict[str, ModuleType]:
+    found = {}
+    for name in (*_WATCHED_MODULES, *(n for n in list(sys.modules) if n == _OURS or n.startswith(_OURS + "."))):
+        module = sys.modules.get(name)
+        if isinstance(module, ModuleType):
+            found[name] = module
+    return found
 
-    Take it after ``import torch._dynamo``: importing it (torch.compile does) replaces ``torch.manual_seed``.
+
+class Fingerprint:
+    """The identity of what candidates could monkeypatch. Taken once; compared after each step of a candidate.
+
+    Take it after ``import torch._dynamo``: importing it (torch.compile does) replaces ``torch.manual_seed``; and
+    after the worker's own hooks (the build cache, :mod:`stark_ray.eval.kernel_sources`) are installed.
     """
 
     def __init__(self) -> None:
-        self.ids: dict[str, int] = {}
-        for modname in _WATCHED_MODULES:
-            module = sys.modules.get(modname)
-            if isinstance(module, ModuleType):
-                for name, value in _members(module):
-                    if callable(value) and not isinstance(value, ModuleType):
-                        self.ids[f"{modname}.{name}"] = id(value)
-        for cls in _WATCHED_CLASSES:
-            for name, value in _members(cls):
-                if callable(value) or isinstance(value, property):
-                    self.ids[f"{cls.__module__}.{cls.__qualname__}.{name}"] = id(value)
+        self.modules = _watched_modules()
+        self.ids = self._ids(self.modules)
+
+    @staticmethod
+    def _ids(modules: dict[str, ModuleType]) -> dict[str, int]:
+        ids: dict[str, int] = {}
+        classes: list[type] = list(_WATCHED_CLASSES)
+        for modname, module in modules.items():
+            for name, value in _members(module):
+                if callable(value) and not isinstance(value, ModuleType):
+                    ids[f"{modname}.{name}"] = id(value)
+                    if (modname.startswith(_OURS) and isinstance(value, type)
+                            and getattr(value, "__module__", None) == modname):
+                        classes.append(value)
+            if modname == "builtins":
+                for name in _BUILTIN_DUNDERS:
+                    ids[f"builtins.{name}"] = id(getattr(module, name, None))
+        for cls in classes:
+            members = _members(cls) if cls in _WATCHED_CLASSES else vars(cls).items()
+            for name, value in members:
+                if callable(value) or isinstance(value, property | staticmethod | classmethod):
+                    ids[f"{cls.__module__}.{cls.__qualname__}.{name}"] = id(value)
+        return ids
 
     def changed(self) -> list[str]:
-        """Names whose object is no longer the one seen at the fingerprint (new names do not count)."""
-        now = TorchFingerprint.__new__(TorchFingerprint)
-        now.ids = {}
-        TorchFingerprint.__init__(now)
-        return sorted(k for k, v in self.ids.items() if now.ids.get(k, v) != v)
+        """Names whose object is no longer the one seen at the fingerprint (new names do not count), and
+        modules replaced in ``sys.modules``."""
+        swapped = [f"sys.modules[{n!r}]" for n, m in self.modules.items() if sys.modules.get(n) is not m]
+        now = self._ids(self.modules)
+        return swapped + sorted(k for k, v in self.ids.items() if now.get(k, v) != v)
 
 
 def _storage_span(t: torch.Tensor) -> tuple[int, int] | None:
@@ -123,45 +147,3 @@ def nbytes_of(value: Any) -> list[int]:
 def snapshot(value: Any) -> Any:
     """A copy of the outputs taken right away on the current stream (a race with other streams shows)."""
     return map_tensors(value, lambda t: t.detach().clone())
-
-
-# -- kernels -----------------------------------------------------------------------------------------------------
-_KERNEL_DEFS = (
-    re.compile(r"__global__\s[^(;{]*?\b(\w+)\s*\("),  # CUDA (after removing __launch_bounds__(...))
-    re.compile(r"@triton\.(?:jit|autotune|heuristics)[\s\S]*?\ndef\s+(\w+)\s*\("),  # Triton (decorators stacked)
-)
-
-
-def defined_kernels(source: str) -> set[str]:
-    """Kernel names a candidate's source defines (CUDA ``__global__`` functions, ``@triton.jit`` functions)."""
-    names: set[str] = set()
-    source = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", source)
-    for pattern in _KERNEL_DEFS:
-        names.update(m.group(1) for m in pattern.finditer(source))
-    names.discard("void")
-    return names
-
-
-def kernel_launches(fn: Callable[..., Any], args: list[Any]) -> list[tuple[str, int | None]]:
-    """(name, stream) of each GPU kernel one call launches (torch profiler, CUDA activity)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(*args)
-        torch.cuda.synchronize()
-    launches = []
-    for evt in prof.events():
-        device_type = getattr(evt, "device_type", None)
-        if device_type is not None and "CUDA" in str(device_type):
-            stream = getattr(evt, "device_resource_id", None)
-            launches.append((str(evt.name), int(stream) if isinstance(stream, int) else None))
-    return launches
-
-
-def own_kernel_names(launched: Iterable[str], defined: set[str]) -> set[str]:
-    """The launched kernels that are the candidate's own: their name contains one it defines as a word."""
-    own = set()
-    for name in launched:
-        if any(re.search(rf"(?<!\w){re.escape(d)}(?!\w)", name) for d in defined):
-            own.add(name)
-    return own

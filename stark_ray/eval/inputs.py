@@ -51,7 +51,17 @@ def to_device(values: list[Any], device: str) -> list[Any]:
 
 def make_inputs(get_inputs: Callable[[], Any], seed: int, scale: float = 1.0,
                 device: str = "cpu") -> list[Any]:
-    """``get_inputs()`` with the RNG seeded, floating inputs scaled, moved to ``device``."""
+    """``get_inputs()`` with the RNG seeded, floating inputs scaled, on ``device``. On a GPU the task's tensors are
+    made there (torch's default device set to it: a 6 GB input takes milliseconds, not a CPU draw and a copy); a
+    ``get_inputs`` that fails so is run again on the CPU and its tensors moved. The values differ from a CPU draw
+    of the same seed (the distributions do not); every process of the evaluator draws them the same way."""
+    if device != "cpu":
+        torch.manual_seed(seed)
+        try:
+            with torch.device(device):
+                return to_device(scale_floats(list(get_inputs()), scale), device)
+        except Exception:  # made on the CPU instead (its error, if any, comes again below)
+            pass
     torch.manual_seed(seed)
     return to_device(scale_floats(list(get_inputs()), scale), device)
 

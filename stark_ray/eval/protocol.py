@@ -1,16 +1,24 @@
-"""The parent↔worker protocol.
+"""The protocols between the service, the judge and the worker.
 
-A worker is started with its backend on the command line and answers ``{"hello": {...}}`` once it is ready
-(for a GPU backend: the device's properties). It then reads requests, one JSON line each, on stdin; for each
-it reports ``{"phase": ...}`` as it moves on and ends with ``{"result": {...}, "healthy": bool}``. An unhealthy
-worker (a sticky CUDA error, a candidate that replaced part of torch) exits after its answer; the parent
-starts a fresh one for the next request. A worker also exits at the end of its stdin.
+Every process is started with its backend on the command line and answers ``{"hello": {...}}`` once it is ready
+(the judge: the device's properties). It then reads messages, one JSON line each, on stdin, and exits at the end
+of its stdin.
+
+- Service -> judge (and compile pool -> compile worker): a :class:`WorkerRequest`; the answer is ``{"phase": ...}``
+  lines as it moves on and ``{"result": {...}, "healthy": bool}`` last. The judge adds ``"worker"`` (its worker's
+  starts and promotions) and, when the worker cannot start on this host, ``"evaluator_error"``.
+- Judge -> worker: one ``{"op": ...}`` per step of a candidate (the ``OP_*`` below), each answered by one
+  message (phase lines may come before it). Shared buffers travel as file descriptors on a Unix socket beside
+  the pipes (:func:`send_fds`), counted in the message's ``"fds"``. The judge trusts nothing the worker says: a
+  malformed answer ends the worker and rejects its candidate.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import socket
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -26,6 +34,16 @@ PHASE_COMPILE = "compile"  # candidate import (which builds its extension) and M
 PHASE_CHECK = "check"  # correctness trials and guards
 PHASE_TIME = "time"  # timing against the reference (and the optional torch.compile baseline)
 PHASES = (PHASE_START, PHASE_SETUP, PHASE_COMPILE, PHASE_CHECK, PHASE_TIME)
+
+# judge -> worker
+OP_REFERENCE = "reference"  # time the reference against itself (nothing of a candidate is loaded)
+OP_LOAD = "load"  # the task's reference for timing, then the candidate: import (its build) and ModelNew(...)
+OP_RUN = "run"  # call the candidate once on shared inputs; copy its outputs into the shared slots
+OP_TIME = "time"  # time the candidate against the reference, interleaved, on the worker's own inputs
+OP_STAGE = "stage"  # map the input sets and slots of a confirmation batch
+OP_GO = "go"  # run the staged batch: every set once, outputs into their slots, then one sync; digests back
+OP_END = "end"  # forget the candidate; report what its fingerprint saw
+FD_BATCH = 200  # file descriptors per sendmsg (the kernel's SCM_MAX_FD is 253)
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1  # on a timeout the worker gets this first: faulthandler prints its stack
 STACK_DUMP_WAIT_S = 1.0
@@ -54,3 +72,19 @@ def result_to_message(result: EvalResult, healthy: bool = True) -> dict[str, Any
 def result_from_message(payload: dict[str, Any]) -> EvalResult:
     names = {f.name for f in fields(EvalResult)}
     return EvalResult(**{k: v for k, v in payload.items() if k in names})
+
+
+def send_fds(sock: socket.socket, fds: Sequence[int]) -> None:
+    """Send ``fds`` over a Unix socket (in batches; the receiver asks for exactly as many)."""
+    for i in range(0, len(fds), FD_BATCH):
+        socket.send_fds(sock, [b"f"], list(fds[i:i + FD_BATCH]))
+
+
+def recv_fds(sock: socket.socket, count: int) -> list[int]:
+    got: list[int] = []
+    while len(got) < count:
+        _, fds, _, _ = socket.recv_fds(sock, 1, min(FD_BATCH, count - len(got)))
+        if not fds:
+            raise OSError("the peer closed the descriptor channel")
+        got.extend(fds)
+    return got

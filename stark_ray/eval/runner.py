@@ -1,10 +1,15 @@
-"""Parent side of a worker: start it, feed it requests, watch each phase against its timeout, kill it if needed.
+"""Parent side of a process of the evaluator: start it, talk to it, watch each phase against its timeout, kill it.
 
 A :class:`WorkerProcess` is long-lived: it serves request after request in one process (for a GPU: one CUDA
-context, the loaded reference and the built extensions stay warm). Whatever a candidate does — segfault,
-``os._exit``, an endless loop at import or in forward, a sticky CUDA error, a build that never ends — the
-parent gets a :class:`WorkerOutcome`, never an exception, and the next request runs in a fresh process. A
-timeout kills the worker's whole process tree (ninja and the compiler included).
+context, the loaded reference and the built extensions stay warm). The service starts the judge this way, and
+the judge its worker (which runs the candidates). Whatever a candidate does — segfault, ``os._exit``, an endless
+loop at import or in forward, a sticky CUDA error, a build that never ends — the caller gets a
+:class:`Reply` or a :class:`WorkerOutcome`, never an exception, and the next request runs in a fresh process. A
+timeout kills the process's whole tree (ninja and the compiler included).
+
+Messages are JSON lines: requests on the process's stdin, answers on a private channel (its stdout, moved off
+fd 1 at start). A process started with ``fd_channel`` also gets one end of a Unix socket pair for file
+descriptors (the judge's shared buffers, :mod:`stark_ray.eval.exchange`).
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -33,6 +40,7 @@ from stark_ray.eval.protocol import (
     STACK_DUMP_WAIT_S,
     WorkerRequest,
     result_from_message,
+    send_fds,
 )
 from stark_ray.eval.sandbox_env import worker_env
 from stark_ray.records import EvalResult
@@ -55,18 +63,73 @@ class WorkerSpec:
     device: int | None = None  # index among this process's visible GPUs (None: the default / no GPU)
     arch: str | None = None  # TORCH_CUDA_ARCH_LIST for builds (compile workers get the GPU worker's)
     isolate: bool = False  # in namespaces of its own: no other process visible, no network (eval/isolation.py)
+    module: str = "stark_ray.eval.worker"  # what runs: the worker (candidates) or the judge
+    fd_channel: bool = False  # a Unix socket for file descriptors beside the pipes (a device worker's)
+    extra: tuple[str, ...] = ()  # more arguments for the module
 
-    def argv(self, spare: bool = False) -> list[str]:
+    def argv(self, spare: bool = False, fd: int | None = None) -> list[str]:
         prefix = list(isolation_prefix()) if self.isolate else []
-        args = [*prefix, sys.executable, "-m", "stark_ray.eval.worker", "--backend", self.backend,
-                "--build-dir", self.build_dir, "--threads", str(self.threads)]
+        args = [*prefix, sys.executable, "-m", self.module, "--backend", self.backend,
+                "--build-dir", self.build_dir, "--threads", str(self.threads), *self.extra]
         if self.compile_only:
             args.append("--compile-only")
         if self.arch:
             args += ["--arch", self.arch]
         if spare:
             args.append("--spare")
+        if fd is not None:
+            args += ["--fd-channel", str(fd)]
         return args
+
+
+class PhaseClock:
+    """Which phase a conversation is in, since when, and until when it may last (``limits`` per phase)."""
+
+    def __init__(self, limits: dict[str, float], default_s: float = START_TIMEOUT_S, phase: str = PHASE_SETUP,
+                 on_enter: Callable[[str], None] | None = None) -> None:
+        self.limits = limits
+        self.default_s = default_s
+        self.on_enter = on_enter
+        self.spent: dict[str, float] = {}
+        self.phase = phase
+        self.started = time.monotonic()
+        self.deadline = self.started + limits.get(phase, default_s)
+        if on_enter is not None:
+            on_enter(phase)
+
+    def enter(self, phase: str) -> None:
+        """Move on to ``phase`` (its own time limit starts now); the same phase again changes nothing."""
+        if phase == self.phase:
+            return
+        self.close()
+        self.phase, self.started = phase, time.monotonic()
+        self.deadline = self.started + self.limits.get(phase, self.default_s)
+        if self.on_enter is not None:
+            self.on_enter(phase)
+
+    def close(self) -> None:
+        now = time.monotonic()
+        self.spent[self.phase] = self.spent.get(self.phase, 0.0) + now - self.started
+        self.started = now
+
+    def limit(self) -> float:
+        return self.limits.get(self.phase, self.default_s)
+
+
+@dataclass
+class Reply:
+    """The answer to one message of a conversation: the message, or why there is none."""
+
+    msg: dict[str, Any] | None
+    phase: str  # the phase it ended in
+    timed_out: bool = False
+    dead: bool = False
+    returncode: int | None = None  # set when the process ended
+    log: str = ""  # what the process printed since the log was marked (kept when it died or timed out)
+
+    @property
+    def ok(self) -> bool:
+        return self.msg is not None
 
 
 @dataclass
@@ -79,6 +142,7 @@ class WorkerOutcome:
     wall_s: float
     phase_s: dict[str, float] = field(default_factory=dict)  # wall seconds spent in each phase
     healthy: bool = True  # False: the worker was (or will be) replaced after this request
+    extra: dict[str, Any] = field(default_factory=dict)  # what else the final message said (the judge's stats)
 
     def describe_exit(self) -> str:
         rc = self.returncode
@@ -120,6 +184,8 @@ class _Child:
     queue: queue.Queue[bytes | None]
     workdir: Path
     spawned: float
+    sock: socket.socket | None = None  # our end of the file-descriptor channel
+    ready: bool = False  # a spare that said it waits, its imports done
 
 
 class WorkerProcess:
@@ -144,7 +210,9 @@ class WorkerProcess:
         self._queue: queue.Queue[bytes | None] = queue.Queue()
         self._workdir: Path | None = None
         self._log_path: Path | None = None
+        self._sock: socket.socket | None = None
         self._spare: _Child | None = None
+        self._mark = 0  # log offset of the conversation in progress
 
     # -- life cycle -------------------------------------------------------------------------------------------
     @property
@@ -164,19 +232,26 @@ class WorkerProcess:
 
     def _spawn(self, spare: bool = False) -> _Child:
         workdir = Path(tempfile.mkdtemp(prefix="stark-eval-"))
-        with open(workdir / "worker.log", "wb") as log:
-            proc = subprocess.Popen(self.spec.argv(spare), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=log, cwd=workdir, env=self._env(workdir), start_new_session=True)
+        ours, theirs = socket.socketpair() if self.spec.fd_channel else (None, None)
+        try:
+            with open(workdir / "worker.log", "wb") as log:
+                proc = subprocess.Popen(self.spec.argv(spare, theirs.fileno() if theirs else None),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=workdir,
+                                        env=self._env(workdir), start_new_session=True,
+                                        pass_fds=[theirs.fileno()] if theirs else ())
+        finally:
+            if theirs is not None:
+                theirs.close()
         q: queue.Queue[bytes | None] = queue.Queue()
         assert proc.stdout is not None
         threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
-        return _Child(proc, q, workdir, time.monotonic())
+        return _Child(proc, q, workdir, time.monotonic(), ours)
 
     def spare_ready(self, timeout_s: float = 0.0) -> bool:
         """Whether a spare waits with its imports done (waiting up to ``timeout_s`` for it to say so)."""
         child = self._spare
         deadline = time.monotonic() + timeout_s
-        while child is not None and child.proc.poll() is None:
+        while child is not None and child.proc.poll() is None and not child.ready:
             try:
                 line = child.queue.get(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
             except queue.Empty:
@@ -186,9 +261,8 @@ class WorkerProcess:
             if line is None:
                 return False
             with contextlib.suppress(ValueError):
-                if json.loads(line) == {"waiting": True}:
-                    return True
-        return False
+                child.ready = json.loads(line) == {"waiting": True}
+        return child is not None and child.ready and child.proc.poll() is None
 
     def _take_spare(self) -> _Child | None:
         """The spare, told to go on (None when there is none, or it died waiting)."""
@@ -201,7 +275,7 @@ class WorkerProcess:
             child.proc.stdin.flush()
             return child
         except (OSError, AssertionError):
-            _end(child.proc, child.workdir)
+            _end(child.proc, child.workdir, sock=child.sock)
             return None
 
     def start(self) -> dict[str, Any]:
@@ -211,8 +285,9 @@ class WorkerProcess:
         promoted = child is not None
         if child is None:
             child = self._spawn()
-        self._proc, self._queue, self._workdir = child.proc, child.queue, child.workdir
+        self._proc, self._queue, self._workdir, self._sock = child.proc, child.queue, child.workdir, child.sock
         self._log_path = child.workdir / "worker.log"
+        self._mark = 0
         self.starts += 1
         self.served = 0
         go = time.monotonic()
@@ -237,7 +312,8 @@ class WorkerProcess:
                 if promoted:  # the spare could not take over: a fresh start says whether the host can
                     return self.start()
                 tail = " | ".join(log.strip().splitlines()[-3:]) if log.strip() else "no output"
-                raise WorkerStartError(f"the {self.spec.backend} evaluator worker {why} while starting: {tail}")
+                role = "judge" if self.spec.module.endswith("judge") else "worker"
+                raise WorkerStartError(f"the {self.spec.backend} evaluator {role} {why} while starting: {tail}")
 
     def kill(self) -> None:
         """Kill the serving process (and everything in its group); the spare stays."""
@@ -249,16 +325,17 @@ class WorkerProcess:
 
     def _end_current(self, kill: bool) -> None:
         if self._proc is not None:
-            _end(self._proc, self._workdir, kill)
+            _end(self._proc, self._workdir, kill, self._sock)
         self._proc = None
         self._workdir = self._log_path = None
+        self._sock = None
 
     def close(self) -> None:
         """End the serving worker and the spare."""
         self.close_current()
         child, self._spare = self._spare, None
         if child is not None:
-            _end(child.proc, child.workdir)
+            _end(child.proc, child.workdir, sock=child.sock)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def _next(self, deadline: float) -> tuple[dict[str, Any] | None, bool]:
@@ -309,62 +386,96 @@ class WorkerProcess:
                 os.kill(pid, STACK_DUMP_SIGNAL)
             time.sleep(STACK_DUMP_WAIT_S)
 
-    def request(self, request: WorkerRequest, timeouts: dict[str, float]) -> WorkerOutcome:
-        """Serve one request; ``timeouts`` maps each phase to its own limit in seconds."""
+    def mark_log(self) -> None:
+        """What the process prints from now on is the log of the next replies (a candidate's, say)."""
+        self._mark = self._log_size()
+
+    def log_since_mark(self) -> str:
+        return self._read_log(self._mark)
+
+    def send(self, msg: dict[str, Any], fds: Sequence[int] = ()) -> bool:
+        """Write one message (and pass ``fds`` on the descriptor channel); False when the process is gone."""
+        if not self.alive:
+            return False
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self._proc.stdin.flush()
+            if fds:
+                if self._sock is None:
+                    raise OSError("no descriptor channel")
+                send_fds(self._sock, fds)
+        except OSError:
+            return False
+        return True
+
+    def await_reply(self, clock: PhaseClock) -> Reply:
+        """The next message that is not a phase change (phase changes move ``clock`` on). When the process dies or
+        the phase runs out of time (its stack is dumped first), it is killed and the Reply says so."""
+        assert self._proc is not None
+        while True:
+            msg, dead = self._next(clock.deadline)
+            if dead:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=EXIT_GRACE_S)  # let it finish its log
+                reply = Reply(None, clock.phase, dead=True, returncode=self._proc.poll(), log=self.log_since_mark())
+                self.kill()
+                return reply
+            if msg is None:  # the phase ran out of time
+                self._dump_stack()
+                reply = Reply(None, clock.phase, timed_out=True, log=self.log_since_mark())
+                self.kill()
+                return reply
+            if "phase" in msg and len(msg) == 1:
+                clock.enter(str(msg["phase"]))
+                continue
+            return Reply(msg, clock.phase)
+
+    def converse(self, msg: dict[str, Any], clock: PhaseClock, fds: Sequence[int] = ()) -> Reply:
+        """Send ``msg`` and wait for its answer (starting the process first if it is not running)."""
         if not self.alive:
             self.start()
-        assert self._proc is not None and self._proc.stdin is not None
-        offset = self._log_size()
+        if not self.send(msg, fds):
+            return self.await_reply(clock)  # it died: the reply says how
+        return self.await_reply(clock)
+
+    def request(self, request: WorkerRequest, timeouts: dict[str, float]) -> WorkerOutcome:
+        """Serve one request that ends with a result (the service to the judge, the pool to a compile worker);
+        ``timeouts`` maps each phase to its own limit in seconds."""
+        if not self.alive:
+            self.start()
+        self.mark_log()
         started = time.monotonic()
-        result: EvalResult | None = None
-        phase, timed_out, healthy, dead = PHASE_SETUP, False, True, False
-        phase_s: dict[str, float] = {}
-        try:
-            self._proc.stdin.write((request.to_json() + "\n").encode())
-            self._proc.stdin.flush()
-        except OSError:
-            dead = True
-        phase_start = started
-        deadline = started + timeouts.get(phase, self.start_timeout_s)
-        while not dead:
-            msg, dead = self._next(deadline)
-            if dead:
-                break
-            if msg is None:  # the phase ran out of time
-                timed_out = True
-                self._dump_stack()
-                break
-            if "phase" in msg:
-                now = time.monotonic()
-                phase_s[phase] = phase_s.get(phase, 0.0) + now - phase_start
-                phase, phase_start = str(msg["phase"]), now
-                deadline = now + timeouts.get(phase, self.start_timeout_s)
-            elif "result" in msg:
-                result = result_from_message(msg["result"])
-                healthy = bool(msg.get("healthy", True))
-                break
-        phase_s[phase] = phase_s.get(phase, 0.0) + time.monotonic() - phase_start
-        returncode: int | None = None
-        if result is None or not healthy:
-            healthy = False
-            if not timed_out:  # it is dying (or said it will): give it a moment to finish its log
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._proc.wait(timeout=EXIT_GRACE_S)
-            returncode = self._proc.poll()
-        log = self._read_log(offset)
+        clock = PhaseClock(timeouts, self.start_timeout_s)
+        reply = self.converse(json.loads(request.to_json()), clock)
+        while reply.msg is not None and "result" not in reply.msg:  # anything else is not for us
+            reply = self.await_reply(clock)
+        clock.close()
+        result = result_from_message(reply.msg["result"]) if reply.msg is not None else None
+        healthy = reply.msg is not None and bool(reply.msg.get("healthy", True))
         wall = time.monotonic() - started
-        if not healthy:
-            self.kill()
-        else:
-            self.served += 1
-            if self.served >= self.max_requests:
-                self.close_current()
-        return WorkerOutcome(result, phase, returncode, timed_out, log, wall, phase_s, healthy)
+        if reply.msg is not None:
+            if not healthy:  # it said it will exit: give it a moment, then make sure
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    assert self._proc is not None
+                    self._proc.wait(timeout=EXIT_GRACE_S)
+                self.kill()
+            else:
+                self.served += 1
+                if self.served >= self.max_requests:
+                    self.close_current()
+        outcome = WorkerOutcome(result, clock.phase, reply.returncode, reply.timed_out,
+                                reply.log if reply.msg is None else self.log_since_mark(), wall, clock.spent, healthy)
+        outcome.extra = {k: v for k, v in (reply.msg or {}).items() if k not in ("result", "healthy")}
+        return outcome
 
 
-def _end(proc: subprocess.Popen[bytes], workdir: Path | None, kill: bool = False) -> None:
+def _end(proc: subprocess.Popen[bytes], workdir: Path | None, kill: bool = False,
+         sock: socket.socket | None = None) -> None:
     """Make sure a worker process and its group are gone (``kill``: at once; else it may first exit by itself
     when its stdin ends), and remove its directory."""
+    if sock is not None:
+        sock.close()
     if not kill and proc.poll() is None and proc.stdin is not None:
         with contextlib.suppress(OSError):
             proc.stdin.close()

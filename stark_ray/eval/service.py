@@ -1,11 +1,12 @@
-"""One device's evaluator: a warm worker process for the device and a pool of compile processes.
+"""One device's evaluator: the judge (with its warm worker) for the device, and a pool of compile processes.
 
 ``EvalService(cfg, device)`` serves any number of tasks. ``evaluate(task, source)`` is thread-safe: a
 candidate whose backend builds at import (``cuda``) is first built in a compile process (CPU only, niced,
-cache keyed by source, flags, torch/CUDA versions and architecture) while the device worker checks and times
-other candidates; the device worker then loads the cached build and runs one candidate at a time.
-``evaluate_many`` keeps the device busy with whatever has finished building. A worker that crashed, timed
-out or was poisoned is replaced before the next candidate (:mod:`stark_ray.eval.runner`).
+cache keyed by source, flags, torch/CUDA versions and architecture) while the device checks and times other
+candidates; then the judge (:mod:`stark_ray.eval.judge`) has its worker load the cached build and judges one
+candidate at a time. ``evaluate_many`` keeps the device busy with whatever has finished building. A worker that
+crashed, timed out, was poisoned or tampered is replaced before the next candidate; the judge itself never runs
+a candidate's code.
 """
 
 from __future__ import annotations
@@ -24,21 +25,20 @@ from typing import Any
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import get_backend
 from stark_ray.eval.build_cache import cache_root
-from stark_ray.eval.diagnostics import clean_log, crash_location
 from stark_ray.eval.hardware import usable_cpus
 from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+from stark_ray.eval.outcome import limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
     MODE_COMPILE,
     MODE_REFERENCE,
-    PHASE_CHECK,
     PHASE_COMPILE,
     PHASE_SETUP,
     PHASE_START,
-    PHASE_TIME,
     WorkerRequest,
 )
 from stark_ray.eval.runner import (
+    MAX_REQUESTS,
     WorkerOutcome,
     WorkerProcess,
     WorkerSpec,
@@ -47,18 +47,9 @@ from stark_ray.eval.runner import (
     visible_device,
 )
 from stark_ray.eval.tasks import Task, TaskError
-from stark_ray.records import STAGE_COMPILE, STAGE_CRASH, STAGE_TIMEOUT, EvalResult, excerpt
+from stark_ray.records import STAGE_COMPILE, EvalResult
 
-SETUP_ALLOWANCE_S = 60.0  # task import and the reference's first run, on top of the check timeout
-COMPILE_BASELINE_ALLOWANCE_S = 600.0  # torch.compile of the reference, once per task and worker
-
-_DOING = {
-    PHASE_START: "starting the worker",
-    PHASE_SETUP: "loading the task and building the reference",
-    PHASE_COMPILE: "importing (building) the candidate",
-    PHASE_CHECK: "running the correctness trials",
-    PHASE_TIME: "timing the candidate",
-}
+JUDGE_MARGIN_S = 60.0  # the judge enforces each phase's limit on its worker; the service allows it this more
 
 
 class EvaluatorError(RuntimeError):
@@ -80,31 +71,18 @@ def precheck(source: str) -> EvalResult | None:
     return None
 
 
-def limits_for(cfg: EvalConfig) -> dict[str, float]:
-    time_limit = cfg.timing_timeout_s + (COMPILE_BASELINE_ALLOWANCE_S if cfg.baseline == "compile" else 0.0)
-    return {
-        PHASE_SETUP: cfg.check_timeout_s + SETUP_ALLOWANCE_S,
-        PHASE_COMPILE: cfg.compile_timeout_s,
-        PHASE_CHECK: cfg.check_timeout_s,
-        PHASE_TIME: time_limit,
-    }
+def judge_limits(cfg: EvalConfig) -> dict[str, float]:
+    """The service's limits on the judge: the candidate's, and a margin for the judge's own work."""
+    return {phase: limit + JUDGE_MARGIN_S for phase, limit in limits_for(cfg).items()}
 
 
-def outcome_to_result(outcome: WorkerOutcome, limits: dict[str, float]) -> EvalResult:
-    """The worker's own result, or a failed one when it died or ran out of time."""
+def outcome_to_result(outcome: WorkerOutcome, limits: dict[str, float], who: str = "worker") -> EvalResult:
+    """The process's own result, or a failed one when it died or ran out of time."""
     if outcome.result is not None:
         result = outcome.result
     else:
-        where = crash_location(outcome.log)
-        at = f" at {where}" if where else ""
-        if outcome.timed_out:
-            stage = STAGE_TIMEOUT
-            error = f"timed out after {limits.get(outcome.phase, 0):g} s while "
-        else:
-            stage, error = STAGE_CRASH, f"worker {outcome.describe_exit()} while "
-        result = EvalResult(compiled=outcome.phase in (PHASE_CHECK, PHASE_TIME), stage=stage,
-                            error=f"{error}{_DOING.get(outcome.phase, outcome.phase)}{at}",
-                            log=excerpt(clean_log(outcome.log)))
+        result = lost_result(outcome.phase, outcome.timed_out, outcome.returncode, outcome.log,
+                             limits.get(outcome.phase, 0.0), who)
     if result.compile_s is None and PHASE_COMPILE in outcome.phase_s:
         result.compile_s = outcome.phase_s[PHASE_COMPILE]
     result.eval_s = outcome.wall_s
@@ -120,20 +98,30 @@ class EvalService:
     """Evaluates candidates of any task with one backend on one device. Thread-safe; close() when done."""
 
     def __init__(self, cfg: EvalConfig | None = None, device: int | None = None,
-                 compile_workers: int | None = None) -> None:
+                 compile_workers: int | None = None, spare: bool | None = None,
+                 worker_max_requests: int = MAX_REQUESTS) -> None:
         self.cfg = cfg or EvalConfig()
         self.backend = get_backend(self.cfg.backend)  # ValueError for a backend this version does not offer
         self.build_dir = cache_root(self.cfg.build_dir)
         self.threads = usable_cpus()
         self.compile_workers = compile_workers or default_compile_workers(self.threads)
-        # a GPU's worker has a hot spare: a restart (crash, timeout, recycling) costs a CUDA context, not a start
         if self.cfg.isolate:
             try:
                 isolation_prefix()  # probed before any worker starts
             except IsolationUnavailable as e:
                 raise EvaluatorError(str(e)) from None
-        self.worker = WorkerProcess(WorkerSpec(self.cfg.backend, str(self.build_dir), self.threads, device=device,
-                                               isolate=self.cfg.isolate), spare=device is not None)
+        # a GPU's worker has a hot spare: a restart (crash, timeout, recycling) costs a CUDA context, not a start
+        extra = ["--max-requests", str(worker_max_requests)]
+        if self.cfg.isolate:
+            extra.append("--isolate-worker")
+        if device is not None if spare is None else spare:
+            extra.append("--spare-worker")
+        self.judge = WorkerProcess(WorkerSpec(self.cfg.backend, str(self.build_dir), self.threads, device=device,
+                                              module="stark_ray.eval.judge", extra=tuple(extra)))
+        self.worker_starts = 0  # the judge's word: worker processes started so far, and restarts by the spare
+        self.worker_promotions = 0
+        self.worker_start_phases: dict[str, Any] = {}  # where the current worker's start went
+        self.worker_spare_ready = False  # a spare waited, its imports done, at the end of the last request
         self._device_lock = threading.Lock()
         self._compile_slots = threading.BoundedSemaphore(self.compile_workers)
         self._hello: dict[str, Any] | None = None
@@ -141,11 +129,11 @@ class EvalService:
         self._visible = visible_device(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._warmed = threading.Event()
         self.device_label = f"{socket.gethostname()}:" + ("cpu" if device is None else f"gpu{self._visible}")
-        self._finalizer = weakref.finalize(self, self.worker.close)
+        self._finalizer = weakref.finalize(self, self.judge.close)
 
-    # -- the device worker ------------------------------------------------------------------------------------
+    # -- the judge ------------------------------------------------------------------------------------------
     def hello(self) -> dict[str, Any]:
-        """The device's facts (starting the worker the first time; they do not change with restarts)."""
+        """The device's facts (starting the judge the first time; they do not change with restarts)."""
         if self._hello is None:
             with self._device_lock:
                 if self._hello is None:
@@ -154,9 +142,13 @@ class EvalService:
 
     def _start(self) -> None:
         try:
-            self._hello = self.worker.start()
+            hello = self.judge.start()
         except WorkerStartError as e:
             raise EvaluatorError(str(e)) from None
+        if hello.get("worker_error"):
+            self.judge.kill()
+            raise EvaluatorError(str(hello["worker_error"]))
+        self._hello = hello
 
     def hardware_description(self) -> str:
         return self.backend.describe_hardware(self.hello(), self.threads)
@@ -166,11 +158,20 @@ class EvalService:
         return self.backend.hardware_class(self.hello(), self.threads)
 
     def _on_device(self, request: WorkerRequest, cfg: EvalConfig) -> WorkerOutcome:
-        limits = limits_for(cfg)
         with self._device_lock:
-            if not self.worker.alive:
+            if not self.judge.alive:
                 self._start()
-            return self.worker.request(request, limits)
+            outcome = self.judge.request(request, judge_limits(cfg))
+        stats = outcome.extra.get("worker")
+        if isinstance(stats, dict):
+            self.worker_starts = int(stats.get("starts", self.worker_starts))
+            self.worker_promotions = int(stats.get("promotions", self.worker_promotions))
+            phases = stats.get("start_phases")
+            self.worker_start_phases = dict(phases) if isinstance(phases, dict) else {}
+            self.worker_spare_ready = bool(stats.get("spare_ready"))
+        if outcome.extra.get("evaluator_error"):
+            raise EvaluatorError(str(outcome.extra["evaluator_error"]))
+        return outcome
 
     def _request(self, mode: str, task: Task, cfg: EvalConfig, source: str | None = None) -> WorkerRequest:
         return WorkerRequest(mode=mode, task_name=task.name, task_source=task.source, cfg=asdict(cfg),
@@ -178,11 +179,11 @@ class EvalService:
 
     # -- evaluation -------------------------------------------------------------------------------------------
     def reference(self, task: Task, cfg: EvalConfig | None = None) -> EvalResult:
-        """Validate the task in the worker (build, forward, determinism) and time the reference alone;
-        TaskError (one line) when it cannot serve as a reference."""
+        """Validate the task in the judge (build, forward, comparable outputs, determinism) and time the reference
+        alone; TaskError (one line) when it cannot serve as a reference."""
         cfg = cfg or self.cfg
         outcome = self._on_device(self._request(MODE_REFERENCE, task, cfg), cfg)
-        result = outcome_to_result(outcome, limits_for(cfg))
+        result = outcome_to_result(outcome, judge_limits(cfg), "judge")
         result.device = self.device_label
         if not result.ok:
             error = result.error or "unknown failure"
@@ -249,7 +250,7 @@ class EvalService:
             if decided is not None:
                 return decided
         outcome = self._on_device(self._request(MODE_CANDIDATE, task, cfg, source), cfg)
-        result = outcome_to_result(outcome, limits_for(cfg))
+        result = outcome_to_result(outcome, judge_limits(cfg), "judge")
         if build_s:  # the pool's build plus the device worker's (cached) load
             result.compile_s = build_s + (result.compile_s or 0.0)
             result.eval_s = build_s + (result.eval_s or 0.0)
@@ -274,7 +275,7 @@ class EvalService:
 
     def close(self) -> None:
         with self._device_lock:
-            self.worker.close()
+            self.judge.close()
 
     def __enter__(self) -> EvalService:
         return self

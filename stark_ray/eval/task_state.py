@@ -1,19 +1,16 @@
-"""A task's reference inside a warm worker: module, model, and what every candidate is measured with."""
+"""A task's reference inside a warm worker: module, model, and the inputs every candidate is timed with."""
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from stark_ray.eval.correctness import TrialCache
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all
 from stark_ray.eval.tasks import TaskError, make_task_inputs
 from stark_ray.eval.timing import make_input_sets
-
-TRIAL_CACHE_BYTES = 2 << 30  # per task: the correctness trials' inputs kept for the next candidate
 
 
 def on_device(model: Any, device: str) -> Any:
@@ -22,7 +19,7 @@ def on_device(model: Any, device: str) -> Any:
 
 @dataclass
 class TaskState:
-    """A task's reference inside the worker: module, model, and what every candidate is measured with."""
+    """A task's reference inside the worker: module, model, the timing inputs (the judge holds the trials')."""
 
     name: str
     module: Any
@@ -30,15 +27,12 @@ class TaskState:
     init_inputs: list[Any]
     device: str
     seed: int
-    output_nbytes: list[int] = field(default_factory=list)
     input_sets: list[list[Any]] | None = None
     compiled_model: Any = None
-    streams: set[int] | None = None  # the streams the reference's kernels run on (GPU)
-    trials: TrialCache = field(default_factory=lambda: TrialCache(TRIAL_CACHE_BYTES))
 
     def held_bytes(self) -> int:
-        """Device (or host) memory this state keeps alive: the parameters, the timing input sets, the trials."""
-        held = self.trials.used + sum(sum(nbytes_of(s)) for s in self.input_sets or [])
+        """Device (or host) memory this state keeps alive: the parameters and the timing input sets."""
+        held = sum(sum(nbytes_of(s)) for s in self.input_sets or [])
         params = getattr(self.model, "parameters", None)
         if callable(params):
             with contextlib.suppress(Exception):  # a reference with an odd parameters(): counted as none

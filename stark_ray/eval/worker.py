@@ -1,14 +1,16 @@
-"""The worker process: ``python -m stark_ray.eval.worker --backend B ...`` serves evaluation requests.
+"""The worker process: ``python -m stark_ray.eval.worker --backend B ...`` runs candidates — untrusted code.
 
-Started by :mod:`stark_ray.eval.runner` in a new session (its own process group), a private working
-directory and a scrubbed environment (no credentials). At start it moves the control channel off fd 1 and
-points fd 1 at the log (fd 2), so nothing a candidate or a compiler prints can corrupt the protocol, and all
-of it lands in the log the debug agent sees; faulthandler dumps the Python stack on a crash or when the parent
-asks before a kill. It prepares its backend once (a GPU worker creates its CUDA context here), says hello with
-the device's facts, then answers one request per stdin line, each in a fresh private directory, until its
-stdin ends or a request leaves it unhealthy. A ``--spare`` worker (a device worker's hot spare) does every
-import first and then waits for a ``go`` line before it touches the device, so that it neither disturbs the
-timings of the worker it will replace nor keeps the next candidate waiting for imports.
+Started by the judge (a device worker, with a descriptor channel: ``--fd-channel``) or by the service's compile
+pool (``--compile-only``), through :mod:`stark_ray.eval.runner`, in a new session (its own process group), a
+private working directory and a scrubbed environment (no credentials), and with ``isolate`` in namespaces of its
+own. At start it moves the control channel off fd 1 and points fd 1 at the log (fd 2), so nothing a candidate or
+a compiler prints can corrupt the protocol, and all of it lands in the log the debug agent sees; faulthandler dumps
+the Python stack on a crash or when the judge asks before a kill. It prepares its backend once (a GPU worker
+creates its CUDA context here), says hello, then answers one message per stdin line, each in a fresh private
+directory (:class:`~stark_ray.eval.host.CandidateHost` for a device worker; a build for a compile worker), until
+its stdin ends or a step leaves it unhealthy. A ``--spare`` worker (a device worker's hot spare) does every import
+first and then waits for a ``go`` line before it touches the device, so that it neither disturbs the timings of
+the worker it will replace nor keeps the next candidate waiting for imports.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import faulthandler
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -46,6 +49,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arch", default=None)
     p.add_argument("--spare", action="store_true",
                    help="import, then wait for a 'go' line on stdin before touching the device (a hot spare)")
+    p.add_argument("--fd-channel", type=int, default=None, help="the Unix socket the judge passes buffers on")
     return p.parse_args(argv)
 
 
@@ -67,33 +71,32 @@ def main(argv: list[str] | None = None) -> None:
             laps[name] = round(time.perf_counter() - started - sum(laps.values()), 3)
 
         from stark_ray.eval.backends import get_backend
-        from stark_ray.eval.judging import Judge, preload
+        from stark_ray.eval.host import CandidateHost, build_only, preload
 
         backend = get_backend(args.backend)
         build_dir = Path(args.build_dir)
         lap("imports_s")
         if args.spare:  # a hot spare: nothing on the device until the parent promotes it (its timings go on)
-            preload()  # CPU only: what the judge imports (torch._dynamo: seconds)
+            preload()  # CPU only: what the host imports (torch._dynamo: seconds)
             lap("preload_s")
             send({"waiting": True})
             if sys.stdin.readline().strip() != "go":
                 os._exit(0)  # the parent closed it unused
             lap("spare_wait_s")
+        host: CandidateHost | None = None
         if args.compile_only:
             os.nice(10)  # builds yield the CPU to the device worker, which launches and times kernels
             backend.prepare_compiler(build_dir, args.threads, args.arch)
-            hello: dict[str, Any] = {"device": "none"}
         else:
             backend.prepare_worker(build_dir, args.threads)
             lap("prepare_s")
-            hello = backend.hardware_info()
-        lap("device_info_s")
-        import torch
+            import torch
 
-        torch.set_grad_enabled(False)
-        judge = Judge(backend, compile_only=args.compile_only)
-        lap("judge_s")
-        hello["start_phases"] = laps  # where a worker's start goes (the parent logs it)
+            torch.set_grad_enabled(False)
+            sock = socket.socket(fileno=args.fd_channel) if args.fd_channel is not None else None
+            host = CandidateHost(backend, sock)
+            lap("host_s")
+        hello: dict[str, Any] = {"device": backend.device, "start_phases": laps}
     except BaseException as e:  # a host problem (no GPU, no triton): the parent reports the log's last lines
         traceback.print_exc()
         print(f"worker start failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
@@ -101,21 +104,27 @@ def main(argv: list[str] | None = None) -> None:
     send({"hello": hello})
 
     home = Path.cwd()
+    count = 0
     for line in sys.stdin:
         if not line.strip():
             continue
-        req = WorkerRequest.from_json(line)
-        private = Path(tempfile.mkdtemp(prefix="req-", dir=home))
-        os.chdir(private)
-        try:
-            result, healthy = judge.handle(req, send)
-        finally:
-            os.chdir(home)
-            with contextlib.suppress(OSError):
-                shutil.rmtree(private, ignore_errors=True)
+        healthy = True
+        if host is None:  # a compile worker: one build per request, in a private directory
+            count += 1
+            private = Path(tempfile.mkdtemp(prefix="req-", dir=home))
+            os.chdir(private)
+            try:
+                answer = result_to_message(build_only(WorkerRequest.from_json(line), send, count), True)
+            finally:
+                os.chdir(home)
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(private, ignore_errors=True)
+        else:  # a device worker: each candidate in a private directory from its load to its end
+            answer = host.handle(json.loads(line), send)
+            healthy = host.healthy
         sys.stdout.flush()
         sys.stderr.flush()
-        send(result_to_message(result, healthy))
+        send(answer)
         if not healthy:
             break
     sys.stdout.flush()

@@ -13,9 +13,9 @@ if TYPE_CHECKING:  # timing imports torch; the parent process only needs the bac
 class Backend(ABC):
     """One candidate format (cpu_cpp, cuda, cuda_nvrtc, triton). Instances are cheap; each worker makes one.
 
-    In the worker: ``prepare_worker`` once, then ``hardware_info`` (sent to the parent as the worker's hello),
-    then any number of candidates. In a compile-pool worker: ``prepare_compiler`` only. In the parent:
-    ``describe_hardware`` turns the hello into the lines the agents' prompts show.
+    In the judge: ``prepare_judge`` once, then ``hardware_info`` (sent to the service as the judge's hello). In the
+    worker: ``prepare_worker`` once, then any number of candidates. In a compile-pool worker: ``prepare_compiler``
+    only. In the service: ``describe_hardware`` turns the hello into the lines the agents' prompts show.
     """
 
     name: ClassVar[str]
@@ -25,6 +25,13 @@ class Backend(ABC):
     @abstractmethod
     def prepare_worker(self, build_dir: Path, threads: int) -> None:
         """Set up the worker process before any candidate is imported (threads, build hooks, device)."""
+
+    def prepare_judge(self, threads: int) -> None:
+        """Set up the judge process: the device and its threads. It runs the reference and compares outputs,
+        never a candidate, so it installs no build hooks."""
+        import torch
+
+        torch.set_num_threads(threads)
 
     def prepare_compiler(self, build_dir: Path, threads: int, arch: str | None) -> None:
         """Set up a compile-only process (no device): by default the same build hooks as a worker."""
@@ -55,8 +62,9 @@ class Backend(ABC):
         return True
 
     @abstractmethod
-    def timer(self) -> Timer:
-        """The timer for one call."""
+    def timer(self, head_start: bool = True) -> Timer:
+        """The timer for one call (``head_start=False``: no GPU time queued ahead of the call's start event, for a
+        call that uses more streams than the current one)."""
 
     @abstractmethod
     def describe_hardware(self, info: dict[str, Any], threads: int) -> str:

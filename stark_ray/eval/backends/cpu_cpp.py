@@ -41,7 +41,7 @@ class CpuCppBackend(Backend):
         torch.set_num_threads(threads)
         self.cache = install_build_cache(build_dir)
 
-    def timer(self) -> Timer:
+    def timer(self, head_start: bool = True) -> Timer:
         from stark_ray.eval.timing import CpuTimer
 
         return CpuTimer()

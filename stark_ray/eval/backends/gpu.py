@@ -133,13 +133,14 @@ def is_sticky_error(message: str) -> bool:
     return any(s.lower() in low for s in _STICKY)
 
 
-def cuda_timer() -> Timer:
+def cuda_timer(head_start: bool = True) -> Timer:
     import torch
 
     from stark_ray.eval.timing import CudaTimer
 
     props = torch.cuda.get_device_properties(0)
-    return CudaTimer(int(getattr(props, "L2_cache_size", 0) or 0))
+    l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+    return CudaTimer(l2) if head_start else CudaTimer(l2, head_start_us=0.0, fit=False)
 
 
 def synchronize() -> None:
@@ -159,6 +160,9 @@ class CudaDeviceBackend(Backend):
     def hardware_info(self) -> dict[str, Any]:
         return device_info()
 
+    def prepare_judge(self, threads: int) -> None:
+        prepare_device()
+
     def build_arch(self, visible: str | None) -> str | None:
         return smi_arch(visible)
 
@@ -168,8 +172,8 @@ class CudaDeviceBackend(Backend):
     def healthy(self) -> bool:
         return device_healthy()
 
-    def timer(self) -> Timer:
-        return cuda_timer()
+    def timer(self, head_start: bool = True) -> Timer:
+        return cuda_timer(head_start)
 
     def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
         return f"{describe_device(info)}\n{self.notes}"

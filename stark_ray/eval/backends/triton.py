@@ -39,6 +39,16 @@ class TritonBackend(gpu.CudaDeviceBackend):
         except ImportError as e:
             raise RuntimeError(f"triton is not installed ({e}); pip install triton") from None
 
+    def prepare_judge(self, threads: int) -> None:
+        import torch
+
+        if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            gpu.prepare_device()
+            self.device = "cuda"
+        else:
+            torch.set_num_threads(threads)
+            self.device = "cpu"
+
     def default_timing_trials(self) -> int:
         return 100 if self.device == "cuda" else 10  # the interpreter is slow
 
@@ -52,9 +62,9 @@ class TritonBackend(gpu.CudaDeviceBackend):
     def healthy(self) -> bool:
         return super().healthy() if self.device == "cuda" else True
 
-    def timer(self) -> Timer:
+    def timer(self, head_start: bool = True) -> Timer:
         if self.device == "cuda":
-            return super().timer()
+            return super().timer(head_start)
         from stark_ray.eval.timing import CpuTimer
 
         return CpuTimer()

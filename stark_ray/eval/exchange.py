@@ -1,0 +1,471 @@
+"""Tensors exchanged between the judge and the worker through memory both processes map, never through pickles.
+
+The judge allocates every buffer the two share: a copy of the inputs a candidate runs on, and one slot per output
+tensor the candidate must fill. A buffer is sent as a file descriptor over a Unix socket (``SCM_RIGHTS``), which
+works across PID namespaces (an isolated worker), with its layout in the JSON message beside it:
+
+- on the CPU, a ``memfd`` mapped with ``mmap`` in both processes;
+- on a CUDA device, an allocation of the driver's virtual memory management (``cuMemCreate`` with a POSIX file
+  descriptor handle, mapped with ``cuMemMap``): legacy CUDA IPC handles do not cross PID namespaces.
+
+What the worker sends back is plain JSON (:func:`encode_tree`): the structure of a candidate's outputs and, for each
+output tensor, its shape and dtype and whether it was copied into its slot. Nothing the worker says is unpickled or
+executed; every field is checked (:func:`decode_leaf_meta`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import mmap
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# dtypes that may cross: by the name torch prints without its "torch." prefix
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+              torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+}
+MAX_DIMS = 16
+MAX_LEAVES = 4096  # tensors and values in one structure
+
+
+class ExchangeError(RuntimeError):
+    """Shared memory could not be made or mapped, or a peer sent a structure that cannot be read."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_of(name: Any) -> torch.dtype:
+    if not isinstance(name, str) or name not in DTYPES:
+        raise ExchangeError(f"unsupported dtype {name!r}")
+    return DTYPES[name]
+
+
+# -- the CUDA driver's virtual memory management, through ctypes ------------------------------------------------
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _AllocFlags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _AllocationProp(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", _Location),
+                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", _AllocFlags)]
+
+
+class _AccessDesc(ctypes.Structure):
+    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
+
+
+_PINNED, _POSIX_FD, _ON_DEVICE, _READ_WRITE, _GRANULARITY_RECOMMENDED = 1, 1, 1, 3, 1
+
+
+class _Driver:
+    """The few driver calls the exchange needs (libcuda is loaded once, on first use)."""
+
+    def __init__(self) -> None:
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise ExchangeError(f"the CUDA driver library is not available: {e}") from None
+        self.check("cuInit", self.lib.cuInit(0))
+
+    def check(self, what: str, status: int) -> None:
+        if status != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(status, ctypes.byref(name))
+            raise ExchangeError(f"{what} failed: {(name.value or b'?').decode()} ({status})")
+
+    def prop(self, device: int) -> _AllocationProp:
+        prop = _AllocationProp()
+        prop.type = _PINNED
+        prop.requestedHandleTypes = _POSIX_FD
+        prop.location.type = _ON_DEVICE
+        prop.location.id = device
+        return prop
+
+    def granularity(self, device: int) -> int:
+        gran = ctypes.c_size_t()
+        prop = self.prop(device)
+        self.check("cuMemGetAllocationGranularity", self.lib.cuMemGetAllocationGranularity(
+            ctypes.byref(gran), ctypes.byref(prop), _GRANULARITY_RECOMMENDED))
+        return int(gran.value)
+
+    def create(self, size: int, device: int) -> int:
+        handle = ctypes.c_ulonglong()
+        prop = self.prop(device)
+        self.check("cuMemCreate", self.lib.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size),
+                                                       ctypes.byref(prop), ctypes.c_ulonglong(0)))
+        return int(handle.value)
+
+    def export_fd(self, handle: int) -> int:
+        fd = ctypes.c_int(-1)
+        self.check("cuMemExportToShareableHandle", self.lib.cuMemExportToShareableHandle(
+            ctypes.byref(fd), ctypes.c_ulonglong(handle), _POSIX_FD, ctypes.c_ulonglong(0)))
+        return int(fd.value)
+
+    def import_fd(self, fd: int) -> int:
+        handle = ctypes.c_ulonglong()
+        self.check("cuMemImportFromShareableHandle", self.lib.cuMemImportFromShareableHandle(
+            ctypes.byref(handle), ctypes.c_void_p(fd), _POSIX_FD))
+        return int(handle.value)
+
+    def map(self, handle: int, size: int, device: int) -> int:
+        ptr = ctypes.c_ulonglong()
+        self.check("cuMemAddressReserve", self.lib.cuMemAddressReserve(
+            ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_ulonglong(0),
+            ctypes.c_ulonglong(0)))
+        try:
+            self.check("cuMemMap", self.lib.cuMemMap(ctypes.c_ulonglong(ptr.value), ctypes.c_size_t(size),
+                                                     ctypes.c_size_t(0), ctypes.c_ulonglong(handle),
+                                                     ctypes.c_ulonglong(0)))
+            access = _AccessDesc()
+            access.location.type = _ON_DEVICE
+            access.location.id = device
+            access.flags = _READ_WRITE
+            self.check("cuMemSetAccess", self.lib.cuMemSetAccess(ctypes.c_ulonglong(ptr.value),
+                                                                 ctypes.c_size_t(size), ctypes.byref(access),
+                                                                 ctypes.c_size_t(1)))
+        except ExchangeError:
+            self.lib.cuMemUnmap(ctypes.c_ulonglong(ptr.value), ctypes.c_size_t(size))
+            self.lib.cuMemAddressFree(ctypes.c_ulonglong(ptr.value), ctypes.c_size_t(size))
+            raise
+        return int(ptr.value)
+
+    def unmap(self, ptr: int, size: int, handle: int) -> None:
+        self.lib.cuMemUnmap(ctypes.c_ulonglong(ptr), ctypes.c_size_t(size))
+        self.lib.cuMemAddressFree(ctypes.c_ulonglong(ptr), ctypes.c_size_t(size))
+        self.lib.cuMemRelease(ctypes.c_ulonglong(handle))
+
+
+_DRIVER: list[_Driver] = []
+
+
+def _driver() -> _Driver:
+    if not _DRIVER:
+        _DRIVER.append(_Driver())
+    return _DRIVER[0]
+
+
+class _DeviceArray:
+    """A device pointer as the CUDA array interface describes it: torch wraps it without a copy."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
+                                         "strides": None}
+
+
+# -- one shared buffer -------------------------------------------------------------------------------------------
+class SharedBuffer:
+    """``nbytes`` of memory shared with another process: ``data`` is its uint8 view here."""
+
+    def __init__(self, nbytes: int, device: str, data: torch.Tensor, release: Callable[[], None],
+                 export: Callable[[], int]) -> None:
+        self.nbytes = nbytes
+        self.device = device
+        self.data = data
+        self._release = release
+        self._export = export
+        self.released = False
+
+    @staticmethod
+    def allocate(nbytes: int, device: str) -> SharedBuffer:
+        """New shared memory on ``device`` ("cpu" or "cuda")."""
+        if device == "cpu":
+            fd = os.memfd_create("stark-exchange", os.MFD_CLOEXEC)
+            try:
+                return _host_buffer(fd, nbytes, owner=True)
+            finally:
+                os.close(fd)
+        return _device_buffer(None, nbytes)
+
+    @staticmethod
+    def attach(fd: int, nbytes: int, device: str) -> SharedBuffer:
+        """Map a buffer another process shared (``fd`` is closed here)."""
+        try:
+            if device == "cpu":
+                return _host_buffer(fd, nbytes, owner=False)
+            return _device_buffer(fd, nbytes)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def export_fd(self) -> int:
+        """A new descriptor for another process (the caller closes it once sent)."""
+        return self._export()
+
+    def view(self, spec: TensorSpec) -> torch.Tensor:
+        """The tensor ``spec`` describes, on this buffer (no copy)."""
+        dtype = dtype_of(spec.dtype)
+        if self.nbytes % dtype.itemsize:
+            raise ExchangeError("buffer size is not a multiple of the element size")
+        typed = self.data.view(dtype) if self.nbytes else torch.empty(0, dtype=dtype, device=self.data.device)
+        return typed.as_strided(spec.shape, spec.stride, spec.offset)
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.data = torch.empty(0, dtype=torch.uint8)
+            self._release()
+
+
+def _host_buffer(fd: int, nbytes: int, owner: bool) -> SharedBuffer:
+    size = max(nbytes, 1)
+    if owner:
+        os.ftruncate(fd, size)
+    elif os.fstat(fd).st_size < size:
+        raise ExchangeError("a shared buffer is smaller than its description")
+    mm = mmap.mmap(fd, size)
+    saved = os.dup(fd)
+    data = torch.frombuffer(mm, dtype=torch.uint8)[:nbytes]
+
+    def release() -> None:
+        with contextlib.suppress(OSError):
+            os.close(saved)
+
+    def export() -> int:
+        return os.dup(saved)
+
+    buf = SharedBuffer(nbytes, "cpu", data, release, export)
+    buf._mmap = mm  # type: ignore[attr-defined]  # kept alive with the buffer
+    return buf
+
+
+def _device_buffer(fd: int | None, nbytes: int) -> SharedBuffer:
+    drv = _driver()
+    device = torch.cuda.current_device()
+    torch.cuda.init()
+    gran = drv.granularity(device)
+    size = max(gran, math.ceil(max(nbytes, 1) / gran) * gran)
+    handle = drv.create(size, device) if fd is None else drv.import_fd(fd)
+    try:
+        ptr = drv.map(handle, size, device)
+    except ExchangeError:
+        drv.lib.cuMemRelease(ctypes.c_ulonglong(handle))
+        raise
+    data = torch.as_tensor(_DeviceArray(ptr, size), device="cuda")[:nbytes]
+
+    def release() -> None:
+        torch.cuda.synchronize()  # nothing queued may still touch it
+        drv.unmap(ptr, size, handle)
+
+    def export() -> int:
+        return drv.export_fd(handle)
+
+    return SharedBuffer(nbytes, "cuda", data, release, export)
+
+
+# -- layout of a tensor on a buffer ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's layout on shared buffer number ``buffer`` of a message (offsets and strides in elements)."""
+
+    buffer: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: str
+    nbytes: int  # of the buffer
+    device: str  # "cpu" or "cuda"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"buffer": self.buffer, "shape": list(self.shape), "stride": list(self.stride), "offset": self.offset,
+                "dtype": self.dtype, "nbytes": self.nbytes, "device": self.device}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> TensorSpec:
+        return TensorSpec(int(d["buffer"]), tuple(int(x) for x in d["shape"]), tuple(int(x) for x in d["stride"]),
+                          int(d["offset"]), str(d["dtype"]), int(d["nbytes"]), str(d["device"]))
+
+
+def span_bytes(t: torch.Tensor) -> int:
+    """Bytes from the start of ``t``'s first element to the end of its last (its storage offset excluded)."""
+    if t.numel() == 0:
+        return 0
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return (last + 1) * t.element_size()
+
+
+class Outbox:
+    """Buffers to send with one message: each tensor placed on a buffer of its own (layout kept)."""
+
+    def __init__(self) -> None:
+        self.buffers: list[SharedBuffer] = []
+        self.slot_buffers: list[SharedBuffer] = []
+
+    def poison_slots(self) -> None:
+        """Every slot back to 0xFF bytes (before another call writes into them)."""
+        for buf in self.slot_buffers:
+            buf.data.fill_(255)
+
+    def place(self, t: torch.Tensor, fill: bool = True) -> tuple[TensorSpec, torch.Tensor]:
+        """A shared buffer holding ``t``'s layout (and, with ``fill``, its values); its spec and view here."""
+        if any(s < 0 for s in t.stride()):
+            raise ExchangeError("a tensor with negative strides cannot be shared")
+        device = "cpu" if t.device.type == "cpu" else "cuda"
+        buf = SharedBuffer.allocate(span_bytes(t), device)
+        self.buffers.append(buf)
+        spec = TensorSpec(len(self.buffers) - 1, tuple(t.shape), tuple(t.stride()), 0, dtype_name(t.dtype),
+                          buf.nbytes, device)
+        view = buf.view(spec)
+        if fill:
+            view.copy_(t)
+        return spec, view
+
+    def slot(self, shape: Sequence[int], dtype: torch.dtype, device: str) -> tuple[TensorSpec, torch.Tensor]:
+        """A contiguous output slot, filled with 0xFF bytes (NaN in every float format) until written."""
+        t = torch.empty(tuple(shape), dtype=dtype, device="meta")
+        nbytes = t.numel() * t.element_size()
+        buf = SharedBuffer.allocate(nbytes, device)
+        self.buffers.append(buf)
+        self.slot_buffers.append(buf)
+        buf.data.fill_(255)
+        spec = TensorSpec(len(self.buffers) - 1, tuple(t.shape), tuple(t.stride()), 0, dtype_name(dtype), nbytes,
+                          device)
+        return spec, buf.view(spec)
+
+    def fds(self) -> list[int]:
+        return [b.export_fd() for b in self.buffers]
+
+    def release(self) -> None:
+        for b in self.buffers:
+            b.release()
+        self.buffers, self.slot_buffers = [], []
+
+
+def byte_sum(t: torch.Tensor) -> torch.Tensor:
+    """A sum of a tensor's bytes (int64, wrapping, on its device: read as int64 words where they fit, one pass over
+    memory): what a worker's answer and the judge's slot must agree on, so that the answer cannot come before the
+    outputs are final."""
+    flat = t.detach().reshape(-1).contiguous().view(torch.uint8)
+    if flat.numel() == 0:
+        return torch.zeros((), dtype=torch.int64, device=t.device)
+    for word, size in ((torch.int64, 8), (torch.int32, 4)):
+        if flat.numel() % size == 0:
+            return flat.view(word).sum(dtype=torch.int64)
+    return flat.sum(dtype=torch.int64)
+
+
+def touch(t: torch.Tensor) -> None:
+    """Fault in every page of a shared mapping here (read and write, values kept): outside the timed window."""
+    flat = t.detach().reshape(-1).view(torch.uint8) if t.is_contiguous() else None
+    if flat is not None and flat.numel():
+        flat.add_(0)  # every byte read and written again (copy_ of a tensor onto itself does nothing)
+
+
+# -- structures of values (inputs, outputs) as JSON --------------------------------------------------------------
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def path_of(prefix: str, key: int | str) -> str:
+    """The name of an item of a structure: ``output[0]``, ``output['logits']`` (as comparisons report it)."""
+    return f"{prefix}[{key!r}]" if isinstance(key, str) else f"{prefix}[{key}]"
+
+
+def encode_tree(value: Any, on_tensor: Callable[[torch.Tensor, str], dict[str, Any]],
+                prefix: str = "output") -> dict[str, Any]:
+    """A (nested) list/tuple/dict of tensors and plain values as JSON; ``on_tensor`` describes each tensor, given
+    its path (:func:`path_of`)."""
+    count = [0]
+
+    def walk(v: Any, path: str) -> dict[str, Any]:
+        count[0] += 1
+        if count[0] > MAX_LEAVES:
+            raise ExchangeError(f"more than {MAX_LEAVES} values in one structure")
+        if isinstance(v, torch.Tensor):
+            return {"k": "tensor", **on_tensor(v, path)}
+        if isinstance(v, list | tuple):
+            return {"k": "tuple" if isinstance(v, tuple) else "list",
+                    "items": [walk(x, path_of(path, i)) for i, x in enumerate(v)]}
+        if isinstance(v, dict):
+            return {"k": "dict", "items": [[str(key), walk(x, path_of(path, str(key)))] for key, x in v.items()]}
+        if isinstance(v, _PLAIN) and not (isinstance(v, float) and not math.isfinite(v)):
+            return {"k": "value", "v": v}
+        if isinstance(v, float):
+            return {"k": "float", "v": repr(v)}  # nan, inf: not JSON
+        return {"k": "other", "type": type(v).__name__}
+
+    return walk(value, prefix)
+
+
+def decode_tree(node: Any, on_tensor: Callable[[dict[str, Any]], Any], depth: int = 0) -> Any:
+    """The structure :func:`encode_tree` described; ``on_tensor`` turns each tensor entry into a value."""
+    if depth > 64 or not isinstance(node, dict):
+        raise ExchangeError("a malformed structure")
+    kind = node.get("k")
+    if kind == "tensor":
+        return on_tensor(node)
+    if kind in ("list", "tuple"):
+        items = node.get("items")
+        if not isinstance(items, list):
+            raise ExchangeError("a malformed structure")
+        seq = [decode_tree(x, on_tensor, depth + 1) for x in items]
+        return tuple(seq) if kind == "tuple" else seq
+    if kind == "dict":
+        items = node.get("items")
+        if not isinstance(items, list) or not all(isinstance(p, list) and len(p) == 2 for p in items):
+            raise ExchangeError("a malformed structure")
+        return {str(k): decode_tree(v, on_tensor, depth + 1) for k, v in items}
+    if kind == "value":
+        v = node.get("v")
+        if not isinstance(v, _PLAIN):
+            raise ExchangeError("a malformed structure")
+        return v
+    if kind == "float":
+        try:
+            return float(str(node.get("v")))
+        except ValueError:
+            raise ExchangeError("a malformed structure") from None
+    if kind == "other":
+        return Unreadable(str(node.get("type"))[:60])
+    raise ExchangeError("a malformed structure")
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """An output value of a type that cannot cross as JSON (compared as unequal to anything)."""
+
+    type_name: str
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name}>"
+
+
+@dataclass(frozen=True)
+class LeafMeta:
+    """What the worker says about one output tensor of a candidate."""
+
+    slot: str | None  # the path of the slot it was copied into (None: not copied: shape, dtype or device differ)
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+
+def decode_leaf_meta(node: dict[str, Any], slot_paths: set[str]) -> LeafMeta:
+    """A worker's description of an output tensor, checked field by field."""
+    shape = node.get("shape")
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 48 for n in shape):
+        raise ExchangeError("a malformed output shape")
+    slot = node.get("slot")
+    if slot is not None and (not isinstance(slot, str) or slot not in slot_paths):
+        raise ExchangeError("a malformed output slot")
+    dtype = node.get("dtype")
+    if not isinstance(dtype, str) or not 0 < len(dtype) <= 40:
+        raise ExchangeError("a malformed output dtype")
+    device = node.get("device")
+    if device not in ("cpu", "cuda", "meta", "other"):
+        raise ExchangeError("a malformed output device")
+    return LeafMeta(slot, tuple(shape), dtype, str(device))

@@ -1,0 +1,508 @@
+"""Inside the worker: the process that imports candidates, runs them where the judge asks, and times them.
+
+Nothing here decides whether a candidate is correct: the worker runs it on inputs the judge shared and copies its
+outputs into the judge's slots (:mod:`stark_ray.eval.exchange`); the judge compares them with reference outputs it
+computed itself (:mod:`stark_ray.eval.judge`). What the worker measures — the interleaved timing of the candidate
+against its own copy of the reference, the profile of one call (its kernels, their streams) — the judge takes as
+the candidate's claim: a speedup above 2x is confirmed by the judge's own wall clock, and every claim here can
+only reject a candidate, never accept one.
+
+Per candidate the judge sends ``load``, one ``run`` per trial, ``time``, possibly ``stage``/``go`` (the
+confirmation), and ``end``; ``reference`` times the reference alone. The fingerprint (the backstop against a
+candidate that patches the process) is checked after each step: a change ends the worker after its answer.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.backends import Backend
+from stark_ray.eval.build_log import LogTail, candidate_frame, compile_failure
+from stark_ray.eval.compare import Tolerances, compare_outputs
+from stark_ray.eval.diagnostics import compiler_log, describe_exception
+from stark_ray.eval.exchange import (
+    SharedBuffer,
+    TensorSpec,
+    byte_sum,
+    decode_tree,
+    dtype_name,
+    encode_tree,
+    touch,
+)
+from stark_ray.eval.guards import Fingerprint, output_problem, poison
+from stark_ray.eval.kernel_sources import KernelSources, own_kernel_names, python_kernel_names
+from stark_ray.eval.loader import import_source
+from stark_ray.eval.protocol import (
+    OP_END,
+    OP_GO,
+    OP_LOAD,
+    OP_REFERENCE,
+    OP_RUN,
+    OP_STAGE,
+    OP_TIME,
+    PHASE_COMPILE,
+    PHASE_SETUP,
+    PHASE_TIME,
+    WorkerRequest,
+    recv_fds,
+)
+from stark_ray.eval.streams import profile_call
+from stark_ray.eval.task_state import TaskState, on_device
+from stark_ray.eval.tasks import TaskError, build_reference
+from stark_ray.eval.timing import (
+    GPU_WARMUP_MS,
+    HEAD_START_US,
+    Stats,
+    TimingMismatch,
+    leaves_work_behind,
+    time_interleaved,
+)
+from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
+
+Send = Callable[[dict[str, Any]], None]
+KEPT_TASKS = 32  # task references a worker keeps at most (a campaign worker moves from task to task) ...
+KEPT_SHARE = 0.25  # ... while what they hold on the device stays under this share of its memory
+KEPT_CPU_BYTES = 4 << 30  # ... or, on the CPU, under this
+PROFILE_SPIN_US = 2000.0  # the spin ahead of a profiled call: longer than the host needs to launch it
+
+
+@dataclass
+class Loaded:
+    """The candidate the worker holds between ``load`` and ``end``."""
+
+    model: Any
+    state: TaskState
+    cfg: EvalConfig
+    source: str
+    compile_s: float
+    buffers: list[SharedBuffer] = field(default_factory=list)  # mapped for the step in progress
+    inputs: list[Any] = field(default_factory=list)
+    slots: dict[str, torch.Tensor] = field(default_factory=dict)  # by the path of the output they are for
+    staged: list[tuple[list[Any], dict[str, torch.Tensor]]] = field(default_factory=list)
+
+
+class CandidateHost:
+    """Serves the judge's steps inside one worker process."""
+
+    def __init__(self, backend: Backend, sock: socket.socket | None) -> None:
+        self.backend = backend
+        self.sock = sock
+        self.tasks: OrderedDict[str, TaskState] = OrderedDict()
+        self.sources = KernelSources()
+        self.sources.install()
+        if backend.name == "triton":
+            self.sources.install_triton()
+        settle_torch()
+        if backend.device == "cuda":
+            _warm_profiler()
+        self.fingerprint = Fingerprint()  # after our own hooks and torch's own patches
+        self.current: Loaded | None = None
+        self.count = 0
+        self.healthy = True
+        self.home = Path.cwd()
+
+    # -- tasks ------------------------------------------------------------------------------------------------
+    def task_state(self, name: str, source: str, cfg: EvalConfig) -> TaskState:
+        key = hashlib.sha256(f"{cfg.seed}\0{source}".encode()).hexdigest()
+        state = self.tasks.get(key)
+        if state is not None:
+            self.tasks.move_to_end(key)
+            return state
+        try:
+            module = import_source(source, f"stark_task_{key[:12]}", Path(os.environ.get("TMPDIR", ".")),
+                                   f"task_{key[:12]}.py")
+        except Exception as e:
+            raise TaskError(f"task {name}: import failed: {describe_exception(e)}") from None
+        model, init_inputs = build_reference(module, name, cfg.seed)
+        device = self.backend.device
+        state = TaskState(name, module, on_device(model, device), init_inputs, device, cfg.seed)
+        self.tasks[key] = state
+        self.evict(key)
+        return state
+
+    def evict(self, keep: str) -> None:
+        """Forget the least recently used tasks beyond KEPT_TASKS or the memory they may hold (never ``keep``)."""
+        budget = self._kept_budget()
+        while len(self.tasks) > 1:
+            held = sum(s.held_bytes() for s in self.tasks.values())
+            if len(self.tasks) <= KEPT_TASKS and held <= budget:
+                return
+            oldest = next(iter(self.tasks))
+            if oldest == keep:
+                return
+            del self.tasks[oldest]
+
+    def _kept_budget(self) -> int:
+        if self.backend.device != "cuda":
+            return KEPT_CPU_BYTES
+        return int(KEPT_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+    # -- steps ------------------------------------------------------------------------------------------------
+    def handle(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
+        """The answer to one step of the judge's."""
+        op = msg.get("op")
+        steps: dict[str, Callable[[dict[str, Any], Send], dict[str, Any]]] = {
+            OP_REFERENCE: self.reference, OP_LOAD: self.load, OP_RUN: self.run, OP_TIME: self.time,
+            OP_STAGE: self.stage, OP_GO: self.go, OP_END: self.end}
+        step = steps.get(str(op))
+        if step is None or (op not in (OP_REFERENCE, OP_LOAD, OP_END) and self.current is None):
+            return {"error": f"unexpected step {op!r}"}
+        try:
+            answer = step(msg, send)
+        except TaskError as e:
+            answer = {"failed": asdict(_task_failure(str(e)))}
+        except BaseException as e:  # anything a candidate raised out of a step: its own failure
+            answer = {"raised": {"error": describe_exception(e) + candidate_frame(e.__traceback__),
+                                 "log": excerpt(traceback.format_exc())}}
+        if op == OP_GO:  # the judge's clock runs until this answer: the checks come with the next step's
+            answer["tampered"] = []
+            answer["healthy"] = True
+            return answer
+        if self.tasks:
+            self.evict(next(reversed(self.tasks)))
+        changed = self.fingerprint.changed()
+        self.healthy = not changed and self.backend.healthy()
+        answer["tampered"] = changed
+        answer["healthy"] = self.healthy
+        return answer
+
+    def reference(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
+        cfg = EvalConfig(**msg["cfg"])
+        send({"phase": PHASE_SETUP})
+        state = self.task_state(str(msg["task_name"]), str(msg["task_source"]), cfg)
+        send({"phase": PHASE_TIME})
+        fns = [state.model, state.model]  # timed against itself: the ratio of the two halves shows the noise
+        if cfg.baseline == "compile":
+            fns.append(state.baseline_compiled())
+        try:
+            timings = time_interleaved(fns, state.timing_sets(), self.backend.timer(), cfg.warmup,
+                                       self._trials(cfg), None, _warmup_ms(state), cfg.timing_precision)
+        except TaskError:
+            raise
+        except Exception as e:
+            raise TaskError(f"task {state.name}: reference forward failed: {describe_exception(e)}") from None
+        stats = Stats.of(timings[0].stats.samples + timings[1].stats.samples)
+        noise = timings[0].stats.median / timings[1].stats.median
+        log = f"reference: {stats.describe()}; self-speedup (noise) {noise:.3f}"
+        compiled_ms = None
+        if len(timings) > 2:
+            compiled_ms = timings[2].stats.median
+            log += f"\ntorch.compile baseline: {timings[2].stats.describe()}"
+        result = EvalResult(compiled=True, correct=True, runtime_ms=stats.median, ref_runtime_ms=stats.median,
+                            speedup=1.0, stage=STAGE_OK, log=log, ref_compile_runtime_ms=compiled_ms,
+                            runtime_cv=stats.cv, ref_runtime_cv=stats.cv)
+        return {"result": asdict(result)}
+
+    def load(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
+        self._forget()
+        os.chdir(tempfile.mkdtemp(prefix="req-", dir=self.home))  # the candidate's private directory, to its end
+        cfg = EvalConfig(**msg["cfg"])
+        send({"phase": PHASE_SETUP})
+        state = self.task_state(str(msg["task_name"]), str(msg["task_source"]), cfg)
+        send({"phase": PHASE_COMPILE})
+        self.count += 1
+        tail = LogTail()
+        tail.mark()
+        started = time.perf_counter()
+        source = str(msg.get("candidate_source") or "")
+        self.sources.reset()
+        name = f"stark_candidate_{self.count}"
+        try:
+            cand = import_source(source, name, Path.cwd(), "candidate.py")
+            if self.fingerprint.changed():  # before ModelNew runs anything: the answer says what changed
+                return {"failed": asdict(EvalResult(compiled=True, stage=STAGE_CORRECTNESS))}
+            model_cls = getattr(cand, "ModelNew", None)
+            if model_cls is None:
+                return {"failed": asdict(EvalResult.failed(STAGE_COMPILE, "the candidate defines no ModelNew"))}
+            torch.manual_seed(cfg.seed)  # same seed as the reference: same parameters, in the same order
+            model = on_device(model_cls(*copy.deepcopy(state.init_inputs)), state.device)
+            self.backend.synchronize()
+        except BaseException as e:  # SystemExit included: the candidate is never allowed to end the worker
+            failed = compile_failure(e, tail.since_mark(), started)
+            failed.flags = [f for f in failed.flags if f != "build_error"]  # only the compile pool needs it
+            return {"failed": asdict(failed)}
+        finally:
+            sys.modules.pop(name, None)
+        compile_s = time.perf_counter() - started
+        output = tail.since_mark()
+        self.current = Loaded(model, state, cfg, source, compile_s)
+        return {"loaded": {"compile_s": compile_s, "warnings": compiler_log(output) if "warning:" in output else ""}}
+
+    def run(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
+        """One call of the candidate on the judge's inputs; its outputs copied into the judge's slots."""
+        cur = self.current
+        assert cur is not None
+        if not msg.get("same"):  # else: the same input tensors (and slots) as the last run, with new contents
+            cur.inputs, cur.slots, cur.buffers = self._attach(msg["inputs"], msg["slots"], int(msg["fds"]),
+                                                              cur.buffers)
+        poison([t.numel() * t.element_size() for t in cur.slots.values()], cur.state.device)  # unwritten: NaN
+        torch.manual_seed(int(msg.get("seed", cur.cfg.seed)))
+        with torch.no_grad():
+            raw = cur.model(*cur.inputs)
+            self.backend.synchronize()
+            problem = output_problem(raw, cur.inputs, cur.state.device)
+            tree = _fill_slots(raw, cur.slots)
+            self.backend.synchronize()
+        return {"ran": {"outputs": tree, "problem": problem}}
+
+    def time(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
+        """Time the candidate against the reference here (interleaved, rotating inputs), after a profile of one
+        call: its own kernels (``no_kernel``) and their streams (``unordered_stream``, ``extra_stream``)."""
+        cur = self.current
+        assert cur is not None
+        state, cfg = cur.state, cur.cfg
+        send({"phase": PHASE_TIME})
+        flags: list[str] = []
+        notes: list[str] = []
+        head_start = True
+        if state.device == "cuda":
+            try:
+                report = profile_call(cur.model, list(_clone(state.timing_sets()[0])), _spin_cycles())
+            except Exception as e:  # no profiler here (CUPTI missing): say so, do not guess
+                report = None
+                notes.append(f"kernel profile unavailable: {describe_exception(e)}")
+            if report is not None:
+                defined = self.sources.names() if self.sources.recorded else python_kernel_names(cur.source)
+                if not own_kernel_names(report.names, defined):
+                    flags.append("no_kernel")
+                    shown = ", ".join(sorted(set(report.names))[:6]) or "nothing"
+                    notes.append(f"no kernel of its own was launched (only: {shown})")
+                if report.unordered:
+                    return {"timed": {"rejected": "unordered_stream", "error": report.describe_unordered(),
+                                      "flags": [*flags, "unordered_stream"], "log": notes}}
+                if report.side_streams:
+                    flags.append("extra_stream")
+                    head_start = False
+                    notes.append(f"its kernels use {len(report.side_streams)} more stream(s), in order with the "
+                                 "current one: both sides timed without a head start, up to a device-wide sync")
+        fns = [state.model, cur.model]
+        tol = Tolerances.of(cfg)
+
+        def check(out: Any, ref: Any) -> str | None:
+            c = compare_outputs(out, ref, tol)
+            return None if c.ok else c.problem
+
+        timer = self.backend.timer(head_start)
+        try:
+            timings = time_interleaved(fns, state.timing_sets(), timer, cfg.warmup, self._trials(cfg), check,
+                                       _warmup_ms(state), cfg.timing_precision)
+            compiled_ms = None
+            if cfg.baseline == "compile":  # checked once when compiled; timed beside the eager reference
+                compiled = time_interleaved([state.model, state.baseline_compiled()], state.timing_sets(),
+                                            self.backend.timer(head_start), cfg.warmup, self._trials(cfg), None,
+                                            _warmup_ms(state), cfg.timing_precision)[1]
+                compiled_ms = compiled.stats.median
+                notes.append(f"torch.compile baseline: {compiled.stats.describe()}")
+        except TimingMismatch as e:
+            return {"timed": {"mismatch": f"{e} (memoised or racy output?)"}}
+        ref_t, new_t = timings
+        synced = not head_start
+        if head_start and leaves_work_behind(new_t, ref_t):
+            flags.append("extra_stream")
+            synced = True
+            notes.append(f"work left running after forward returned ({new_t.gap_ms:.3g} ms): both sides timed up "
+                         "to a device-wide sync")
+        ref_stats, new_stats = (ref_t.synced, new_t.synced) if synced else (ref_t.stats, new_t.stats)
+        if ref_t.head_us and ref_t.head_us > HEAD_START_US:
+            notes.append(f"launch-bound: timed with a {ref_t.head_us:.0f} us head start (GPU time; launch "
+                         "overhead not counted)")
+        return {"timed": {"ref": _stats(ref_stats), "new": _stats(new_stats), "compiled_ms": compiled_ms,
+                          "flags": flags, "log": [f"reference: {ref_stats.describe()}",
+                                                  f"candidate: {new_stats.describe()}", *notes]}}
+
+    def stage(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
+        """Map the input sets and slots of a confirmation batch (outside the timed window)."""
+        cur = self.current
+        assert cur is not None
+        self._release(cur.buffers)
+        cur.buffers, cur.staged = [], []
+        fds = recv_fds(self._channel(), int(msg["fds"]))
+        bufs = self._map(fds, [TensorSpec.from_json(s) for group in msg["slots"] for s in group] +
+                         _specs_of(msg["sets"]))
+        cur.buffers = list(bufs.values())
+        for buf in cur.buffers:  # page faults now, not inside the judge's clock
+            touch(buf.data)
+        for tree, slot_specs in zip(msg["sets"], msg["slots"], strict=True):
+            cur.staged.append((_inputs_on(tree, bufs), _slots_on(slot_specs, bufs)))
+        self.backend.synchronize()
+        return {"staged": len(cur.staged)}
+
+    def go(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
+        """The staged batch: every set once, outputs into their slots, one sync at the end, byte sums back (the
+        judge checks them against its slots: the answer cannot come before the outputs exist)."""
+        cur = self.current
+        assert cur is not None
+        sums: list[torch.Tensor] = []
+        with torch.no_grad():
+            self.backend.synchronize()
+            for inputs, slots in cur.staged:
+                out = cur.model(*inputs)
+                _fill_slots(out, slots)
+                sums += [byte_sum(s) for s in slots.values()]
+            digests = torch.stack(sums).tolist() if sums else []
+        return {"done": {"digests": digests}}
+
+    def end(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
+        self._forget()
+        return {"ended": True}
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+    def _forget(self) -> None:
+        cur, self.current = self.current, None
+        if cur is not None:
+            self._release(cur.buffers)
+        here = Path.cwd()
+        if here != self.home:
+            os.chdir(self.home)
+            shutil.rmtree(here, ignore_errors=True)
+
+    @staticmethod
+    def _release(buffers: list[SharedBuffer]) -> None:
+        for b in buffers:
+            b.release()
+
+    def _channel(self) -> socket.socket:
+        if self.sock is None:
+            raise RuntimeError("this worker has no descriptor channel")
+        return self.sock
+
+    def _map(self, fds: list[int], specs: list[TensorSpec]) -> dict[int, SharedBuffer]:
+        by_buffer = {s.buffer: s for s in specs}
+        if sorted(by_buffer) != list(range(len(fds))):
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError("the descriptors do not match the message")
+        return {i: SharedBuffer.attach(fd, by_buffer[i].nbytes, by_buffer[i].device) for i, fd in enumerate(fds)}
+
+    def _attach(self, tree: Any, slot_specs: list[dict[str, Any]], count: int, old: list[SharedBuffer]
+                ) -> tuple[list[Any], dict[str, torch.Tensor], list[SharedBuffer]]:
+        self._release(old)
+        fds = recv_fds(self._channel(), count)
+        bufs = self._map(fds, [TensorSpec.from_json(s) for s in slot_specs] + _specs_of([tree]))
+        return _inputs_on(tree, bufs), _slots_on(slot_specs, bufs), list(bufs.values())
+
+    def _trials(self, cfg: EvalConfig) -> int:
+        return cfg.timing_trials or self.backend.default_timing_trials()
+
+
+def build_only(req: WorkerRequest, send: Send, count: int) -> EvalResult:
+    """Import the candidate so that its extension is built into the cache (compile pool, no device)."""
+    send({"phase": PHASE_COMPILE})
+    tail = LogTail()
+    tail.mark()
+    started = time.perf_counter()
+    try:
+        import_source(req.candidate_source or "", f"stark_candidate_{count}", Path.cwd(), "candidate.py")
+    except BaseException as e:
+        return compile_failure(e, tail.since_mark(), started)
+    return EvalResult(compiled=True, stage=STAGE_OK, compile_s=time.perf_counter() - started)
+
+
+def _specs_of(trees: list[Any]) -> list[TensorSpec]:
+    found: list[TensorSpec] = []
+
+    def on_tensor(node: dict[str, Any]) -> None:
+        found.append(TensorSpec.from_json(node["spec"]))
+
+    for tree in trees:
+        decode_tree(tree, on_tensor)
+    return found
+
+
+def _inputs_on(tree: Any, bufs: dict[int, SharedBuffer]) -> list[Any]:
+    inputs = decode_tree(tree, lambda node: bufs[int(node["spec"]["buffer"])].view(TensorSpec.from_json(node["spec"])))
+    return list(inputs)
+
+
+def _slots_on(slot_specs: list[dict[str, Any]], bufs: dict[int, SharedBuffer]) -> dict[str, torch.Tensor]:
+    return {str(s["path"]): bufs[int(s["buffer"])].view(TensorSpec.from_json(s)) for s in slot_specs}
+
+
+def _fill_slots(out: Any, slots: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Copy each output tensor into the slot for its path where shape, dtype and device match; describe all."""
+
+    def on_tensor(t: torch.Tensor, path: str) -> dict[str, Any]:
+        device = t.device.type if t.device.type in ("cpu", "cuda", "meta") else "other"
+        slot = slots.get(path)
+        copied = (slot is not None and tuple(t.shape) == tuple(slot.shape) and t.dtype == slot.dtype
+                  and t.device.type == slot.device.type)
+        if copied:
+            assert slot is not None
+            slot.copy_(t.detach())
+        return {"slot": path if copied else None, "shape": list(t.shape), "dtype": dtype_name(t.dtype),
+                "device": device}
+
+    return encode_tree(out, on_tensor)
+
+
+def _clone(values: list[Any]) -> list[Any]:
+    from stark_ray.eval.inputs import clone_all
+
+    return clone_all(values)
+
+
+def _stats(s: Stats) -> dict[str, float]:
+    return {"median": s.median, "mean": s.mean, "std": s.std, "min": s.min, "n": s.n}
+
+
+def _warmup_ms(state: TaskState) -> float:
+    return GPU_WARMUP_MS if state.device == "cuda" else 0.0
+
+
+def _spin_cycles() -> int:
+    from stark_ray.eval.timing import _cycles_per_us
+
+    return int(PROFILE_SPIN_US * _cycles_per_us())
+
+
+def _task_failure(error: str) -> EvalResult:
+    result = EvalResult.failed(STAGE_RUNTIME, error)
+    result.flags.append("task_error")
+    return result
+
+
+def _warm_profiler() -> None:
+    """One profiled no-op, so that the profiler's own first-use set-up happens before the fingerprint."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]):
+            torch.empty(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
+    except Exception:  # no profiler on this host: the profile of a candidate says so
+        pass
+
+
+def preload() -> None:
+    """The imports a device worker needs, done ahead (no device work): a spare does them while it waits."""
+    import torch._dynamo  # noqa: F401
+
+
+def settle_torch() -> None:
+    """Let torch make the patches it makes to itself (dynamo replaces torch.manual_seed on import, and tags
+    nn.Module.__init__ on the first torch.compile) before the fingerprint, so that a candidate using
+    torch.compile is not taken for one that tampers with torch."""
+    import torch._dynamo  # noqa: F401
+
+    try:
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+
+        install_generation_tagging_init()
+    except Exception:  # another torch version: a false alarm there shows as "tampered" in a test, not silently
+        pass

@@ -1,0 +1,583 @@
+"""The judge: the process that decides whether a candidate is correct and how fast it is. It never imports one.
+
+``python -m stark_ray.eval.judge --backend B ...`` is started by the service like any process of the evaluator
+(:mod:`stark_ray.eval.runner`), not isolated, and starts the worker that runs the candidates (isolated when asked,
+with a hot spare on a GPU). For each candidate the service sends, the judge
+
+1. keeps the task's reference (the task is checked once: forward runs, its outputs can be compared, two calls on
+   the same inputs agree);
+2. has the worker ``load`` the candidate;
+3. runs every trial (:mod:`stark_ray.eval.trials`): makes the inputs and the reference's outputs here, shares a
+   copy of the inputs and one slot per output tensor with the worker (:mod:`stark_ray.eval.exchange`), has it
+   ``run`` the candidate, and compares the slots with its own reference outputs and its copy of the inputs with
+   the originals — nothing the worker says is needed to reject a wrong output, and nothing it says can make one
+   pass;
+4. has the worker ``time`` it against the reference (its claim: events, the profile's streams and own kernels);
+5. confirms a speedup above 2x with its own wall clock (:mod:`stark_ray.eval.confirmation`);
+6. ends the candidate; a worker that tampered (its fingerprint changed), broke the protocol, modified inputs,
+   memoised or was not confirmed never serves another candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import hashlib
+import json
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.backends import Backend, get_backend
+from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
+from stark_ray.eval.confirmation import CONFIRM_ABOVE, confirm
+from stark_ray.eval.diagnostics import describe_exception
+from stark_ray.eval.exchange import ExchangeError, Outbox, byte_sum, decode_leaf_meta, decode_tree, encode_tree
+from stark_ray.eval.inputs import same_values
+from stark_ray.eval.loader import import_source
+from stark_ray.eval.outcome import limits_for, lost_result
+from stark_ray.eval.protocol import (
+    MODE_CANDIDATE,
+    MODE_REFERENCE,
+    OP_END,
+    OP_GO,
+    OP_LOAD,
+    OP_REFERENCE,
+    OP_RUN,
+    OP_STAGE,
+    OP_TIME,
+    PHASE_CHECK,
+    PHASE_TIME,
+    STACK_DUMP_SIGNAL,
+    WorkerRequest,
+    result_from_message,
+)
+from stark_ray.eval.runner import MAX_REQUESTS, PhaseClock, Reply, WorkerProcess, WorkerSpec, WorkerStartError
+from stark_ray.eval.tasks import TaskError, build_reference
+from stark_ray.eval.trials import JudgeTask, Trial, special_trials, standard_trial
+from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
+
+Send = Callable[[dict[str, Any]], None]
+LARGE_SPEEDUP = 10.0  # flagged (informational) above this
+KEPT_TASKS = 32  # task references the judge keeps, as the worker does
+KEPT_SHARE = 0.25
+KEPT_CPU_BYTES = 4 << 30
+_ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
+
+
+class _Stop(Exception):
+    """A step decided the candidate's result (the worker died, timed out or broke the protocol; a trial failed)."""
+
+    def __init__(self, result: EvalResult, recycle: bool = False) -> None:
+        super().__init__(result.error)
+        self.result = result
+        self.recycle = recycle
+
+
+def _tampered(names: list[str]) -> EvalResult:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, flags=["tampered"],
+                      error=f"the candidate replaced part of torch or of the evaluator ({shown}); rejected")
+
+
+def _protocol(why: str) -> EvalResult:
+    return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, flags=["tampered"],
+                      error=f"the worker broke the evaluator's protocol ({why}); rejected")
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ExchangeError(f"not a time: {value!r}")
+    return float(value)
+
+
+class Judge:
+    """Serves the service's requests inside the judge process."""
+
+    def __init__(self, backend: Backend, worker: WorkerProcess) -> None:
+        self.backend = backend
+        self.worker = worker
+        self.tasks: OrderedDict[str, JudgeTask] = OrderedDict()
+
+    # -- tasks ------------------------------------------------------------------------------------------------
+    def task(self, req: WorkerRequest, cfg: EvalConfig) -> JudgeTask:
+        """The task's reference, checked once: forward runs, returns something comparable, and is deterministic."""
+        key = hashlib.sha256(f"{cfg.seed}\0{req.task_source}".encode()).hexdigest()
+        task = self.tasks.get(key)
+        if task is not None:
+            self.tasks.move_to_end(key)
+            return task
+        name = req.task_name
+        try:
+            module = import_source(req.task_source, f"stark_task_{key[:12]}", Path(os.environ.get("TMPDIR", ".")),
+                                   f"task_{key[:12]}.py")
+        except Exception as e:
+            raise TaskError(f"task {name}: import failed: {describe_exception(e)}") from None
+        model, init_inputs = build_reference(module, name, cfg.seed)
+        device = self.backend.device
+        if device != "cpu" and hasattr(model, "to"):
+            model = model.to(device)
+        task = JudgeTask(name, module, model, init_inputs, device, cfg.seed)
+        first = standard_trial(task, cfg, 0)
+        leaves = flatten_outputs(first.ref)
+        odd = [type(v).__name__ for _, v in leaves if not isinstance(v, _ALLOWED_LEAVES)]
+        if odd or not any(isinstance(v, torch.Tensor) for _, v in leaves):
+            what = odd[0] if odd else type(first.ref).__name__
+            raise TaskError(f"task {name}: the reference returns {what}, which cannot be compared (a tensor, or a "
+                            "tuple, list or dict of tensors and numbers)")
+        with torch.no_grad():  # no reseeding: a forward that draws random numbers gives other outputs
+            again = model(*[t.clone() if isinstance(t, torch.Tensor) else t for t in first.inputs])
+        same = compare_outputs(again, first.ref, Tolerances.of(cfg))
+        if not same.ok:
+            raise TaskError(f"task {name}: the reference is not deterministic (two calls on the same inputs differ: "
+                            f"{same.problem}); its forward must not draw random numbers")
+        self.tasks[key] = task
+        self._evict(key)
+        return task
+
+    def _evict(self, keep: str) -> None:
+        if self.backend.device == "cuda":
+            budget = int(KEPT_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        else:
+            budget = KEPT_CPU_BYTES
+        while len(self.tasks) > 1:
+            if len(self.tasks) <= KEPT_TASKS and sum(t.held_bytes() for t in self.tasks.values()) <= budget:
+                return
+            oldest = next(iter(self.tasks))
+            if oldest == keep:
+                return
+            del self.tasks[oldest]
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def handle(self, req: WorkerRequest, send: Send) -> dict[str, Any]:
+        """The answer to one request of the service (the result, and what the worker went through)."""
+        cfg = EvalConfig(**req.cfg)
+        extra: dict[str, Any] = {}
+        try:
+            if req.mode == MODE_REFERENCE:
+                result = self.reference(req, cfg, send)
+            elif req.mode == MODE_CANDIDATE:
+                result = self.candidate(req, cfg, send)
+            else:
+                result = EvalResult.failed(STAGE_RUNTIME, f"the judge does not serve {req.mode!r} requests")
+        except TaskError as e:
+            result = EvalResult.failed(STAGE_RUNTIME, str(e), traceback.format_exc())
+            result.flags.append("task_error")
+        except WorkerStartError as e:  # the host cannot run a worker: the service says so in one line
+            result = EvalResult.failed(STAGE_RUNTIME, str(e))
+            extra["evaluator_error"] = str(e)
+        healthy = self.backend.healthy()
+        return {"result": asdict(result), "healthy": healthy,
+                "worker": {"starts": self.worker.starts, "promotions": self.worker.promotions,
+                           "start_phases": self.worker.hello.get("start_phases"),
+                           "spare_ready": self.worker.spare_ready()}, **extra}
+
+    def _clock(self, cfg: EvalConfig, send: Send) -> PhaseClock:
+        return PhaseClock(limits_for(cfg), on_enter=lambda phase: send({"phase": phase}))
+
+    def reference(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
+        clock = self._clock(cfg, send)
+        self.task(req, cfg)
+        try:
+            msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source,
+                                            "cfg": req.cfg}, clock, label="while timing the reference")
+            if "failed" in msg:
+                failed = result_from_message(msg["failed"])
+                raise TaskError(failed.error or "the reference could not be timed")
+            return result_from_message(msg["result"])
+        except _Stop as stop:
+            if stop.recycle:
+                self.worker.kill()
+            raise TaskError(f"task {req.task_name}: reference {stop.result.error}") from None
+        except (KeyError, TypeError) as e:
+            self.worker.kill()
+            raise TaskError(f"task {req.task_name}: the worker's answer was malformed ({e})") from None
+
+    def candidate(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
+        clock = self._clock(cfg, send)
+        task = self.task(req, cfg)
+        started = time.perf_counter()
+        try:
+            result = _Candidate(self, task, req, cfg, clock).evaluate()
+            if self.worker.alive:  # it forgets the candidate; its fingerprint is checked once more
+                self._step(OP_END, {}, clock)
+        except _Stop as stop:
+            if stop.recycle:
+                self.worker.kill()
+            result = stop.result
+        clock.close()
+        result.eval_s = time.perf_counter() - started
+        return result
+
+    # -- talking to the worker ------------------------------------------------------------------------------
+    def _step(self, op: str, payload: dict[str, Any], clock: PhaseClock, fds: list[int] | None = None,
+              label: str = "") -> dict[str, Any]:
+        """One step of the worker's: its answer, checked; a _Stop when it died, timed out, tampered, or the
+        candidate raised (``label`` says where)."""
+        reply = self.worker.converse({"op": op, **payload}, clock, fds or ())
+        for fd in fds or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        return self.answer(reply, clock, label)
+
+    def answer(self, reply: Reply, clock: PhaseClock, label: str) -> dict[str, Any]:
+        if reply.msg is None:
+            raise _Stop(lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit()))
+        msg = reply.msg
+        changed = msg.get("tampered")
+        if not isinstance(changed, list) or "healthy" not in msg:
+            raise _Stop(_protocol("an answer without its fingerprint"), recycle=True)
+        if msg.get("healthy") is False:  # a sticky device error, or it tampered: it exits after this answer
+            self.worker.close_current()
+        if changed:
+            raise _Stop(_tampered([str(c) for c in changed]), recycle=True)
+        if "error" in msg:
+            raise _Stop(_protocol(str(msg["error"])[:200]), recycle=True)
+        if "raised" in msg:
+            raised = msg["raised"] if isinstance(msg["raised"], dict) else {}
+            raise _Stop(EvalResult(compiled=True, stage=STAGE_RUNTIME,
+                                   error=f"{label}: {raised.get('error', '?')}"[:300],
+                                   log=excerpt(str(raised.get("log", "")))), recycle=not msg.get("healthy"))
+        return msg
+
+
+class _Candidate:
+    """One candidate's way through the judge (one instance per evaluation)."""
+
+    def __init__(self, judge: Judge, task: JudgeTask, req: WorkerRequest, cfg: EvalConfig, clock: PhaseClock) -> None:
+        self.judge = judge
+        self.task = task
+        self.req = req
+        self.cfg = cfg
+        self.clock = clock
+        self.tol = Tolerances.of(cfg)
+        self.worst_abs = self.worst_rel = 0.0
+        self.laps: list[tuple[str, float]] = []
+        self.lap_t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append((name, now - self.lap_t))
+        self.lap_t = now
+
+    def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
+        return self.judge._step(op, payload, self.clock, fds, label)
+
+    def evaluate(self) -> EvalResult:
+        worker = self.judge.worker
+        if not worker.alive:
+            worker.start()
+        worker.mark_log()
+        msg = self.step(OP_LOAD, {"task_name": self.req.task_name, "task_source": self.req.task_source,
+                                  "cfg": self.req.cfg, "candidate_source": self.req.candidate_source})
+        if "failed" in msg:
+            return result_from_message(msg["failed"])
+        loaded = msg.get("loaded")
+        if not isinstance(loaded, dict):
+            raise _Stop(_protocol("no answer to load"), recycle=True)
+        compile_s = _number(loaded.get("compile_s", 0.0))
+        self.laps.append(("build/import", compile_s))
+        self.lap_t = time.perf_counter()
+        base = {"compiled": True, "compile_s": compile_s}
+
+        self.clock.enter(PHASE_CHECK)
+        trials = [standard_trial(self.task, self.cfg, t) for t in range(self.cfg.trials)]
+        special, notes = special_trials(self.task, self.cfg, self.tol)
+        for trial in [*trials, *special]:
+            failure = self.trial(trial)
+            if failure is not None:
+                failure.compile_s = compile_s
+                return failure
+        self.lap("checks")
+
+        self.clock.enter(PHASE_TIME)
+        timed = self.step(OP_TIME, {}, label="while timing").get("timed")
+        if not isinstance(timed, dict):
+            raise _Stop(_protocol("no answer to time"), recycle=True)
+        checks = (f"correct over {self.cfg.trials} trials and {len(special)} more (blocks, sensitivity, same "
+                  f"address) (max_abs_err {self.worst_abs:.3g}, rel_err {self.worst_rel:.3g})")
+        base |= {"max_abs_err": self.worst_abs, "rel_err": self.worst_rel}
+        if "mismatch" in timed:
+            raise _Stop(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=str(timed["mismatch"])[:300],
+                                   **base), recycle=True)
+        flags = [str(f) for f in timed.get("flags", [])]
+        worker_log = [str(line) for line in timed.get("log", [])][:20]
+        if "rejected" in timed:
+            return EvalResult(correct=True, stage=STAGE_OK, error=str(timed.get("error", ""))[:300], flags=flags,
+                              log=excerpt("\n".join([checks, *notes, *worker_log])), **base)
+        try:
+            ref, new = timed["ref"], timed["new"]
+            ref_ms, new_ms = _number(ref["median"]), _number(new["median"])
+            ref_cv = _number(ref["std"]) / max(_number(ref["mean"]), 1e-12)
+            new_cv = _number(new["std"]) / max(_number(new["mean"]), 1e-12)
+            compiled_ms = None if timed.get("compiled_ms") is None else _number(timed["compiled_ms"])
+        except (KeyError, TypeError, ExchangeError) as e:
+            raise _Stop(_protocol(f"a malformed timing: {e}"), recycle=True) from None
+        self.lap("timing")
+        speedup = ref_ms / new_ms if new_ms > 0 else float("inf")
+        log = [checks, *notes, *worker_log]
+        if speedup > LARGE_SPEEDUP:
+            flags.append("large_speedup")
+        rejected: list[str] = [n for n in worker_log if n.startswith("no kernel")]
+        if speedup > CONFIRM_ABOVE:
+            confirmation = confirm(self.task, speedup, new_ms, self.tol, self.batch)
+            self.lap("confirmation")
+            if confirmation.problem:
+                raise _Stop(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
+                                       log=excerpt("\n".join(log)), **base), recycle=True)
+            log.append(confirmation.note)
+            if not confirmation.confirmed:
+                flags.append("suspicious")
+                rejected.append(confirmation.note)
+                self.judge.worker.kill()  # its claim was not borne out: no further candidate in this process
+        log.append("evaluator time: " + ", ".join(f"{name} {s:.3f} s" for name, s in self.laps))
+        warnings = str(loaded.get("warnings") or "")
+        if warnings:
+            log.append(warnings)
+        return EvalResult(correct=True, runtime_ms=new_ms, ref_runtime_ms=ref_ms, speedup=speedup, stage=STAGE_OK,
+                          log=excerpt("\n".join(log)), flags=flags, error="; ".join(rejected) or None,
+                          ref_compile_runtime_ms=compiled_ms, runtime_cv=new_cv, ref_runtime_cv=ref_cv, **base)
+
+    # -- one trial --------------------------------------------------------------------------------------------
+    def trial(self, trial: Trial) -> EvalResult | None:
+        box = Outbox()
+        try:
+            shared: list[tuple[torch.Tensor, torch.Tensor]] = []  # (the worker's copy, the original)
+
+            def on_input(t: torch.Tensor, path: str) -> dict[str, Any]:
+                spec, view = box.place(t)
+                shared.append((view, t))
+                return {"spec": spec.to_json()}
+
+            tree = encode_tree(trial.inputs, on_input, prefix="input")
+            slots, slot_specs = self._slots(box, trial.ref)
+            fds = box.fds()
+            msg = self.step(OP_RUN, {"inputs": tree, "slots": slot_specs, "fds": len(fds), "seed": trial.seed}, fds,
+                            trial.label)
+            failure = self._verdict(msg, trial.label, trial.ref, slots, shared)
+            if failure is not None or trial.then is None:
+                return failure
+            second, ref2 = trial.then  # the same tensors, new contents
+            new_leaves = [t for t in _tensors(second)]
+            if len(new_leaves) != len(shared):
+                raise TaskError(f"task {self.task.name}: get_inputs() gave two structures for one task")
+            for (view, _), t in zip(shared, new_leaves, strict=True):
+                view.copy_(t)
+            shared = [(view, t) for (view, _), t in zip(shared, new_leaves, strict=True)]
+            box.poison_slots()
+            _sync(self.task)
+            msg = self.step(OP_RUN, {"same": True, "seed": trial.seed}, label=f"{trial.label}, second call")
+            return self._verdict(msg, f"{trial.label}, second call", ref2, slots, shared)
+        finally:
+            box.release()
+
+    def _slots(self, box: Outbox, ref: Any) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+        slots: dict[str, torch.Tensor] = {}
+        specs: list[dict[str, Any]] = []
+        for path, leaf in flatten_outputs(ref):
+            if isinstance(leaf, torch.Tensor):
+                spec, view = box.slot(tuple(leaf.shape), leaf.dtype, "cpu" if leaf.device.type == "cpu" else "cuda")
+                slots[path] = view
+                specs.append({"path": path, **spec.to_json()})
+        return slots, specs
+
+    def _verdict(self, msg: dict[str, Any], label: str, ref: Any, slots: dict[str, torch.Tensor],
+                 shared: list[tuple[torch.Tensor, torch.Tensor]]) -> EvalResult | None:
+        """The judge's verdict on one call: None when it passed."""
+        ran = msg.get("ran")
+        if not isinstance(ran, dict):
+            raise _Stop(_protocol("no answer to run"), recycle=True)
+        problem = ran.get("problem")  # the worker's own finding (an alias, a subclass): it can only reject
+        if problem:
+            return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=f"{label}: {str(problem)[:250]}",
+                              log=str(problem)[:1000])
+        _sync(self.task)
+        for view, original in shared:
+            if not same_values(view, original):
+                return EvalResult(compiled=True, stage=STAGE_CORRECTNESS,
+                                  error=f"{label}: the candidate modified its inputs")
+        try:
+            out = decode_tree(ran.get("outputs"), lambda node: self._leaf(node, slots))
+        except ExchangeError as e:
+            raise _Stop(_protocol(str(e)), recycle=True) from None
+        c = compare_outputs(out, ref, self.tol)
+        if not c.ok:
+            return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=f"{label}: {c.problem}",
+                              log=f"{label}: {c.problem}", max_abs_err=c.max_abs_err, rel_err=c.rel_err)
+        self.worst_abs, self.worst_rel = max(self.worst_abs, c.max_abs_err), max(self.worst_rel, c.rel_err)
+        return None
+
+    @staticmethod
+    def _leaf(node: dict[str, Any], slots: dict[str, torch.Tensor]) -> Any:
+        meta = decode_leaf_meta(node, set(slots))
+        if meta.slot is not None:
+            return slots[meta.slot]
+        return TensorStub(meta.shape, meta.dtype, meta.device)
+
+    # -- the confirmation batch -------------------------------------------------------------------------------
+    def batch(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
+        """The candidate over ``sets`` in the worker, timed by the judge: (seconds, outputs per set, problem)."""
+        box = Outbox()
+        try:
+            trees: list[Any] = []
+            slot_groups: list[list[dict[str, Any]]] = []
+            slot_maps: list[dict[str, torch.Tensor]] = []
+            shared: list[tuple[torch.Tensor, torch.Tensor]] = []
+            reference_like = standard_trial(self.task, self.cfg, 0).ref  # the structure of the outputs
+            for inputs in sets:
+                def on_input(t: torch.Tensor, path: str) -> dict[str, Any]:
+                    spec, view = box.place(t)
+                    shared.append((view, t))
+                    return {"spec": spec.to_json()}
+
+                trees.append(encode_tree(inputs, on_input, prefix="input"))
+                slots, specs = self._slots(box, reference_like)
+                slot_groups.append(specs)
+                slot_maps.append(slots)
+            fds = box.fds()
+            staged = self.step(OP_STAGE, {"sets": trees, "slots": slot_groups, "fds": len(fds)}, fds,
+                               "confirmation batch")
+            if staged.get("staged") != len(sets):
+                raise _Stop(_protocol("the batch was not staged"), recycle=True)
+            _sync(self.task)
+            worker = self.judge.worker
+            started = time.perf_counter()
+            worker.send({"op": OP_GO})  # a worker that died meanwhile: the reply says how
+            reply = worker.await_reply(self.clock)
+            wall = time.perf_counter() - started
+            done = self.judge.answer(reply, self.clock, "confirmation batch").get("done")
+            if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
+                raise _Stop(_protocol("no answer to go"), recycle=True)
+            _sync(self.task)
+            sums = [byte_sum(s) for slots in slot_maps for s in slots.values()]
+            ours = torch.stack(sums).tolist() if sums else []
+            if ours != done["digests"]:
+                raise _Stop(EvalResult(compiled=True, correct=True, stage=STAGE_OK, flags=["suspicious"],
+                                       error="suspicious: the worker answered before its outputs were final"),
+                            recycle=True)
+            for view, original in shared:
+                if not same_values(view, original):
+                    return wall, [], "the candidate modified its inputs"
+            outs = [_rebuild(reference_like, slots) for slots in slot_maps]
+            return wall, [o.clone() if isinstance(o, torch.Tensor) else o for o in outs], None
+        finally:
+            box.release()
+
+
+def _rebuild(like: Any, slots: dict[str, torch.Tensor]) -> Any:
+    """The reference's structure with each tensor replaced by the slot of its path (a copy)."""
+    def walk(v: Any, path: str) -> Any:
+        if isinstance(v, torch.Tensor):
+            return slots[path].clone()
+        if isinstance(v, list | tuple):
+            items = [walk(x, f"{path}[{i}]") for i, x in enumerate(v)]
+            return tuple(items) if isinstance(v, tuple) else items
+        if isinstance(v, dict):
+            return {k: walk(x, f"{path}[{str(k)!r}]") for k, x in v.items()}
+        return v
+
+    return walk(like, "output")
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
+    return [v for _, v in flatten_outputs(values, "input") if isinstance(v, torch.Tensor)]
+
+
+def _sync(task: JudgeTask) -> None:
+    if task.device == "cuda":
+        torch.cuda.synchronize()
+
+
+# -- the process ------------------------------------------------------------------------------------------------
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="stark_ray.eval.judge")
+    p.add_argument("--backend", required=True)
+    p.add_argument("--build-dir", required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--isolate-worker", action="store_true", help="the worker in namespaces of its own")
+    p.add_argument("--spare-worker", action="store_true", help="keep a hot spare of the worker")
+    p.add_argument("--max-requests", type=int, default=MAX_REQUESTS, help="candidates per worker process")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _args(argv)
+    sys.stdout.flush()
+    ctrl = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
+
+    def send(msg: dict[str, Any]) -> None:
+        ctrl.write(json.dumps(msg) + "\n")
+        ctrl.flush()
+
+    spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True)
+    worker = WorkerProcess(spec, max_requests=args.max_requests, spare=args.spare_worker)
+    started: list[BaseException | None] = []
+
+    def start_worker() -> None:  # beside our own start: torch, the device, its facts
+        try:
+            worker.start()
+            started.append(None)
+        except BaseException as e:
+            started.append(e)
+
+    begun = time.perf_counter()
+    laps: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        laps[name] = round(time.perf_counter() - begun - sum(laps.values()), 3)
+
+    starter = threading.Thread(target=start_worker, name="stark-worker-start", daemon=True)
+    starter.start()
+    try:
+        backend = get_backend(args.backend)
+        backend.prepare_judge(args.threads)
+        torch.set_grad_enabled(False)
+        lap("judge_prepare_s")
+        hello = backend.hardware_info()
+        lap("device_info_s")
+    except BaseException as e:  # a host problem (no GPU): the service reports the log's last lines
+        traceback.print_exc()
+        print(f"judge start failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        worker.close()
+        os._exit(3)
+    starter.join()
+    lap("worker_wait_s")
+    if started and started[0] is not None:
+        hello["worker_error"] = str(started[0])
+    worker_phases = worker.hello.get("start_phases")
+    if isinstance(worker_phases, dict):
+        laps.update({f"worker_{k}": v for k, v in worker_phases.items() if isinstance(v, int | float)})
+    hello["start_phases"] = laps
+    judge = Judge(backend, worker)
+    send({"hello": hello})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        answer = judge.handle(WorkerRequest.from_json(line), send)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        send(answer)
+        if not answer["healthy"]:
+            break
+    worker.close()
+    ctrl.close()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""A process of the evaluator that died or ran out of time, as the failed result of the candidate it served.
+
+Shared by the service (about the judge) and the judge (about its worker); no torch here.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.diagnostics import clean_log, crash_location
+from stark_ray.eval.protocol import PHASE_CHECK, PHASE_COMPILE, PHASE_SETUP, PHASE_START, PHASE_TIME
+from stark_ray.records import STAGE_CRASH, STAGE_TIMEOUT, EvalResult, excerpt
+
+SETUP_ALLOWANCE_S = 60.0  # task import and the reference's first run, on top of the check timeout
+COMPILE_BASELINE_ALLOWANCE_S = 600.0  # torch.compile of the reference, once per task and worker
+
+DOING = {
+    PHASE_START: "starting the worker",
+    PHASE_SETUP: "loading the task and building the reference",
+    PHASE_COMPILE: "importing (building) the candidate",
+    PHASE_CHECK: "running the correctness trials",
+    PHASE_TIME: "timing the candidate",
+}
+
+
+def limits_for(cfg: EvalConfig) -> dict[str, float]:
+    """Each phase's time limit for a candidate (seconds)."""
+    time_limit = cfg.timing_timeout_s + (COMPILE_BASELINE_ALLOWANCE_S if cfg.baseline == "compile" else 0.0)
+    return {
+        PHASE_SETUP: cfg.check_timeout_s + SETUP_ALLOWANCE_S,
+        PHASE_COMPILE: cfg.compile_timeout_s,
+        PHASE_CHECK: cfg.check_timeout_s,
+        PHASE_TIME: time_limit,
+    }
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "was killed"
+    if returncode < 0:
+        try:
+            return f"crashed ({signal.Signals(-returncode).name})"
+        except ValueError:
+            return f"crashed (signal {-returncode})"
+    return f"exited with code {returncode} before reporting"
+
+
+def lost_result(phase: str, timed_out: bool, returncode: int | None, log: str, limit_s: float,
+                who: str = "worker") -> EvalResult:
+    """The failed result of a candidate whose process died (``returncode``) or ran out of time in ``phase``."""
+    where = crash_location(log)
+    at = f" at {where}" if where else ""
+    if timed_out:
+        stage, error = STAGE_TIMEOUT, f"timed out after {limit_s:g} s while "
+    else:
+        stage, error = STAGE_CRASH, f"{who} {describe_exit(returncode)} while "
+    return EvalResult(compiled=phase in (PHASE_CHECK, PHASE_TIME), stage=stage,
+                      error=f"{error}{DOING.get(phase, phase)}{at}", log=excerpt(clean_log(log)))

@@ -1,0 +1,376 @@
+"""Kernels written to fool the evaluator, on the CPU, through real worker and judge processes: each is rejected,
+and the next honest candidate in the same evaluator is judged right.
+
+- a reduction over a part of its input (every 16th element; the first 1/16): right on i.i.d. inputs, caught by
+  the sensitivity and blocks trials;
+- an output cache keyed by the input's address: caught by the same-address trial;
+- a candidate that rebinds functions of every evaluator module it can reach (a ``sys.modules`` walk), that
+  replaces ``torch.allclose``, or that patches ``time.perf_counter`` to hide its time: the fingerprint catches the
+  patch, and with the fingerprint defeated as well the judge's own comparison and clock still decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.service import EvalService
+from stark_ray.eval.tasks import Task, load_task
+from stark_ray.records import STAGE_CORRECTNESS, EvalResult
+
+pytestmark = pytest.mark.slow
+
+MSE_TASK = '''"""Mean squared error over 4M elements (a scalar)."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean((predictions - targets) ** 2)
+
+
+def get_inputs():
+    return [torch.rand(4096, 1024) * 2.0, torch.rand(4096, 1024)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+# one extension for the three MSE candidates (built once): every element, every 16th, or the first 1/16
+MSE_CANDIDATE = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CPP = r"""
+#include <torch/extension.h>
+
+torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t stride, bool prefix) {
+    auto ac = a.contiguous();
+    auto bc = b.contiguous();
+    const float* pa = ac.data_ptr<float>();
+    const float* pb = bc.data_ptr<float>();
+    const int64_t n = ac.numel();
+    const int64_t end = prefix ? n / 16 : n;
+    double sum = 0.0;
+    int64_t count = 0;
+    for (int64_t i = 0; i < end; i += stride) {
+        const double d = (double)pa[i] - (double)pb[i];
+        sum += d * d;
+        ++count;
+    }
+    return torch::full({}, (float)(sum / (double)count), ac.options());
+}
+"""
+
+_ext = load_inline(name="integrity_mse", cpp_sources=_CPP, functions=["mse"], extra_cflags=["-O2"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, predictions, targets):
+        return _ext.mse(predictions, targets, STRIDE, PREFIX)
+'''
+
+
+def mse_candidate(stride: int, prefix: bool) -> str:
+    return f"STRIDE = {stride}\nPREFIX = {prefix}\n" + MSE_CANDIDATE
+
+
+AFFINE_TASK = '''"""Elementwise: y = x * s + t over 64K floats."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, s: float, t: float):
+        super().__init__()
+        self.s, self.t = s, t
+
+    def forward(self, x):
+        return x * self.s + self.t
+
+
+def get_inputs():
+    return [torch.randn(256, 256)]
+
+
+def get_init_inputs():
+    return [1.5, 0.25]
+'''
+
+ADDRESS_CACHE = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CPP = r"""
+#include <torch/extension.h>
+#include <unordered_map>
+
+static std::unordered_map<const void*, torch::Tensor> cache;  // output by the input's address
+
+torch::Tensor affine(torch::Tensor x, double s, double t) {
+    auto xc = x.contiguous();
+    const void* key = xc.data_ptr();
+    auto hit = cache.find(key);
+    if (hit != cache.end()) return hit->second.clone();
+    auto out = torch::empty_like(xc);
+    const float* px = xc.data_ptr<float>();
+    float* po = out.data_ptr<float>();
+    for (int64_t i = 0; i < xc.numel(); ++i) po[i] = px[i] * (float)s + (float)t;
+    cache[key] = out.clone();
+    return out;
+}
+"""
+
+_ext = load_inline(name="integrity_address_cache", cpp_sources=_CPP, functions=["affine"], extra_cflags=["-O2"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, s, t):
+        super().__init__()
+        self.s, self.t = s, t
+
+    def forward(self, x):
+        return _ext.affine(x, self.s, self.t)
+'''
+
+AFFINE_PY = '''
+import sys
+import time
+import types
+
+import torch
+import torch.nn as nn
+{prelude}
+
+class ModelNew(nn.Module):
+    def __init__(self, s, t):
+        super().__init__()
+        self.s, self.t = s, t
+
+    def forward(self, x):
+        {body}
+'''
+
+HONEST = "return torch.addcmul(torch.full_like(x, self.t), x, torch.full_like(x, self.s))"
+ZEROS = "return torch.zeros_like(x)"
+
+# the fingerprint of the worker, made blind: what a candidate would do first if it knew the evaluator
+BLIND = '''
+for _name, _mod in list(sys.modules.items()):
+    if _name.startswith("stark_ray") and hasattr(_mod, "Fingerprint"):
+        _mod.Fingerprint.changed = lambda self: []
+'''
+
+# every function of every evaluator module that compares or checks, rebound to say "fine" in its own terms
+REBIND_ALL = '''
+class _Fine:
+    ok = True
+    problem = ""
+    max_abs_err = 0.0
+    rel_err = 0.0
+
+
+_SAYS_FINE = {"compare": lambda *a, **k: _Fine(), "problem": lambda *a, **k: None, "check": lambda *a, **k: None,
+              "same": lambda *a, **k: True, "identical": lambda *a, **k: True, "close": lambda *a, **k: True,
+              "equal": lambda *a, **k: True, "changed": lambda *a, **k: []}
+
+for _name, _mod in list(sys.modules.items()):
+    if not _name.startswith("stark_ray") or not isinstance(_mod, types.ModuleType):
+        continue
+    for _attr, _value in list(vars(_mod).items()):
+        for _word, _fine in _SAYS_FINE.items():
+            if isinstance(_value, types.FunctionType) and _word in _attr:
+                setattr(_mod, _attr, _fine)
+                break
+'''
+
+ALLCLOSE = '''
+torch.allclose = lambda *a, **k: True
+torch.isclose = lambda a, b, *args, **kwargs: torch.ones_like(a, dtype=torch.bool)
+torch.equal = lambda *a, **k: True
+'''
+
+MATMUL_TASK = '''"""A matrix product of 384 x 384 (a few ms on a CPU)."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n, n) / n ** 0.5)
+
+    def forward(self, x):
+        return x @ self.w
+
+
+def get_inputs():
+    return [torch.randn(384, 384)]
+
+
+def get_init_inputs():
+    return [384]
+'''
+
+MATMUL_PY = '''
+import sys
+import time
+import types
+
+import torch
+import torch.nn as nn
+{prelude}
+
+class ModelNew(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n, n) / n ** 0.5)
+
+    def forward(self, x):
+        {body}
+'''
+
+# hides 80% of the time forward takes from time.perf_counter (which the CPU timer reads): an honest 1x claims 5x
+HIDE_TIME = '''
+_real = time.perf_counter
+_hidden = [0.0]
+time.perf_counter = lambda: _real() - _hidden[0]
+'''
+HIDE_BODY = '''started = _real()
+        out = x @ self.w
+        _hidden[0] += 0.8 * (_real() - started)
+        return out'''
+
+
+def matmul(body: str, prelude: str = "") -> str:
+    return MATMUL_PY.format(body=body, prelude=prelude)
+
+
+def py(body: str, prelude: str = "") -> str:
+    return AFFINE_PY.format(body=body, prelude=prelude)
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Task]:
+    root = tmp_path_factory.mktemp("tasks")
+    (root / "1_Mse.py").write_text(MSE_TASK)
+    (root / "2_Affine.py").write_text(AFFINE_TASK)
+    (root / "3_Matmul.py").write_text(MATMUL_TASK)
+    return {name: load_task(root / f"{i}_{name.title()}.py") for i, name in enumerate(("mse", "affine", "matmul"), 1)}
+
+
+@pytest.fixture(scope="module")
+def service(shared_build_dir: str) -> Iterator[EvalService]:
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=2, timing_trials=10, check_timeout_s=120,
+                     timing_timeout_s=120, tolerance="kernelbench")
+    with EvalService(cfg) as svc:
+        yield svc
+
+
+def judged(service: EvalService, task: Task, source: str) -> EvalResult:
+    return service.evaluate(task, source)
+
+
+def test_a_reduction_over_part_of_its_input_fails_and_the_whole_one_passes(service: EvalService,
+                                                                          tasks: dict[str, Task]) -> None:
+    """The paper's tolerance (1e-2) lets a mean over every 16th element pass on i.i.d. inputs (error ~0.2%);
+    the sensitivity trial (a few elements multiplied strongly) and the blocks trial do not."""
+    task = tasks["mse"]
+    strided = judged(service, task, mse_candidate(16, False))
+    prefix = judged(service, task, mse_candidate(1, True))
+    honest = judged(service, task, mse_candidate(1, False))
+    assert honest.ok, honest.error
+    for cheat in (strided, prefix):
+        assert cheat.stage == STAGE_CORRECTNESS and not cheat.ok, cheat.error
+        assert (cheat.error or "").startswith(("sensitivity trial", "blocks trial")), cheat.error
+    assert "sensitivity trial" in (strided.error or "")
+
+
+def test_an_output_cache_keyed_by_address_fails_the_same_address_trial(service: EvalService,
+                                                                      tasks: dict[str, Task]) -> None:
+    r = judged(service, tasks["affine"], ADDRESS_CACHE)
+    assert r.stage == STAGE_CORRECTNESS and not r.ok, r.error
+    assert "values differ" in (r.error or ""), r.error  # a stale output, on whichever trial reused the address
+    assert judged(service, tasks["affine"], py(HONEST)).ok
+
+
+@pytest.mark.parametrize(("name", "task", "source"), [
+    ("rebinds every checking function of the evaluator", "affine", py(ZEROS, REBIND_ALL)),
+    ("replaces torch.allclose, isclose and equal", "affine", py(ZEROS, ALLCLOSE)),
+    ("patches time.perf_counter", "matmul", matmul(HIDE_BODY, HIDE_TIME)),
+])
+def test_a_candidate_that_patches_the_process_is_rejected_as_tampering(
+        service: EvalService, tasks: dict[str, Task], name: str, task: str, source: str) -> None:
+    assert judged(service, tasks["affine"], py(HONEST)).ok
+    starts = service.worker_starts
+    r = judged(service, tasks[task], source)
+    assert not r.ok and "tampered" in r.flags, (name, r.stage, r.error)
+    after = judged(service, tasks["affine"], py(HONEST))
+    assert after.ok, after.error
+    assert service.worker_starts == starts + 1  # its worker was replaced
+
+
+@pytest.mark.parametrize(("name", "task", "source", "verdict"), [
+    ("rebinds every checking function, returns zeros", "affine", py(ZEROS, BLIND + REBIND_ALL), "correctness"),
+    ("replaces torch.allclose, returns zeros", "affine", py(ZEROS, BLIND + ALLCLOSE), "correctness"),
+    ("hides 80% of its time from perf_counter", "matmul", matmul(HIDE_BODY, BLIND + HIDE_TIME), "suspicious"),
+])
+def test_with_the_fingerprint_blinded_the_judge_still_decides(
+        service: EvalService, tasks: dict[str, Task], name: str, task: str, source: str, verdict: str) -> None:
+    """The fingerprint is a backstop: blinded, the worker reports nothing, and still the judge — its own
+    comparison with its own reference outputs, its own clock — rejects the candidate."""
+    r = judged(service, tasks[task], source)
+    assert not r.ok and "tampered" not in r.flags, (name, r.stage, r.flags, r.error)
+    if verdict == "correctness":
+        assert r.stage == STAGE_CORRECTNESS and "values differ" in (r.error or ""), (name, r.error)
+    else:
+        assert "suspicious" in r.flags and "judge's wall clock" in (r.error or ""), (name, r.flags, r.error)
+        assert r.speedup is not None and r.speedup > 2  # what the patched clock made the worker believe
+    after = judged(service, tasks["affine"], py(HONEST))
+    assert after.ok, after.error
+
+
+def test_an_honest_candidate_of_the_same_speed_is_timed_as_such(service: EvalService,
+                                                                tasks: dict[str, Task]) -> None:
+    r = judged(service, tasks["matmul"], matmul("return x @ self.w"))
+    assert r.ok and r.speedup is not None and 0.5 < r.speedup < 2, (r.error, r.speedup)
+
+
+def test_a_reference_with_random_numbers_in_forward_is_refused(tmp_path: Path, service: EvalService) -> None:
+    path = tmp_path / "3_Noisy.py"
+    path.write_text(AFFINE_TASK.replace("return x * self.s + self.t", "return x * self.s + torch.rand_like(x)"))
+    from stark_ray.eval.tasks import TaskError
+
+    with pytest.raises(TaskError, match="not deterministic"):
+        service.reference(load_task(path))
+
+
+@pytest.mark.parametrize(("ret", "why"), [("None", "returns NoneType"), ("3", "returns int"),
+                                          ("(x, object())", "returns object")])
+def test_a_reference_whose_outputs_cannot_be_compared_is_refused(tmp_path: Path, service: EvalService,
+                                                                 ret: str, why: str) -> None:
+    path = tmp_path / "4_Odd.py"
+    path.write_text(AFFINE_TASK.replace("return x * self.s + self.t", f"return {ret}"))
+    from stark_ray.eval.tasks import TaskError
+
+    with pytest.raises(TaskError, match=why):
+        service.reference(load_task(path))
+
+
+def test_dict_outputs_are_compared_key_by_key(tmp_path: Path, service: EvalService) -> None:
+    path = tmp_path / "5_Dict.py"
+    path.write_text(AFFINE_TASK.replace("return x * self.s + self.t",
+                                        "return {'y': x * self.s + self.t, 'n': x.shape[0]}"))
+    task = load_task(path)
+    service.reference(task)
+    good = judged(service, task, py("return {'n': x.shape[0], 'y': x * self.s + self.t}"))
+    bad = judged(service, task, py("return {'y': x * self.s, 'n': x.shape[0]}"))
+    assert good.ok, good.error
+    assert bad.stage == STAGE_CORRECTNESS and (bad.error or "").startswith("trial 1/3: output['y']: values"), bad.error

@@ -1,0 +1,141 @@
+"""The judge's special trials, in this process: blocks of different magnitude, calibrated sensitivity, same
+address; what they change and what they keep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.compare import Tolerances, compare_outputs
+from stark_ray.eval.trials import (
+    JudgeTask,
+    blocks_trial,
+    perturbable,
+    random_source,
+    sensitivity_trial,
+    special_trials,
+    standard_trial,
+)
+
+
+class Mse(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.mean((a - b) ** 2)
+
+
+class StridedSample(nn.Module):
+    """The cheat: the mean over every 16th element only (right to 1e-3 on i.i.d. inputs)."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.mean((a.reshape(-1)[::16] - b.reshape(-1)[::16]) ** 2)
+
+
+class PrefixSample(nn.Module):
+    """The cheat: the mean over the first 1/16 of the elements."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        n = a.numel() // 16
+        return torch.mean((a.reshape(-1)[:n] - b.reshape(-1)[:n]) ** 2)
+
+
+class Module:
+    def __init__(self, shape: tuple[int, ...], lower: bool = False, mask: bool = False) -> None:
+        self.shape, self.lower, self.mask = shape, lower, mask
+
+    def get_inputs(self) -> list[Any]:
+        a, b = torch.rand(self.shape), torch.rand(self.shape)
+        if self.lower:
+            a, b = torch.tril(a), torch.tril(b)
+        if self.mask:
+            b = (b > 0.5).float()
+        return [a, b]
+
+
+def task(model: nn.Module, module: Module) -> JudgeTask:
+    return JudgeTask("t", module, model, [], "cpu", 0)
+
+
+CFG = EvalConfig(trials=5)
+TOL = Tolerances.of(CFG)
+
+
+def test_a_sampling_reduction_passes_plain_trials_but_not_the_special_ones() -> None:
+    t = task(Mse(), Module((2048, 1024)))  # 2M elements: the samples err by ~0.3%
+    for cheat in (StridedSample(), PrefixSample()):
+        plain = [standard_trial(t, CFG, k) for k in range(CFG.trials)]
+        assert all(compare_outputs(cheat(*p.inputs), p.ref, Tolerances("kernelbench")).ok for p in plain[:3])
+        special, notes = special_trials(t, CFG, TOL)
+        assert not notes and len(special) == 3
+        blocks, sensitivity = special[0], special[1]
+        assert not compare_outputs(cheat(*sensitivity.inputs), sensitivity.ref, Tolerances("kernelbench")).ok
+        if isinstance(cheat, PrefixSample):
+            assert not compare_outputs(cheat(*blocks.inputs), blocks.ref, Tolerances("kernelbench")).ok
+        honest = Mse()
+        for trial in special[:2]:
+            assert compare_outputs(honest(*trial.inputs), trial.ref, TOL).ok
+
+
+def test_the_sensitivity_factor_is_the_smallest_that_moves_the_reference_and_is_kept() -> None:
+    t = task(Mse(), Module((64, 1024)))
+    base = standard_trial(t, CFG, 0)
+    gen = random_source("cpu")
+    trial, note = sensitivity_trial(t, base, gen, TOL)
+    assert trial is not None and not note
+    assert not compare_outputs(base.ref, trial.ref, TOL.widened(4)).ok
+    first = t.sensitivity
+    again, _ = sensitivity_trial(t, base, gen, TOL)  # starts from the factor found: found again at once
+    assert again is not None and t.sensitivity == first
+    changed = (trial.inputs[0] != base.inputs[0]).sum().item()
+    assert 1 <= changed <= 8 and trial.inputs[0].reshape(-1)[-1] != base.inputs[0].reshape(-1)[-1]  # the last one
+
+
+def test_special_trials_keep_zeros_masks_and_strides() -> None:
+    t = task(Mse(), Module((32, 32), lower=True, mask=True))
+    base = standard_trial(t, CFG, 0)
+    gen = random_source("cpu")
+    blocks, _ = blocks_trial(t, base, gen)
+    sens, _ = sensitivity_trial(t, base, gen, TOL)
+    for trial in (blocks, sens):
+        assert trial is not None
+        a, b = trial.inputs
+        assert torch.equal(a, torch.tril(a))  # a triangular input stays triangular
+        assert torch.equal(b, base.inputs[1])  # a 0/1 mask stored as floats is left alone
+    assert not perturbable(base.inputs[1]) and perturbable(base.inputs[0])
+    x = torch.randn(8, 4).t()  # not contiguous
+    t2 = JudgeTask("t2", type("M", (), {"get_inputs": staticmethod(lambda: [torch.randn(8, 4).t()])})(),
+                   nn.Identity(), [], "cpu", 0)
+    b2, _ = blocks_trial(t2, standard_trial(t2, EvalConfig(trials=1), 0), gen)
+    assert b2 is not None and b2.inputs[0].stride() == x.stride()
+
+
+def test_a_reference_that_is_not_finite_on_a_special_trial_leaves_it_out() -> None:
+    class Log(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.log(1.5 - a)  # a in [0, 1): finite; a scaled by 2^k: log of a negative number
+
+    t = task(Log(), Module((16, 16)))
+    trial, note = sensitivity_trial(t, standard_trial(t, CFG, 0), random_source("cpu"), TOL)
+    assert trial is None or torch.isfinite(trial.ref).all()
+    if trial is None:
+        assert "left out" in note
+
+
+def test_same_address_pairs_two_seeded_trials() -> None:
+    t = task(Mse(), Module((8, 8)))
+    special, _ = special_trials(t, CFG, TOL)
+    pair = special[-1]
+    assert pair.then is not None and "same-address" in pair.label
+    second_inputs, second_ref = pair.then
+    assert not torch.equal(pair.inputs[0], second_inputs[0])
+    assert compare_outputs(Mse()(*second_inputs), second_ref, TOL).ok
+
+
+def test_positions_and_blocks_differ_from_one_evaluation_to_the_next() -> None:
+    t = task(Mse(), Module((64, 64)))
+    base = standard_trial(t, CFG, 0)
+    one, _ = sensitivity_trial(t, base, random_source("cpu"), TOL)
+    two, _ = sensitivity_trial(t, base, random_source("cpu"), TOL)
+    assert one is not None and two is not None and not torch.equal(one.inputs[0], two.inputs[0])
