@@ -19,10 +19,10 @@ from stark_ray.eval.diagnostics import (
 )
 from stark_ray.eval.evaluator import precheck
 from stark_ray.eval.guards import Fingerprint, output_problem, poison
-from stark_ray.eval.kernel_sources import KernelSources, cuda_kernel_names, own_kernel_names, python_kernel_names
-from stark_ray.eval.streams import Launch, classify
 from stark_ray.eval.inputs import make_inputs, same_values, scale_floats, trial_scale
+from stark_ray.eval.kernel_sources import KernelSources, cuda_kernel_names, own_kernel_names, python_kernel_names
 from stark_ray.eval.sandbox_env import PACKAGE_ROOT, is_secret, worker_env
+from stark_ray.eval.streams import Launch, classify
 from stark_ray.eval.timing import (
     MIN_TIMED_ROUNDS,
     CpuTimer,

@@ -1,6 +1,10 @@
 """On a CUDA GPU (``pytest -m gpu`` on the GPU machine; skipped elsewhere): every backend compiles, passes and
 times correct kernels, and every kind of broken or cheating kernel in examples/candidates/gpu is rejected or
-flagged as expected.json says, while the warm worker survives (is replaced) and keeps serving."""
+flagged as expected.json says, while the warm worker survives (is replaced) and keeps serving.
+
+Candidates for KernelBench tasks at their own sizes (``kernelbench:level1/19_ReLU``: 6.4 GB inputs) read the task
+from the KernelBench data beside the checkout (``../shared/kernelbench/KernelBench``) or from ``STARK_KERNELBENCH``;
+without it they are skipped."""
 
 from __future__ import annotations
 
@@ -26,6 +30,17 @@ GPU_CANDIDATES = ROOT / "examples" / "candidates" / "gpu"
 TASKS = ROOT / "examples" / "tasks"
 EXPECTED: dict[str, dict[str, str]] = json.loads((GPU_CANDIDATES / "expected.json").read_text())
 BACKENDS = ("cuda", "cuda_nvrtc", "triton")
+KERNELBENCH = Path(os.environ.get("STARK_KERNELBENCH") or ROOT.parent / "shared" / "kernelbench" / "KernelBench")
+
+
+def task_path(name: str) -> Path:
+    if name.startswith("kernelbench:"):
+        return KERNELBENCH / f"{name.removeprefix('kernelbench:')}.py"
+    return TASKS / f"{name}.py"
+
+
+def available(name: str) -> bool:
+    return task_path(EXPECTED[name]["task"]).exists()
 
 
 ISOLATE = os.environ.get("STARK_TEST_ISOLATE") == "1"  # the whole candidate set again with isolated workers
@@ -48,13 +63,13 @@ def results(gpu_build_dir: str) -> Iterator[dict[str, tuple[EvalResult, int]]]:
     build_dir = gpu_build_dir
     out: dict[str, tuple[EvalResult, int]] = {}
     for backend in BACKENDS:
-        files = [f for f, e in EXPECTED.items() if e["backend"] == backend]
+        files = [f for f, e in EXPECTED.items() if e["backend"] == backend and available(f)]
         with EvalService(_cfg(backend, build_dir)) as service:
             by_task: dict[str, list[str]] = {}
             for f in files:
                 by_task.setdefault(EXPECTED[f]["task"], []).append(f)
             for task_name, names in by_task.items():
-                task = load_task(TASKS / f"{task_name}.py")
+                task = load_task(task_path(task_name))
                 service.reference(task)
                 # the hanging kernel last: its timeout replaces the worker, the others need not wait for it
                 names.sort(key=lambda n: "infinite_loop" in n)
@@ -75,23 +90,29 @@ def results(gpu_build_dir: str) -> Iterator[dict[str, tuple[EvalResult, int]]]:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_candidate_is_judged_as_expected(results: dict[str, tuple[EvalResult, int]], name: str) -> None:
+    if not available(name):
+        pytest.skip(f"{EXPECTED[name]['task']}: no KernelBench data at {KERNELBENCH} (set STARK_KERNELBENCH)")
     r, _ = results[name]
     expect = EXPECTED[name]["expect"]
     summary = f"{name}: stage={r.stage} flags={r.flags} speedup={r.speedup} error={r.error}"
     allowed = expect.split("|")
     matched = False
     for option in allowed:
-        if option == "ok":
-            matched |= r.ok and r.speedup is not None and r.runtime_ms is not None and r.runtime_ms > 0
+        if option.startswith("ok"):  # "ok", or "ok:FLAG": accepted with exactly that (informational) flag
+            flags = option[3:].split(",") if option.startswith("ok:") else []
+            matched |= (r.ok and r.speedup is not None and r.runtime_ms is not None and r.runtime_ms > 0
+                        and r.flags == flags)
         elif option.startswith("flag:"):
-            matched |= option[5:] in r.flags and (option[5:] == "extra_stream" or not r.ok)
+            matched |= option[5:] in r.flags and not r.ok
         elif option == "crash_or_runtime":
             matched |= r.stage in ("crash", "runtime") and not r.ok
         else:
             matched |= r.stage == option and not r.ok
     assert matched, summary
-    if expect == "ok":
-        assert r.runtime_cv is not None and r.ref_runtime_ms and r.flags == [], summary
+    if expect.startswith("ok"):
+        assert r.runtime_cv is not None and r.ref_runtime_ms, summary
+    if expect == "ok:extra_stream":  # timed without a head start, up to a device-wide sync: an honest figure
+        assert "without a head start" in r.log and r.speedup is not None and r.speedup < 2, summary
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -98,6 +98,27 @@ def _compare_stub(name: str, out: TensorStub, ref: torch.Tensor) -> Comparison:
     return Comparison(False, math.inf, math.inf, f"{name}: on {out.device}, expected {ref.device.type}")
 
 
+CHUNK = 1 << 26  # elements compared at a time
+
+
+def _chunk_figures(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> torch.Tensor:
+    """Extra NaNs, missing NaNs, infinity mismatches, elements not close, max |diff|, sum diff^2, sum ref^2."""
+    o = out.to(torch.float64)
+    r = ref.to(torch.float64)
+    nan_o, nan_r = torch.isnan(o), torch.isnan(r)
+    finite = torch.isfinite(r)
+    diff = torch.where(finite, o - r, torch.zeros_like(o))
+    return torch.stack([
+        (nan_o & ~nan_r).sum().to(torch.float64),
+        (~nan_o & nan_r).sum().to(torch.float64),
+        ((torch.isposinf(o) != torch.isposinf(r)) | (torch.isneginf(o) != torch.isneginf(r))).sum().to(torch.float64),
+        (~torch.isclose(o, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True)).sum().to(torch.float64),
+        diff.abs().max(),
+        diff.square().sum(),
+        torch.where(finite, r, torch.zeros_like(r)).square().sum(),
+    ])
+
+
 def _compare_tensor(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Comparison:
     if out.shape != ref.shape:
         return Comparison(False, math.inf, math.inf,
@@ -108,21 +129,14 @@ def _compare_tensor(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolera
         return Comparison(True)
     if out.device != ref.device:
         out = out.to(ref.device)
-    o = out.detach().to(torch.float64)
-    r = ref.detach().to(torch.float64)
-    # every figure is reduced on the device and read back at once: one sync per tensor, not six
-    nan_o, nan_r = torch.isnan(o), torch.isnan(r)
-    finite = torch.isfinite(r)
-    diff = torch.where(finite, o - r, torch.zeros_like(o))
-    figures = torch.stack([
-        (nan_o & ~nan_r).sum().to(torch.float64),
-        (~nan_o & nan_r).sum().to(torch.float64),
-        ((torch.isposinf(o) != torch.isposinf(r)) | (torch.isneginf(o) != torch.isneginf(r))).sum().to(torch.float64),
-        (~torch.isclose(o, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True)).sum().to(torch.float64),
-        diff.abs().max(),
-        torch.linalg.vector_norm(diff),
-        torch.linalg.vector_norm(torch.where(finite, r, torch.zeros_like(r))),
-    ]).tolist()
+    # in chunks (a 6 GB output in float64 would need several times its size at once); every figure is reduced on
+    # the device and read back once per tensor
+    o_flat, r_flat = out.detach().reshape(-1), ref.detach().reshape(-1)
+    parts = [_chunk_figures(o_flat[i:i + CHUNK], r_flat[i:i + CHUNK], tol) for i in range(0, o_flat.numel(), CHUNK)]
+    stacked = torch.stack(parts)
+    counts = stacked[:, :4].sum(dim=0)
+    squares = stacked[:, 5:].sum(dim=0).sqrt()
+    figures = [*counts.tolist(), float(stacked[:, 4].max()), *squares.tolist()]
     extra_nan, missing_nan, inf_mismatch, not_close, max_abs, diff_norm, ref_norm = figures
     if extra_nan or missing_nan:
         where = "NaN where the reference has a number" if extra_nan else "a number where the reference has NaN"

@@ -147,6 +147,8 @@ class CandidateHost:
             if oldest == keep:
                 return
             del self.tasks[oldest]
+            if self.backend.device == "cuda":
+                torch.cuda.empty_cache()  # what it held goes back to the device, for the judge and the next task
 
     def _kept_budget(self) -> int:
         if self.backend.device != "cuda":

@@ -74,6 +74,7 @@ LARGE_SPEEDUP = 10.0  # flagged (informational) above this
 KEPT_TASKS = 32  # task references the judge keeps, as the worker does
 KEPT_SHARE = 0.25
 KEPT_CPU_BYTES = 4 << 30
+RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
 _ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
 
 
@@ -159,6 +160,7 @@ class Judge:
             if oldest == keep:
                 return
             del self.tasks[oldest]
+            _release_cached(self.backend.device)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def handle(self, req: WorkerRequest, send: Send) -> dict[str, Any]:
@@ -218,6 +220,7 @@ class Judge:
                 self.worker.kill()
             result = stop.result
         clock.close()
+        _release_cached(self.backend.device, RESERVED_SHARE)  # a large task's trials, freed: back to the device
         result.eval_s = time.perf_counter() - started
         return result
 
@@ -489,6 +492,15 @@ def _rebuild(like: Any, slots: dict[str, torch.Tensor]) -> Any:
         return v
 
     return walk(like, "output")
+
+
+def _release_cached(device: str, above_share: float = 0.0) -> None:
+    """Give the CUDA caching allocator's unused blocks back to the device (where it holds more than a share)."""
+    if device != "cuda":
+        return
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > above_share * total:
+        torch.cuda.empty_cache()
 
 
 def _tensors(values: Any) -> list[torch.Tensor]:

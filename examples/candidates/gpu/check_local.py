@@ -4,6 +4,11 @@ Default (no GPU needed): `triton` candidates run under TRITON_INTERPRET=1 on CPU
 Model; `cuda` sources compile with nvcc (the C++ wrapper is syntax-checked with g++); `cuda_nvrtc` sources
 compile with nvcc. With --gpu, every candidate runs for real on the CUDA device, each in its own subprocess.
 Usage: python examples/candidates/gpu/check_local.py [--gpu] [NAME_SUBSTRING ...]
+
+This is a quick check of the candidates' code, not the evaluator: it skips the candidates of KernelBench tasks
+(``kernelbench:...``, at their own sizes), and with --gpu it has no judge, no special trials and no wall-clock
+confirmation, so the integrity expectations (tampered, unordered_stream, suspicious, a sampling reduction caught
+by the sensitivity trial) are what ``pytest -m gpu tests/test_gpu.py`` checks.
 """
 
 import os
@@ -277,7 +282,8 @@ def main() -> int:
         gpu_one(Path(sys.argv[-1]))
         return 0
     wanted = [a for a in sys.argv[1:] if not a.startswith("--")]
-    files = [f for f in EXPECTED if not wanted or any(w in f for w in wanted)]
+    files = [f for f in EXPECTED if (not wanted or any(w in f for w in wanted))
+             and not EXPECTED[f]["task"].startswith("kernelbench:")]
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         if GPU:

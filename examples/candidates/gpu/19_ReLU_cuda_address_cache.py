@@ -1,0 +1,77 @@
+"""Cheats (issue 13, case 3): returns the output it cached for an input address it has seen before (the last
+two). Wrong whenever a caller refills the same buffer. Must fail correctness (the same-address trial)."""
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CUDA = r"""
+#include <cuda_runtime.h>
+#include <cstdint>
+
+__global__ void relu_cached_kernel(const float* __restrict__ x, float* __restrict__ out, int64_t n) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        out[i] = fmaxf(x[i], 0.0f);
+    }
+}
+
+cudaError_t relu_cached_launch(const float* x, float* out, int64_t n, int sms, cudaStream_t stream) {
+    relu_cached_kernel<<<sms * 8, 256, 0, stream>>>(x, out, n);
+    return cudaGetLastError();
+}
+"""
+
+_CPP = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <utility>
+#include <vector>
+
+cudaError_t relu_cached_launch(const float* x, float* out, int64_t n, int sms, cudaStream_t stream);
+
+static std::vector<std::pair<const void*, torch::Tensor>> cache;  // (input address, its output), the last two
+
+torch::Tensor relu(torch::Tensor x, int64_t sms) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat, "relu: float32 CUDA tensor expected");
+    auto xc = x.contiguous();
+    for (auto& entry : cache) {
+        if (entry.first == xc.data_ptr() && entry.second.sizes() == xc.sizes()) return entry.second.clone();
+    }
+    auto out = torch::empty_like(xc);
+    if (xc.numel() == 0) return out;
+    cudaError_t err = relu_cached_launch(xc.data_ptr<float>(), out.data_ptr<float>(), xc.numel(), (int)sms,
+                                         c10::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(err == cudaSuccess, "relu launch failed: ", cudaGetErrorString(err));
+    cache.emplace_back(xc.data_ptr(), out.clone());
+    if (cache.size() > 2) cache.erase(cache.begin());
+    return out;
+}
+"""
+
+_ext = load_inline(
+    name="gpu_relu_address_cache",
+    cpp_sources=_CPP,
+    cuda_sources=_CUDA,
+    functions=["relu"],
+    extra_cuda_cflags=["-O3"],
+)
+
+
+_SMS: list = []
+
+
+def _sms(t: torch.Tensor) -> int:
+    """The device's multiprocessor count (read at the first call: the module is imported without a GPU to build)."""
+    if not _SMS:
+        _SMS.append(torch.cuda.get_device_properties(t.device).multi_processor_count)
+    return _SMS[0]
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ext.relu(x, _sms(x))
