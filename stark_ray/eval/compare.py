@@ -89,6 +89,17 @@ def flatten_outputs(value: Any, prefix: str = "output") -> list[tuple[str, Any]]
     return [(prefix, value)]
 
 
+def rebuild_outputs(like: Any, leaves: dict[str, Any], prefix: str = "output") -> Any:
+    """``like``'s structure with each tensor replaced by the one at its path in ``leaves`` (:func:`flatten_outputs`
+    names the paths)."""
+    if isinstance(like, list | tuple):
+        items = [rebuild_outputs(v, leaves, f"{prefix}[{i}]") for i, v in enumerate(like)]
+        return tuple(items) if isinstance(like, tuple) else items
+    if isinstance(like, dict):
+        return {k: rebuild_outputs(v, leaves, f"{prefix}[{str(k)!r}]") for k, v in like.items()}
+    return leaves[prefix] if isinstance(like, torch.Tensor) else like
+
+
 def _compare_stub(name: str, out: TensorStub, ref: torch.Tensor) -> Comparison:
     if out.shape != tuple(ref.shape):
         return Comparison(False, math.inf, math.inf, f"{name}: shape {out.shape}, expected {tuple(ref.shape)}")

@@ -4,25 +4,25 @@ The worker's figures (CUDA events, or ``time.perf_counter`` on the CPU) are take
 candidate, which can patch them, hide work on other streams or answer from a cache. So a speedup above
 CONFIRM_ABOVE is measured again by the judge:
 
-- K fresh input sets (seeds no one knew), K chosen so that the candidate's batch lasts BATCH_TARGET_MS by its own
-  claimed time (a claim too fast only makes the batch longer), within a memory budget; three rounds with new sets
-  each, the two sides taking turns to go first;
-- the reference's batch runs here: every set once with its outputs copied into buffers and a byte sum of each
-  read back; the candidate's runs in the worker the same way into the judge's slots, and its answer carries the
-  byte sums, so it cannot come before the outputs exist. The judge's clock runs from sending ``go`` to the answer
-  (the sets and slots were mapped and paged in before, by ``stage``);
-- the slots' byte sums must equal the worker's, the outputs must match the reference's at tolerance, and the
-  inputs must be unchanged;
-- the copies and byte sums cost both sides the same: the judge measures that cost on its own buffers and takes it
-  off both (never more than half of either); the batch speedup is the ratio of the faster round of each. The
-  speedup is confirmed when the batch speedup is at least AGREEMENT (half) of the worker's, or 10x by itself (a
-  call of microseconds carries host noise that compresses very large ratios; the worker's figure is then the
-  one reported, so a speedup that is really above 10x may be overstated). Else the result is flagged
-  ``suspicious`` and kept off the leaderboard.
-
-The batch measures wall-clock time: a call whose host side (Python, launches) takes longer than its GPU work shows
-that time, which the worker's timing leaves out by design. Such a speedup cannot be confirmed from outside and is
-flagged too, with the two figures in its error line.
+- K input sets, K chosen so that the candidate's batch lasts BATCH_TARGET_MS by its own claimed time (a claim too
+  fast only makes the batch longer), within a memory budget. Both sides get K input buffers and K output buffers
+  (the candidate's are shared with the worker: its slots), filled first with the first standard trial's inputs;
+- on a GPU, both sides capture the whole batch (every set once, each output copied into its buffer) as a CUDA
+  graph, where both can: a replay runs the kernels back to back, so the host's time per call (Python, launches),
+  which the worker's timing leaves out by design, stays out of this figure too. Where either side cannot be
+  captured, both run the batch call by call;
+- then three rounds, each with fresh input sets (seeds no one knew), the two sides taking turns to go first. A
+  round starts the judge's clock, writes the fresh values into the input buffers (so nothing could be computed
+  before), runs the batch (the candidate's: ``go`` to the worker) and ends when a byte sum of every output buffer
+  has been read back: the worker's answer carries its sums, which must equal the judge's own over the slots, so
+  it cannot come before the outputs exist;
+- the outputs must match the reference's at tolerance, and the inputs must be unchanged;
+- writing the inputs, copying the outputs into their buffers and summing them cost both sides the same: the judge
+  measures that on its own buffers and takes it off both (never more than half of either); the batch speedup is the
+  ratio of the faster round of each. It confirms the worker's speedup when it is at least AGREEMENT (half) of it,
+  or 10x by itself (a call of microseconds carries host noise that compresses very large ratios; the worker's
+  figure is then the one reported, so a speedup that is really above 10x may be overstated). Else the result is
+  flagged ``suspicious`` and kept off the leaderboard.
 """
 
 from __future__ import annotations
@@ -30,21 +30,21 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from stark_ray.eval.compare import Tolerances, compare_outputs, flatten_outputs
-from stark_ray.eval.exchange import byte_sum
+from stark_ray.eval.compare import Tolerances, compare_outputs, flatten_outputs, rebuild_outputs
+from stark_ray.eval.exchange import Outbox, byte_sum, touch
 from stark_ray.eval.guards import nbytes_of
-from stark_ray.eval.inputs import clone_all, make_inputs
+from stark_ray.eval.inputs import clone_all, make_inputs, map_tensors
+from stark_ray.eval.timing import capture_graph
 from stark_ray.eval.trials import JudgeTask
 
 CONFIRM_ABOVE = 2.0  # speedups above this are measured again by the judge
 AGREEMENT = 0.5  # confirmed when the judge's batch speedup is at least this share of the worker's ...
-CONFIRMED_BY_ITSELF = 10.0  # ... or this large by itself (µs calls: the host's noise per call compresses it)
+CONFIRMED_BY_ITSELF = 10.0  # ... or this large by itself
 BATCH_TARGET_MS = 10.0  # the candidate's batch lasts about this long, by its own claim
 MAX_SETS = 64
 ROUNDS = 3  # the fastest of each side counts: load on the host only ever adds time
@@ -60,14 +60,24 @@ class Confirmation:
     problem: str | None = None  # the candidate's batch outputs (or inputs) were wrong: a correctness failure
 
 
-# (sets of inputs) -> (the judge's wall seconds around the worker's batch, the outputs per set, problem)
-CandidateBatch = Callable[[list[list[Any]]], tuple[float, list[Any], str | None]]
+class CandidateSide(Protocol):
+    """The worker's half of the batch, driven by the judge."""
+
+    def stage(self, template: list[Any], k: int, graph: bool) -> bool:
+        """Share K input sets (filled with ``template``) and their slots; with ``graph``, ask for a captured
+        batch. Whether the worker captured one."""
+        ...
+
+    def run(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
+        """Start the clock, write ``sets`` into the shared inputs, run the batch: (seconds, the outputs per set
+        (copies), a problem with them or with the inputs)."""
+        ...
 
 
 def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out: Any) -> int:
     """Input sets per batch: the candidate's claimed time times this is about BATCH_TARGET_MS, within budget."""
     wanted = math.ceil(BATCH_TARGET_MS / max(claimed_ms, 1e-3))
-    per_set = 3 * sum(nbytes_of(sample)) + 4 * sum(nbytes_of(sample_out))  # inputs: ours, the run's, shared
+    per_set = 3 * sum(nbytes_of(sample)) + 4 * sum(nbytes_of(sample_out))  # inputs: ours, the buffers, shared
     if task.device == "cuda":
         budget = int(CUDA_BUDGET_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     else:
@@ -75,44 +85,89 @@ def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out:
     return max(1, min(MAX_SETS, wanted, budget // max(per_set, 1)))
 
 
-def _tensor_leaves(out: Any) -> list[torch.Tensor]:
-    return [t for _, t in flatten_outputs(out) if isinstance(t, torch.Tensor)]
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    return [t for _, t in flatten_outputs(value) if isinstance(t, torch.Tensor)]
 
 
-def _copy_and_sum(outs: list[Any], buffers: list[list[torch.Tensor]]) -> None:
-    sums = []
-    for out, bufs in zip(outs, buffers, strict=True):
-        for buf, t in zip(bufs, _tensor_leaves(out), strict=True):
-            buf.copy_(t)
-            sums.append(byte_sum(buf))
-    if sums:
-        torch.stack(sums).tolist()
+def write_inputs(buffers: list[list[Any]], sets: list[list[Any]]) -> None:
+    """Copy each set's tensors into the input buffers of its place (structure and other values unchanged)."""
+    for bufs, values in zip(buffers, sets, strict=True):
+        for buf, value in zip(_tensors(bufs), _tensors(values), strict=True):
+            buf.copy_(value)
 
 
-def reference_batch(task: JudgeTask, sets: list[list[Any]]) -> tuple[float, float, list[Any]]:
-    """The reference over every set once, outputs copied into buffers and their byte sums read: (wall seconds,
-    seconds of the copies and sums alone, outputs)."""
-    with torch.no_grad():
-        first = task.model(*sets[0])  # buffers like the outputs (and a warm call)
-        buffers = [[torch.zeros_like(t) for t in _tensor_leaves(first)] for _ in sets]  # paged in, as the slots
-        _sync(task)
-        started = time.perf_counter()
-        outs = []
-        sums = []
-        for inputs, bufs in zip(sets, buffers, strict=True):
-            out = task.model(*inputs)
-            for buf, t in zip(bufs, _tensor_leaves(out), strict=True):
-                buf.copy_(t)
-                sums.append(byte_sum(buf))
-            outs.append(out)
+def _tensors(values: list[Any]) -> list[torch.Tensor]:
+    return [t for _, t in flatten_outputs(values, "input") if isinstance(t, torch.Tensor)]
+
+
+class ReferenceSide:
+    """The reference's half of the batch, in the judge: its own input and output buffers, and a graph of it."""
+
+    def __init__(self, task: JudgeTask, template: list[Any], k: int, want_graph: bool) -> None:
+        self.task = task
+        # the same kind of memory as the worker's (a memfd, the driver's VMM): on the CPU, pages of shared memory
+        # are not those of a private heap, and a streaming kernel notices
+        self.box = Outbox()
+        self.inputs = [_placed(self.box, template) for _ in range(k)]
+        with torch.no_grad():
+            self.like = task.model(*clone_all(template))
+        device = "cpu" if task.device == "cpu" else "cuda"
+        self.outputs = [[self.box.slot(tuple(t.shape), t.dtype, device)[1] for t in tensor_leaves(self.like)]
+                        for _ in range(k)]
+        for outs in self.outputs:
+            for buf in outs:
+                touch(buf)
+        self.graph = capture_graph(self._body) if want_graph and task.device == "cuda" else None
+
+    def release(self) -> None:
+        self.graph = None
+        self.inputs, self.outputs = [], []
+        self.box.release()
+
+    def _body(self) -> None:
+        with torch.no_grad():
+            for inputs, outs in zip(self.inputs, self.outputs, strict=True):
+                for buf, t in zip(outs, tensor_leaves(self.task.model(*inputs)), strict=True):
+                    buf.copy_(t)
+
+    def _sums(self) -> None:
+        sums = [byte_sum(b) for outs in self.outputs for b in outs]
         if sums:
             torch.stack(sums).tolist()
-        wall = time.perf_counter() - started
-        _sync(task)
+
+    def run(self, sets: list[list[Any]]) -> tuple[float, list[Any]]:
+        """(wall seconds, the outputs per set, copies)."""
+        _sync(self.task)
         started = time.perf_counter()
-        _copy_and_sum(outs, buffers)  # what the copies and sums alone cost, on these outputs
-        overhead = time.perf_counter() - started
-    return wall, overhead, outs
+        write_inputs(self.inputs, sets)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._body()
+        self._sums()
+        wall = time.perf_counter() - started
+        return wall, [self._outputs(i) for i in range(len(self.outputs))]
+
+    def overhead(self, sets: list[list[Any]]) -> float:
+        """What writing the inputs, copying the outputs into their buffers and summing them cost without the calls
+        (seconds): the same on both sides, the slots being the same kind of memory as these buffers."""
+        _sync(self.task)
+        started = time.perf_counter()
+        write_inputs(self.inputs, sets)
+        for outs in self.outputs:
+            for buf, t in zip(outs, tensor_leaves(self.like), strict=True):
+                buf.copy_(t)
+        self._sums()
+        return time.perf_counter() - started
+
+    def _outputs(self, i: int) -> Any:
+        paths = [p for p, t in flatten_outputs(self.like) if isinstance(t, torch.Tensor)]
+        return rebuild_outputs(self.like, {p: b.clone() for p, b in zip(paths, self.outputs[i], strict=True)})
+
+
+def _placed(box: Outbox, values: list[Any]) -> list[Any]:
+    """A copy of ``values`` whose tensors live on buffers of ``box`` (strides kept)."""
+    return list(map_tensors(values, lambda t: box.place(t)[1]))
 
 
 def _sync(task: JudgeTask) -> None:
@@ -120,12 +175,22 @@ def _sync(task: JudgeTask) -> None:
         torch.cuda.synchronize()
 
 
-def confirm(task: JudgeTask, event_speedup: float, claimed_ms: float, tol: Tolerances,
-            candidate_batch: CandidateBatch) -> Confirmation:
+def confirm(task: JudgeTask, template: list[Any], event_speedup: float, claimed_ms: float, tol: Tolerances,
+            candidate: CandidateSide) -> Confirmation:
     """Measure the candidate's speedup with the judge's own clock (see the module's docstring)."""
-    sample = make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device)
-    k = set_count(task, claimed_ms, sample, task.run(sample, task.seed))
-    del sample
+    k = set_count(task, claimed_ms, template, task.run(template, task.seed))
+    ref = ReferenceSide(task, template, k, want_graph=True)
+    try:
+        return _rounds(task, event_speedup, tol, candidate, ref, k)
+    finally:
+        ref.release()
+
+
+def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: CandidateSide, ref: ReferenceSide,
+            k: int) -> Confirmation:
+    graph = candidate.stage(ref.inputs[0], k, graph=ref.graph is not None)
+    if ref.graph is not None and not graph:  # the same way on both sides
+        ref.graph = None
     ref_walls: list[float] = []
     cand_walls: list[float] = []
     overheads: list[float] = []
@@ -135,17 +200,17 @@ def confirm(task: JudgeTask, event_speedup: float, claimed_ms: float, tol: Toler
         outs: list[Any] = []
         for side in ("ref", "cand") if r % 2 == 0 else ("cand", "ref"):
             if side == "ref":
-                wall, overhead, refs = reference_batch(task, [clone_all(s) for s in sets])
+                wall, refs = ref.run(sets)
                 ref_walls.append(wall)
-                overheads.append(overhead)
+                overheads.append(ref.overhead(sets))
             else:
-                wall, outs, problem = candidate_batch(sets)  # it checks its copies of the inputs stayed unchanged
+                wall, outs, problem = candidate.run(sets)
                 if problem:
                     problem = f"confirmation batch: {problem}"
                     return Confirmation(False, problem, problem=problem)
                 cand_walls.append(wall)
-        for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
-            c = compare_outputs(out, ref, tol)
+        for i, (out, expected) in enumerate(zip(outs, refs, strict=True)):
+            c = compare_outputs(out, expected, tol)
             if not c.ok:
                 problem = f"confirmation batch, set {i + 1}: {c.problem}"
                 return Confirmation(False, problem, problem=problem)
@@ -153,7 +218,8 @@ def confirm(task: JudgeTask, event_speedup: float, claimed_ms: float, tol: Toler
     ref_s = max(min(ref_walls) - overhead, 0.5 * min(ref_walls))
     cand_s = max(min(cand_walls) - overhead, 0.5 * min(cand_walls))
     wall = ref_s / cand_s if cand_s > 0 else float("inf")
-    calls = f"{ROUNDS}x{k} call(s) on fresh inputs, {1e3 * cand_s / k:.3g} ms per call"
+    how = "as CUDA graphs" if graph else "call by call"
+    calls = f"{ROUNDS}x{k} call(s) {how} on fresh inputs, {1e3 * cand_s / k:.3g} ms per call"
     if wall < min(AGREEMENT * event_speedup, CONFIRMED_BY_ITSELF):
         return Confirmation(False, f"suspicious: {event_speedup:.2f}x by the worker's timing but {wall:.2f}x by "
                                    f"the judge's wall clock ({calls})", wall)

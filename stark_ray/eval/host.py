@@ -70,6 +70,7 @@ from stark_ray.eval.timing import (
     HEAD_START_US,
     Stats,
     TimingMismatch,
+    capture_graph,
     leaves_work_behind,
     time_interleaved,
 )
@@ -95,6 +96,7 @@ class Loaded:
     inputs: list[Any] = field(default_factory=list)
     slots: dict[str, torch.Tensor] = field(default_factory=dict)  # by the path of the output they are for
     staged: list[tuple[list[Any], dict[str, torch.Tensor]]] = field(default_factory=list)
+    graph: Any = None  # the staged batch captured as a CUDA graph
 
 
 class CandidateHost:
@@ -329,11 +331,12 @@ class CandidateHost:
                                                   f"candidate: {new_stats.describe()}", *notes]}}
 
     def stage(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
-        """Map the input sets and slots of a confirmation batch (outside the timed window)."""
+        """Map the input sets and slots of a confirmation batch (outside the judge's clock); with ``graph``, capture
+        the batch as a CUDA graph (None where it cannot be: the batch then runs call by call)."""
         cur = self.current
         assert cur is not None
         self._release(cur.buffers)
-        cur.buffers, cur.staged = [], []
+        cur.buffers, cur.staged, cur.graph = [], [], None
         fds = recv_fds(self._channel(), int(msg["fds"]))
         bufs = self._map(fds, [TensorSpec.from_json(s) for group in msg["slots"] for s in group] +
                          _specs_of(msg["sets"]))
@@ -342,23 +345,29 @@ class CandidateHost:
             touch(buf.data)
         for tree, slot_specs in zip(msg["sets"], msg["slots"], strict=True):
             cur.staged.append((_inputs_on(tree, bufs), _slots_on(slot_specs, bufs)))
+        if msg.get("graph") and cur.state.device == "cuda":
+            cur.graph = capture_graph(lambda: self._batch(cur))
         self.backend.synchronize()
-        return {"staged": len(cur.staged)}
+        return {"staged": len(cur.staged), "graph": cur.graph is not None}
+
+    @staticmethod
+    def _batch(cur: Loaded) -> None:
+        with torch.no_grad():
+            for inputs, slots in cur.staged:
+                _fill_slots(cur.model(*inputs), slots)
 
     def go(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
-        """The staged batch: every set once, outputs into their slots, one sync at the end, byte sums back (the
-        judge checks them against its slots: the answer cannot come before the outputs exist)."""
+        """The staged batch (its graph replayed, or every set once), then byte sums of the slots back (the judge
+        checks them against its slots: the answer cannot come before the outputs exist)."""
         cur = self.current
         assert cur is not None
-        sums: list[torch.Tensor] = []
-        with torch.no_grad():
-            self.backend.synchronize()
-            for inputs, slots in cur.staged:
-                out = cur.model(*inputs)
-                _fill_slots(out, slots)
-                sums += [byte_sum(s) for s in slots.values()]
-            digests = torch.stack(sums).tolist() if sums else []
-        return {"done": {"digests": digests}}
+        self.backend.synchronize()
+        if cur.graph is not None:
+            cur.graph.replay()
+        else:
+            self._batch(cur)
+        sums = [byte_sum(s) for _, slots in cur.staged for s in slots.values()]
+        return {"done": {"digests": torch.stack(sums).tolist() if sums else []}}
 
     def end(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         self._forget()
@@ -368,6 +377,7 @@ class CandidateHost:
     def _forget(self) -> None:
         cur, self.current = self.current, None
         if cur is not None:
+            cur.graph = cur.staged = None  # type: ignore[assignment]
             self._release(cur.buffers)
         here = Path.cwd()
         if here != self.home:

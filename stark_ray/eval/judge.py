@@ -41,7 +41,7 @@ import torch
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend, get_backend
-from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
+from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs, rebuild_outputs
 from stark_ray.eval.confirmation import CONFIRM_ABOVE, confirm
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.exchange import ExchangeError, Outbox, byte_sum, decode_leaf_meta, decode_tree, encode_tree
@@ -335,7 +335,12 @@ class _Candidate:
             flags.append("large_speedup")
         rejected: list[str] = [n for n in worker_log if n.startswith("no kernel")]
         if speedup > CONFIRM_ABOVE:
-            confirmation = confirm(self.task, speedup, new_ms, self.tol, self.batch)
+            batch = _WorkerBatch(self)
+            try:
+                confirmation = confirm(self.task, standard_trial(self.task, self.cfg, 0).inputs, speedup, new_ms,
+                                       self.tol, batch)
+            finally:
+                batch.release()
             self.lap("confirmation")
             if confirmation.problem:
                 raise _Stop(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
@@ -429,69 +434,71 @@ class _Candidate:
             return slots[meta.slot]
         return TensorStub(meta.shape, meta.dtype, meta.device)
 
-    # -- the confirmation batch -------------------------------------------------------------------------------
-    def batch(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
-        """The candidate over ``sets`` in the worker, timed by the judge: (seconds, outputs per set, problem)."""
-        box = Outbox()
-        try:
-            trees: list[Any] = []
-            slot_groups: list[list[dict[str, Any]]] = []
-            slot_maps: list[dict[str, torch.Tensor]] = []
-            shared: list[tuple[torch.Tensor, torch.Tensor]] = []
-            reference_like = standard_trial(self.task, self.cfg, 0).ref  # the structure of the outputs
-            for inputs in sets:
-                def on_input(t: torch.Tensor, path: str) -> dict[str, Any]:
-                    spec, view = box.place(t)
-                    shared.append((view, t))
-                    return {"spec": spec.to_json()}
 
-                trees.append(encode_tree(inputs, on_input, prefix="input"))
-                slots, specs = self._slots(box, reference_like)
-                slot_groups.append(specs)
-                slot_maps.append(slots)
-            fds = box.fds()
-            staged = self.step(OP_STAGE, {"sets": trees, "slots": slot_groups, "fds": len(fds)}, fds,
-                               "confirmation batch")
-            if staged.get("staged") != len(sets):
-                raise _Stop(_protocol("the batch was not staged"), recycle=True)
-            _sync(self.task)
-            worker = self.judge.worker
-            started = time.perf_counter()
-            worker.send({"op": OP_GO})  # a worker that died meanwhile: the reply says how
-            reply = worker.await_reply(self.clock)
-            wall = time.perf_counter() - started
-            done = self.judge.answer(reply, self.clock, "confirmation batch").get("done")
-            if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
-                raise _Stop(_protocol("no answer to go"), recycle=True)
-            _sync(self.task)
-            sums = [byte_sum(s) for slots in slot_maps for s in slots.values()]
-            ours = torch.stack(sums).tolist() if sums else []
-            if ours != done["digests"]:
-                raise _Stop(EvalResult(compiled=True, correct=True, stage=STAGE_OK, flags=["suspicious"],
-                                       error="suspicious: the worker answered before its outputs were final"),
-                            recycle=True)
-            for view, original in shared:
-                if not same_values(view, original):
-                    return wall, [], "the candidate modified its inputs"
-            outs = [_rebuild(reference_like, slots) for slots in slot_maps]
-            return wall, [o.clone() if isinstance(o, torch.Tensor) else o for o in outs], None
-        finally:
-            box.release()
+class _WorkerBatch:
+    """The worker's half of a confirmation batch (see :mod:`stark_ray.eval.confirmation`): the shared inputs and
+    slots, the ``stage`` and ``go`` steps, the checks of the answer."""
 
+    def __init__(self, cand: _Candidate) -> None:
+        self.cand = cand
+        self.box = Outbox()
+        self.inputs: list[list[Any]] = []  # the shared input buffers, per set (the judge's views)
+        self.slots: list[dict[str, torch.Tensor]] = []
+        self.like: Any = None
 
-def _rebuild(like: Any, slots: dict[str, torch.Tensor]) -> Any:
-    """The reference's structure with each tensor replaced by the slot of its path (a copy)."""
-    def walk(v: Any, path: str) -> Any:
-        if isinstance(v, torch.Tensor):
-            return slots[path].clone()
-        if isinstance(v, list | tuple):
-            items = [walk(x, f"{path}[{i}]") for i, x in enumerate(v)]
-            return tuple(items) if isinstance(v, tuple) else items
-        if isinstance(v, dict):
-            return {k: walk(x, f"{path}[{str(k)!r}]") for k, x in v.items()}
-        return v
+    def stage(self, template: list[Any], k: int, graph: bool) -> bool:
+        self.like = standard_trial(self.cand.task, self.cand.cfg, 0).ref  # the structure of the outputs
+        trees: list[Any] = []
+        groups: list[list[dict[str, Any]]] = []
+        for _ in range(k):
+            views: list[torch.Tensor] = []
 
-    return walk(like, "output")
+            def on_input(t: torch.Tensor, path: str, views: list[torch.Tensor] = views) -> dict[str, Any]:
+                spec, view = self.box.place(t)
+                views.append(view)
+                return {"spec": spec.to_json()}
+
+            trees.append(encode_tree(template, on_input, prefix="input"))
+            self.inputs.append(views)
+            slots, specs = self.cand._slots(self.box, self.like)
+            self.slots.append(slots)
+            groups.append(specs)
+        fds = self.box.fds()
+        staged = self.cand.step(OP_STAGE, {"sets": trees, "slots": groups, "fds": len(fds), "graph": graph}, fds,
+                                "confirmation batch")
+        if staged.get("staged") != k:
+            raise _Stop(_protocol("the batch was not staged"), recycle=True)
+        return bool(staged.get("graph"))
+
+    def run(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
+        task, worker, clock = self.cand.task, self.cand.judge.worker, self.cand.clock
+        self.box.poison_slots()
+        _sync(task)
+        started = time.perf_counter()
+        for views, values in zip(self.inputs, sets, strict=True):  # the fresh values, only now
+            for view, value in zip(views, _tensors(values), strict=True):
+                view.copy_(value)
+        _sync(task)
+        worker.send({"op": OP_GO})  # a worker that died meanwhile: the reply says how
+        reply = worker.await_reply(clock)
+        wall = time.perf_counter() - started
+        done = self.cand.judge.answer(reply, clock, "confirmation batch").get("done")
+        if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
+            raise _Stop(_protocol("no answer to go"), recycle=True)
+        _sync(task)
+        sums = [byte_sum(s) for slots in self.slots for s in slots.values()]
+        if (torch.stack(sums).tolist() if sums else []) != done["digests"]:
+            raise _Stop(EvalResult(compiled=True, correct=True, stage=STAGE_OK, flags=["suspicious"],
+                                   error="suspicious: the worker answered before its outputs were final"),
+                        recycle=True)
+        for views, values in zip(self.inputs, sets, strict=True):
+            if not all(same_values(v, t) for v, t in zip(views, _tensors(values), strict=True)):
+                return wall, [], "the candidate modified its inputs"
+        outs = [rebuild_outputs(self.like, {p: t.clone() for p, t in slots.items()}) for slots in self.slots]
+        return wall, outs, None
+
+    def release(self) -> None:
+        self.box.release()
 
 
 def _release_cached(device: str, above_share: float = 0.0) -> None:

@@ -276,6 +276,27 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
     return [Timing(Stats.of(m), Stats.of(s), head) for m, s in zip(ms, synced, strict=True)]
 
 
+def capture_graph(body: Callable[[], None]) -> torch.cuda.CUDAGraph | None:
+    """``body`` (its kernels) as a CUDA graph, after a warm-up run on a side stream; None when it cannot be captured
+    (a host sync inside, an allocation outside torch's allocator, a kernel on an unordered stream, ...)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            body()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            body()
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph
+    except Exception:
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+        return None
+
+
 def leaves_work_behind(candidate: Timing, reference: Timing) -> bool:
     """Did the candidate's calls leave work running on other streams after returning (more than the fixed
     cost of a device-wide sync, which the reference's gap measures)?"""
