@@ -18,9 +18,9 @@ CONFIRM_ABOVE is measured again by the judge:
   it cannot come before the outputs exist;
 - the outputs must match the reference's at tolerance, and the inputs must be unchanged;
 - writing the inputs, copying the outputs into their buffers and summing them cost both sides the same: the judge
-  measures that on its own buffers and takes it off both (never more than half of either); the batch speedup is the
-  ratio of the faster round of each. It confirms the worker's speedup when it is at least AGREEMENT (half) of it,
-  or 10x by itself (a call of microseconds carries host noise that compresses very large ratios; the worker's
+  measures that on its own buffers and takes it off both (leaving at least a fifth of either); the batch speedup is
+  the ratio of the faster round of each. It confirms the worker's speedup when it is at least AGREEMENT (half) of
+  it, or 10x by itself (a call of microseconds carries host noise that compresses very large ratios; the worker's
   figure is then the one reported, so a speedup that is really above 10x may be overstated). Else the result is
   flagged ``suspicious`` and kept off the leaderboard.
 """
@@ -48,6 +48,7 @@ CONFIRMED_BY_ITSELF = 10.0  # ... or this large by itself
 BATCH_TARGET_MS = 10.0  # the candidate's batch lasts about this long, by its own claim
 MAX_SETS = 64
 ROUNDS = 3  # the fastest of each side counts: load on the host only ever adds time
+OVERHEAD_FLOOR = 0.2  # the cost taken off leaves at least this share of a side's batch
 CUDA_BUDGET_SHARE = 0.125  # of the device's memory, for a batch's inputs and outputs (all copies)
 CPU_BUDGET_BYTES = 1 << 30
 
@@ -215,8 +216,8 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
                 problem = f"confirmation batch, set {i + 1}: {c.problem}"
                 return Confirmation(False, problem, problem=problem)
     overhead = min(overheads)
-    ref_s = max(min(ref_walls) - overhead, 0.5 * min(ref_walls))
-    cand_s = max(min(cand_walls) - overhead, 0.5 * min(cand_walls))
+    ref_s = max(min(ref_walls) - overhead, OVERHEAD_FLOOR * min(ref_walls))
+    cand_s = max(min(cand_walls) - overhead, OVERHEAD_FLOOR * min(cand_walls))
     wall = ref_s / cand_s if cand_s > 0 else float("inf")
     how = "as CUDA graphs" if graph else "call by call"
     calls = f"{ROUNDS}x{k} call(s) {how} on fresh inputs, {1e3 * cand_s / k:.3g} ms per call"

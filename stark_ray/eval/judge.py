@@ -66,7 +66,7 @@ from stark_ray.eval.protocol import (
 )
 from stark_ray.eval.runner import MAX_REQUESTS, PhaseClock, Reply, WorkerProcess, WorkerSpec, WorkerStartError
 from stark_ray.eval.tasks import TaskError, build_reference
-from stark_ray.eval.trials import JudgeTask, Trial, special_trials, standard_trial
+from stark_ray.eval.trials import JudgeTask, Trial, all_trials, standard_trial
 from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
 
 Send = Callable[[dict[str, Any]], None]
@@ -180,11 +180,31 @@ class Judge:
         except WorkerStartError as e:  # the host cannot run a worker: the service says so in one line
             result = EvalResult.failed(STAGE_RUNTIME, str(e))
             extra["evaluator_error"] = str(e)
+        except ExchangeError as e:
+            if "OUT_OF_MEMORY" in str(e):
+                result = self._out_of_memory(req, e)
+            else:
+                result = EvalResult.failed(STAGE_RUNTIME, f"task {req.task_name}: its inputs cannot be shared "
+                                                          f"with the worker ({e})")
+                result.flags.append("task_error")
+        except torch.OutOfMemoryError as e:  # the device is full: not a verdict on anything
+            result = self._out_of_memory(req, e)
+        except Exception as e:  # a fault of the judge's own
+            self.worker.kill()
+            result = EvalResult.failed(STAGE_RUNTIME, f"the judge failed: {describe_exception(e)}",
+                                       traceback.format_exc())
         healthy = self.backend.healthy()
         return {"result": asdict(result), "healthy": healthy,
                 "worker": {"starts": self.worker.starts, "promotions": self.worker.promotions,
                            "start_phases": self.worker.hello.get("start_phases"),
                            "spare_ready": self.worker.spare_ready()}, **extra}
+
+    def _out_of_memory(self, req: WorkerRequest, e: BaseException) -> EvalResult:
+        self.worker.kill()  # what the worker holds goes back (a candidate may be what filled the device)
+        _release_cached(self.backend.device)
+        return EvalResult(compiled=req.mode == MODE_CANDIDATE, stage=STAGE_RUNTIME, flags=["out_of_memory"],
+                          error=f"the device ran out of memory while the judge ran the trials "
+                                f"({describe_exception(e)}); the worker was replaced")
 
     def _clock(self, cfg: EvalConfig, send: Send) -> PhaseClock:
         return PhaseClock(limits_for(cfg), on_enter=lambda phase: send({"phase": phase}))
@@ -296,21 +316,27 @@ class _Candidate:
         base = {"compiled": True, "compile_s": compile_s}
 
         self.clock.enter(PHASE_CHECK)
-        trials = [standard_trial(self.task, self.cfg, t) for t in range(self.cfg.trials)]
-        special, notes = special_trials(self.task, self.cfg, self.tol)
-        for trial in [*trials, *special]:
+        notes: list[str] = []
+        special = 0
+        for i, (trial, note) in enumerate(all_trials(self.task, self.cfg, self.tol)):
+            if note:
+                notes.append(note)
+            if trial is None:
+                continue
             failure = self.trial(trial)
+            del trial  # a large task's inputs and outputs go before the next trial's come
             if failure is not None:
                 failure.compile_s = compile_s
                 return failure
+            special += i >= self.cfg.trials
         self.lap("checks")
 
         self.clock.enter(PHASE_TIME)
         timed = self.step(OP_TIME, {}, label="while timing").get("timed")
         if not isinstance(timed, dict):
             raise _Stop(_protocol("no answer to time"), recycle=True)
-        checks = (f"correct over {self.cfg.trials} trials and {len(special)} more (blocks, sensitivity, same "
-                  f"address) (max_abs_err {self.worst_abs:.3g}, rel_err {self.worst_rel:.3g})")
+        checks = (f"correct over {self.cfg.trials} trials and {special} more (blocks, sensitivity, same address) "
+                  f"(max_abs_err {self.worst_abs:.3g}, rel_err {self.worst_rel:.3g})")
         base |= {"max_abs_err": self.worst_abs, "rel_err": self.worst_rel}
         if "mismatch" in timed:
             raise _Stop(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=str(timed["mismatch"])[:300],

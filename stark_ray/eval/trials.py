@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +108,8 @@ class JudgeTask:
                 if self.device == "cuda":
                     torch.cuda.synchronize()
                 return out
+        except torch.OutOfMemoryError:
+            raise  # the device is full (of what the worker holds, perhaps): not the task's fault
         except Exception as e:
             raise TaskError(f"task {self.name}: reference forward failed: {describe_exception(e)}") from None
 
@@ -263,21 +265,34 @@ def same_address_trial(a: Trial, b: Trial) -> Trial:
                  then=(b.inputs, b.ref))
 
 
-def special_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> tuple[list[Trial], list[str]]:
-    """The blocks, sensitivity and same-address trials for one evaluation, with notes on those left out."""
+def all_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> Iterator[tuple[Trial | None, str]]:
+    """Every trial of one evaluation, made one at a time (a large task's trial holds gigabytes: only the one in
+    progress is kept): the standard ones, then blocks, sensitivity and same address; a special trial left out
+    comes as (None, why)."""
+    for t in range(cfg.trials):
+        yield standard_trial(task, cfg, t), ""
     gen = random_source(task.device)
+    yield blocks_trial(task, standard_trial(task, cfg, 0), gen)
+    yield sensitivity_trial(task, standard_trial(task, cfg, 0), gen, tol)
     first = standard_trial(task, cfg, 0)
+    if cfg.trials > 1:
+        second = standard_trial(task, cfg, 1)
+    else:
+        inputs = make_inputs(task.get_inputs, cfg.seed + 1, 1.0, task.device)
+        second = Trial("", inputs, task.run(inputs, cfg.seed + 1), cfg.seed + 1)
+    yield same_address_trial(first, second), ""
+
+
+def special_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> tuple[list[Trial], list[str]]:
+    """The blocks, sensitivity and same-address trials of one evaluation at once, with notes on those left out
+    (for tests; the judge takes them one at a time from :func:`all_trials`)."""
     trials: list[Trial] = []
     notes: list[str] = []
-    for make in (lambda: blocks_trial(task, first, gen), lambda: sensitivity_trial(task, first, gen, tol)):
-        trial, note = make()
+    for i, (trial, note) in enumerate(all_trials(task, cfg, tol)):
+        if i < cfg.trials:
+            continue
         if trial is not None:
             trials.append(trial)
         if note:
             notes.append(note)
-    second = standard_trial(task, cfg, 1) if cfg.trials > 1 else None
-    if second is None:
-        inputs = make_inputs(task.get_inputs, cfg.seed + 1, 1.0, task.device)
-        second = Trial("", inputs, task.run(inputs, cfg.seed + 1), cfg.seed + 1)
-    trials.append(same_address_trial(first, second))
     return trials, notes
