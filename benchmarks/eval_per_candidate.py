@@ -39,7 +39,7 @@ ORIGINAL = [  # the set as it was before issue 13, without the hang and the ille
 ]
 
 
-def measure(build_dir: str, names: list[str]) -> dict[str, dict[str, object]]:
+def measure(build_dir: str, names: list[str], out: Path | None = None) -> dict[str, dict[str, object]]:
     import stark_ray
     from stark_ray.config import EvalConfig
     from stark_ray.eval.service import EvalService
@@ -70,6 +70,8 @@ def measure(build_dir: str, names: list[str]) -> dict[str, dict[str, object]]:
                                "ok": r.ok, "flags": r.flags, "speedup": r.speedup}
                     print(f"{f:52s} {r.stage:12s} eval {r.eval_s or 0:7.3f} s  speedup {r.speedup or 0:6.2f} "
                           f"{r.flags}", flush=True)
+                    if out is not None:  # as it goes: a run cut short keeps what it measured
+                        out.write_text(json.dumps(rows, indent=1))
     return rows
 
 
@@ -96,9 +98,7 @@ def main() -> int:
     if args.compare:
         compare(*(json.loads(Path(f).read_text()) for f in args.compare))
         return 0
-    rows = measure(args.build_dir, [n for n in args.only.split(",") if n] or ORIGINAL)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    measure(args.build_dir, [n for n in args.only.split(",") if n] or ORIGINAL, Path(args.json) if args.json else None)
     return 0
 
 

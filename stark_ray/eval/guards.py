@@ -31,6 +31,7 @@ _WATCHED_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft",
 _OURS = "stark_ray"  # every loaded module of the evaluator is watched, with the classes it defines
 _WATCHED_CLASSES = (torch.Tensor, torch.nn.Module, torch.cuda.Event, torch.cuda.Stream)
 _BUILTIN_DUNDERS = ("__import__", "__build_class__")
+POISON_ALL_BELOW = 1 << 30  # outputs up to this size are poisoned in every block the allocator might hand out
 
 
 _VOLATILE = {"__dict__", "__doc__", "__weakref__", "__module__", "__annotations__", "__qualname__",
@@ -136,7 +137,8 @@ def poison(nbytes: Iterable[int], device: str) -> None:
     sizes = [n for n in nbytes if n > 0]
     if not sizes:
         return
-    blocks = [torch.empty(n, dtype=torch.uint8, device=device).fill_(255) for n in [*sizes, *sizes, sum(sizes)]]
+    every = [*sizes, *sizes, sum(sizes)] if sum(sizes) <= POISON_ALL_BELOW else sizes  # a large output: once
+    blocks = [torch.empty(n, dtype=torch.uint8, device=device).fill_(255) for n in every]
     del blocks
 
 

@@ -45,6 +45,7 @@ from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flat
 from stark_ray.eval.confirmation import CONFIRM_ABOVE, confirm
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.exchange import ExchangeError, Outbox, byte_sum, decode_leaf_meta, decode_tree, encode_tree
+from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
 from stark_ray.eval.loader import import_source
 from stark_ray.eval.outcome import limits_for, lost_result
@@ -75,6 +76,7 @@ KEPT_TASKS = 32  # task references the judge keeps, as the worker does
 KEPT_SHARE = 0.25
 KEPT_CPU_BYTES = 4 << 30
 RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
+LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial's inputs this large, cached blocks go back to the device
 _ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
 
 
@@ -386,6 +388,8 @@ class _Candidate:
 
     # -- one trial --------------------------------------------------------------------------------------------
     def trial(self, trial: Trial) -> EvalResult | None:
+        if sum(nbytes_of(trial.inputs)) > LARGE_TRIAL_BYTES:  # the shared buffers come from the device itself
+            _release_cached(self.task.device)
         box = Outbox()
         try:
             shared: list[tuple[torch.Tensor, torch.Tensor]] = []  # (the worker's copy, the original)

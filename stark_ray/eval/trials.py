@@ -147,6 +147,10 @@ def perturbable(t: torch.Tensor) -> bool:
 
 def _rebuilt(t: torch.Tensor, change: Callable[[torch.Tensor], None]) -> torch.Tensor:
     """A copy of ``t`` (same strides) whose flat (contiguous) values ``change`` altered in place."""
+    if t.is_contiguous():  # one copy, changed in place
+        flat = t.detach().clone().reshape(-1)
+        change(flat)
+        return flat.view(t.shape)
     flat = t.detach().contiguous().reshape(-1).clone()
     change(flat)
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
