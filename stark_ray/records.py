@@ -27,9 +27,10 @@ STAGE_CORRECTNESS = "correctness"  # ran, but outputs differ from the reference
 STAGE_TIMEOUT = "timeout"
 STAGE_CRASH = "crash"  # the worker process died (segfault, abort, OOM kill)
 
-# Flags that keep a correct result off the leaderboard: a large speedup that a wall-clock re-measure did not
-# confirm, and a candidate that launched no kernel of its own (only library ops).
-REJECTING_FLAGS = ("suspicious", "no_kernel")
+# Flags that keep a correct result off the leaderboard: a speedup the judge's wall clock did not confirm, a
+# candidate that launched no kernel of its own (only library ops), and one whose kernels ran on a stream not
+# ordered with the caller's (its timing cannot see all of its work).
+REJECTING_FLAGS = ("suspicious", "no_kernel", "unordered_stream")
 
 LOG_LIMIT = 4000  # characters of log kept per attempt (for the debug agent and the Parquet row)
 

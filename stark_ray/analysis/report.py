@@ -142,7 +142,7 @@ def render(r: Report, source: Path | Location, runs: Sequence[Path | Location]) 
 
 _DEFINITIONS = [
     "- success: the task has a candidate that compiled, was correct, was timed and was not flagged "
-    "`suspicious` or `no_kernel` (`EvalResult.ok`).",
+    "`suspicious`, `no_kernel` or `unordered_stream` (`EvalResult.ok`).",
     "- fast_p: share of the tasks that succeed with best speedup > p; the denominator is every task of the group "
     "(against torch.compile: every task whose baseline was measured). fast_0 is the success rate.",
     "- speedup vs eager: the best candidate's reference runtime / runtime, both timed in the same run; vs "

@@ -10,8 +10,8 @@ Views (columns in ``TASK_COLUMNS`` and the docstrings of the SQL below):
 
 - ``attempts``, ``llm_calls``: the store's rows (``records.attempt_schema`` / ``llm_call_schema``).
 - ``judged``: every attempts row plus ``ok`` (:attr:`EvalResult.ok`: compiled, correct, timed and not flagged
-  ``suspicious`` or ``no_kernel``; flags are stored as one comma-separated string), ``failure`` (NULL when ok,
-  else the stage, or ``rejected: <flag>`` for a correct candidate kept off the leaderboard),
+  ``suspicious``, ``no_kernel`` or ``unordered_stream``; flags are stored as one comma-separated string),
+  ``failure`` (NULL when ok, else the stage, or ``rejected: <flag>`` for a correct candidate kept off the leaderboard),
   ``speedup_vs_compile`` (the row's ``ref_compile_runtime_ms / runtime_ms``) and ``best_speedup_so_far`` (the
   highest speedup of an ok candidate of the task up to this seq; NULL before the first one).
 - ``best``: the best candidate per (run_id, task), as the search's leaderboard ranks them: ok, not the
@@ -56,7 +56,7 @@ TASK_COLUMNS: dict[str, str] = {
     "attempts": "candidates evaluated (seq > 0; parse failures included, as the budget counts them)",
     "compiled_attempts": "candidates that compiled",
     "correct_attempts": "ok candidates",
-    "rejected_attempts": "correct candidates flagged suspicious / no_kernel",
+    "rejected_attempts": "correct candidates flagged suspicious / no_kernel / unordered_stream",
     "attempts_to_first_correct": "seq of the first ok candidate (= attempts finished until then), else NULL",
     "llm_calls": "LLM calls recorded",
     "input_tokens": "prompt tokens (llm_calls rows; the attempts rows when a task has none)",

@@ -66,6 +66,7 @@ class WorkerSpec:
     module: str = "stark_ray.eval.worker"  # what runs: the worker (candidates) or the judge
     fd_channel: bool = False  # a Unix socket for file descriptors beside the pipes (a device worker's)
     extra: tuple[str, ...] = ()  # more arguments for the module
+    env: tuple[tuple[str, str], ...] = ()  # more environment variables for it
 
     def argv(self, spare: bool = False, fd: int | None = None) -> list[str]:
         prefix = list(isolation_prefix()) if self.isolate else []
@@ -228,6 +229,7 @@ class WorkerProcess:
             pinned = visible_device(self.spec.device, os.environ.get("CUDA_VISIBLE_DEVICES"))
             if pinned is not None:
                 env["CUDA_VISIBLE_DEVICES"] = pinned
+        env.update(dict(self.spec.env))
         return env
 
     def _spawn(self, spare: bool = False) -> _Child:

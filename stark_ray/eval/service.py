@@ -116,8 +116,11 @@ class EvalService:
             extra.append("--isolate-worker")
         if device is not None if spare is None else spare:
             extra.append("--spare-worker")
+        # OpenMP threads wait passively in the judge and in its worker: a process spinning after its last operation
+        # takes the cores the other's batch runs on (on the CPU backend a candidate's batch ran at half speed)
+        policy = (("OMP_WAIT_POLICY", "PASSIVE"),)
         self.judge = WorkerProcess(WorkerSpec(self.cfg.backend, str(self.build_dir), self.threads, device=device,
-                                              module="stark_ray.eval.judge", extra=tuple(extra)))
+                                              module="stark_ray.eval.judge", extra=tuple(extra), env=policy))
         self.worker_starts = 0  # the judge's word: worker processes started so far, and restarts by the spare
         self.worker_promotions = 0
         self.worker_start_phases: dict[str, Any] = {}  # where the current worker's start went
