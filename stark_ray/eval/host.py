@@ -15,7 +15,6 @@ candidate that patches the process) is checked after each step: a change ends th
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 import shutil
 import socket
@@ -64,7 +63,7 @@ from stark_ray.eval.protocol import (
 )
 from stark_ray.eval.streams import profile_call
 from stark_ray.eval.task_state import TaskState, on_device
-from stark_ray.eval.tasks import TaskError, build_reference
+from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.timing import (
     GPU_WARMUP_MS,
     HEAD_START_US,
@@ -121,19 +120,14 @@ class CandidateHost:
 
     # -- tasks ------------------------------------------------------------------------------------------------
     def task_state(self, name: str, source: str, cfg: EvalConfig) -> TaskState:
-        key = hashlib.sha256(f"{cfg.seed}\0{source}".encode()).hexdigest()
+        key = task_key(source, cfg.seed)
         state = self.tasks.get(key)
         if state is not None:
             self.tasks.move_to_end(key)
             return state
-        try:
-            module = import_source(source, f"stark_task_{key[:12]}", Path(os.environ.get("TMPDIR", ".")),
-                                   f"task_{key[:12]}.py")
-        except Exception as e:
-            raise TaskError(f"task {name}: import failed: {describe_exception(e)}") from None
-        model, init_inputs = build_reference(module, name, cfg.seed)
         device = self.backend.device
-        state = TaskState(name, module, on_device(model, device), init_inputs, device, cfg.seed)
+        module, model, init_inputs = load_reference(name, source, cfg.seed, device)
+        state = TaskState(name, module, model, init_inputs, device, cfg.seed)
         self.tasks[key] = state
         self.evict(key)
         return state

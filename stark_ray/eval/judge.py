@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
-import hashlib
 import json
 import math
 import os
@@ -34,7 +33,6 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,7 +45,6 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.exchange import ExchangeError, Outbox, byte_sum, decode_leaf_meta, decode_tree, encode_tree
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
-from stark_ray.eval.loader import import_source
 from stark_ray.eval.outcome import limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
@@ -66,12 +63,13 @@ from stark_ray.eval.protocol import (
     result_from_message,
 )
 from stark_ray.eval.runner import MAX_REQUESTS, PhaseClock, Reply, WorkerProcess, WorkerSpec, WorkerStartError
-from stark_ray.eval.tasks import TaskError, build_reference
+from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.trials import JudgeTask, Trial, all_trials, standard_trial
 from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
 
 Send = Callable[[dict[str, Any]], None]
 LARGE_SPEEDUP = 10.0  # flagged (informational) above this
+WORKER_FLAGS = ("no_kernel", "extra_stream", "unordered_stream")  # what the worker's profile may report
 KEPT_TASKS = 32  # task references the judge keeps, as the worker does
 KEPT_SHARE = 0.25
 KEPT_CPU_BYTES = 4 << 30
@@ -117,21 +115,13 @@ class Judge:
     # -- tasks ------------------------------------------------------------------------------------------------
     def task(self, req: WorkerRequest, cfg: EvalConfig) -> JudgeTask:
         """The task's reference, checked once: forward runs, returns something comparable, and is deterministic."""
-        key = hashlib.sha256(f"{cfg.seed}\0{req.task_source}".encode()).hexdigest()
+        key = task_key(req.task_source, cfg.seed)
         task = self.tasks.get(key)
         if task is not None:
             self.tasks.move_to_end(key)
             return task
-        name = req.task_name
-        try:
-            module = import_source(req.task_source, f"stark_task_{key[:12]}", Path(os.environ.get("TMPDIR", ".")),
-                                   f"task_{key[:12]}.py")
-        except Exception as e:
-            raise TaskError(f"task {name}: import failed: {describe_exception(e)}") from None
-        model, init_inputs = build_reference(module, name, cfg.seed)
-        device = self.backend.device
-        if device != "cpu" and hasattr(model, "to"):
-            model = model.to(device)
+        name, device = req.task_name, self.backend.device
+        module, model, init_inputs = load_reference(name, req.task_source, cfg.seed, device)
         task = JudgeTask(name, module, model, init_inputs, device, cfg.seed)
         first = standard_trial(task, cfg, 0)
         leaves = flatten_outputs(first.ref)
@@ -343,8 +333,9 @@ class _Candidate:
         if "mismatch" in timed:
             raise _Stop(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=str(timed["mismatch"])[:300],
                                    **base), recycle=True)
-        flags = [str(f) for f in timed.get("flags", [])]
-        worker_log = [str(line) for line in timed.get("log", [])][:20]
+        # the worker's findings: only those it may report (each can only keep the candidate off the leaderboard)
+        flags = [f for f in WORKER_FLAGS if f in timed.get("flags", [])]
+        worker_log = [f"worker: {str(line)[:300]}" for line in timed.get("log", [])][:20]
         if "rejected" in timed:
             return EvalResult(correct=True, stage=STAGE_OK, error=str(timed.get("error", ""))[:300], flags=flags,
                               log=excerpt("\n".join([checks, *notes, *worker_log])), **base)
@@ -361,7 +352,7 @@ class _Candidate:
         log = [checks, *notes, *worker_log]
         if speedup > LARGE_SPEEDUP:
             flags.append("large_speedup")
-        rejected: list[str] = [n for n in worker_log if n.startswith("no kernel")]
+        rejected: list[str] = [n.removeprefix("worker: ") for n in worker_log if "no kernel of its own" in n]
         if speedup > CONFIRM_ABOVE:
             batch = _WorkerBatch(self)
             try:

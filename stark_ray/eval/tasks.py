@@ -112,6 +112,31 @@ def build_reference(module: ModuleType, task_name: str, seed: int) -> tuple[Any,
     return model, init_inputs
 
 
+def task_key(source: str, seed: int) -> str:
+    """What a process keeps a task's reference under: its source and the seed its parameters were drawn with."""
+    import hashlib
+
+    return hashlib.sha256(f"{seed}\0{source}".encode()).hexdigest()
+
+
+def load_reference(name: str, source: str, seed: int, device: str) -> tuple[ModuleType, Any, list[Any]]:
+    """Import a task's source (from a private file under TMPDIR) and build its reference on ``device``: the module,
+    the model and the init inputs it got. TaskError, one line, when either fails."""
+    import os
+
+    from stark_ray.eval.loader import import_source
+
+    key = task_key(source, seed)[:12]
+    try:
+        module = import_source(source, f"stark_task_{key}", Path(os.environ.get("TMPDIR", ".")), f"task_{key}.py")
+    except Exception as e:
+        raise TaskError(f"task {name}: import failed: {describe_exception(e)}") from None
+    model, init_inputs = build_reference(module, name, seed)
+    if device != "cpu" and hasattr(model, "to"):
+        model = model.to(device)
+    return module, model, init_inputs
+
+
 def make_task_inputs(module: ModuleType, task_name: str) -> list[Any]:
     try:
         inputs = module.get_inputs()
