@@ -14,9 +14,11 @@ from scripted_replies import SLOW, SLOWER, WRONG, code_reply, last_user, plan_re
 from stark_ray.llm.base import LLMRequest
 from stark_ray.llm.scripted import ScriptedClient
 
-# imported by the evaluator's worker, whose parent is the Evaluator actor's process: it kills that process
+# imported by the evaluator's worker, whose parent is the judge, whose parent is the Evaluator actor's process: it
+# kills that process (the judge's parent, read from /proc)
 KILLER = ("import os\nimport signal\n\nimport torch\nimport torch.nn as nn\n\n"
-          "os.kill(os.getppid(), signal.SIGKILL)\n\n\nclass ModelNew(nn.Module):\n"
+          "_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
+          "os.kill(int(_stat[_stat.rfind(')') + 2:].split()[1]), signal.SIGKILL)\n\n\nclass ModelNew(nn.Module):\n"
           "    def __init__(self, negative_slope: float, scale: float):\n        super().__init__()\n\n"
           "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        return x\n")
 

@@ -374,3 +374,12 @@ def test_dict_outputs_are_compared_key_by_key(tmp_path: Path, service: EvalServi
     bad = judged(service, task, py("return {'y': x * self.s, 'n': x.shape[0]}"))
     assert good.ok, good.error
     assert bad.stage == STAGE_CORRECTNESS and (bad.error or "").startswith("trial 1/3: output['y']: values"), bad.error
+
+
+def test_a_candidate_that_kills_the_judge_is_charged_with_it_and_the_next_one_is_judged(
+        service: EvalService, tasks: dict[str, Task]) -> None:
+    """Without isolation a candidate can signal its worker's parent — the judge, not the service."""
+    r = judged(service, tasks["affine"], py(HONEST, "import os\nimport signal\nos.kill(os.getppid(), signal.SIGKILL)"))
+    assert r.stage == "crash" and not r.ok and "judge crashed (SIGKILL)" in (r.error or ""), r.error
+    after = judged(service, tasks["affine"], py(HONEST))
+    assert after.ok, after.error

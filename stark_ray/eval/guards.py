@@ -69,35 +69,51 @@ class Fingerprint:
 
     def __init__(self) -> None:
         self.modules = _watched_modules()
-        self.ids = self._ids(self.modules)
+        self.entries = self._entries(self.modules)  # (name, owner, attribute, how to read it, id)
+        self.ids = {name: ident for name, _, _, _, ident in self.entries}
 
     @staticmethod
-    def _ids(modules: dict[str, ModuleType]) -> dict[str, int]:
-        ids: dict[str, int] = {}
+    def _entries(modules: dict[str, ModuleType]) -> list[tuple[str, Any, str, str, int]]:
+        entries: list[tuple[str, Any, str, str, int]] = []
         classes: list[type] = list(_WATCHED_CLASSES)
         for modname, module in modules.items():
             for name, value in _members(module):
                 if callable(value) and not isinstance(value, ModuleType):
-                    ids[f"{modname}.{name}"] = id(value)
+                    entries.append((f"{modname}.{name}", module, name, "attr", id(value)))
                     if (modname.startswith(_OURS) and isinstance(value, type)
                             and getattr(value, "__module__", None) == modname):
                         classes.append(value)
             if modname == "builtins":
                 for name in _BUILTIN_DUNDERS:
-                    ids[f"builtins.{name}"] = id(getattr(module, name, None))
+                    entries.append((f"builtins.{name}", module, name, "attr", id(getattr(module, name, None))))
         for cls in classes:
-            members = _members(cls) if cls in _WATCHED_CLASSES else vars(cls).items()
+            mro = cls in _WATCHED_CLASSES  # torch's classes: along the MRO (a patch may land on a subclass)
+            members = _members(cls) if mro else vars(cls).items()
             for name, value in members:
                 if callable(value) or isinstance(value, property | staticmethod | classmethod):
-                    ids[f"{cls.__module__}.{cls.__qualname__}.{name}"] = id(value)
-        return ids
+                    entries.append((f"{cls.__module__}.{cls.__qualname__}.{name}", cls, name,
+                                    "static" if mro else "own", id(value)))
+        return entries
 
     def changed(self) -> list[str]:
         """Names whose object is no longer the one seen at the fingerprint (new names do not count), and
-        modules replaced in ``sys.modules``."""
+        modules replaced in ``sys.modules``. Reads only what was seen (no listing again)."""
         swapped = [f"sys.modules[{n!r}]" for n, m in self.modules.items() if sys.modules.get(n) is not m]
-        now = self._ids(self.modules)
-        return swapped + sorted(k for k, v in self.ids.items() if now.get(k, v) != v)
+        missing = object()
+        changed = []
+        for name, owner, attr, how, ident in self.entries:
+            try:
+                if how == "attr":
+                    now = getattr(owner, attr, missing)
+                elif how == "own":
+                    now = vars(owner).get(attr, missing)
+                else:  # the first class along the MRO that has it (what getattr_static finds, faster)
+                    now = next((k.__dict__[attr] for k in owner.__mro__ if attr in k.__dict__), missing)
+            except Exception:
+                continue
+            if now is not missing and id(now) != ident:
+                changed.append(name)
+        return swapped + sorted(changed)
 
 
 def _storage_span(t: torch.Tensor) -> tuple[int, int] | None:
