@@ -25,6 +25,7 @@ class EvalDispatch(Generic[Item]):
         self.peers: dict[str, list[int]] = {}  # task -> the evaluators that may time its candidates, home first
         self.load: list[int] = []  # evaluations outstanding on each evaluator
         self.queue: deque[tuple[str, Item]] = deque()  # candidates waiting for an evaluator with room
+        self.paused: set[int] = set()  # evaluators restarting: nothing is sent to them until they are back
 
     def place(self, tasks: Sequence[str], evaluators: int) -> None:
         """Give each task a home evaluator (round-robin), where its reference is timed; until :meth:`share`
@@ -47,7 +48,7 @@ class EvalDispatch(Generic[Item]):
         sent: list[tuple[int, Item]] = []
         waiting: deque[tuple[str, Item]] = deque()
         for task, item in self.queue:
-            room = [i for i in self.peers[task] if self.load[i] < self.window]
+            room = [i for i in self.peers[task] if self.load[i] < self.window and i not in self.paused]
             if not room:
                 waiting.append((task, item))
                 continue
@@ -56,6 +57,13 @@ class EvalDispatch(Generic[Item]):
             sent.append((which, item))
         self.queue = waiting
         return sent
+
+    def pause(self, which: int) -> None:
+        """``which`` died and is restarting: its candidates wait (or go to a peer) until :meth:`resume`."""
+        self.paused.add(which)
+
+    def resume(self, which: int) -> None:
+        self.paused.discard(which)
 
     def done(self, which: int) -> None:
         """An evaluation on ``which`` finished (or failed)."""

@@ -64,7 +64,7 @@ from stark_ray.search.tree import Tree
 from stark_ray.store.location import Location, locate
 
 log = logging.getLogger(__name__)
-_AGENT, _EVAL, _ADD, _NEXT = "agent", "eval", "add", "next"
+_AGENT, _EVAL, _ADD, _NEXT, _BACK = "agent", "eval", "add", "next", "back"
 _UNSET: Any = object()  # a ref's value not fetched yet
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
@@ -73,11 +73,13 @@ EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the devic
 class _Work:
     """What an object ref the driver waits on stands for."""
 
-    kind: str  # _AGENT | _EVAL | _ADD (memory.add_next) | _NEXT (memory.next_many)
+    kind: str  # _AGENT | _EVAL | _ADD (memory.add_next) | _NEXT (memory.next_many) | _BACK (a restarted evaluator)
     ticket: Ticket | None = None  # the expansion (agent, eval, add)
     step: AgentResult | None = None  # its agent step (eval, add)
-    which: int = -1  # the agent worker (agent) or the evaluator (eval)
+    which: int = -1  # the agent worker (agent) or the evaluator (eval, back)
     limit: int = 0  # tickets asked for (add, next): room kept for them until they come back
+    deaths: int = 0  # eval: the evaluator's deaths already charged when this candidate was sent to it
+    resent: bool = False  # eval: sent again after its evaluator died of another candidate
 
 
 class _Driver:
@@ -102,6 +104,7 @@ class _Driver:
         self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
         self.agents = start_agents(run)  # now: they start (and import) while the evaluators and references do
         self.agent_load = [0] * len(self.agents)  # calls outstanding on each
+        self.deaths: list[int] = []  # each evaluator's deaths charged to a candidate
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -110,6 +113,7 @@ class _Driver:
         t0 = time.monotonic()
         self.evaluators = start_evaluators(run, self.embedded, token)
         self.dispatch.place([t.name for t in run.tasks], len(self.evaluators))
+        self.deaths = [0] * len(self.evaluators)
         home = self.dispatch.home
         # every evaluator starts its device worker now, at once, and times its tasks' references as soon as that
         # is up. Every reference is checked before a run directory exists; a resumed run needs them only for tasks
@@ -270,11 +274,29 @@ class _Driver:
             try:
                 result = ray.get(ref) if value is _UNSET else value
             except RayActorError:
+                if work.deaths < self.deaths[work.which] and not work.resent:
+                    # sent before a death already charged to the candidate that was running: it did not cause
+                    # it; it goes again (once) when an evaluator is back
+                    work.resent = True
+                    self.dispatch.put(work.ticket.task, work)
+                    self._send_evaluations()  # to a peer, if it has one
+                    return
+                self._died(work.which)
                 result = EvalResult.failed(STAGE_CRASH, "the evaluator actor died while evaluating this candidate "
                                            "(it is restarted; this candidate is not run again)")
             except RayError as e:
                 result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {one_line(e)}")
             self._add(work.ticket, work.step, result)
+        elif work.kind == _BACK:
+            try:
+                ray.get(ref) if value is _UNSET else value
+            except RayActorError:  # asked before Ray knew it had died, or still restarting: ask again
+                time.sleep(0.2)
+                self._await_restart(work.which)
+                return
+            log.info("evaluator %d is back after a restart", work.which)
+            self.dispatch.resume(work.which)
+            self._send_evaluations()
         elif work.kind == _ADD:
             assert work.ticket is not None and work.step is not None
             try:
@@ -301,8 +323,18 @@ class _Driver:
         for which, work in self.dispatch.ready():
             assert work.ticket is not None and work.step is not None
             ref = self.evaluators[which].evaluate.remote(self.tasks[work.ticket.task], work.step.source)
-            work.which = which
+            work.which, work.deaths = which, self.deaths[which]
             self.pending[ref] = work
+
+    def _died(self, which: int) -> None:
+        """Evaluator ``which`` died of the candidate it was running: Ray restarts it; nothing more is sent to it
+        until it answers again (a call sent now could reach the dead process and fail too)."""
+        self.deaths[which] += 1
+        self.dispatch.pause(which)
+        self._await_restart(which)
+
+    def _await_restart(self, which: int) -> None:
+        self.pending[self.evaluators[which].where.remote()] = _Work(_BACK, which=which)
 
     def _came_back(self, work: _Work, tickets: list[Ticket]) -> None:
         """The room kept for a request is free again; the memory may hold more work when the request got all

@@ -39,3 +39,17 @@ def test_a_task_never_leaves_its_device_class() -> None:
     d.put("a", "a2")
     assert d.ready() == [(0, "a1")]  # the A100 is idle, but a's reference was timed on an H200
     assert [item for _, item in d.queue] == ["a2"]
+
+
+def test_a_restarting_evaluator_gets_nothing_until_it_is_back() -> None:
+    d: EvalDispatch[str] = EvalDispatch(window=2)
+    d.place(["a", "b"], 2)
+    d.share(["H200", "H200"])
+    d.pause(0)  # evaluator 0 died: Ray restarts it
+    d.put("a", "a1")
+    d.put("a", "a2")
+    d.put("a", "a3")
+    assert d.ready() == [(1, "a1"), (1, "a2")]  # its peer takes what it has room for; the rest wait
+    assert [item for _, item in d.queue] == ["a3"]
+    d.resume(0)
+    assert d.ready() == [(0, "a3")]
