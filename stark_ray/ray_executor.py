@@ -104,7 +104,7 @@ class _Driver:
         self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
         self.agents = start_agents(run)  # now: they start (and import) while the evaluators and references do
         self.agent_load = [0] * len(self.agents)  # calls outstanding on each
-        self.deaths: list[int] = []  # each evaluator's deaths charged to a candidate
+        self.deaths: dict[int, int] = {}  # evaluator -> its deaths charged to a candidate
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -113,7 +113,6 @@ class _Driver:
         t0 = time.monotonic()
         self.evaluators = start_evaluators(run, self.embedded, token)
         self.dispatch.place([t.name for t in run.tasks], len(self.evaluators))
-        self.deaths = [0] * len(self.evaluators)
         home = self.dispatch.home
         # every evaluator starts its device worker now, at once, and times its tasks' references as soon as that
         # is up. Every reference is checked before a run directory exists; a resumed run needs them only for tasks
@@ -274,7 +273,7 @@ class _Driver:
             try:
                 result = ray.get(ref) if value is _UNSET else value
             except RayActorError:
-                if work.deaths < self.deaths[work.which] and not work.resent:
+                if work.deaths < self.deaths.get(work.which, 0) and not work.resent:
                     # sent before a death already charged to the candidate that was running: it did not cause
                     # it; it goes again (once) when an evaluator is back
                     work.resent = True
@@ -323,13 +322,13 @@ class _Driver:
         for which, work in self.dispatch.ready():
             assert work.ticket is not None and work.step is not None
             ref = self.evaluators[which].evaluate.remote(self.tasks[work.ticket.task], work.step.source)
-            work.which, work.deaths = which, self.deaths[which]
+            work.which, work.deaths = which, self.deaths.get(which, 0)
             self.pending[ref] = work
 
     def _died(self, which: int) -> None:
         """Evaluator ``which`` died of the candidate it was running: Ray restarts it; nothing more is sent to it
         until it answers again (a call sent now could reach the dead process and fail too)."""
-        self.deaths[which] += 1
+        self.deaths[which] = self.deaths.get(which, 0) + 1
         self.dispatch.pause(which)
         self._await_restart(which)
 

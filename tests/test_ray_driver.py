@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 
 from stark_ray import ray_executor
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
@@ -45,6 +45,8 @@ class FakeRef:
         try:
             value = self.call()
             self.value = asyncio.run(value) if asyncio.iscoroutine(value) else value
+        except RayActorError as e:  # the actor died: no task error around it
+            self.error = e
         except Exception as e:  # as Ray hands it to the caller
             self.error = RayTaskError("call", "", e)
         self.done = True
@@ -147,6 +149,32 @@ class Evaluator:
 
 def ok_reference() -> EvalResult:
     return EvalResult(compiled=True, correct=True, runtime_ms=1.0, ref_runtime_ms=1.0, speedup=1.0, stage=STAGE_OK)
+
+
+class DyingEvaluator(Evaluator):
+    """Dies of the candidate of the second agent call (Ray restarts it): until Ray knows that it died, every call
+    sent to it fails as well (its first ``where`` after the death too); afterwards it works again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dead = self.killed = False
+        self.unnoticed = 0  # calls that reach the dead process before Ray knows
+
+    def evaluate(self, task: Task, source: str) -> EvalResult:
+        if self.dead:
+            raise RayActorError()
+        if source.endswith("call 2") and not self.killed:
+            self.dead = self.killed = True
+            self.unnoticed = 1
+            raise RayActorError()
+        return super().evaluate(task, source)
+
+    def where(self) -> dict[str, Any]:
+        if self.unnoticed:
+            self.unnoticed -= 1
+            raise RayActorError()
+        self.dead = False
+        return {"pid": 1}
 
 
 def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int = 3, budget: int = 7,
@@ -281,3 +309,19 @@ def test_a_task_stays_on_its_home_device_class(tmp_path: Path, monkeypatch: pyte
     assert set(evaluators[0].seen) | set(evaluators[2].seen) == {"t0", "t2"}
     for name in driver.tasks:
         assert memory.memory[name].tree.evaluated == 9
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_candidate_that_kills_its_evaluator_is_charged_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Only the killer is charged: nothing is sent to the evaluator until it answers again after its restart."""
+    evaluator = DyingEvaluator()
+    driver, memory = drive(tmp_path, monkeypatch, seed, tasks=1, budget=6, parallel=1, evaluators=[evaluator])
+    driver.loop()
+    assert evaluator.killed and not evaluator.dead
+    tree = memory.memory["t0"].tree
+    assert tree.evaluated == 6
+    crashed = [n for n in tree if n.result.stage == "crash"]
+    assert [n.source.endswith("call 2") for n in crashed] == [True], [n.result.error for n in crashed]
+    assert "evaluator actor died" in (crashed[0].result.error or "")
+    assert len(evaluator.seen) == 4  # every later candidate was evaluated (one of six agent steps has no code)
