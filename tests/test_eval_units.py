@@ -46,6 +46,37 @@ def test_compare_equal_and_close() -> None:
     assert c.ok and 0 < c.max_abs_err < 2e-4 and 0 < c.rel_err < 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_the_finite_fast_path_gives_the_figures_of_the_exact_one(dtype: torch.dtype,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Numbers on both sides take a few passes at the outputs' precision; NaNs and infinities (and integers) the
+    exact float64 passes: both give the same verdict and figures, in one chunk or many."""
+    import stark_ray.eval.compare as compare
+
+    gen = torch.Generator().manual_seed(3)
+    ref = torch.randn(3000, generator=gen).to(dtype)
+    cases = [ref + 1e-3, ref * (1 + 5e-3), ref.clone(), ref + torch.where(torch.arange(3000) == 1234, 1.0, 0.0)]
+    for chunk in (1 << 26, 1000):
+        monkeypatch.setattr(compare, "CHUNK", chunk)
+        for out in cases:
+            fast = compare_outputs(out.to(dtype), ref, TOL)
+            monkeypatch.setattr(compare, "_FAST_DTYPES", ())
+            exact = compare_outputs(out.to(dtype), ref, TOL)
+            monkeypatch.undo()
+            monkeypatch.setattr(compare, "CHUNK", chunk)
+            assert (fast.ok, fast.problem.split(" (")[0]) == (exact.ok, exact.problem.split(" (")[0])
+            assert fast.max_abs_err == pytest.approx(exact.max_abs_err, rel=1e-5, abs=1e-12)
+            assert fast.rel_err == pytest.approx(exact.rel_err, rel=1e-4, abs=1e-12)
+    with_nan = ref.clone()
+    with_nan[7] = float("nan")
+    assert "NaN where the reference has a number" in compare_outputs(with_nan, ref, TOL).problem
+    with_inf = ref.clone()
+    with_inf[7] = float("inf")
+    assert "infinities differ" in compare_outputs(with_inf, ref, TOL).problem
+    huge = torch.full((10,), 3e30 if dtype != torch.float16 else 6e4, dtype=dtype)
+    assert compare_outputs(huge, huge, TOL).ok  # squares past float32's range: the norm again in float64
+
+
 def test_compare_reports_the_problem() -> None:
     ref = torch.randn(4, 5)
     assert "shape (5, 4), expected (4, 5)" in compare_outputs(ref.t(), ref, TOL).problem
