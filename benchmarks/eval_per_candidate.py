@@ -10,6 +10,9 @@ the same machine, candidates and build cache:
     PYTHONPATH=$PWD python benchmarks/eval_per_candidate.py --build-dir /tmp/b --json new.json
     PYTHONPATH=OLD_TREE python benchmarks/eval_per_candidate.py --build-dir /tmp/b --json old.json
     python benchmarks/eval_per_candidate.py --compare old.json new.json
+
+``--cpu`` measures the ``cpu_cpp`` backend instead (the C++ candidates of examples/candidates that neither hang
+nor crash), reporting each candidate's median over ``--repeat`` passes after the first: a 2-core machine is noisy.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU = ROOT / "examples" / "candidates" / "gpu"
+CPU = ROOT / "examples" / "candidates"
+GPU = CPU / "gpu"
+CPU_SET = ["1_LeakyReluScale_fast.py", "2_FusedSwishScaleClamp_fast.py", "2_FusedSwishScaleClamp_wrong.py",
+           "6_ResidualLayerNorm_fast.py"]
 TASKS = ROOT / "examples" / "tasks"
 ORIGINAL = [  # the set as it was before issue 13, without the hang and the illegal address
     "1_LeakyReluScale_cuda_fused.py", "2_FusedSwishScaleClamp_cuda_fused.py", "5_RowSoftmax_cuda_fused.py",
@@ -75,6 +81,36 @@ def measure(build_dir: str, names: list[str], out: Path | None = None) -> dict[s
     return rows
 
 
+def measure_cpu(build_dir: str, names: list[str], repeat: int, out: Path | None = None) -> dict[str, dict[str, object]]:
+    import stark_ray
+    from stark_ray.config import EvalConfig
+    from stark_ray.eval.service import EvalService
+    from stark_ray.eval.tasks import load_task
+
+    print(f"stark_ray from {Path(stark_ray.__file__).parent}", flush=True)
+    rows: dict[str, dict[str, object]] = {}
+    with EvalService(EvalConfig(backend="cpu_cpp", build_dir=build_dir, compile_timeout_s=900)) as service:
+        for f in names:
+            task = load_task(TASKS / f"{f.rsplit('_', 1)[0]}.py")
+            service.reference(task)
+            src = (CPU / f).read_text()
+            service.evaluate(task, src)  # pass 1: the build, a warm worker
+            times, results = [], []
+            for _ in range(repeat):
+                started = time.perf_counter()
+                results.append(service.evaluate(task, src))
+                times.append(time.perf_counter() - started)
+            r = results[-1]
+            evals = [x.eval_s or 0.0 for x in results]
+            rows[f] = {"eval_s": statistics.median(evals), "eval_s_all": evals, "wall_s": statistics.median(times),
+                       "stage": r.stage, "ok": r.ok, "flags": r.flags, "speedup": r.speedup}
+            print(f"{f:52s} {r.stage:12s} eval {statistics.median(evals):7.3f} s (of {len(evals)}: "
+                  f"{min(evals):.3f}-{max(evals):.3f})  speedup {r.speedup or 0:6.2f} {r.flags}", flush=True)
+            if out is not None:
+                out.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def compare(old: dict[str, dict[str, object]], new: dict[str, dict[str, object]]) -> None:
     both = [n for n in old if n in new]
     print(f"{'candidate':52s} {'old s':>8s} {'new s':>8s} {'ratio':>6s}")
@@ -94,11 +130,18 @@ def main() -> int:
     p.add_argument("--json", help="write the per-candidate figures here")
     p.add_argument("--only", default="", help="comma-separated candidate files (default: the original set)")
     p.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two --json outputs")
+    p.add_argument("--cpu", action="store_true", help="the cpu_cpp backend and its candidates")
+    p.add_argument("--repeat", type=int, default=5, help="--cpu: passes measured after the first")
     args = p.parse_args()
     if args.compare:
         compare(*(json.loads(Path(f).read_text()) for f in args.compare))
         return 0
-    measure(args.build_dir, [n for n in args.only.split(",") if n] or ORIGINAL, Path(args.json) if args.json else None)
+    only = [n for n in args.only.split(",") if n]
+    out = Path(args.json) if args.json else None
+    if args.cpu:
+        measure_cpu(args.build_dir, only or CPU_SET, args.repeat, out)
+    else:
+        measure(args.build_dir, only or ORIGINAL, out)
     return 0
 
 
