@@ -166,8 +166,9 @@ class _Driver:
         hold work that no request has offered yet (``dirty``)."""
         while True:
             self._ask()
-            self._progress(final=not self.pending)
-            if not self.pending:
+            idle = all(w.kind == _BACK for w in self.pending.values()) and not self.dispatch.queue
+            self._progress(final=idle)
+            if idle:  # nothing left but restarted evaluators to hear from: no candidate waits for them
                 return
             refs = list(self.pending)
             ready = ray.wait(refs, num_returns=len(refs), timeout=0)[0]  # all that have finished, or
