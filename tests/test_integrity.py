@@ -41,13 +41,9 @@ def get_init_inputs():
     return []
 '''
 
-# one extension for the three MSE candidates (built once): every element, every 16th, or the first 1/16
-MSE_CANDIDATE = '''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-_CPP = r"""
+# one extension for every C++ candidate here (built once): the MSE over every element, every 16th, or the first
+# 1/16; and an affine map that caches its output by the input's address
+KERNELS_CPP = r"""
 #include <torch/extension.h>
 
 torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t stride, bool prefix) {
@@ -66,10 +62,36 @@ torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t stride, bool prefix)
     }
     return torch::full({}, (float)(sum / (double)count), ac.options());
 }
+
+#include <unordered_map>
+
+static std::unordered_map<const void*, torch::Tensor> cache;  // output by the input's address
+
+torch::Tensor affine(torch::Tensor x, double s, double t) {
+    auto xc = x.contiguous();
+    const void* key = xc.data_ptr();
+    auto hit = cache.find(key);
+    if (hit != cache.end()) return hit->second.clone();
+    auto out = torch::empty_like(xc);
+    const float* px = xc.data_ptr<float>();
+    float* po = out.data_ptr<float>();
+    for (int64_t i = 0; i < xc.numel(); ++i) po[i] = px[i] * (float)s + (float)t;
+    cache[key] = out.clone();
+    return out;
+}
 """
 
-_ext = load_inline(name="integrity_mse", cpp_sources=_CPP, functions=["mse"], extra_cflags=["-O2"])
+_LOAD = ('''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
 
+_CPP = r"""''' + KERNELS_CPP + '''"""
+
+_ext = load_inline(name="integrity_kernels", cpp_sources=_CPP, functions=["mse", "affine"], extra_cflags=["-O2"])
+''')
+
+MSE_CANDIDATE = _LOAD + '''
 
 class ModelNew(nn.Module):
     def forward(self, predictions, targets):
@@ -103,33 +125,7 @@ def get_init_inputs():
     return [1.5, 0.25]
 '''
 
-ADDRESS_CACHE = '''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-_CPP = r"""
-#include <torch/extension.h>
-#include <unordered_map>
-
-static std::unordered_map<const void*, torch::Tensor> cache;  // output by the input's address
-
-torch::Tensor affine(torch::Tensor x, double s, double t) {
-    auto xc = x.contiguous();
-    const void* key = xc.data_ptr();
-    auto hit = cache.find(key);
-    if (hit != cache.end()) return hit->second.clone();
-    auto out = torch::empty_like(xc);
-    const float* px = xc.data_ptr<float>();
-    float* po = out.data_ptr<float>();
-    for (int64_t i = 0; i < xc.numel(); ++i) po[i] = px[i] * (float)s + (float)t;
-    cache[key] = out.clone();
-    return out;
-}
-"""
-
-_ext = load_inline(name="integrity_address_cache", cpp_sources=_CPP, functions=["affine"], extra_cflags=["-O2"])
-
+ADDRESS_CACHE = _LOAD + '''
 
 class ModelNew(nn.Module):
     def __init__(self, s, t):
