@@ -173,7 +173,7 @@ def _compare_tensor(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolera
     if out.device != ref.device:
         out = out.to(ref.device)
     # in chunks (a 6 GB output in float64 would need several times its size at once); every figure is reduced on
-    # the device and read back once per tensor
+    # the device (read back per chunk on the fast path, once per tensor on the exact one)
     o_flat, r_flat = out.detach().reshape(-1), ref.detach().reshape(-1)
     finite = _finite_figures(o_flat, r_flat, tol) if ref.dtype in _FAST_DTYPES else None
     if finite is not None:  # the common case: numbers on both sides
