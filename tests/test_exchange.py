@@ -5,11 +5,14 @@ worker in PID and network namespaces of its own, where legacy CUDA IPC handles d
 
 from __future__ import annotations
 
+import gc
+import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -116,6 +119,32 @@ def test_a_view_keeps_dtype_shape_and_strides() -> None:
     buf.release()
 
 
+def test_packed_tensors_share_one_buffer_and_keep_their_layouts() -> None:
+    """A confirmation batch's hundreds of sets go on one buffer (one descriptor), each tensor at an aligned offset
+    with its strides and values, readable from the descriptor as another process maps it; slots start as 0xFF."""
+    tensors = [torch.arange(6, dtype=torch.float32).reshape(2, 3).t(), torch.arange(5, dtype=torch.int8),
+               torch.randn(3, dtype=torch.float64)] * 100
+    box = Outbox()
+    placed = box.pack(tensors)
+    slots = box.pack(tensors[:3], slots=True)
+    try:
+        assert len(box.buffers) == 2 and box.slot_buffers == box.buffers[1:]
+        other = SharedBuffer.attach(box.buffers[0].export_fd(), box.buffers[0].nbytes, "cpu")
+        for t, (spec, view) in zip(tensors, placed, strict=True):
+            assert spec.buffer == 0 and (spec.offset * t.element_size()) % 256 == 0
+            assert view.stride() == t.stride() and torch.equal(view, t)
+            assert torch.equal(other.view(TensorSpec.from_json(json.loads(json.dumps(spec.to_json())))), t)
+        spans = sorted((s.offset * t.element_size(), s.offset * t.element_size() + t.numel() * t.element_size())
+                       for t, (s, _) in zip(tensors, placed, strict=True))
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # no two overlap
+        for t, (spec, view) in zip(tensors[:3], slots, strict=True):
+            assert spec.buffer == 1 and view.is_contiguous() and view.shape == t.shape
+            assert bool((view.contiguous().view(torch.uint8) == 255).all())
+        other.release()
+    finally:
+        box.release()
+
+
 def test_trees_cross_as_json_and_unknown_values_stay_unreadable() -> None:
     value = (torch.ones(2), [1, 2.5, None, True], {"a": torch.zeros(1), "b": "x"}, float("nan"), object())
     tensors: list[torch.Tensor] = []
@@ -132,6 +161,26 @@ def test_trees_cross_as_json_and_unknown_values_stay_unreadable() -> None:
     assert back[2]["b"] == "x" and back[2]["a"] is tensors[1]
     assert back[3] != back[3] and repr(back[4]) == "<object>"
     assert paths == ["output[0]", "output[2]['a']"]
+
+
+def test_describing_a_tree_leaves_no_cycle_that_keeps_its_tensors() -> None:
+    """What ``on_tensor`` refers to (a large trial's inputs, the worker's mapped slots) goes as soon as the
+    caller drops it, without waiting for the garbage collector: no reference cycle holds it."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        big = torch.ones(1024)
+        gone = weakref.ref(big)
+
+        def on_tensor(t: torch.Tensor, path: str, trial: tuple = (big,)) -> dict:  # it refers to the trial
+            return {"n": len(trial)}
+
+        encode_tree([big, (big, {"x": big})], on_tensor)
+        del big, on_tensor
+        assert gone() is None
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @pytest.mark.parametrize("node", [

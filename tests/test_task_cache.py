@@ -3,16 +3,20 @@ KEPT_TASKS and while what they hold stays under the memory budget, forgetting th
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval import host
+from stark_ray.eval import garbage, host
 from stark_ray.eval.backends import get_backend
+from stark_ray.eval.garbage import collect
 from stark_ray.eval.host import CandidateHost
-from stark_ray.eval.protocol import OP_REFERENCE
+from stark_ray.eval.protocol import OP_END, OP_LOAD, OP_REFERENCE
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tasks"
 NAMES = ["1_LeakyReluScale", "2_FusedSwishScaleClamp", "5_RowSoftmax"]
@@ -54,3 +58,65 @@ def test_the_least_recently_used_go_first_beyond_the_count_or_the_bytes(
     monkeypatch.setattr(host, "KEPT_CPU_BYTES", 1)  # nothing fits: only the task just served stays
     reference(judge, NAMES[0])
     assert kept(judge) == [NAMES[0]]
+
+
+CACHING = """
+import torch
+
+CACHE = []
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+        CACHE.append(torch.ones(1 << 16))  # what a candidate keeps beside its model (an output cache, say)
+
+    def forward(self, x):
+        return torch.nn.functional.leaky_relu(x, 0.2) * 1.5
+"""
+
+
+def test_an_ended_candidate_leaves_nothing_behind_without_a_collection(judge: CandidateHost,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate's module and class are reference cycles: the worker collects them as it ends the candidate,
+    so what the candidate allocated (gigabytes on a large task) goes back before the next one runs."""
+    monkeypatch.setattr(garbage, "COLLECT_ABOVE", 0)  # this small task stands for a large one
+    cfg = EvalConfig(backend="cpu_cpp", timing_trials=2, warmup=1)
+    source = (EXAMPLES / f"{NAMES[0]}.py").read_text()
+    answer = judge.handle({"op": OP_LOAD, "task_name": NAMES[0], "task_source": source, "cfg": asdict(cfg),
+                           "candidate_source": CACHING}, lambda _: None)
+    assert "loaded" in answer, answer
+    assert judge.current is not None
+    cached = weakref.ref(type(judge.current.model).__init__.__globals__["CACHE"][0])
+    was_enabled = gc.isenabled()
+    gc.disable()  # only the worker's own collection may free it
+    try:
+        answer = judge.handle({"op": OP_END}, lambda _: None)
+        assert answer.get("ended") and answer["tampered"] == [], answer
+        assert cached() is None
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_a_task_it_stops_keeping_goes_though_its_state_was_frozen(judge: CandidateHost,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """What survives a collection is frozen (so the next one scans only a candidate's objects); a task's state
+    that the worker drops is thawed and collected all the same."""
+    monkeypatch.setattr(host, "KEPT_TASKS", 1)
+    reference(judge, NAMES[0])
+    cycle: list = [torch.ones(1 << 16)]
+    cycle.append(cycle)  # a state that is a reference cycle (as a torch.compile baseline's caches are)
+    next(iter(judge.tasks.values())).extra = cycle
+    first = weakref.ref(cycle[0])
+    del cycle
+    collect()  # the task's state is frozen now
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        reference(judge, NAMES[1])
+        assert kept(judge) == [NAMES[1]] and first() is None
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.unfreeze()

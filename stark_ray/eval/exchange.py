@@ -292,10 +292,17 @@ class TensorSpec:
 
 def span_bytes(t: torch.Tensor) -> int:
     """Bytes from the start of ``t``'s first element to the end of its last (its storage offset excluded)."""
-    if t.numel() == 0:
+    return _span(tuple(t.shape), tuple(t.stride()), t.element_size())
+
+
+def _span(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int) -> int:
+    if math.prod(shape) == 0:
         return 0
-    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-    return (last + 1) * t.element_size()
+    last = sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+    return (last + 1) * itemsize
+
+
+PACK_ALIGN = 256  # bytes: every packed tensor starts at such an offset (any dtype's alignment)
 
 
 class Outbox:
@@ -335,6 +342,40 @@ class Outbox:
         spec = TensorSpec(len(self.buffers) - 1, tuple(t.shape), tuple(t.stride()), 0, dtype_name(dtype), nbytes,
                           device)
         return spec, buf.view(spec)
+
+    def pack(self, tensors: Sequence[torch.Tensor], slots: bool = False) -> list[tuple[TensorSpec, torch.Tensor]]:
+        """Many tensors on few buffers (one per device kind), one after another at aligned offsets: with
+        ``slots``, contiguous output slots of their shapes and dtypes filled with 0xFF bytes; else copies of the
+        tensors (layouts kept). A spec and a view here for each, in order. A confirmation batch of hundreds of
+        sets shares two buffers, not hundreds of descriptors and driver allocations of 2 MB each."""
+        placed: list[tuple[TensorSpec, torch.Tensor] | None] = [None] * len(tensors)
+        for device in ("cpu", "cuda"):
+            mine = [i for i, t in enumerate(tensors) if ("cpu" if t.device.type == "cpu" else "cuda") == device]
+            if not mine:
+                continue
+            layouts = [(tuple(tensors[i].shape), tuple(tensors[i].stride()) if not slots
+                        else tuple(torch.empty(tensors[i].shape, device="meta").stride()), tensors[i].dtype)
+                       for i in mine]
+            if any(st < 0 for _, stride, _ in layouts for st in stride):
+                raise ExchangeError("a tensor with negative strides cannot be shared")
+            offsets, total = [], 0
+            for shape, stride, dtype in layouts:
+                total = -(-total // PACK_ALIGN) * PACK_ALIGN
+                offsets.append(total)
+                total += _span(shape, stride, dtype.itemsize)
+            buf = SharedBuffer.allocate(-(-max(total, 1) // PACK_ALIGN) * PACK_ALIGN, device)
+            self.buffers.append(buf)
+            if slots:
+                self.slot_buffers.append(buf)
+                buf.data.fill_(255)
+            for i, at, (shape, stride, dtype) in zip(mine, offsets, layouts, strict=True):
+                spec = TensorSpec(len(self.buffers) - 1, shape, stride, at // dtype.itemsize, dtype_name(dtype),
+                                  buf.nbytes, device)
+                view = buf.view(spec)
+                if not slots:
+                    view.copy_(tensors[i])
+                placed[i] = (spec, view)
+        return [p for p in placed if p is not None]
 
     def fds(self) -> list[int]:
         return [b.export_fd() for b in self.buffers]
@@ -377,27 +418,30 @@ def path_of(prefix: str, key: int | str) -> str:
 def encode_tree(value: Any, on_tensor: Callable[[torch.Tensor, str], dict[str, Any]],
                 prefix: str = "output") -> dict[str, Any]:
     """A (nested) list/tuple/dict of tensors and plain values as JSON; ``on_tensor`` describes each tensor, given
-    its path (:func:`path_of`)."""
-    count = [0]
+    its path (:func:`path_of`). A plain recursive function, not a closure that calls itself: such a closure is a
+    reference cycle, and it would keep ``on_tensor`` (and the gigabytes of a large trial it refers to) alive until
+    the garbage collector happens to run."""
+    return _encode(value, prefix, on_tensor, [0])
 
-    def walk(v: Any, path: str) -> dict[str, Any]:
-        count[0] += 1
-        if count[0] > MAX_LEAVES:
-            raise ExchangeError(f"more than {MAX_LEAVES} values in one structure")
-        if isinstance(v, torch.Tensor):
-            return {"k": "tensor", **on_tensor(v, path)}
-        if isinstance(v, list | tuple):
-            return {"k": "tuple" if isinstance(v, tuple) else "list",
-                    "items": [walk(x, path_of(path, i)) for i, x in enumerate(v)]}
-        if isinstance(v, dict):
-            return {"k": "dict", "items": [[str(key), walk(x, path_of(path, str(key)))] for key, x in v.items()]}
-        if isinstance(v, _PLAIN) and not (isinstance(v, float) and not math.isfinite(v)):
-            return {"k": "value", "v": v}
-        if isinstance(v, float):
-            return {"k": "float", "v": repr(v)}  # nan, inf: not JSON
-        return {"k": "other", "type": type(v).__name__}
 
-    return walk(value, prefix)
+def _encode(v: Any, path: str, on_tensor: Callable[[torch.Tensor, str], dict[str, Any]],
+            count: list[int]) -> dict[str, Any]:
+    count[0] += 1
+    if count[0] > MAX_LEAVES:
+        raise ExchangeError(f"more than {MAX_LEAVES} values in one structure")
+    if isinstance(v, torch.Tensor):
+        return {"k": "tensor", **on_tensor(v, path)}
+    if isinstance(v, list | tuple):
+        return {"k": "tuple" if isinstance(v, tuple) else "list",
+                "items": [_encode(x, path_of(path, i), on_tensor, count) for i, x in enumerate(v)]}
+    if isinstance(v, dict):
+        return {"k": "dict",
+                "items": [[str(key), _encode(x, path_of(path, str(key)), on_tensor, count)] for key, x in v.items()]}
+    if isinstance(v, _PLAIN) and not (isinstance(v, float) and not math.isfinite(v)):
+        return {"k": "value", "v": v}
+    if isinstance(v, float):
+        return {"k": "float", "v": repr(v)}  # nan, inf: not JSON
+    return {"k": "other", "type": type(v).__name__}
 
 
 def decode_tree(node: Any, on_tensor: Callable[[dict[str, Any]], Any], depth: int = 0) -> Any:

@@ -44,6 +44,7 @@ from stark_ray.eval.exchange import (
     encode_tree,
     touch,
 )
+from stark_ray.eval.garbage import collect_after, collect_all, in_use
 from stark_ray.eval.guards import Fingerprint, output_problem, poison
 from stark_ray.eval.kernel_sources import KernelSources, own_kernel_names, python_kernel_names
 from stark_ray.eval.loader import import_source
@@ -96,6 +97,7 @@ class Loaded:
     slots: dict[str, torch.Tensor] = field(default_factory=dict)  # by the path of the output they are for
     staged: list[tuple[list[Any], dict[str, torch.Tensor]]] = field(default_factory=list)
     graph: Any = None  # the staged batch captured as a CUDA graph
+    memory_before: int | None = None  # the device memory in use before its import (eval/garbage.py)
 
 
 class CandidateHost:
@@ -143,6 +145,7 @@ class CandidateHost:
             if oldest == keep:
                 return
             del self.tasks[oldest]
+            collect_all()  # what of its state is a cycle was frozen: thawed and collected
             if self.backend.device == "cuda":
                 torch.cuda.empty_cache()  # what it held goes back to the device, for the judge and the next task
 
@@ -213,6 +216,7 @@ class CandidateHost:
         cfg = EvalConfig(**msg["cfg"])
         send({"phase": PHASE_SETUP})
         state = self.task_state(str(msg["task_name"]), str(msg["task_source"]), cfg)
+        before = in_use(self.backend.device)
         send({"phase": PHASE_COMPILE})
         self.count += 1
         tail = LogTail()
@@ -239,7 +243,7 @@ class CandidateHost:
             sys.modules.pop(name, None)
         compile_s = time.perf_counter() - started
         output = tail.since_mark()
-        self.current = Loaded(model, state, cfg, source, compile_s)
+        self.current = Loaded(model, state, cfg, source, compile_s, memory_before=before)
         return {"loaded": {"compile_s": compile_s, "warnings": compiler_log(output) if "warning:" in output else ""}}
 
     def run(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
@@ -373,6 +377,10 @@ class CandidateHost:
         if cur is not None:
             cur.graph = cur.staged = None  # type: ignore[assignment]
             self._release(cur.buffers)
+            before, task_bytes = cur.memory_before, cur.state.held_bytes()
+            del cur
+            # its module and class are cycles: what it allocated goes now where that may be much (eval/garbage.py)
+            collect_after(self.backend.device, before, task_bytes)
         here = Path.cwd()
         if here != self.home:
             os.chdir(self.home)

@@ -40,9 +40,18 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend, get_backend
 from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs, rebuild_outputs
-from stark_ray.eval.confirmation import CONFIRM_ABOVE, confirm
+from stark_ray.eval.confirmation import CONFIRM_ABOVE, PackedSets, confirm, packed_slots
 from stark_ray.eval.diagnostics import describe_exception
-from stark_ray.eval.exchange import ExchangeError, Outbox, byte_sum, decode_leaf_meta, decode_tree, encode_tree
+from stark_ray.eval.exchange import (
+    ExchangeError,
+    Outbox,
+    TensorSpec,
+    byte_sum,
+    decode_leaf_meta,
+    decode_tree,
+    encode_tree,
+)
+from stark_ray.eval.garbage import collect, collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
 from stark_ray.eval.outcome import limits_for, lost_result
@@ -76,6 +85,7 @@ KEPT_CPU_BYTES = 4 << 30
 RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
 LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial's inputs this large, cached blocks go back to the device
 _ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
+GB = 1e9
 
 
 class _Stop(Exception):
@@ -124,6 +134,7 @@ class Judge:
         module, model, init_inputs = load_reference(name, req.task_source, cfg.seed, device)
         task = JudgeTask(name, module, model, init_inputs, device, cfg.seed)
         first = standard_trial(task, cfg, 0)
+        task.input_bytes = sum(nbytes_of(first.inputs))
         leaves = flatten_outputs(first.ref)
         odd = [type(v).__name__ for _, v in leaves if not isinstance(v, _ALLOWED_LEAVES)]
         if odd or not any(isinstance(v, torch.Tensor) for _, v in leaves):
@@ -152,6 +163,7 @@ class Judge:
             if oldest == keep:
                 return
             del self.tasks[oldest]
+            collect_all()  # what of its reference is a cycle was frozen: thawed and collected
             _release_cached(self.backend.device)
 
     # -- requests ---------------------------------------------------------------------------------------------
@@ -223,6 +235,7 @@ class Judge:
         clock = self._clock(cfg, send)
         task = self.task(req, cfg)
         started = time.perf_counter()
+        held = _device_memory_start(self.backend.device)
         try:
             result = _Candidate(self, task, req, cfg, clock).evaluate()
             if self.worker.alive:  # it forgets the candidate; its fingerprint is checked once more
@@ -232,6 +245,11 @@ class Judge:
                 self.worker.kill()
             result = stop.result
         clock.close()
+        collect_after(self.backend.device, held, task.input_bytes)  # a cycle holding a trial's gigabytes, say
+        if held is not None:  # what this candidate cost the judge's device memory, and what it kept before
+            line = (f"judge device memory: peak {torch.cuda.max_memory_allocated() / GB:.2f} GB, "
+                    f"{held / GB:.2f} GB held before, {torch.cuda.memory_allocated() / GB:.2f} GB after")
+            result.log = excerpt(f"{result.log}\n{line}" if result.log else line)
         _release_cached(self.backend.device, RESERVED_SHARE)  # a large task's trials, freed: back to the device
         result.eval_s = time.perf_counter() - started
         return result
@@ -463,27 +481,18 @@ class _WorkerBatch:
     def __init__(self, cand: _Candidate) -> None:
         self.cand = cand
         self.box = Outbox()
-        self.inputs: list[list[Any]] = []  # the shared input buffers, per set (the judge's views)
+        self.packed: PackedSets | None = None  # the shared input sets (the judge's views, and its staging)
         self.slots: list[dict[str, torch.Tensor]] = []
         self.like: Any = None
 
     def stage(self, template: list[Any], k: int, graph: bool) -> bool:
         self.like = standard_trial(self.cand.task, self.cand.cfg, 0).ref  # the structure of the outputs
-        trees: list[Any] = []
+        self.packed = packed = PackedSets(self.box, template, k)
+        trees = [encode_tree(template, _spec_feeder(specs), prefix="input") for specs in packed.specs]
         groups: list[list[dict[str, Any]]] = []
-        for _ in range(k):
-            views: list[torch.Tensor] = []
-
-            def on_input(t: torch.Tensor, path: str, views: list[torch.Tensor] = views) -> dict[str, Any]:
-                spec, view = self.box.place(t)
-                views.append(view)
-                return {"spec": spec.to_json()}
-
-            trees.append(encode_tree(template, on_input, prefix="input"))
-            self.inputs.append(views)
-            slots, specs = self.cand._slots(self.box, self.like)
-            self.slots.append(slots)
-            groups.append(specs)
+        for slots in packed_slots(self.box, self.like, k):
+            self.slots.append({path: view for path, _, view in slots})
+            groups.append([{"path": path, **spec.to_json()} for path, spec, _ in slots])
         fds = self.box.fds()
         staged = self.cand.step(OP_STAGE, {"sets": trees, "slots": groups, "fds": len(fds), "graph": graph}, fds,
                                 "confirmation batch")
@@ -493,12 +502,13 @@ class _WorkerBatch:
 
     def run(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
         task, worker, clock = self.cand.task, self.cand.judge.worker, self.cand.clock
+        packed = self.packed
+        assert packed is not None
         self.box.poison_slots()
+        packed.load(sets)  # into the judge's private staging: the worker sees the values only once the clock runs
         _sync(task)
         started = time.perf_counter()
-        for views, values in zip(self.inputs, sets, strict=True):  # the fresh values, only now
-            for view, value in zip(views, _tensors(values), strict=True):
-                view.copy_(value)
+        packed.write()
         _sync(task)
         worker.send({"op": OP_GO})  # a worker that died meanwhile: the reply says how
         reply = worker.await_reply(clock)
@@ -512,14 +522,27 @@ class _WorkerBatch:
             raise _Stop(EvalResult(compiled=True, correct=True, stage=STAGE_OK, flags=["suspicious"],
                                    error="suspicious: the worker answered before its outputs were final"),
                         recycle=True)
-        for views, values in zip(self.inputs, sets, strict=True):
-            if not all(same_values(v, t) for v, t in zip(views, _tensors(values), strict=True)):
-                return wall, [], "the candidate modified its inputs"
+        if packed.changed(sets):
+            return wall, [], "the candidate modified its inputs"
         outs = [rebuild_outputs(self.like, {p: t.clone() for p, t in slots.items()}) for slots in self.slots]
         return wall, outs, None
 
     def release(self) -> None:
         self.box.release()
+
+
+def _spec_feeder(specs: list[TensorSpec]) -> Callable[[torch.Tensor, str], dict[str, Any]]:
+    """``encode_tree``'s callback for one packed set: each tensor's spec, in order."""
+    it = iter(specs)
+    return lambda t, path: {"spec": next(it).to_json()}
+
+
+def _device_memory_start(device: str) -> int | None:
+    """The judge's device memory in use now, its peak counted from here (None off the GPU)."""
+    if device != "cuda":
+        return None
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
 
 
 def _release_cached(device: str, above_share: float = 0.0) -> None:
@@ -604,6 +627,7 @@ def main(argv: list[str] | None = None) -> None:
         laps.update({f"worker_{k}": v for k, v in worker_phases.items() if isinstance(v, int | float)})
     hello["start_phases"] = laps
     judge = Judge(backend, worker)
+    collect()  # what start-up made is frozen: the collection after each candidate scans only its objects
     send({"hello": hello})
     for line in sys.stdin:
         if not line.strip():

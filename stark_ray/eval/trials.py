@@ -88,6 +88,7 @@ class JudgeTask:
     cache: TrialCache = field(default_factory=TrialCache)
     # where the ladder of counts and factors moved the reference last time, and whether that was a strong move
     sensitivity: tuple[int, int, bool] = (0, 0, True)
+    input_bytes: int = 0  # of one trial's inputs
 
     def get_inputs(self) -> list[Any]:
         from stark_ray.eval.tasks import make_task_inputs

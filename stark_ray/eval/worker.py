@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
             laps[name] = round(time.perf_counter() - started - sum(laps.values()), 3)
 
         from stark_ray.eval.backends import get_backend
+        from stark_ray.eval.garbage import collect
         from stark_ray.eval.host import CandidateHost, build_only, preload
 
         backend = get_backend(args.backend)
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_grad_enabled(False)
             sock = socket.socket(fileno=args.fd_channel) if args.fd_channel is not None else None
             host = CandidateHost(backend, sock)
+            collect()  # what start-up made is frozen: a collection after each candidate scans only its objects
             lap("host_s")
         hello: dict[str, Any] = {"device": backend.device, "start_phases": laps}
     except BaseException as e:  # a host problem (no GPU, no triton): the parent reports the log's last lines
