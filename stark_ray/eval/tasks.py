@@ -123,12 +123,14 @@ def load_reference(name: str, source: str, seed: int, device: str) -> tuple[Modu
     """Import a task's source (from a private file under TMPDIR) and build its reference on ``device``: the module,
     the model and the init inputs it got. TaskError, one line, when either fails."""
     import os
+    import tempfile
 
     from stark_ray.eval.loader import import_source
 
     key = task_key(source, seed)[:12]
-    try:
-        module = import_source(source, f"stark_task_{key}", Path(os.environ.get("TMPDIR", ".")), f"task_{key}.py")
+    try:  # TMPDIR (each evaluator process has its own), else the system's: never the working directory
+        module = import_source(source, f"stark_task_{key}", Path(os.environ.get("TMPDIR") or tempfile.gettempdir()),
+                               f"task_{key}.py")
     except Exception as e:
         raise TaskError(f"task {name}: import failed: {describe_exception(e)}") from None
     model, init_inputs = build_reference(module, name, seed)
