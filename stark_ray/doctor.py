@@ -30,9 +30,9 @@ PACKAGES_TIMEOUT_S = 90.0  # importing torch, triton and ray (slow on a cold fil
 DEVICES_TIMEOUT_S = 45.0  # torch.cuda: a hung driver ends here
 _MARK = "@@stark-doctor@@"
 
-NVCC, NINJA, CXX, DRIVER, TORCH_CUDA, GPU, CUDA_MATCH, NVRTC, TRITON, RAY, KEYS = (
+NVCC, NINJA, CXX, DRIVER, TORCH_CUDA, GPU, CUDA_MATCH, NVRTC, TRITON, RAY, KEYS, WORKER_ENV = (
     "nvcc", "ninja", "C++ compiler", "driver", "torch CUDA", "GPU", "CUDA match", "NVRTC", "Triton", "Ray",
-    "API keys")
+    "API keys", "worker env")
 NEEDS: dict[str, tuple[str, ...]] = {
     "cpu_cpp": (CXX, NINJA),
     "cuda": (NVCC, NINJA, CXX, GPU, DRIVER, TORCH_CUDA, CUDA_MATCH),
@@ -319,6 +319,16 @@ def check_keys() -> Check:
                  "export OPENAI_API_KEY or ANTHROPIC_API_KEY for a real model (replaying --cassette needs none)")
 
 
+def check_worker_env() -> Check:
+    """Which variables of this environment the evaluator's processes get (names only: never a value)."""
+    from stark_ray.eval.sandbox_env import passed
+
+    kept = sorted(n for n in os.environ if passed(n))
+    dropped = len(os.environ) - len(kept)
+    return Check(WORKER_ENV, "ok", f"passes {len(kept)} variable(s) to the evaluator: {', '.join(kept) or 'none'}; "
+                                   f"drops the other {dropped} (an allowlist: stark_ray/eval/sandbox_env.py)")
+
+
 def diagnose(backend: str | None = None) -> Report:
     """Run every check; ``backend`` None picks cuda when torch sees a CUDA GPU, else cpu_cpp."""
     if backend is not None and backend not in BACKENDS:
@@ -353,6 +363,7 @@ def diagnose(backend: str | None = None) -> Report:
         check_triton(packages["triton"], gpu_visible),
         check_ray(packages["ray"]),
         check_keys(),
+        check_worker_env(),
     ]
     needs = set(NEEDS.get(backend, ()))
     if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":

@@ -28,7 +28,7 @@ def stark_doctor(*args: str, env: dict[str, str] | None = None,
 
 def lines_by_name(stdout: str) -> dict[str, str]:
     names = (doctor.NVCC, doctor.NINJA, doctor.CXX, doctor.DRIVER, doctor.TORCH_CUDA, doctor.GPU,
-             doctor.CUDA_MATCH, doctor.NVRTC, doctor.TRITON, doctor.RAY, doctor.KEYS)
+             doctor.CUDA_MATCH, doctor.NVRTC, doctor.TRITON, doctor.RAY, doctor.KEYS, doctor.WORKER_ENV)
     found = {name: ln for ln in stdout.splitlines() for name in names if ln[8:].startswith(name + " ")}
     assert set(found) == set(names), stdout
     return found
@@ -73,6 +73,16 @@ def test_api_key_values_never_appear() -> None:
     for part in (SECRET, SECRET[:8], SECRET[-6:], "10.1.2.3"):
         assert part not in out
     assert "(default: " in proc.stdout.splitlines()[-1]
+
+
+def test_the_worker_environment_is_listed_by_name_only() -> None:
+    """What the evaluator's processes get: allowed names listed, a secret and an unlisted name not, no values."""
+    proc = stark_doctor(env={"OPENAI_API_KEY": SECRET, "PGPASSWORD": SECRET, "TORCH_CUDA_ARCH_LIST": "9.0",
+                             "TORCH_HUB_TOKEN": SECRET})
+    line = lines_by_name(proc.stdout)[doctor.WORKER_ENV]
+    assert line.startswith("ok ") and "TORCH_CUDA_ARCH_LIST" in line and "PATH" in line, line
+    for absent in ("OPENAI_API_KEY", "PGPASSWORD", "TORCH_HUB_TOKEN", SECRET[:8], "9.0"):
+        assert absent not in line, line
 
 
 def test_json_lists_every_check() -> None:

@@ -287,6 +287,8 @@ def test_worker_environment_has_no_credentials(tmp_path: Path, cfg: EvalConfig,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STARK_TEST_API_KEY", "sk-do-not-leak")
     monkeypatch.setenv("STARK_TEST_TOKEN", "do-not-leak")
+    for name in ("PGPASSWORD", "DATABASE_URL", "OPENAI_KEY", "SSH_AUTH_SOCK"):  # no secret-looking name
+        monkeypatch.setenv(name, "do-not-leak")
     record = tmp_path / "env.json"
     snoop = (f"import json, os\njson.dump({{'env': dict(os.environ), 'cwd': os.getcwd()}}, "
              f"open({str(record)!r}, 'w'))\n")
@@ -294,7 +296,7 @@ def test_worker_environment_has_no_credentials(tmp_path: Path, cfg: EvalConfig,
     assert r.ok, r.error
     seen = json.loads(record.read_text())
     assert not [k for k in seen["env"] if is_secret(k)]
-    assert "sk-do-not-leak" not in json.dumps(seen)
+    assert "sk-do-not-leak" not in json.dumps(seen) and "do-not-leak" not in json.dumps(seen)
     cwd = Path(seen["cwd"])  # a private directory per request inside the worker's own
     assert cwd.name.startswith("req-") and cwd.parent.name.startswith("stark-eval-") and cwd != Path(os.getcwd())
     assert not cwd.exists()  # the private working directory is removed afterwards

@@ -231,10 +231,15 @@ def test_crash_location_and_one_line() -> None:
 def test_worker_env_has_no_credentials() -> None:
     cloud = {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t",
              "GOOGLE_APPLICATION_CREDENTIALS": "/k.json", "AWS_SHARED_CREDENTIALS_FILE": "/c"}  # run dirs on S3/GCS
-    base = {"OPENAI_API_KEY": "sk", "GITHUB_TOKEN": "t", "hf_token": "t", "PATH": "/bin", "TOKENIZERS": "1", **cloud}
+    # what a deny list of secret-looking names let through, and a secret under an allowed prefix
+    unlisted = {"PGPASSWORD": "p", "DATABASE_URL": "postgres://u:p@h/db", "OPENAI_KEY": "sk", "SSH_AUTH_SOCK": "/s",
+                "http_proxy": "http://u:p@proxy", "TOKENIZERS": "1", "TORCH_HUB_TOKEN": "t"}
+    needed = {"PATH": "/bin", "HOME": "/h", "LANG": "C.UTF-8", "LC_ALL": "C", "CUDA_HOME": "/cuda", "CXX": "g++",
+              "TRITON_INTERPRET": "1", "TORCH_CUDA_ARCH_LIST": "9.0", "LD_LIBRARY_PATH": "/l", "VIRTUAL_ENV": "/v"}
+    base = {"OPENAI_API_KEY": "sk", "GITHUB_TOKEN": "t", "hf_token": "t", **cloud, **unlisted, **needed}
     env = worker_env(Path("/tmp/w"), 2, base)
-    assert not any(is_secret(k) for k in env) and not set(cloud) & set(env)
-    assert env["PATH"] == "/bin" and env["TOKENIZERS"] == "1" and env["OMP_NUM_THREADS"] == "2"
+    assert not any(is_secret(k) for k in env) and not set(cloud) & set(env) and not set(unlisted) & set(env)
+    assert all(env[k] == v for k, v in needed.items()) and env["OMP_NUM_THREADS"] == "2"
     assert env["TMPDIR"] == "/tmp/w"
     assert env["PYTHONPATH"].split(":")[0] == str(PACKAGE_ROOT)
 

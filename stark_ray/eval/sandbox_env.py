@@ -1,4 +1,10 @@
-"""The environment of a worker process: no credentials, the package importable, threads pinned."""
+"""The environment of an evaluator process (judge, worker, compile pool): only what the toolchains, torch and the
+evaluator need, never a credential; the package importable, threads pinned.
+
+An allowlist, not a deny list: a deny list of secret-looking names let ``PGPASSWORD``, ``DATABASE_URL``,
+``OPENAI_KEY`` and ``SSH_AUTH_SOCK`` through to the generated code. A variable is passed when its name is on
+PASSED_NAMES or starts with one of PASSED_PREFIXES, and does not look like a secret (``TORCH_HUB_TOKEN`` is
+dropped all the same). ``stark doctor`` lists what is passed."""
 
 from __future__ import annotations
 
@@ -20,19 +26,37 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding star
 MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
 
 
+PASSED_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM",  # the basics (getpass, locale)
+    "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",  # compilers, loaders
+    "CC", "CXX", "CUDAHOSTCXX", "MAX_JOBS",  # torch.utils.cpp_extension
+    "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "XDG_CACHE_HOME", "GLIBC_TUNABLES",
+})
+PASSED_PREFIXES = ("LC_", "PYTHON", "CUDA_", "NVIDIA_", "NVCC_", "TORCH_", "PYTORCH_", "TRITON_", "OMP_", "KMP_",
+                   "GOMP_", "MKL_", "OPENBLAS_", "CUBLAS", "CUDNN_", "STARK_RAY_")
+
+
+def passed(name: str) -> bool:
+    """Whether an evaluator process gets this variable of the parent's environment."""
+    return (name in PASSED_NAMES or name.startswith(PASSED_PREFIXES)) and not is_secret(name)
+
+
 def is_secret(name: str) -> bool:
     upper = name.upper()
     return upper in SECRET_NAMES or upper.endswith(SECRET_SUFFIXES)
 
 
 def worker_env(workdir: Path, threads: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not is_secret(k)}
+    env = {k: v for k, v in (os.environ if base is None else base).items() if passed(k)}
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + path if path else "")
     env["PYTHONFAULTHANDLER"] = "1"  # a crash before the worker enables faulthandler still dumps a stack
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["OMP_NUM_THREADS"] = str(threads)
     env["TMPDIR"] = str(workdir)
+    # torch.compile builds in this process, not in a pool of its own: the judge kills every process a request
+    # leaves running below the worker (eval/lifetime.py)
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     tunables = env.get("GLIBC_TUNABLES")
     env["GLIBC_TUNABLES"] = f"{tunables}:{MALLOC_TUNABLES}" if tunables else MALLOC_TUNABLES
     return env
