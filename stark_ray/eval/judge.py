@@ -54,6 +54,7 @@ from stark_ray.eval.exchange import (
 from stark_ray.eval.garbage import collect, collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
+from stark_ray.eval.lifetime import become_subreaper, die_with_parent
 from stark_ray.eval.outcome import limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
@@ -197,6 +198,10 @@ class Judge:
             self.worker.kill()
             result = EvalResult.failed(STAGE_RUNTIME, f"the judge failed: {describe_exception(e)}",
                                        traceback.format_exc())
+        left = self.worker.sweep()
+        if left:  # processes a candidate started and left running: killed, and said
+            line = f"killed {left} process(es) the candidate left running"
+            result.log = excerpt(f"{result.log}\n{line}" if result.log else line)
         healthy = self.backend.healthy()
         return {"result": asdict(result), "healthy": healthy,
                 "worker": {"starts": self.worker.starts, "promotions": self.worker.promotions,
@@ -576,6 +581,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()  # and what the worker's candidates detach stays below us (eval/lifetime.py)
+    become_subreaper()
     args = _args(argv)
     sys.stdout.flush()
     ctrl = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")

@@ -31,9 +31,14 @@ def _parents() -> dict[int, int]:
     return parents
 
 
-def descendants(pid: int) -> set[int]:
+def parents() -> dict[int, int]:
+    """A snapshot of pid -> ppid for every process visible in /proc."""
+    return _parents()
+
+
+def descendants(pid: int, snapshot: dict[int, int] | None = None) -> set[int]:
     children: dict[int, list[int]] = {}
-    for child, parent in _parents().items():
+    for child, parent in (_parents() if snapshot is None else snapshot).items():
         children.setdefault(parent, []).append(child)
     found: set[int] = set()
     stack = [pid]

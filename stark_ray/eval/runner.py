@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stark_ray.eval.isolation import isolation_prefix
+from stark_ray.eval.lifetime import kill_strays, spawn
 from stark_ray.eval.process_tree import children, kill_tree
 from stark_ray.eval.protocol import (
     PHASE_SETUP,
@@ -237,10 +238,10 @@ class WorkerProcess:
         ours, theirs = socket.socketpair() if self.spec.fd_channel else (None, None)
         try:
             with open(workdir / "worker.log", "wb") as log:
-                proc = subprocess.Popen(self.spec.argv(spare, theirs.fileno() if theirs else None),
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=workdir,
-                                        env=self._env(workdir), start_new_session=True,
-                                        pass_fds=[theirs.fileno()] if theirs else ())
+                proc = spawn(self.spec.argv(spare, theirs.fileno() if theirs else None), self._env(workdir),
+                             direct=not self.spec.isolate, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=log, cwd=workdir, start_new_session=True,
+                             pass_fds=[theirs.fileno()] if theirs else ())
         finally:
             if theirs is not None:
                 theirs.close()
@@ -316,6 +317,12 @@ class WorkerProcess:
                 tail = " | ".join(log.strip().splitlines()[-3:]) if log.strip() else "no output"
                 role = "judge" if self.spec.module.endswith("judge") else "worker"
                 raise WorkerStartError(f"the {self.spec.backend} evaluator {role} {why} while starting: {tail}")
+
+    def sweep(self) -> int:
+        """Kill every process below this one that is not the serving process or the spare (nor, isolated, the
+        worker inside each ``unshare``): what a candidate left running. How many there were."""
+        keep = [p.pid for p in (self._proc, self._spare.proc if self._spare else None) if p is not None]
+        return kill_strays(keep, keep if self.spec.isolate else ())
 
     def kill(self) -> None:
         """Kill the serving process (and everything in its group); the spare stays."""

@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from stark_ray.eval.lifetime import become_subreaper, die_with_parent, reap
 from stark_ray.eval.protocol import STACK_DUMP_SIGNAL, WorkerRequest, result_to_message
 
 
@@ -54,6 +55,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()  # and what a candidate detaches stays below us (eval/lifetime.py)
+    become_subreaper()
     args = _args(argv)
     ctrl = _control_channel()
     faulthandler.enable(all_threads=True)
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     for line in sys.stdin:
         if not line.strip():
             continue
+        reap()  # what the judge killed of a candidate's processes (none is ours to wait for between requests)
         healthy = True
         if host is None:  # a compile worker: one build per request, in a private directory
             count += 1

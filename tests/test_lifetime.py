@@ -1,0 +1,149 @@
+"""No orphans (eval/lifetime.py): what a candidate starts and leaves running is killed after it, double-forked or
+not; the evaluator's processes die with a ``stark eval`` killed by SIGKILL; a process started from a thread that
+ends lives on. Real processes, the cpu_cpp backend, not isolated (the default on a host without namespaces)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.lifetime import spawn
+from stark_ray.eval.service import EvalService
+from stark_ray.eval.tasks import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "examples" / "tasks" / "1_LeakyReluScale.py"
+LIVENESS_S = 60.0  # how long a killed process may take to be gone (a busy 2-core machine)
+
+MODEL = """
+class ModelNew(torch.nn.Module):
+    def __init__(self, negative_slope, scale):
+        super().__init__()
+        self.negative_slope, self.scale = negative_slope, scale
+
+    def forward(self, x):
+        {forward}
+        return torch.nn.functional.leaky_relu(x, self.negative_slope) * self.scale
+"""
+
+LEAVES_PROCESSES = """
+import os, subprocess, sys, torch
+
+_started = False
+
+
+def _leave(record):
+    global _started
+    if _started:
+        return
+    _started = True
+    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)  # its own group and session
+    with open(record + ".sleeper", "w") as f:
+        f.write(str(sleeper.pid))
+    if os.fork() == 0:  # a double fork: the grandchild is re-parented when its parent exits
+        os.setsid()
+        if os.fork() == 0:
+            with open(record + ".orphan", "w") as f:
+                f.write(str(os.getpid()))
+            os.execvp("sleep", ["sleep", "600"])
+        os._exit(0)
+""" + MODEL
+
+HANGS = """
+import os, time, torch
+""" + MODEL
+
+
+def _gone(pid: int) -> bool:
+    """Ended (no such process, or a zombie waiting to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def _wait_gone(pids: list[int]) -> list[int]:
+    deadline = time.monotonic() + LIVENESS_S
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.2)
+    return [p for p in pids if not _gone(p)]
+
+
+def _read_pid(path: Path) -> int:
+    deadline = time.monotonic() + LIVENESS_S
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if text.strip().isdigit():
+            return int(text)
+        time.sleep(0.1)
+    raise AssertionError(f"{path} was never written")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvalService]:
+    cfg = EvalConfig(backend="cpu_cpp", build_dir=str(tmp_path_factory.mktemp("build")), timing_trials=3,
+                     warmup=1)
+    with EvalService(cfg) as s:
+        yield s
+
+
+def test_processes_a_candidate_leaves_running_are_killed_after_it(service: EvalService, tmp_path: Path) -> None:
+    record = str(tmp_path / "pids")
+    task = load_task(TASK)
+    source = LEAVES_PROCESSES.format(forward=f"_leave({record!r})")
+    r = service.evaluate(task, source)
+    sleeper, orphan = _read_pid(Path(record + ".sleeper")), _read_pid(Path(record + ".orphan"))
+    assert _wait_gone([sleeper, orphan]) == []
+    assert "process(es) the candidate left running" in r.log, r.log[-1500:]
+    honest = service.evaluate(task, HANGS.format(forward="pass"))  # the same worker serves on, and judges right
+    assert honest.correct and honest.stage == "ok", honest.error
+
+
+def test_the_evaluator_dies_with_a_killed_stark_eval(tmp_path: Path) -> None:
+    """``kill -9`` of ``stark eval`` while its worker runs a hanging candidate: judge and worker go with it."""
+    record = tmp_path / "pids"
+    candidate = tmp_path / "hang.py"
+    candidate.write_text(HANGS.format(forward=(
+        f"open({str(record)!r}, 'w').write(f'{{os.getpid()}} {{os.getppid()}}')\n"
+        "        while True:\n            time.sleep(0.05)")))
+    cli = subprocess.Popen([sys.executable, "-m", "stark_ray.cli", "eval", str(TASK), str(candidate),
+                            "--backend", "cpu_cpp", "--build-dir", str(tmp_path / "build")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(record.read_text().split() if record.exists() else []) < 2:
+            assert cli.poll() is None, "stark eval ended before its candidate ran"
+            time.sleep(0.2)
+        worker, judge = (int(x) for x in record.read_text().split())
+        assert not _gone(worker) and not _gone(judge)
+        cli.send_signal(signal.SIGKILL)
+        cli.wait(timeout=30)
+        assert _wait_gone([worker, judge]) == []
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
+def test_a_process_started_from_a_thread_that_ends_lives_on() -> None:
+    """The kernel's parent-death signal follows the thread that forked: every start goes through one thread that
+    lives as long as the process, so a worker started by a short-lived thread is not killed when it ends."""
+    started: list[subprocess.Popen[bytes]] = []
+    thread = threading.Thread(target=lambda: started.append(spawn(["sleep", "30"], dict(os.environ))))
+    thread.start()
+    thread.join()
+    try:
+        time.sleep(1.0)  # a parent-death signal would have come at the thread's end
+        assert started[0].poll() is None
+    finally:
+        started[0].kill()
+        started[0].wait()
