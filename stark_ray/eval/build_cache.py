@@ -8,18 +8,30 @@ reuse the same ``name`` never collide. Builds are verbose so that the compiler's
 log. Concurrent builds of one key are serialized with a kernel lock (released if the holder is killed).
 A load_inline ``.cu`` that names nothing of torch is built without the ``torch/types.h`` load_inline puts
 first (most of a build's time), falling back to load_inline's own headers when it does not build so.
+
+A cache entry cannot be poisoned for the candidates after the one that wrote it (generated code can write any file
+the user can): the library is never loaded from the cache itself but from a private copy, whose SHA-256 must be
+the one recorded when the entry was first loaded (``stark_digest``). A copy that differs means the entry was
+changed since: it is wiped and built again, and the log says so; a worker that had loaded the old one is not
+disturbed (its copy is another file: rewriting the cached library in place once killed such a worker with
+SIGBUS). A candidate that rewrites both the library and its record is beyond this check until the cache is
+read-only to candidates.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
 import os
 import platform
 import re
+import shutil
 import sys
-from collections.abc import Callable
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +40,14 @@ from stark_ray.eval.locks import file_lock
 from stark_ray.eval.pch import ensure_pch
 
 DEFAULT_BUILD_DIR = Path("~/.cache/stark-ray/build")
+
+DIGEST_FILE = "stark_digest"  # in an entry's directory: the SHA-256 of its library as first loaded
+_IMPORT_LOCK = threading.RLock()  # cpp_extension's loader is swapped for the copying one during a load
+
+
+class PoisonedBuild(RuntimeError):
+    """A cached library is not the one recorded for its entry."""
+
 
 # arguments that do not change the binary: left out of the key (build_directory is ours to choose)
 _NOT_HASHED = {"build_directory", "verbose", "keep_intermediates", "use_pch"}
@@ -125,10 +145,21 @@ class BuildCache:
                 self._add_pch(arguments, build_dir)
             self.builds.append(key)
             with file_lock(self.root / f"{key}.lock"):
-                (build_dir / "lock").unlink(missing_ok=True)  # torch's baton, stale if a build was killed
-                if is_inline and self.light_cuda:
-                    return self._inline_build(original, arguments, build_dir)
-                return original(**arguments)
+                for attempt in range(2):
+                    (build_dir / "lock").unlink(missing_ok=True)  # torch's baton, stale if a build was killed
+                    try:
+                        with _loading_copies(build_dir):
+                            if is_inline and self.light_cuda:
+                                return self._inline_build(original, arguments, build_dir)
+                            return original(**arguments)
+                    except PoisonedBuild as e:
+                        if attempt:
+                            raise
+                        print(f"stark: {e}; building it again", file=sys.stderr, flush=True)
+                        shutil.rmtree(build_dir, ignore_errors=True)
+                        build_dir.mkdir(parents=True, exist_ok=True)
+                        _forget_build(arguments["name"])
+            raise AssertionError("unreachable")
 
         cached.__stark_cached__ = True  # type: ignore[attr-defined]
         cached.__wrapped__ = original  # type: ignore[attr-defined]
@@ -154,6 +185,8 @@ class BuildCache:
         light["verbose"] = False  # a failure here is ours, not the candidate's: its output stays out of the log
         try:
             module = original(**light)
+        except PoisonedBuild:
+            raise
         except Exception:
             choice.write_text(HEADERS_FULL)
             return original(**arguments)  # its own errors, if any, are what the log shows
@@ -179,3 +212,54 @@ class BuildCache:
         if include_dir is not None:
             arguments["extra_include_paths"] = [*includes, str(include_dir)]
             arguments["extra_cflags"] = [*cflags, "-Winvalid-pch"]
+
+
+def _forget_build(name: str) -> None:
+    """cpp_extension remembers what it built in this process by name and would not build it again."""
+    from torch.utils import cpp_extension
+
+    entries = getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", None)
+    if isinstance(entries, dict):
+        entries.pop(name, None)
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _loading_copies(build_dir: Path) -> Iterator[None]:
+    """While a cached build loads, cpp_extension imports a verified private copy of the library (see the
+    module's doc) instead of the file in the cache."""
+    from torch.utils import cpp_extension
+
+    with _IMPORT_LOCK:
+        original = cpp_extension._import_module_from_library
+
+        def load_copy(module_name: str, path: str, is_python_module: bool) -> Any:
+            library = Path(path) / f"{module_name}{cpp_extension.LIB_EXT}"
+            private = Path(tempfile.mkdtemp(prefix="stark-ext-"))
+            try:
+                copy = private / library.name
+                shutil.copyfile(library, copy)
+                digest, record = file_digest(copy), build_dir / DIGEST_FILE
+                recorded = record.read_text().strip() if record.exists() else ""
+                if recorded and recorded != digest:
+                    raise PoisonedBuild(f"the cached build {build_dir.name} changed since it was first loaded")
+                if not recorded:
+                    staged = build_dir / f".{DIGEST_FILE}.{os.getpid()}"
+                    staged.write_text(digest)
+                    staged.replace(record)
+                return original(module_name, str(private), is_python_module)
+            finally:  # once loaded, the mapping outlives the file
+                shutil.rmtree(private, ignore_errors=True)
+
+        cpp_extension._import_module_from_library = load_copy
+        try:
+            yield
+        finally:
+            cpp_extension._import_module_from_library = original
