@@ -66,8 +66,9 @@ def optimize(
     temperature_code: Annotated[float, typer.Option(help="Code agent temperature.")] = 0.1,
     temperature_debug: Annotated[float, typer.Option(help="Debug agent temperature.")] = 0.1,
     build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
-    isolate: Annotated[bool, typer.Option("--isolate", help="Run generated code in namespaces of its own: no other "
-                                                            "process visible, no network (Linux unshare).")] = False,
+    isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
+                                              "process visible, no network (auto: where the host allows it; "
+                                              "on: an error where it does not).")] = EvalConfig.isolate,
     baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = "eager",
     tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
@@ -229,8 +230,9 @@ def eval_candidate(
     tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
     seed: Annotated[int, typer.Option(help="Seeds the inputs.")] = 0,
     build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
-    isolate: Annotated[bool, typer.Option("--isolate", help="Run generated code in namespaces of its own: no other "
-                                                            "process visible, no network (Linux unshare).")] = False,
+    isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
+                                              "process visible, no network (auto: where the host allows it; "
+                                              "on: an error where it does not).")] = EvalConfig.isolate,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a report.")] = False,
 ) -> None:
     """Compile, check and time one candidate against the task's reference. Exit 0 when it is correct."""

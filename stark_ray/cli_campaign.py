@@ -41,8 +41,8 @@ def campaign(
     baseline: Annotated[str | None, typer.Option(help="eager | compile.")] = None,
     trials: Annotated[int | None, typer.Option(help="Correctness trials [5].")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed [0].")] = None,
-    isolate: Annotated[bool, typer.Option("--isolate", help="Generated code in namespaces of its own (no other "
-                                                            "process visible, no network).")] = False,
+    isolate: Annotated[str | None, typer.Option(help="auto | on | off: generated code in namespaces of its own "
+                                                     "(no other process visible, no network) [off].")] = None,
     max_cost: Annotated[float | None, typer.Option(help="USD cap for the campaign.")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="Token cap for the campaign.")] = None,
     task_max_cost: Annotated[float | None, typer.Option(help="USD cap per task.")] = None,
@@ -76,7 +76,7 @@ def campaign(
         "agents": {"provider": provider, "model": model, "base_url": base_url,
                    "cassette": str(cassette) if cassette else None},
         "eval": {"backend": backend, "baseline": baseline, "trials": trials, "seed": seed,
-                 "isolate": True if isolate else None},
+                 "isolate": isolate},
         "caps": {"max_cost": max_cost, "max_tokens": max_tokens, "task_max_cost": task_max_cost,
                  "task_max_tokens": task_max_tokens},
         "run": {"out": out, "address": address, "evaluators": evaluators},

@@ -95,6 +95,9 @@ TOLERANCES = ("default", "kernelbench")
 BASELINES = ("eager", "compile")
 
 
+ISOLATE_MODES = ("auto", "on", "off")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     backend: str = "cpu_cpp"
@@ -117,10 +120,15 @@ class EvalConfig:
     build_dir: str | None = None  # persistent build cache; default ~/.cache/stark-ray/build
     seed: int = 0
     # workers that run generated code in namespaces of their own (no other process visible, no network):
-    # stark_ray/eval/isolation.py; off by default, an error where the host cannot create them
-    isolate: bool = False
+    # stark_ray/eval/isolation.py. "on": an error where the host cannot create them; "auto": where it can, else
+    # one line and the run goes on unisolated; "off". (True/False, from run.json of older versions: on/off.)
+    isolate: str = "off"
 
     def __post_init__(self) -> None:
+        if isinstance(self.isolate, bool):
+            object.__setattr__(self, "isolate", "on" if self.isolate else "off")
+        if self.isolate not in ISOLATE_MODES:
+            raise ValueError(f"unknown isolate mode {self.isolate!r}; choose one of {', '.join(ISOLATE_MODES)}")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.tolerance not in TOLERANCES:

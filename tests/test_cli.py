@@ -89,6 +89,9 @@ def test_bad_settings_are_one_line(tmp_path: Path, cassette: str) -> None:
                                                  "--temperature-plan", "-1"))
     assert "--cassette" in one_error_line(stark("optimize", task, "--cassette", cassette, "--provider", "openai"))
     assert "no task" in one_error_line(stark("optimize", "--cassette", cassette))
+    assert "isolate" in one_error_line(stark("optimize", task, "--cassette", cassette, "--isolate", "maybe"))
+    assert "isolate" in one_error_line(stark("eval", task, str(ROOT / "examples" / "candidates" /
+                                                              "1_LeakyReluScale_fast.py"), "--isolate", "yes"))
 
 
 def test_malformed_cassette_names_the_line(tmp_path: Path) -> None:

@@ -327,7 +327,7 @@ def test_an_isolated_worker_sees_no_other_process_and_no_network(tmp_path: Path,
     try:
         exposed = Evaluator(task(DEMO), cfg).evaluate(eager(prelude=snoop))
         seen_exposed = json.loads(record.read_text())
-        isolated = Evaluator(task(DEMO), replace(cfg, isolate=True)).evaluate(eager(prelude=snoop))
+        isolated = Evaluator(task(DEMO), replace(cfg, isolate="on")).evaluate(eager(prelude=snoop))
         seen_isolated = json.loads(record.read_text())
     finally:
         holder.kill()
@@ -343,7 +343,7 @@ def test_an_isolated_worker_that_crashes_or_hangs_is_judged_as_before(cfg: EvalC
         isolation_prefix()
     except IsolationUnavailable as e:
         pytest.skip(str(e))
-    iso = replace(cfg, isolate=True, check_timeout_s=10)
+    iso = replace(cfg, isolate="on", check_timeout_s=10)
     crashed = Evaluator(task(DEMO), iso).evaluate(PY_CANDIDATES["py_segfault"])
     assert crashed.stage == STAGE_CRASH and crashed.error is not None and "SIGSEGV" in crashed.error
     hung = Evaluator(task(DEMO), iso).evaluate(PY_CANDIDATES["py_hang_in_forward"])

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from stark_ray.config import EvalConfig
+from stark_ray.eval import isolation
 from stark_ray.eval.build_cache import build_key
 from stark_ray.eval.compare import Tolerance, Tolerances, compare_outputs
 from stark_ray.eval.diagnostics import (
@@ -20,6 +22,7 @@ from stark_ray.eval.diagnostics import (
 from stark_ray.eval.evaluator import precheck
 from stark_ray.eval.guards import Fingerprint, output_problem, poison
 from stark_ray.eval.inputs import make_inputs, same_values, scale_floats, trial_scale
+from stark_ray.eval.isolation import resolve_isolation
 from stark_ray.eval.kernel_sources import KernelSources, cuda_kernel_names, own_kernel_names, python_kernel_names
 from stark_ray.eval.sandbox_env import PACKAGE_ROOT, is_secret, worker_env
 from stark_ray.eval.streams import Launch, classify
@@ -479,3 +482,19 @@ def test_dict_outputs_are_compared_key_by_key() -> None:
     assert not c.ok and c.problem.startswith("output['b']: values differ")
     c = compare_outputs({"a": torch.ones(3), "c": torch.zeros(2)}, ref, TOL)
     assert not c.ok and "expected output['a'], output['b']" in c.problem
+
+
+def test_isolate_modes_and_what_auto_does_where_namespaces_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert EvalConfig(isolate=True).isolate == "on" and EvalConfig(isolate=False).isolate == "off"  # old run.json
+    with pytest.raises(ValueError, match="isolate"):
+        EvalConfig(isolate="maybe")
+    assert resolve_isolation("off") == (False, None)
+    isolation.isolation_prefix.cache_clear()
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: None)  # a host without unshare
+    try:
+        isolated, note = resolve_isolation("auto")
+        assert not isolated and note is not None and "unisolated" in note and "unshare" in note
+        with pytest.raises(isolation.IsolationUnavailable):
+            resolve_isolation("on")
+    finally:
+        isolation.isolation_prefix.cache_clear()

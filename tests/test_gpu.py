@@ -53,7 +53,7 @@ ISOLATE = os.environ.get("STARK_TEST_ISOLATE") == "1"  # the whole candidate set
 
 def _cfg(backend: str, build_dir: str) -> EvalConfig:
     return EvalConfig(backend=backend, build_dir=build_dir, check_timeout_s=60, timing_timeout_s=120,
-                      compile_timeout_s=400, isolate=ISOLATE)
+                      compile_timeout_s=400, isolate="on" if ISOLATE else "off")
 
 
 @pytest.fixture(scope="module")

@@ -147,7 +147,7 @@ class NoIsolationEvaluator(EvaluatorActor.__ray_actor_class__):  # type: ignore[
         import stark_ray.eval.service as service
 
         service.isolation_prefix = _refusing_isolation
-        super().__init__(replace(cfg, isolate=True))
+        super().__init__(replace(cfg, isolate="on"))
 
 
 def test_an_evaluator_that_cannot_work_ends_the_run_in_one_line(ray_cluster: str, tmp_path: Path,

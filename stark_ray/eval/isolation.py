@@ -46,3 +46,17 @@ def isolation_prefix() -> tuple[str, ...]:
             return prefix
         reasons.append((probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1])
     raise IsolationUnavailable(f"this host cannot create the namespaces for isolation ({reasons[-1]})")
+
+
+def resolve_isolation(mode: str) -> tuple[bool, str | None]:
+    """Whether workers run isolated under ``mode`` (``EvalConfig.isolate``), and the line to show where ``auto``
+    finds that this host cannot create the namespaces (None otherwise). IsolationUnavailable for ``on`` there."""
+    if mode == "off":
+        return False, None
+    try:
+        isolation_prefix()
+    except IsolationUnavailable as e:
+        if mode == "on":
+            raise
+        return False, f"{e}: generated code runs unisolated (--isolate on makes this an error)"
+    return True, None

@@ -15,6 +15,7 @@ import ast
 import contextlib
 import os
 import socket
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import get_backend
 from stark_ray.eval.build_cache import cache_root
 from stark_ray.eval.hardware import usable_cpus
-from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+from stark_ray.eval.isolation import IsolationUnavailable, resolve_isolation
 from stark_ray.eval.outcome import limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
@@ -54,6 +55,16 @@ JUDGE_MARGIN_S = 60.0  # the judge enforces each phase's limit on its worker; th
 
 class EvaluatorError(RuntimeError):
     """The evaluator itself cannot work on this host (no GPU, no Triton, a worker that cannot start)."""
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """One line on stderr, once per process (every service of a campaign would repeat it)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(f"stark: {line}", file=sys.stderr, flush=True)
 
 
 def precheck(source: str) -> EvalResult | None:
@@ -105,14 +116,15 @@ class EvalService:
         self.build_dir = cache_root(self.cfg.build_dir)
         self.threads = usable_cpus()
         self.compile_workers = compile_workers or default_compile_workers(self.threads)
-        if self.cfg.isolate:
-            try:
-                isolation_prefix()  # probed before any worker starts
-            except IsolationUnavailable as e:
-                raise EvaluatorError(str(e)) from None
+        try:  # probed before any worker starts
+            self.isolated, self.isolation_note = resolve_isolation(self.cfg.isolate)
+        except IsolationUnavailable as e:
+            raise EvaluatorError(str(e)) from None
+        if self.isolation_note:
+            _say_once(self.isolation_note)
         # a GPU's worker has a hot spare: a restart (crash, timeout, recycling) costs a CUDA context, not a start
         extra = ["--max-requests", str(worker_max_requests)]
-        if self.cfg.isolate:
+        if self.isolated:
             extra.append("--isolate-worker")
         if device is not None if spare is None else spare:
             extra.append("--spare-worker")
@@ -200,7 +212,7 @@ class EvalService:
         crash or a hang at import — else None, the seconds the build took)."""
         self._warm_toolchain()
         spec = WorkerSpec(cfg.backend, str(self.build_dir), max(1, self.threads // self.compile_workers),
-                          compile_only=True, arch=self._build_arch(), isolate=self.cfg.isolate)
+                          compile_only=True, arch=self._build_arch(), isolate=self.isolated)
         limits = {PHASE_SETUP: cfg.compile_timeout_s, PHASE_COMPILE: cfg.compile_timeout_s}
         with self._compile_slots:
             outcome = run_once(spec, self._request(MODE_COMPILE, task, cfg, source), limits)
