@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from stark_ray.config import EvalConfig
+from stark_ray.eval import lifetime
 from stark_ray.eval.lifetime import spawn
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import load_task
@@ -147,3 +148,15 @@ def test_a_process_started_from_a_thread_that_ends_lives_on() -> None:
     finally:
         started[0].kill()
         started[0].wait()
+
+
+def test_without_setpriv_a_child_checks_its_own_parent_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where setpriv is missing the child asks for the signal itself and exits if its parent is already gone; a
+    wrapped child (unshare) is not told a parent to check, nor is a grandchild told its grandparent's."""
+    monkeypatch.setattr(lifetime, "death_prefix", lambda: ())
+    env = {**os.environ, lifetime.PARENT_ENV: "1"}  # as if this process had been told its own parent
+    show = [sys.executable, "-c", f"import os; print(os.environ.get({lifetime.PARENT_ENV!r}))"]
+    direct = spawn(show, env, stdout=subprocess.PIPE)
+    wrapped = spawn(show, env, direct=False, stdout=subprocess.PIPE)
+    assert direct.communicate()[0].decode().strip() == str(os.getpid())
+    assert wrapped.communicate()[0].decode().strip() == "None"

@@ -111,8 +111,9 @@ def spawn(argv: list[str], env: dict[str, str], direct: bool = True, **popen: An
     ``direct``: ``argv`` is the evaluator process itself (not a wrapper such as ``unshare``), so that where
     ``setpriv`` is missing it can check that its parent is still this process."""
     prefix = death_prefix()
+    env = {k: v for k, v in env.items() if k != PARENT_ENV}  # never a grandparent's, passed down
     if direct and not prefix:
-        env = {**env, PARENT_ENV: str(os.getpid())}
+        env[PARENT_ENV] = str(os.getpid())
     return _SPAWNER.run(lambda: subprocess.Popen([*prefix, *argv], env=env, **popen))
 
 
