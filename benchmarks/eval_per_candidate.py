@@ -11,6 +11,7 @@ the same machine, candidates and build cache:
     PYTHONPATH=OLD_TREE python benchmarks/eval_per_candidate.py --build-dir /tmp/b --json old.json
     python benchmarks/eval_per_candidate.py --compare old.json new.json
 
+``--isolate on`` measures with isolated workers (against ``off`` on the same tree: what isolation costs).
 ``--cpu`` measures the ``cpu_cpp`` backend instead (the C++ candidates of examples/candidates that neither hang
 nor crash), reporting each candidate's median over ``--repeat`` passes after the first: a 2-core machine is noisy.
 """
@@ -45,7 +46,8 @@ ORIGINAL = [  # the set as it was before issue 13, without the hang and the ille
 ]
 
 
-def measure(build_dir: str, names: list[str], out: Path | None = None) -> dict[str, dict[str, object]]:
+def measure(build_dir: str, names: list[str], out: Path | None = None,
+            extra: dict[str, object] | None = None) -> dict[str, dict[str, object]]:
     import stark_ray
     from stark_ray.config import EvalConfig
     from stark_ray.eval.service import EvalService
@@ -59,7 +61,7 @@ def measure(build_dir: str, names: list[str], out: Path | None = None) -> dict[s
         if not mine:
             continue
         cfg = EvalConfig(backend=backend, build_dir=build_dir, check_timeout_s=120, timing_timeout_s=120,
-                         compile_timeout_s=600)
+                         compile_timeout_s=600, **(extra or {}))
         with EvalService(cfg) as service:
             by_task: dict[str, list[str]] = {}
             for n in mine:
@@ -81,7 +83,8 @@ def measure(build_dir: str, names: list[str], out: Path | None = None) -> dict[s
     return rows
 
 
-def measure_cpu(build_dir: str, names: list[str], repeat: int, out: Path | None = None) -> dict[str, dict[str, object]]:
+def measure_cpu(build_dir: str, names: list[str], repeat: int, out: Path | None = None,
+                extra: dict[str, object] | None = None) -> dict[str, dict[str, object]]:
     import stark_ray
     from stark_ray.config import EvalConfig
     from stark_ray.eval.service import EvalService
@@ -89,7 +92,8 @@ def measure_cpu(build_dir: str, names: list[str], repeat: int, out: Path | None 
 
     print(f"stark_ray from {Path(stark_ray.__file__).parent}", flush=True)
     rows: dict[str, dict[str, object]] = {}
-    with EvalService(EvalConfig(backend="cpu_cpp", build_dir=build_dir, compile_timeout_s=900)) as service:
+    cfg = EvalConfig(backend="cpu_cpp", build_dir=build_dir, compile_timeout_s=900, **(extra or {}))
+    with EvalService(cfg) as service:
         for f in names:
             task = load_task(TASKS / f"{f.rsplit('_', 1)[0]}.py")
             service.reference(task)
@@ -132,16 +136,18 @@ def main() -> int:
     p.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two --json outputs")
     p.add_argument("--cpu", action="store_true", help="the cpu_cpp backend and its candidates")
     p.add_argument("--repeat", type=int, default=5, help="--cpu: passes measured after the first")
+    p.add_argument("--isolate", default="", help="auto | on | off (default: the config's; not given to an old tree)")
     args = p.parse_args()
     if args.compare:
         compare(*(json.loads(Path(f).read_text()) for f in args.compare))
         return 0
     only = [n for n in args.only.split(",") if n]
     out = Path(args.json) if args.json else None
+    extra: dict[str, object] = {"isolate": args.isolate} if args.isolate else {}
     if args.cpu:
-        measure_cpu(args.build_dir, only or CPU_SET, args.repeat, out)
+        measure_cpu(args.build_dir, only or CPU_SET, args.repeat, out, extra)
     else:
-        measure(args.build_dir, only or ORIGINAL, out)
+        measure(args.build_dir, only or ORIGINAL, out, extra)
     return 0
 
 
