@@ -144,9 +144,9 @@ class NoIsolationEvaluator(EvaluatorActor.__ray_actor_class__):  # type: ignore[
     """The real Evaluator actor on a host that refuses isolation (a container without namespaces)."""
 
     def __init__(self, cfg: EvalConfig) -> None:
-        import stark_ray.eval.service as service
+        import stark_ray.eval.isolation as isolation
 
-        service.isolation_prefix = _refusing_isolation
+        isolation.isolation_prefix = _refusing_isolation
         super().__init__(replace(cfg, isolate="on"))
 
 
