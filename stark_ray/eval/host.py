@@ -45,7 +45,7 @@ from stark_ray.eval.exchange import (
     touch,
 )
 from stark_ray.eval.garbage import collect_after, collect_all, in_use
-from stark_ray.eval.guards import Fingerprint, output_problem, poison
+from stark_ray.eval.guards import Fingerprint, nbytes_of, output_problem, poison
 from stark_ray.eval.kernel_sources import KernelSources, own_kernel_names, python_kernel_names
 from stark_ray.eval.loader import import_source
 from stark_ray.eval.protocol import (
@@ -377,7 +377,8 @@ class CandidateHost:
         if cur is not None:
             cur.graph = cur.staged = None  # type: ignore[assignment]
             self._release(cur.buffers)
-            before, task_bytes = cur.memory_before, cur.state.held_bytes()
+            sets = cur.state.input_sets
+            before, task_bytes = cur.memory_before, sum(nbytes_of(sets[0])) if sets else 0  # one input set
             del cur
             # its module and class are cycles: what it allocated goes now where that may be much (eval/garbage.py)
             collect_after(self.backend.device, before, task_bytes)
