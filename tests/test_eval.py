@@ -164,8 +164,11 @@ def test_fast_candidate_is_correct(results: dict[str, EvalResult]) -> None:
 @pytest.mark.parametrize("key", ["leaky_relu", "layer_norm"])
 def test_other_tasks_candidates_are_correct(results: dict[str, EvalResult], key: str) -> None:
     r = results[key]
-    assert r.ok and r.stage == STAGE_OK, r.error
+    assert r.correct and r.stage == STAGE_OK, r.error
     assert r.speedup is not None and r.speedup > 0
+    # four evaluations share the 2 cores here: a worker's timing can overstate a speedup (a 1.4x layer norm came
+    # out at 3.57x, reference CV 42%), and then the judge's own clock flags it; no other flag is acceptable
+    assert set(r.flags) <= {"suspicious"}, (r.flags, r.error)
 
 
 def test_compile_error_reports_the_compiler(results: dict[str, EvalResult]) -> None:
