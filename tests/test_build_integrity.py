@@ -10,13 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from leaky_candidates import MODEL, TASK, quick_service
 
-from stark_ray.config import EvalConfig
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[1]
-TASK = ROOT / "examples" / "tasks" / "1_LeakyReluScale.py"
 TINY = ('#include <pybind11/pybind11.h>\\nint f() { return 7; }\\n'
         'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }\\n')
 
@@ -49,17 +48,7 @@ from torch.utils.cpp_extension import load_inline
 
 ROOT = {root!r}
 EXT = load_inline(name="tiny", cpp_sources=['{tiny}'], no_implicit_headers=True)
-
-
-class ModelNew(torch.nn.Module):
-    def __init__(self, negative_slope, scale):
-        super().__init__()
-        self.negative_slope, self.scale = negative_slope, scale
-
-    def forward(self, x):
-        {forward}
-        return torch.nn.functional.leaky_relu(x, self.negative_slope) * self.scale * (EXT.f() / 7)
-"""
+""" + MODEL
 
 
 def test_a_library_rewritten_in_place_is_built_again_and_its_loaded_copy_stays_usable(tmp_path: Path) -> None:
@@ -72,19 +61,18 @@ def test_a_library_rewritten_in_place_is_built_again_and_its_loaded_copy_stays_u
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvalService]:
-    cfg = EvalConfig(backend="cpu_cpp", build_dir=str(tmp_path_factory.mktemp("build")), timing_trials=3,
-                     warmup=1)
-    with EvalService(cfg) as s:
+    with quick_service(str(tmp_path_factory.mktemp("build"))) as s:
         yield s
 
 
 def test_a_candidate_that_poisons_the_cache_does_not_fail_the_next_ones(service: EvalService) -> None:
     task = load_task(TASK)
     root = str(service.build_dir)
-    honest = CANDIDATE.format(root=root, tiny=TINY, forward="pass")
+    honest = CANDIDATE.format(root=root, tiny=TINY, forward="pass", factor=" * (EXT.f() / 7)")
     first = service.evaluate(task, honest)
     assert first.correct, first.error
-    poisoner = CANDIDATE.format(root=root, tiny=TINY, forward=POISON.replace("\n", "\n        ").strip())
+    poisoner = CANDIDATE.format(root=root, tiny=TINY, forward=POISON.replace("\n", "\n        ").strip(),
+                               factor=" * (EXT.f() / 7)")
     service.evaluate(task, poisoner)  # its own verdict does not matter here
     after = service.evaluate(task, honest)  # the same worker, which had loaded the library
     assert after.correct and after.stage == "ok", (after.stage, after.error, after.log[-2000:])

@@ -14,27 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from leaky_candidates import MODEL, TASK, quick_service
 
-from stark_ray.config import EvalConfig
 from stark_ray.eval import lifetime
 from stark_ray.eval.lifetime import spawn
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[1]
-TASK = ROOT / "examples" / "tasks" / "1_LeakyReluScale.py"
 LIVENESS_S = 60.0  # how long a killed process may take to be gone (a busy 2-core machine)
-
-MODEL = """
-class ModelNew(torch.nn.Module):
-    def __init__(self, negative_slope, scale):
-        super().__init__()
-        self.negative_slope, self.scale = negative_slope, scale
-
-    def forward(self, x):
-        {forward}
-        return torch.nn.functional.leaky_relu(x, self.negative_slope) * self.scale
-"""
 
 LEAVES_PROCESSES = """
 import os, subprocess, sys, torch
@@ -92,21 +80,19 @@ def _read_pid(path: Path) -> int:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvalService]:
-    cfg = EvalConfig(backend="cpu_cpp", build_dir=str(tmp_path_factory.mktemp("build")), timing_trials=3,
-                     warmup=1)
-    with EvalService(cfg) as s:
+    with quick_service(str(tmp_path_factory.mktemp("build"))) as s:
         yield s
 
 
 def test_processes_a_candidate_leaves_running_are_killed_after_it(service: EvalService, tmp_path: Path) -> None:
     record = str(tmp_path / "pids")
     task = load_task(TASK)
-    source = LEAVES_PROCESSES.format(forward=f"_leave({record!r})")
+    source = LEAVES_PROCESSES.format(forward=f"_leave({record!r})", factor="")
     r = service.evaluate(task, source)
     sleeper, orphan = _read_pid(Path(record + ".sleeper")), _read_pid(Path(record + ".orphan"))
     assert _wait_gone([sleeper, orphan]) == []
     assert "process(es) the candidate left running" in r.log, r.log[-1500:]
-    honest = service.evaluate(task, HANGS.format(forward="pass"))  # the same worker serves on, and judges right
+    honest = service.evaluate(task, HANGS.format(forward="pass", factor=""))  # the same worker judges on, right
     assert honest.correct and honest.stage == "ok", honest.error
 
 
@@ -116,7 +102,7 @@ def test_the_evaluator_dies_with_a_killed_stark_eval(tmp_path: Path) -> None:
     candidate = tmp_path / "hang.py"
     candidate.write_text(HANGS.format(forward=(
         f"open({str(record)!r}, 'w').write(f'{{os.getpid()}} {{os.getppid()}}')\n"
-        "        while True:\n            time.sleep(0.05)")))
+        "        while True:\n            time.sleep(0.05)"), factor=""))
     cli = subprocess.Popen([sys.executable, "-m", "stark_ray.cli", "eval", str(TASK), str(candidate),
                             "--backend", "cpu_cpp", "--build-dir", str(tmp_path / "build")],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)

@@ -109,13 +109,13 @@ class PackedSets:
     def __init__(self, box: Outbox, template: list[Any], k: int) -> None:
         leaves = _tensors(template)
         placed = box.pack([t for _ in range(k) for t in leaves])
-        self.buffers = [box.buffers[i] for i in sorted({spec.buffer for spec, _ in placed})]
-        self.staging = {id(b): torch.empty_like(b.data) for b in self.buffers}
-        by_index = {i: box.buffers[i] for i in sorted({spec.buffer for spec, _ in placed})}
+        # buffer number -> (the shared buffer, a private staging of its bytes)
+        self.pairs = {i: (box.buffers[i], torch.empty_like(box.buffers[i].data))
+                      for i in sorted({spec.buffer for spec, _ in placed})}
         n = len(leaves)
         self.specs = [[spec for spec, _ in placed[i * n:(i + 1) * n]] for i in range(k)]
         self.sets = [_rebuilt(template, [view for _, view in placed[i * n:(i + 1) * n]]) for i in range(k)]
-        self.staged = [[_on(self.staging[id(by_index[spec.buffer])], spec) for spec in specs] for specs in self.specs]
+        self.staged = [[_on(self.pairs[spec.buffer][1], spec) for spec in specs] for specs in self.specs]
 
     def load(self, sets: list[list[Any]]) -> None:
         """The fresh values into the staging (outside the clock)."""
@@ -125,8 +125,8 @@ class PackedSets:
 
     def write(self) -> None:
         """The staged values into the buffers (inside the clock)."""
-        for b in self.buffers:
-            b.data.copy_(self.staging[id(b)])
+        for shared, staging in self.pairs.values():
+            shared.data.copy_(staging)
 
     def changed(self, sets: list[list[Any]]) -> bool:
         """Whether a set in the buffers differs from the values written (a candidate modified its inputs)."""

@@ -200,8 +200,7 @@ class Judge:
                                        traceback.format_exc())
         left = self.worker.sweep()
         if left:  # processes a candidate started and left running: killed, and said
-            line = f"killed {left} process(es) the candidate left running"
-            result.log = excerpt(f"{result.log}\n{line}" if result.log else line)
+            _add_line(result, f"killed {left} process(es) the candidate left running")
         healthy = self.backend.healthy()
         return {"result": asdict(result), "healthy": healthy,
                 "worker": {"starts": self.worker.starts, "promotions": self.worker.promotions,
@@ -252,9 +251,8 @@ class Judge:
         clock.close()
         collect_after(self.backend.device, held, task.input_bytes)  # a cycle holding a trial's gigabytes, say
         if held is not None:  # what this candidate cost the judge's device memory, and what it kept before
-            line = (f"judge device memory: peak {torch.cuda.max_memory_allocated() / GB:.2f} GB, "
-                    f"{held / GB:.2f} GB held before, {torch.cuda.memory_allocated() / GB:.2f} GB after")
-            result.log = excerpt(f"{result.log}\n{line}" if result.log else line)
+            _add_line(result, f"judge device memory: peak {torch.cuda.max_memory_allocated() / GB:.2f} GB, "
+                              f"{held / GB:.2f} GB held before, {torch.cuda.memory_allocated() / GB:.2f} GB after")
         _release_cached(self.backend.device, RESERVED_SHARE)  # a large task's trials, freed: back to the device
         result.eval_s = time.perf_counter() - started
         return result
@@ -540,6 +538,11 @@ def _spec_feeder(specs: list[TensorSpec]) -> Callable[[torch.Tensor, str], dict[
     """``encode_tree``'s callback for one packed set: each tensor's spec, in order."""
     it = iter(specs)
     return lambda t, path: {"spec": next(it).to_json()}
+
+
+def _add_line(result: EvalResult, line: str) -> None:
+    """One more line at the end of a result's log (which keeps its tail when cut)."""
+    result.log = excerpt(f"{result.log}\n{line}" if result.log else line)
 
 
 def _device_memory_start(device: str) -> int | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 PROC = Path("/proc")
 
 
-def _parents() -> dict[int, int]:
+def parents() -> dict[int, int]:
     """pid -> ppid for every process visible in /proc."""
     parents: dict[int, int] = {}
     for entry in PROC.iterdir() if PROC.is_dir() else ():
@@ -31,14 +31,9 @@ def _parents() -> dict[int, int]:
     return parents
 
 
-def parents() -> dict[int, int]:
-    """A snapshot of pid -> ppid for every process visible in /proc."""
-    return _parents()
-
-
 def descendants(pid: int, snapshot: dict[int, int] | None = None) -> set[int]:
     children: dict[int, list[int]] = {}
-    for child, parent in (_parents() if snapshot is None else snapshot).items():
+    for child, parent in (parents() if snapshot is None else snapshot).items():
         children.setdefault(parent, []).append(child)
     found: set[int] = set()
     stack = [pid]
@@ -52,7 +47,7 @@ def descendants(pid: int, snapshot: dict[int, int] | None = None) -> set[int]:
 
 def children(pid: int) -> list[int]:
     """The direct children of ``pid`` (as this process's /proc shows them), by pid."""
-    return sorted(child for child, parent in _parents().items() if parent == pid)
+    return sorted(child for child, parent in parents().items() if parent == pid)
 
 
 def _signal(pid: int, sig: int) -> None:
