@@ -203,6 +203,10 @@ def test_leaves_work_behind_compares_the_gap_with_the_reference() -> None:
     tight = Timing(Stats.of([0.5, 0.5]), Stats.of([0.51, 0.51]))
     behind = Timing(Stats.of([0.1, 0.1]), Stats.of([0.9, 0.9]))
     assert not leaves_work_behind(tight, ref) and leaves_work_behind(behind, ref)
+    # a busy host waking late from most syncs (seen on an H200: a median gap of 0.022 ms for a kernel on the
+    # current stream) is not work left behind: one tight gap shows the call had none
+    late = Timing(Stats.of([0.5, 0.5, 0.5]), Stats.of([0.51, 0.6, 0.6]))
+    assert not leaves_work_behind(late, ref)
 
 
 def test_first_compiler_error_and_log() -> None:

@@ -213,6 +213,45 @@ def test_a_large_speedup_is_re_measured_by_the_judge_and_kept_when_confirmed(tmp
     assert "speedup confirmed by the judge's wall clock" in r.log
 
 
+EARLY_ANSWER = """import sys
+import torch
+import torch.nn as nn
+
+
+def _in_batch():
+    f = sys._getframe()
+    while f is not None:
+        if f.f_code.co_name == "go":
+            return True
+        f = f.f_back
+    return False
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if _in_batch():  # inside the judge's clock: answer with sums made up, before the outputs are final
+            sys.modules["stark_ray.eval.host"].digests = lambda buffers: [0] * len(buffers)
+        return x * 2.0
+"""
+
+
+def test_a_batch_answered_before_its_outputs_are_final_is_flagged(tmp_path: Path, shared_build_dir: str) -> None:
+    """The worker's answer to ``go`` carries the byte sums of the output buffers, which the judge checks against its
+    own: an answer sent early (here: sums made up by a candidate that patches the worker during the batch) is
+    flagged, and the next candidate is judged by a fresh worker."""
+    path = tmp_path / "1_Sleepy.py"
+    path.write_text(SLOW_TASK)
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=5)
+    fast = "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n" \
+           "        return x * 2.0\n"
+    with EvalService(cfg) as svc:
+        task = load_task(path)
+        early, honest = svc.evaluate(task, EARLY_ANSWER), svc.evaluate(task, fast)
+    assert not early.ok and "suspicious" in early.flags, early.error
+    assert "answered before its outputs were final" in (early.error or ""), early.error
+    assert honest.ok and "suspicious" not in honest.flags, honest.error
+
+
 def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, shared_build_dir: str) -> None:
     """A device worker's spare (here on the CPU, switched on by hand) waits with its imports done; a restart
     promotes it instead of starting a process from nothing, and a new spare waits behind it."""

@@ -18,7 +18,7 @@ CONFIRM_ABOVE is measured again by the judge:
 - then three rounds, each with fresh input sets (seeds no one knew), the two sides taking turns to go first. The
   fresh values go first into a private staging copy of each side's buffers; a round starts the judge's clock,
   copies the staging into the input buffers (one copy per buffer; so nothing could be computed before), runs the
-  batch (the candidate's: ``go`` to the worker) and ends when a byte sum of every output buffer
+  batch (the candidate's: ``go`` to the worker) and ends when a byte sum of each buffer of outputs
   has been read back: the worker's answer carries its sums, which must equal the judge's own over the slots, so
   it cannot come before the outputs exist;
 - the outputs must match the reference's at tolerance, and the inputs must be unchanged;
@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import torch
 
 from stark_ray.eval.compare import Tolerances, compare_outputs, flatten_outputs, rebuild_outputs
-from stark_ray.eval.exchange import Outbox, TensorSpec, byte_sum, dtype_of, touch
+from stark_ray.eval.exchange import Outbox, TensorSpec, digests, dtype_of, touch
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all, make_inputs, map_tensors, same_values
 from stark_ray.eval.timing import capture_graph
@@ -185,9 +185,7 @@ class ReferenceSide:
                     buf.copy_(t)
 
     def _sums(self) -> None:
-        sums = [byte_sum(b) for outs in self.outputs for b in outs]
-        if sums:
-            torch.stack(sums).tolist()
+        digests(self.box.slot_buffers)
 
     def run(self, sets: list[list[Any]]) -> tuple[float, list[Any]]:
         """(wall seconds, the outputs per set, copies)."""
@@ -274,7 +272,9 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
     cand_s = max(min(cand_walls) - overhead, OVERHEAD_FLOOR * min(cand_walls))
     wall = ref_s / cand_s if cand_s > 0 else float("inf")
     how = "as CUDA graphs" if graph else "call by call"
-    calls = f"{ROUNDS}x{k} call(s) {how} on fresh inputs, {1e3 * cand_s / k:.3g} ms per call"
+    calls = (f"{ROUNDS}x{k} call(s) {how} on fresh inputs, {1e3 * cand_s / k:.3g} ms per call; fastest rounds "
+             f"{1e3 * min(ref_walls):.3g} ms (reference) and {1e3 * min(cand_walls):.3g} ms, of which "
+             f"{1e3 * overhead:.3g} ms writing, copying and summing")
     if wall < min(AGREEMENT * event_speedup, CONFIRMED_BY_ITSELF):
         return Confirmation(False, f"suspicious: {event_speedup:.2f}x by the worker's timing but {wall:.2f}x by "
                                    f"the judge's wall clock ({calls})", wall)

@@ -38,8 +38,8 @@ from stark_ray.eval.diagnostics import compiler_log, describe_exception
 from stark_ray.eval.exchange import (
     SharedBuffer,
     TensorSpec,
-    byte_sum,
     decode_tree,
+    digests,
     dtype_name,
     encode_tree,
     touch,
@@ -96,6 +96,7 @@ class Loaded:
     inputs: list[Any] = field(default_factory=list)
     slots: dict[str, torch.Tensor] = field(default_factory=dict)  # by the path of the output they are for
     staged: list[tuple[list[Any], dict[str, torch.Tensor]]] = field(default_factory=list)
+    slot_buffers: list[SharedBuffer] = field(default_factory=list)  # the staged batch's, in the judge's order
     graph: Any = None  # the staged batch captured as a CUDA graph
     memory_before: int | None = None  # the device memory in use before its import (eval/garbage.py)
 
@@ -334,11 +335,12 @@ class CandidateHost:
         cur = self.current
         assert cur is not None
         self._release(cur.buffers)
-        cur.buffers, cur.staged, cur.graph = [], [], None
+        cur.buffers, cur.staged, cur.slot_buffers, cur.graph = [], [], [], None
         fds = recv_fds(self._channel(), int(msg["fds"]))
         bufs = self._map(fds, [TensorSpec.from_json(s) for group in msg["slots"] for s in group] +
                          _specs_of(msg["sets"]))
         cur.buffers = list(bufs.values())
+        cur.slot_buffers = [bufs[i] for i in sorted({int(s["buffer"]) for group in msg["slots"] for s in group})]
         for buf in cur.buffers:  # page faults now, not inside the judge's clock
             touch(buf.data)
         for tree, slot_specs in zip(msg["sets"], msg["slots"], strict=True):
@@ -364,8 +366,7 @@ class CandidateHost:
             cur.graph.replay()
         else:
             self._batch(cur)
-        sums = [byte_sum(s) for _, slots in cur.staged for s in slots.values()]
-        return {"done": {"digests": torch.stack(sums).tolist() if sums else []}}
+        return {"done": {"digests": digests(cur.slot_buffers)}}
 
     def end(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         self._forget()

@@ -46,9 +46,9 @@ from stark_ray.eval.exchange import (
     ExchangeError,
     Outbox,
     TensorSpec,
-    byte_sum,
     decode_leaf_meta,
     decode_tree,
+    digests,
     encode_tree,
 )
 from stark_ray.eval.garbage import collect, collect_after, collect_all
@@ -520,8 +520,7 @@ class _WorkerBatch:
         if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
             raise _Stop(_protocol("no answer to go"), recycle=True)
         _sync(task)
-        sums = [byte_sum(s) for slots in self.slots for s in slots.values()]
-        if (torch.stack(sums).tolist() if sums else []) != done["digests"]:
+        if digests(self.box.slot_buffers) != done["digests"]:
             raise _Stop(EvalResult(compiled=True, correct=True, stage=STAGE_OK, flags=["suspicious"],
                                    error="suspicious: the worker answered before its outputs were final"),
                         recycle=True)
