@@ -144,6 +144,9 @@ class BuildCache:
                 arguments["use_pch"] = False  # torch's own PCH lives in the torch install; ours is per flags
                 self._add_pch(arguments, build_dir)
             self.builds.append(key)
+            finished = _load_finished(arguments, build_dir)
+            if finished is not None:
+                return finished
             with file_lock(self.root / f"{key}.lock"):
                 for attempt in range(2):
                     (build_dir / "lock").unlink(missing_ok=True)  # torch's baton, stale if a build was killed
@@ -229,6 +232,24 @@ def file_digest(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _load_finished(arguments: dict[str, Any], build_dir: Path) -> Any:
+    """The module of an entry the compile pool finished (its library and digest recorded), imported from a
+    verified private copy without torch's build machinery, which writes its lock and ninja files into the entry
+    (an isolated device worker sees the cache read-only); None where the entry is not finished or its library
+    changed (the caller's locked path then rebuilds it)."""
+    from torch.utils import cpp_extension
+
+    name = str(arguments["name"])
+    if not (build_dir / DIGEST_FILE).exists() or not (build_dir / f"{name}{cpp_extension.LIB_EXT}").exists():
+        return None
+    try:
+        with _loading_copies(build_dir):
+            return cpp_extension._import_module_from_library(name, str(build_dir),
+                                                             bool(arguments.get("is_python_module", True)))
+    except PoisonedBuild:
+        return None
 
 
 @contextlib.contextmanager

@@ -3,9 +3,10 @@
 A worker started with :func:`isolation_prefix` runs in a new PID namespace with its own ``/proc`` (it sees no other
 process: not the ``/proc/<pid>/environ`` of the driver or the agent workers, which hold API keys, and it cannot
 signal the evaluator), and in a new network namespace (no network at all: nothing to send data to, no cloud
-metadata endpoint that hands out the node's credentials). The file system is shared as before (builds, caches,
-the request's private directory). Where the caller is not root, a user namespace maps it to root inside, which
-the other namespaces need. CUDA works inside (checked on an H200).
+metadata endpoint that hands out the node's credentials), in a new mount namespace where the whole file system is
+read-only but for its own directory and a private ``/tmp`` (:mod:`stark_ray.eval.jail`, which also hides the
+home directory's credential files and locks all of it against the candidate). Where the caller is not root, a
+user namespace maps it to root inside, which the other namespaces need. CUDA works inside (checked on an H200).
 
 Inside, the worker is the namespace's first process (PID 1): a signal it sends itself with no handler installed
 (``os.kill(os.getpid(), SIGSEGV)``, ``raise(SIGABRT)``) is ignored rather than fatal; faults raised by the
@@ -18,8 +19,11 @@ from __future__ import annotations
 import functools
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 NAMESPACES = ("--pid", "--fork", "--kill-child", "--mount-proc", "--net")
+JAIL = Path(__file__).with_name("jail.py")
 _AS_ROOT_INSIDE = ("--user", "--map-root-user")
 
 
@@ -38,7 +42,8 @@ def isolation_prefix() -> tuple[str, ...]:
     for extra in ((), _AS_ROOT_INSIDE):
         prefix = (unshare, *extra, *NAMESPACES)
         try:
-            probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=20)
+            probe = subprocess.run([*prefix, sys.executable, str(JAIL), "--", "true"], capture_output=True, text=True,
+                                   timeout=20)
         except (OSError, subprocess.TimeoutExpired) as e:
             reasons.append(str(e))
             continue
@@ -46,6 +51,13 @@ def isolation_prefix() -> tuple[str, ...]:
             return prefix
         reasons.append((probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1])
     raise IsolationUnavailable(f"this host cannot create the namespaces for isolation ({reasons[-1]})")
+
+
+def jailed(command: list[str], writable: tuple[str, ...] = (), readable: tuple[str, ...] = ()) -> list[str]:
+    """``command`` started isolated, in a read-only world (:mod:`stark_ray.eval.jail`) where its working directory,
+    a private ``/tmp`` and ``writable`` can be written, and ``readable`` stays visible."""
+    paths = [a for p in writable for a in ("--rw", p)] + [a for p in readable for a in ("--ro", p)]
+    return [*isolation_prefix(), sys.executable, str(JAIL), *paths, "--", *command]
 
 
 def resolve_isolation(mode: str) -> tuple[bool, str | None]:

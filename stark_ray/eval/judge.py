@@ -596,7 +596,8 @@ def main(argv: list[str] | None = None) -> None:
         ctrl.write(json.dumps(msg) + "\n")
         ctrl.flush()
 
-    spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True)
+    spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True,
+                      builds=not get_backend(args.backend).precompile)
     worker = WorkerProcess(spec, max_requests=args.max_requests, spare=args.spare_worker)
     started: list[BaseException | None] = []
 

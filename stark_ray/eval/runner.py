@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from stark_ray.eval.isolation import isolation_prefix
+from stark_ray.eval.isolation import jailed
 from stark_ray.eval.lifetime import kill_strays, spawn
 from stark_ray.eval.process_tree import children, kill_tree
 from stark_ray.eval.protocol import (
@@ -61,6 +61,7 @@ class WorkerSpec:
     build_dir: str
     threads: int
     compile_only: bool = False  # a compile-pool worker: no device, builds only
+    builds: bool = False  # a device worker that builds what it imports (a backend the pool does not build for)
     device: int | None = None  # index among this process's visible GPUs (None: the default / no GPU)
     arch: str | None = None  # TORCH_CUDA_ARCH_LIST for builds (compile workers get the GPU worker's)
     isolate: bool = False  # in namespaces of its own: no other process visible, no network (eval/isolation.py)
@@ -70,8 +71,7 @@ class WorkerSpec:
     env: tuple[tuple[str, str], ...] = ()  # more environment variables for it
 
     def argv(self, spare: bool = False, fd: int | None = None) -> list[str]:
-        prefix = list(isolation_prefix()) if self.isolate else []
-        args = [*prefix, sys.executable, "-m", self.module, "--backend", self.backend,
+        args = [sys.executable, "-m", self.module, "--backend", self.backend,
                 "--build-dir", self.build_dir, "--threads", str(self.threads), *self.extra]
         if self.compile_only:
             args.append("--compile-only")
@@ -81,6 +81,11 @@ class WorkerSpec:
             args.append("--spare")
         if fd is not None:
             args += ["--fd-channel", str(fd)]
+        if self.isolate:  # builds write the cache; a device worker only reads what the pool built (eval/jail.py)
+            cache = (self.build_dir,)
+            if self.compile_only or self.builds:
+                return jailed(args, writable=cache)
+            return jailed(args, readable=cache)
         return args
 
 
@@ -223,7 +228,10 @@ class WorkerProcess:
 
     def _env(self, workdir: Path) -> dict[str, str]:
         env = worker_env(workdir, self.spec.threads)
-        env.setdefault("TRITON_CACHE_DIR", str(Path(self.spec.build_dir) / "triton"))
+        if self.spec.isolate and not self.spec.compile_only:  # a cache that candidates write is theirs alone
+            env["TRITON_CACHE_DIR"] = str(workdir / "triton")
+        else:
+            env.setdefault("TRITON_CACHE_DIR", str(Path(self.spec.build_dir) / "triton"))
         if self.spec.compile_only:
             env["CUDA_VISIBLE_DEVICES"] = ""  # builds never touch a GPU (nor create a context on it)
         else:

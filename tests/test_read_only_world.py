@@ -1,0 +1,171 @@
+"""An isolated worker's world is read-only (eval/jail.py): a hostile candidate cannot write into site-packages, the
+project, the home directory or a run directory, cannot read the home directory's credential files, and what it
+writes to ``/tmp`` stays in its own; the next honest candidate is judged right. The same candidate unisolated
+reaches what it aims at (the harmless targets only): the test can fail. A device worker reads the build cache the
+compile pool writes and cannot write it (where its backend builds in the pool: CUDA). Real processes and
+namespaces, the cpu_cpp backend."""
+
+from __future__ import annotations
+
+import hashlib
+import site
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from leaky_candidates import MODEL, TASK
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+from stark_ray.eval.service import EvalService
+from stark_ray.eval.tasks import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ('#include <pybind11/pybind11.h>\\nint f() { return 7; }\\n'
+        'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }\\n')
+SECRET = "do-not-leak-0451"
+
+HOSTILE = """
+import torch
+from torch.utils.cpp_extension import load_inline
+
+EXT = load_inline(name="tiny", cpp_sources=['{tiny}'], no_implicit_headers=True)
+
+
+def _attempt():
+    reached = []
+    for name, path in {writes!r}.items():
+        try:
+            with open(path, "a") as f:
+                f.write("written by a candidate\\n")
+            reached.append(name)
+        except OSError:
+            pass
+    for name, path in {reads!r}.items():
+        try:
+            if {secret!r} in open(path).read():
+                reached.append(name)
+        except OSError:
+            pass
+    with open({tmp_marker!r}, "w") as f:  # always possible: a private /tmp when isolated
+        f.write("x")
+    if reached:
+        raise RuntimeError(f"reached: {{sorted(reached)}}")
+
+
+_attempt()
+""" + MODEL
+
+HONEST = """
+import torch
+from torch.utils.cpp_extension import load_inline
+
+EXT = load_inline(name="tiny", cpp_sources=['{tiny}'], no_implicit_headers=True)
+""" + MODEL
+
+
+@pytest.fixture
+def places(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Path]]:
+    """A home directory with credentials and a run directory, outside /tmp (which an isolated worker does not
+    see at all); HOME for the evaluator's processes."""
+    try:
+        isolation_prefix()
+    except IsolationUnavailable as e:
+        pytest.skip(str(e))
+    base = Path(tempfile.mkdtemp(prefix="stark-world-", dir="/var/tmp" if Path("/var/tmp").is_dir() else None))
+    home, run = base / "home", base / "runs" / "run-1"
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "credentials").write_text(f"aws_secret_access_key = {SECRET}\n")
+    (home / ".netrc").write_text(f"machine example.com password {SECRET}\n")
+    run.mkdir(parents=True)
+    (run / "attempts.parquet").write_text("rows\n")
+    monkeypatch.setenv("HOME", str(home))
+    yield {"base": base, "home": home, "run": run}
+    import shutil
+
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*.so")}
+
+
+def test_an_isolated_candidate_can_write_nothing_outside_its_directory(places: dict[str, Path],
+                                                                        tmp_path: Path) -> None:
+    home, run = places["home"], places["run"]
+    harmless = {"the home directory": str(home / "marker"), "the run directory": str(run / "attempts.parquet")}
+    writes = {**harmless, "site-packages": str(Path(site.getsitepackages()[0]) / "stark_test_world.pth"),
+              "the project": str(ROOT / "stark_test_world.txt")}
+    reads = {"~/.aws/credentials": str(home / ".aws" / "credentials"), "~/.netrc": str(home / ".netrc")}
+    marker = f"/tmp/stark-test-world-{uuid.uuid4().hex}"
+    cfg = EvalConfig(backend="cpu_cpp", build_dir=str(tmp_path / "build"), timing_trials=3, warmup=1,
+                     isolate="on")
+    task = load_task(TASK)
+    honest = HONEST.format(tiny=TINY, forward="pass", factor=" * (EXT.f() / 7)")
+    hostile = HOSTILE.format(tiny=TINY, writes=writes, reads=reads, secret=SECRET,
+                             tmp_marker=marker, forward="pass", factor=" * (EXT.f() / 7)")
+    with EvalService(cfg) as service:
+        first = service.evaluate(task, honest)
+        assert first.ok, first.error
+        built = _digests(Path(service.build_dir))
+        attacked = service.evaluate(task, hostile)
+        after = service.evaluate(task, honest)
+    assert attacked.ok, attacked.error  # nothing reached (it says what, where it reaches something)
+    assert after.ok, after.error
+    assert built and _digests(Path(cfg.build_dir)) == built
+    assert not Path(writes["site-packages"]).exists() and not Path(writes["the project"]).exists()
+    assert not (home / "marker").exists() and (run / "attempts.parquet").read_text() == "rows\n"
+    assert not Path(marker).exists()  # its /tmp was its own
+
+    # the same candidate, unisolated, aimed at the harmless targets only: it reaches them
+    exposed_src = HOSTILE.format(tiny=TINY, writes=harmless, reads=reads, secret=SECRET,
+                                 tmp_marker=marker, forward="pass", factor="")
+    with EvalService(replace(cfg, isolate="off")) as service:
+        exposed = service.evaluate(task, exposed_src)
+    assert not exposed.ok and "reached:" in (exposed.error or ""), exposed.error
+    for name in ("the home directory", "the run directory", "~/.aws/credentials", "~/.netrc"):
+        assert name in (exposed.error or ""), exposed.error
+    assert Path(marker).exists()
+    Path(marker).unlink()
+
+
+JAILED = """
+import os, sys
+cache, kept = sys.argv[1], sys.argv[2]
+print(open(os.path.join(cache, "entry", "lib.so")).read(), open(os.path.join(kept, "module.py")).read())
+for path in (os.path.join(cache, "entry", "lib.so"), os.path.join(cache, "new"), os.path.join(kept, "x")):
+    try:
+        open(path, "a").write("poison")
+        print("wrote", path)
+    except OSError as e:
+        print("refused", e.strerror)
+open("mine", "w").write("its own directory")
+print("own directory written")
+"""
+
+
+def test_a_jailed_process_reads_the_build_cache_and_cannot_write_it(places: dict[str, Path], tmp_path: Path) -> None:
+    """What a device worker whose builds the pool makes gets (``readable``): the cache under /tmp stays visible,
+    read-only, like a sys.path entry there; its own directory is writable."""
+    import subprocess
+    import sys
+
+    from stark_ray.eval.isolation import jailed
+
+    cache, kept, work = tmp_path / "cache", tmp_path / "site", tmp_path / "work"
+    (cache / "entry").mkdir(parents=True)
+    (cache / "entry" / "lib.so").write_text("built")
+    kept.mkdir()
+    (kept / "module.py").write_text("imported")
+    work.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(places["home"]), "PYTHONPATH": str(kept)}
+    proc = subprocess.run(jailed([sys.executable, "-c", JAILED, str(cache), str(kept)], readable=(str(cache),)),
+                          cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "built imported"
+    assert proc.stdout.count("refused Read-only file system") == 3 and "wrote" not in proc.stdout, proc.stdout
+    assert "own directory written" in proc.stdout and (work / "mine").read_text() == "its own directory"
+    assert (cache / "entry" / "lib.so").read_text() == "built" and not (cache / "new").exists()
