@@ -119,10 +119,11 @@ class EvalConfig:
     timing_timeout_s: float = 120.0
     build_dir: str | None = None  # persistent build cache; default ~/.cache/stark-ray/build
     seed: int = 0
-    # workers that run generated code in namespaces of their own (no other process visible, no network):
-    # stark_ray/eval/isolation.py. "on": an error where the host cannot create them; "auto": where it can, else
-    # one line and the run goes on unisolated; "off". (True/False, from run.json of older versions: on/off.)
-    isolate: str = "off"
+    # workers that run generated code in namespaces of their own (no other process visible, no network, a
+    # read-only world): stark_ray/eval/isolation.py, jail.py. "auto" (the default): where the host can create
+    # them, else one line and the run goes on unisolated; "on": an error where it cannot; "off". (True/False,
+    # from run.json of older versions: on/off.)
+    isolate: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.isolate, bool):

@@ -26,7 +26,9 @@ class ModelNew(torch.nn.Module):
 
 
 @contextlib.contextmanager
-def quick_service(build_dir: str) -> Iterator[EvalService]:
-    """A cpu_cpp service with few timing rounds (these tests judge correctness and what is left behind)."""
-    with EvalService(EvalConfig(backend="cpu_cpp", build_dir=build_dir, timing_trials=3, warmup=1)) as s:
+def quick_service(build_dir: str, isolate: str = "off") -> Iterator[EvalService]:
+    """A cpu_cpp service with few timing rounds (these tests judge correctness and what is left behind), unisolated
+    by default: its candidates write down what they did where the test reads it."""
+    with EvalService(EvalConfig(backend="cpu_cpp", build_dir=build_dir, timing_trials=3, warmup=1,
+                                isolate=isolate)) as s:
         yield s

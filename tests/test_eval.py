@@ -295,7 +295,8 @@ def test_worker_environment_has_no_credentials(tmp_path: Path, cfg: EvalConfig,
     record = tmp_path / "env.json"
     snoop = (f"import json, os\njson.dump({{'env': dict(os.environ), 'cwd': os.getcwd()}}, "
              f"open({str(record)!r}, 'w'))\n")
-    r = Evaluator(task(DEMO), cfg).evaluate(eager(prelude=snoop))
+    # unisolated, so that it can write down what it saw (the same allowlist applies isolated)
+    r = Evaluator(task(DEMO), replace(cfg, isolate="off")).evaluate(eager(prelude=snoop))
     assert r.ok, r.error
     seen = json.loads(record.read_text())
     assert not [k for k in seen["env"] if is_secret(k)]
@@ -332,7 +333,7 @@ def test_an_isolated_worker_sees_no_other_process_and_no_network(tmp_path: Path,
     tell = f"json.dump(seen, open({str(record)!r}, 'w'))\n"
     fail = "if seen['found'] or seen['connect'] == 0 or seen['pids'] > 3:\n    raise RuntimeError(f'saw {seen}')\n"
     try:
-        exposed = Evaluator(task(DEMO), cfg).evaluate(eager(prelude=snoop + tell))
+        exposed = Evaluator(task(DEMO), replace(cfg, isolate="off")).evaluate(eager(prelude=snoop + tell))
         seen_exposed = json.loads(record.read_text())
         isolated = Evaluator(task(DEMO), replace(cfg, isolate="on")).evaluate(eager(prelude=snoop + fail))
     finally:

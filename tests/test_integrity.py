@@ -12,6 +12,7 @@ and the next honest candidate in the same evaluator is judged right.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -373,9 +374,15 @@ def test_dict_outputs_are_compared_key_by_key(tmp_path: Path, service: EvalServi
 
 
 def test_a_candidate_that_kills_the_judge_is_charged_with_it_and_the_next_one_is_judged(
-        service: EvalService, tasks: dict[str, Task]) -> None:
-    """Without isolation a candidate can signal its worker's parent — the judge, not the service."""
-    r = judged(service, tasks["affine"], py(HONEST, "import os\nimport signal\nos.kill(os.getppid(), signal.SIGKILL)"))
-    assert r.stage == "crash" and not r.ok and "judge crashed (SIGKILL)" in (r.error or ""), r.error
-    after = judged(service, tasks["affine"], py(HONEST))
-    assert after.ok, after.error
+        service: EvalService, tasks: dict[str, Task], shared_build_dir: str) -> None:
+    """Without isolation a candidate can signal its worker's parent — the judge, not the service. Isolated (the
+    default where the host allows it) it has no parent to signal: it is judged like any other."""
+    killer = py(HONEST, "import os\nimport signal\nos.kill(os.getppid(), signal.SIGKILL)")
+    with EvalService(replace(service.cfg, isolate="off")) as unisolated:
+        r = judged(unisolated, tasks["affine"], killer)
+        assert r.stage == "crash" and not r.ok and "judge crashed (SIGKILL)" in (r.error or ""), r.error
+        after = judged(unisolated, tasks["affine"], py(HONEST))
+        assert after.ok, after.error
+    if service.isolated:
+        r = judged(service, tasks["affine"], killer)
+        assert r.ok, r.error

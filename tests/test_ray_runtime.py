@@ -44,10 +44,11 @@ def eval_cfg(build_dir: str) -> EvalConfig:
     return EvalConfig(trials=2, warmup=1, timing_trials=3, build_dir=build_dir)
 
 
-def ray_run(tmp_path: Path, build_dir: str, budget: int = 6, parallel: int = 1, **kw: Any) -> RayRun:
+def ray_run(tmp_path: Path, build_dir: str, budget: int = 6, parallel: int = 1, isolate: str | None = None,
+            **kw: Any) -> RayRun:
+    cfg = eval_cfg(build_dir) if isolate is None else replace(eval_cfg(build_dir), isolate=isolate)
     return RayRun([load_task(TASK)], SearchConfig(budget=budget, seed=0, parallel=parallel), AgentConfig(),
-                  eval_cfg(build_dir), tmp_path / "runs", client_factory=kw.pop("client_factory", ray_replies.client),
-                  **kw)
+                  cfg, tmp_path / "runs", client_factory=kw.pop("client_factory", ray_replies.client), **kw)
 
 
 def shape(tree: Tree) -> list[tuple[int, int | None, str, str]]:
@@ -123,7 +124,8 @@ def load_trees_reference(tmp_path: Path, build_dir: str) -> Any:
 def test_a_candidate_that_kills_its_evaluator_actor_is_recorded_and_the_run_goes_on(
         ray_cluster: str, tmp_path: Path, shared_build_dir: str) -> None:
     factory = ray_replies.killer_client_factory(tmp_path / "killed-once")
-    [summary] = run_ray(ray_run(tmp_path, shared_build_dir, budget=5, client_factory=factory))
+    # unisolated: isolated, the candidate sees no process to kill (tests/test_eval.py shows that)
+    [summary] = run_ray(ray_run(tmp_path, shared_build_dir, budget=5, client_factory=factory, isolate="off"))
     assert summary.status == "finished" and summary.attempts == 5
     tree = load_trees(Path(summary.run_dir))["1_LeakyReluScale"]
     crashed = [n for n in tree if n.result.stage == STAGE_CRASH]
