@@ -30,9 +30,9 @@ PACKAGES_TIMEOUT_S = 90.0  # importing torch, triton and ray (slow on a cold fil
 DEVICES_TIMEOUT_S = 45.0  # torch.cuda: a hung driver ends here
 _MARK = "@@stark-doctor@@"
 
-NVCC, NINJA, CXX, DRIVER, TORCH_CUDA, GPU, CUDA_MATCH, NVRTC, TRITON, RAY, KEYS, WORKER_ENV = (
+NVCC, NINJA, CXX, DRIVER, TORCH_CUDA, GPU, CUDA_MATCH, NVRTC, TRITON, RAY, KEYS, WORKER_ENV, ISOLATION = (
     "nvcc", "ninja", "C++ compiler", "driver", "torch CUDA", "GPU", "CUDA match", "NVRTC", "Triton", "Ray",
-    "API keys", "worker env")
+    "API keys", "worker env", "isolation")
 NEEDS: dict[str, tuple[str, ...]] = {
     "cpu_cpp": (CXX, NINJA),
     "cuda": (NVCC, NINJA, CXX, GPU, DRIVER, TORCH_CUDA, CUDA_MATCH),
@@ -329,6 +329,22 @@ def check_worker_env() -> Check:
                                    f"drops the other {dropped} (an allowlist: stark_ray/eval/sandbox_env.py)")
 
 
+def check_isolation() -> Check:
+    """Whether generated code runs isolated here under the default ``--isolate auto`` (namespaces and a read-only
+    world: stark_ray/eval/isolation.py, jail.py)."""
+    from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+
+    try:
+        isolation_prefix()
+    except IsolationUnavailable as e:
+        return Check(ISOLATION, "warn", f"unavailable: {e}",
+                     "generated code runs unisolated (it can read other processes' environments and write your "
+                     "files): allow user namespaces, or in Docker --security-opt seccomp=unconfined --cap-add "
+                     "SYS_ADMIN (docs/evaluator.md)")
+    return Check(ISOLATION, "ok", "generated code runs in PID, network and mount namespaces of its own, in a "
+                                  "read-only world (--isolate auto)")
+
+
 def diagnose(backend: str | None = None) -> Report:
     """Run every check; ``backend`` None picks cuda when torch sees a CUDA GPU, else cpu_cpp."""
     if backend is not None and backend not in BACKENDS:
@@ -364,6 +380,7 @@ def diagnose(backend: str | None = None) -> Report:
         check_ray(packages["ray"]),
         check_keys(),
         check_worker_env(),
+        check_isolation(),
     ]
     needs = set(NEEDS.get(backend, ()))
     if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":

@@ -28,7 +28,8 @@ def stark_doctor(*args: str, env: dict[str, str] | None = None,
 
 def lines_by_name(stdout: str) -> dict[str, str]:
     names = (doctor.NVCC, doctor.NINJA, doctor.CXX, doctor.DRIVER, doctor.TORCH_CUDA, doctor.GPU,
-             doctor.CUDA_MATCH, doctor.NVRTC, doctor.TRITON, doctor.RAY, doctor.KEYS, doctor.WORKER_ENV)
+             doctor.CUDA_MATCH, doctor.NVRTC, doctor.TRITON, doctor.RAY, doctor.KEYS, doctor.WORKER_ENV,
+             doctor.ISOLATION)
     found = {name: ln for ln in stdout.splitlines() for name in names if ln[8:].startswith(name + " ")}
     assert set(found) == set(names), stdout
     return found
@@ -83,6 +84,20 @@ def test_the_worker_environment_is_listed_by_name_only() -> None:
     assert line.startswith("ok ") and "TORCH_CUDA_ARCH_LIST" in line and "PATH" in line, line
     for absent in ("OPENAI_API_KEY", "PGPASSWORD", "TORCH_HUB_TOKEN", SECRET[:8], "9.0"):
         assert absent not in line, line
+
+
+def test_isolation_says_whether_generated_code_runs_isolated_here() -> None:
+    from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+
+    try:
+        isolation_prefix()
+        here = "ok "
+    except IsolationUnavailable:
+        here = "warn "
+    assert lines_by_name(stark_doctor().stdout)[doctor.ISOLATION].startswith(here)
+    # a host without util-linux's unshare (only python on PATH): one line with the cause and what to do
+    line = lines_by_name(stark_doctor(env={"PATH": str(Path(sys.executable).parent)}).stdout)[doctor.ISOLATION]
+    assert line.startswith("warn ") and "unshare" in line and "unisolated" in line, line
 
 
 def test_json_lists_every_check() -> None:

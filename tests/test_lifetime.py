@@ -1,6 +1,7 @@
 """No orphans (eval/lifetime.py): what a candidate starts and leaves running is killed after it, double-forked or
 not; the evaluator's processes die with a ``stark eval`` killed by SIGKILL; a process started from a thread that
-ends lives on. Real processes, the cpu_cpp backend, not isolated (the default on a host without namespaces)."""
+ends lives on. Real processes, the cpu_cpp backend, not isolated (the default on a host without namespaces), and
+isolated (the default where the host allows it)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def test_the_evaluator_dies_with_a_killed_stark_eval(tmp_path: Path) -> None:
         f"open({str(record)!r}, 'w').write(f'{{os.getpid()}} {{os.getppid()}}')\n"
         "        while True:\n            time.sleep(0.05)"), factor=""))
     cli = subprocess.Popen([sys.executable, "-m", "stark_ray.cli", "eval", str(TASK), str(candidate),
-                            "--backend", "cpu_cpp", "--build-dir", str(tmp_path / "build")],
+                            "--backend", "cpu_cpp", "--build-dir", str(tmp_path / "build"), "--isolate", "off"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     try:
         deadline = time.monotonic() + 300
@@ -119,6 +120,95 @@ def test_the_evaluator_dies_with_a_killed_stark_eval(tmp_path: Path) -> None:
     finally:
         if cli.poll() is None:
             cli.kill()
+
+
+MARKED = """
+import os, subprocess, time, torch
+
+_started = False
+
+
+def _leave(seconds, hang):
+    global _started
+    if not _started:
+        _started = True
+        subprocess.Popen(["sleep", seconds], start_new_session=True)
+        if os.fork() == 0:  # a double fork
+            os.setsid()
+            if os.fork() == 0:
+                os.execvp("sleep", ["sleep", seconds])
+            os._exit(0)
+    while hang:
+        time.sleep(0.05)
+""" + MODEL
+
+
+def _marked(seconds: str) -> list[int]:
+    """Processes on this host whose command line is ``sleep SECONDS`` (isolated, a candidate cannot tell its
+    host pids: the unusual duration marks its processes)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", seconds.encode()]:
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return [p for p in found if not _gone(p)]
+
+
+def _isolation_or_skip() -> None:
+    from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+
+    try:
+        isolation_prefix()
+    except IsolationUnavailable as e:
+        pytest.skip(str(e))
+
+
+def test_isolated_what_a_candidate_leaves_running_is_killed_after_it(tmp_path: Path) -> None:
+    """The default where the host allows it: the same sweep reaches into the namespace."""
+    _isolation_or_skip()
+    seconds = f"{600 + os.getpid() % 1000}.{time.time_ns() % 10**6:06d}"
+    with quick_service(str(tmp_path / "build"), isolate="on") as service:
+        task = load_task(TASK)
+        r = service.evaluate(task, MARKED.format(forward=f"_leave({seconds!r}, False)", factor=""))
+        assert r.correct, r.error
+        assert _wait_marked_gone(seconds) == [], "left running after the request"
+        assert "process(es) the candidate left running" in r.log, r.log[-1500:]
+        honest = service.evaluate(task, HANGS.format(forward="pass", factor=""))
+        assert honest.correct and honest.stage == "ok", honest.error
+
+
+def test_isolated_everything_dies_with_a_killed_stark_eval(tmp_path: Path) -> None:
+    """``kill -9`` of ``stark eval`` (isolated by default) while its candidate hangs: judge, worker and what the
+    candidate started all end (the namespace ends with its first process)."""
+    _isolation_or_skip()
+    seconds = f"{700 + os.getpid() % 1000}.{time.time_ns() % 10**6:06d}"
+    candidate = tmp_path / "hang.py"
+    candidate.write_text(MARKED.format(forward=f"_leave({seconds!r}, True)", factor=""))
+    cli = subprocess.Popen([sys.executable, "-m", "stark_ray.cli", "eval", str(TASK), str(candidate),
+                            "--backend", "cpu_cpp", "--build-dir", str(tmp_path / "build")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(_marked(seconds)) < 2:
+            assert cli.poll() is None, "stark eval ended before its candidate ran"
+            time.sleep(0.2)
+        assert len(_marked(seconds)) == 2
+        cli.send_signal(signal.SIGKILL)
+        cli.wait(timeout=30)
+        assert _wait_marked_gone(seconds) == []
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
+def _wait_marked_gone(seconds: str) -> list[int]:
+    deadline = time.monotonic() + LIVENESS_S
+    while time.monotonic() < deadline and _marked(seconds):
+        time.sleep(0.2)
+    return _marked(seconds)
 
 
 def test_a_process_started_from_a_thread_that_ends_lives_on() -> None:

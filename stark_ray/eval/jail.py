@@ -15,8 +15,9 @@ creates, where it is root of its user namespace. It then
    (a directory) or ``/dev/null`` (a file): nothing a candidate prints to its log can carry them out;
 5. enters a user and mount namespace of its own (root mapped to root), in which every mount above is *locked*:
    a candidate, root in that namespace, can neither remount them writable nor unmount what covers a path
-   (Linux locks the mounts a less privileged mount namespace inherits); then it executes ``COMMAND``, which stays
-   the namespace's first process.
+   (Linux locks the mounts a less privileged mount namespace inherits); then, in a session of its own (a signal
+   to its process group cannot reach ``unshare`` outside the namespace), it executes ``COMMAND``, which stays the
+   namespace's first process.
 
 It needs Linux 5.12 or later (``mount_setattr``); where a step fails it exits with code 97 and one line on stderr,
 which the probe of :func:`stark_ray.eval.isolation.isolation_prefix` reports.
@@ -155,6 +156,9 @@ def main(argv: list[str]) -> None:
     try:
         build_world(paths["--rw"], paths["--ro"], os.environ.get("HOME"))
         lock_world()
+        # a session and process group of its own: `kill(0, ...)` by a candidate would otherwise reach `unshare`,
+        # outside the namespace, which shares the group it was started in
+        os.setsid()
     except OSError as e:
         print(f"a read-only world for the worker could not be made: {e}", file=sys.stderr, flush=True)
         os._exit(FAILED)
