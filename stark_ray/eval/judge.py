@@ -39,16 +39,14 @@ import torch
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend, get_backend
-from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs, rebuild_outputs
-from stark_ray.eval.confirmation import CONFIRM_ABOVE, PackedSets, confirm, packed_slots
+from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
+from stark_ray.eval.confirmation import CONFIRM_ABOVE, confirm
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.exchange import (
     ExchangeError,
     Outbox,
-    TensorSpec,
     decode_leaf_meta,
     decode_tree,
-    digests,
     encode_tree,
 )
 from stark_ray.eval.garbage import collect, collect_after, collect_all
@@ -64,7 +62,6 @@ from stark_ray.eval.protocol import (
     OP_LOAD,
     OP_REFERENCE,
     OP_RUN,
-    OP_STAGE,
     OP_TIME,
     PHASE_CHECK,
     PHASE_TIME,
@@ -75,6 +72,8 @@ from stark_ray.eval.protocol import (
 from stark_ray.eval.runner import MAX_REQUESTS, PhaseClock, Reply, WorkerProcess, WorkerSpec, WorkerStartError
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.trials import JudgeTask, Trial, all_trials, standard_trial
+from stark_ray.eval.verdicts import Decided, protocol_broken, tampered
+from stark_ray.eval.worker_batch import LABEL, WorkerBatch
 from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
 
 Send = Callable[[dict[str, Any]], None]
@@ -87,26 +86,6 @@ RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of th
 LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial's inputs this large, cached blocks go back to the device
 _ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
 GB = 1e9
-
-
-class _Stop(Exception):
-    """A step decided the candidate's result (the worker died, timed out or broke the protocol; a trial failed)."""
-
-    def __init__(self, result: EvalResult, recycle: bool = False) -> None:
-        super().__init__(result.error)
-        self.result = result
-        self.recycle = recycle
-
-
-def _tampered(names: list[str]) -> EvalResult:
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, flags=["tampered"],
-                      error=f"the candidate replaced part of torch or of the evaluator ({shown}); rejected")
-
-
-def _protocol(why: str) -> EvalResult:
-    return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, flags=["tampered"],
-                      error=f"the worker broke the evaluator's protocol ({why}); rejected")
 
 
 def _number(value: Any) -> float:
@@ -227,7 +206,7 @@ class Judge:
                 failed = result_from_message(msg["failed"])
                 raise TaskError(failed.error or "the reference could not be timed")
             return result_from_message(msg["result"])
-        except _Stop as stop:
+        except Decided as stop:
             if stop.recycle:
                 self.worker.kill()
             raise TaskError(f"task {req.task_name}: reference {stop.result.error}") from None
@@ -244,7 +223,7 @@ class Judge:
             result = _Candidate(self, task, req, cfg, clock).evaluate()
             if self.worker.alive:  # it forgets the candidate; its fingerprint is checked once more
                 self._step(OP_END, {}, clock)
-        except _Stop as stop:
+        except Decided as stop:
             if stop.recycle:
                 self.worker.kill()
             result = stop.result
@@ -260,7 +239,7 @@ class Judge:
     # -- talking to the worker ------------------------------------------------------------------------------
     def _step(self, op: str, payload: dict[str, Any], clock: PhaseClock, fds: list[int] | None = None,
               label: str = "") -> dict[str, Any]:
-        """One step of the worker's: its answer, checked; a _Stop when it died, timed out, tampered, or the
+        """One step of the worker's: its answer, checked; a Decided when it died, timed out, tampered, or the
         candidate raised (``label`` says where)."""
         reply = self.worker.converse({"op": op, **payload}, clock, fds or ())
         for fd in fds or ():
@@ -270,20 +249,20 @@ class Judge:
 
     def answer(self, reply: Reply, clock: PhaseClock, label: str) -> dict[str, Any]:
         if reply.msg is None:
-            raise _Stop(lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit()))
+            raise Decided(lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit()))
         msg = reply.msg
         changed = msg.get("tampered")
         if not isinstance(changed, list) or "healthy" not in msg:
-            raise _Stop(_protocol("an answer without its fingerprint"), recycle=True)
+            raise Decided(protocol_broken("an answer without its fingerprint"), recycle=True)
         if msg.get("healthy") is False:  # a sticky device error, or it tampered: it exits after this answer
             self.worker.close_current()
         if changed:
-            raise _Stop(_tampered([str(c) for c in changed]), recycle=True)
+            raise Decided(tampered([str(c) for c in changed]), recycle=True)
         if "error" in msg:
-            raise _Stop(_protocol(str(msg["error"])[:200]), recycle=True)
+            raise Decided(protocol_broken(str(msg["error"])[:200]), recycle=True)
         if "raised" in msg:
             raised = msg["raised"] if isinstance(msg["raised"], dict) else {}
-            raise _Stop(EvalResult(compiled=True, stage=STAGE_RUNTIME,
+            raise Decided(EvalResult(compiled=True, stage=STAGE_RUNTIME,
                                    error=f"{label}: {raised.get('error', '?')}"[:300],
                                    log=excerpt(str(raised.get("log", "")))), recycle=not msg.get("healthy"))
         return msg
@@ -311,6 +290,13 @@ class _Candidate:
     def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
         return self.judge._step(op, payload, self.clock, fds, label)
 
+    def go(self) -> Callable[[], dict[str, Any]]:
+        """The confirmation batch's ``go`` (see :class:`worker_batch.Conversation`)."""
+        worker = self.judge.worker
+        worker.send({"op": OP_GO})  # a worker that died meanwhile: the reply says how
+        reply = worker.await_reply(self.clock)
+        return lambda: self.judge.answer(reply, self.clock, LABEL)
+
     def evaluate(self) -> EvalResult:
         worker = self.judge.worker
         if not worker.alive:
@@ -322,7 +308,7 @@ class _Candidate:
             return result_from_message(msg["failed"])
         loaded = msg.get("loaded")
         if not isinstance(loaded, dict):
-            raise _Stop(_protocol("no answer to load"), recycle=True)
+            raise Decided(protocol_broken("no answer to load"), recycle=True)
         compile_s = _number(loaded.get("compile_s", 0.0))
         self.laps.append(("build/import", compile_s))
         self.lap_t = time.perf_counter()
@@ -347,12 +333,12 @@ class _Candidate:
         self.clock.enter(PHASE_TIME)
         timed = self.step(OP_TIME, {}, label="while timing").get("timed")
         if not isinstance(timed, dict):
-            raise _Stop(_protocol("no answer to time"), recycle=True)
+            raise Decided(protocol_broken("no answer to time"), recycle=True)
         checks = (f"correct over {self.cfg.trials} trials and {special} more (blocks, sensitivity, same address) "
                   f"(max_abs_err {self.worst_abs:.3g}, rel_err {self.worst_rel:.3g})")
         base |= {"max_abs_err": self.worst_abs, "rel_err": self.worst_rel}
         if "mismatch" in timed:
-            raise _Stop(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=str(timed["mismatch"])[:300],
+            raise Decided(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=str(timed["mismatch"])[:300],
                                    **base), recycle=True)
         # the worker's findings: only those it may report (each can only keep the candidate off the leaderboard)
         flags = [f for f in WORKER_FLAGS if f in timed.get("flags", [])]
@@ -367,7 +353,7 @@ class _Candidate:
             new_cv = _number(new["std"]) / max(_number(new["mean"]), 1e-12)
             compiled_ms = None if timed.get("compiled_ms") is None else _number(timed["compiled_ms"])
         except (KeyError, TypeError, ExchangeError) as e:
-            raise _Stop(_protocol(f"a malformed timing: {e}"), recycle=True) from None
+            raise Decided(protocol_broken(f"a malformed timing: {e}"), recycle=True) from None
         self.lap("timing")
         speedup = ref_ms / new_ms if new_ms > 0 else float("inf")
         log = [checks, *notes, *worker_log]
@@ -375,7 +361,7 @@ class _Candidate:
             flags.append("large_speedup")
         rejected: list[str] = [n.removeprefix("worker: ") for n in worker_log if "no kernel of its own" in n]
         if speedup > CONFIRM_ABOVE:
-            batch = _WorkerBatch(self)
+            batch = WorkerBatch(self)
             try:
                 confirmation = confirm(self.task, standard_trial(self.task, self.cfg, 0).inputs, speedup, new_ms,
                                        self.tol, batch)
@@ -383,7 +369,7 @@ class _Candidate:
                 batch.release()
             self.lap("confirmation")
             if confirmation.problem:
-                raise _Stop(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
+                raise Decided(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
                                        log=excerpt("\n".join(log)), **base), recycle=True)
             log.append(confirmation.note)
             if not confirmation.confirmed:
@@ -448,7 +434,7 @@ class _Candidate:
         """The judge's verdict on one call: None when it passed."""
         ran = msg.get("ran")
         if not isinstance(ran, dict):
-            raise _Stop(_protocol("no answer to run"), recycle=True)
+            raise Decided(protocol_broken("no answer to run"), recycle=True)
         problem = ran.get("problem")  # the worker's own finding (an alias, a subclass): it can only reject
         if problem:
             return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=f"{label}: {str(problem)[:250]}",
@@ -461,7 +447,7 @@ class _Candidate:
         try:
             out = decode_tree(ran.get("outputs"), lambda node: self._leaf(node, slots))
         except ExchangeError as e:
-            raise _Stop(_protocol(str(e)), recycle=True) from None
+            raise Decided(protocol_broken(str(e)), recycle=True) from None
         c = compare_outputs(out, ref, self.tol)
         if not c.ok:
             return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=f"{label}: {c.problem}",
@@ -475,68 +461,6 @@ class _Candidate:
         if meta.slot is not None:
             return slots[meta.slot]
         return TensorStub(meta.shape, meta.dtype, meta.device)
-
-
-class _WorkerBatch:
-    """The worker's half of a confirmation batch (see :mod:`stark_ray.eval.confirmation`): the shared inputs and
-    slots, the ``stage`` and ``go`` steps, the checks of the answer."""
-
-    def __init__(self, cand: _Candidate) -> None:
-        self.cand = cand
-        self.box = Outbox()
-        self.packed: PackedSets | None = None  # the shared input sets (the judge's views, and its staging)
-        self.slots: list[dict[str, torch.Tensor]] = []
-        self.like: Any = None
-
-    def stage(self, template: list[Any], k: int, graph: bool) -> bool:
-        self.like = standard_trial(self.cand.task, self.cand.cfg, 0).ref  # the structure of the outputs
-        self.packed = packed = PackedSets(self.box, template, k)
-        trees = [encode_tree(template, _spec_feeder(specs), prefix="input") for specs in packed.specs]
-        groups: list[list[dict[str, Any]]] = []
-        for slots in packed_slots(self.box, self.like, k):
-            self.slots.append({path: view for path, _, view in slots})
-            groups.append([{"path": path, **spec.to_json()} for path, spec, _ in slots])
-        fds = self.box.fds()
-        staged = self.cand.step(OP_STAGE, {"sets": trees, "slots": groups, "fds": len(fds), "graph": graph}, fds,
-                                "confirmation batch")
-        if staged.get("staged") != k:
-            raise _Stop(_protocol("the batch was not staged"), recycle=True)
-        return bool(staged.get("graph"))
-
-    def run(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
-        task, worker, clock = self.cand.task, self.cand.judge.worker, self.cand.clock
-        packed = self.packed
-        assert packed is not None
-        self.box.poison_slots()
-        packed.load(sets)  # into the judge's private staging: the worker sees the values only once the clock runs
-        _sync(task)
-        started = time.perf_counter()
-        packed.write()
-        _sync(task)
-        worker.send({"op": OP_GO})  # a worker that died meanwhile: the reply says how
-        reply = worker.await_reply(clock)
-        wall = time.perf_counter() - started
-        done = self.cand.judge.answer(reply, clock, "confirmation batch").get("done")
-        if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
-            raise _Stop(_protocol("no answer to go"), recycle=True)
-        _sync(task)
-        if digests(self.box.slot_buffers) != done["digests"]:
-            raise _Stop(EvalResult(compiled=True, correct=True, stage=STAGE_OK, flags=["suspicious"],
-                                   error="suspicious: the worker answered before its outputs were final"),
-                        recycle=True)
-        if packed.changed(sets):
-            return wall, [], "the candidate modified its inputs"
-        outs = [rebuild_outputs(self.like, {p: t.clone() for p, t in slots.items()}) for slots in self.slots]
-        return wall, outs, None
-
-    def release(self) -> None:
-        self.box.release()
-
-
-def _spec_feeder(specs: list[TensorSpec]) -> Callable[[torch.Tensor, str], dict[str, Any]]:
-    """``encode_tree``'s callback for one packed set: each tensor's spec, in order."""
-    it = iter(specs)
-    return lambda t, path: {"spec": next(it).to_json()}
 
 
 def _add_line(result: EvalResult, line: str) -> None:

@@ -1,0 +1,101 @@
+"""The worker's half of a confirmation batch, as the judge drives it (:class:`confirmation.CandidateSide`): the
+input sets and output slots shared with the worker, its ``stage`` and ``go`` steps, and the checks of its answer
+(the byte sums of the output buffers must be the judge's own: the answer cannot come before the outputs)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.compare import rebuild_outputs
+from stark_ray.eval.confirmation import PackedSets, packed_slots
+from stark_ray.eval.exchange import Outbox, TensorSpec, digests, encode_tree
+from stark_ray.eval.protocol import OP_STAGE
+from stark_ray.eval.trials import JudgeTask, standard_trial
+from stark_ray.eval.verdicts import Decided, protocol_broken
+from stark_ray.records import STAGE_OK, EvalResult
+
+LABEL = "confirmation batch"
+
+
+class Conversation(Protocol):
+    """The judge's conversation with the worker about one candidate."""
+
+    task: JudgeTask
+    cfg: EvalConfig
+
+    def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
+        """One step: the worker's answer, checked (a Decided where it is not one)."""
+        ...
+
+    def go(self) -> Callable[[], dict[str, Any]]:
+        """Send ``go`` and wait for the worker's answer; returns the check of that answer, to be called once the
+        clock has stopped."""
+        ...
+
+
+class WorkerBatch:
+    def __init__(self, conversation: Conversation) -> None:
+        self.talk = conversation
+        self.box = Outbox()
+        self.packed: PackedSets | None = None  # the shared input sets (the judge's views, and its staging)
+        self.slots: list[dict[str, torch.Tensor]] = []
+        self.like: Any = None
+
+    def stage(self, template: list[Any], k: int, graph: bool) -> bool:
+        task, cfg = self.talk.task, self.talk.cfg
+        self.like = standard_trial(task, cfg, 0).ref  # the structure of the outputs
+        self.packed = packed = PackedSets(self.box, template, k)
+        trees = [encode_tree(template, _spec_feeder(specs), prefix="input") for specs in packed.specs]
+        groups: list[list[dict[str, Any]]] = []
+        for slots in packed_slots(self.box, self.like, k):
+            self.slots.append({path: view for path, _, view in slots})
+            groups.append([{"path": path, **spec.to_json()} for path, spec, _ in slots])
+        fds = self.box.fds()
+        staged = self.talk.step(OP_STAGE, {"sets": trees, "slots": groups, "fds": len(fds), "graph": graph}, fds,
+                                LABEL)
+        if staged.get("staged") != k:
+            raise Decided(protocol_broken("the batch was not staged"), recycle=True)
+        return bool(staged.get("graph"))
+
+    def run(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
+        task, packed = self.talk.task, self.packed
+        assert packed is not None
+        self.box.poison_slots()
+        packed.load(sets)  # into the judge's private staging: the worker sees the values only once the clock runs
+        _sync(task)
+        started = time.perf_counter()
+        packed.write()
+        _sync(task)
+        check = self.talk.go()
+        wall = time.perf_counter() - started
+        done = check().get("done")
+        if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
+            raise Decided(protocol_broken("no answer to go"), recycle=True)
+        _sync(task)
+        if digests(self.box.slot_buffers) != done["digests"]:
+            raise Decided(EvalResult(compiled=True, correct=True, stage=STAGE_OK, flags=["suspicious"],
+                                     error="suspicious: the worker answered before its outputs were final"),
+                          recycle=True)
+        if packed.changed(sets):
+            return wall, [], "the candidate modified its inputs"
+        outs = [rebuild_outputs(self.like, {p: t.clone() for p, t in slots.items()}) for slots in self.slots]
+        return wall, outs, None
+
+    def release(self) -> None:
+        self.box.release()
+
+
+def _spec_feeder(specs: list[TensorSpec]) -> Callable[[torch.Tensor, str], dict[str, Any]]:
+    """``encode_tree``'s callback for one packed set: each tensor's spec, in order."""
+    it = iter(specs)
+    return lambda t, path: {"spec": next(it).to_json()}
+
+
+def _sync(task: JudgeTask) -> None:
+    if task.device == "cuda":
+        torch.cuda.synchronize()
