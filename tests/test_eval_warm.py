@@ -4,6 +4,7 @@ memoised outputs; Triton kernels run for real in Triton's interpreter (TRITON_IN
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,6 +212,9 @@ def test_a_large_speedup_is_re_measured_by_the_judge_and_kept_when_confirmed(tmp
     assert r.ok and r.speedup and r.speedup > 10, r.error
     assert "large_speedup" in r.flags and "suspicious" not in r.flags
     assert "speedup confirmed by the judge's wall clock" in r.log
+    # the message round trip to the worker, measured before it imported a candidate, is taken off its rounds
+    trip = re.search(r"and ([\d.e+-]+) ms the message round trip", r.log)
+    assert trip is not None and 0 < float(trip.group(1)) < 1000, r.log
 
 
 EARLY_ANSWER = """import sys

@@ -23,11 +23,14 @@ CONFIRM_ABOVE is measured again by the judge:
   it cannot come before the outputs exist;
 - the outputs must match the reference's at tolerance, and the inputs must be unchanged;
 - writing the inputs, copying the outputs into their buffers and summing them cost both sides the same: the judge
-  measures that on its own buffers and takes it off both (leaving at least a fifth of either); the batch speedup is
-  the ratio of the faster round of each. It confirms the worker's speedup when it is at least AGREEMENT (half) of
-  it, or 10x by itself (a call of microseconds carries host noise that compresses very large ratios; the worker's
-  figure is then the one reported, so a speedup that is really above 10x may be overstated). Else the result is
-  flagged ``suspicious`` and kept off the leaderboard.
+  measures that on its own buffers and takes it off both (leaving at least a fifth of either); the candidate's
+  rounds also hold a message to the worker and its answer, whose least time the judge measured on that worker
+  before it imported any candidate (so none can lengthen it) and takes off them (on an H200 a Triton batch of 111
+  calls of 11 us ran ~0.6 ms longer than its kernels). The batch speedup is the ratio of the faster round of
+  each. It confirms the worker's speedup when it is at least AGREEMENT (half) of it, or 10x by itself (a call of
+  microseconds carries host noise that compresses very large ratios; the worker's figure is then the one
+  reported, so a speedup that is really above 10x may be overstated). Else the result is flagged ``suspicious``
+  and kept off the leaderboard.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class Confirmation:
 
 class CandidateSide(Protocol):
     """The worker's half of the batch, driven by the judge."""
+
+    round_trip_s: float  # the least time of a message to the worker and back, measured before it loaded a candidate
 
     def stage(self, template: list[Any], k: int, graph: bool) -> bool:
         """Share K input sets (filled with ``template``) and their slots; with ``graph``, ask for a captured
@@ -268,13 +273,14 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
                 problem = f"confirmation batch, set {i + 1}: {c.problem}"
                 return Confirmation(False, problem, problem=problem)
     overhead = min(overheads)
+    trip = max(0.0, candidate.round_trip_s)  # only the candidate's rounds carry a message to the worker and back
     ref_s = max(min(ref_walls) - overhead, OVERHEAD_FLOOR * min(ref_walls))
-    cand_s = max(min(cand_walls) - overhead, OVERHEAD_FLOOR * min(cand_walls))
+    cand_s = max(min(cand_walls) - overhead - trip, OVERHEAD_FLOOR * min(cand_walls))
     wall = ref_s / cand_s if cand_s > 0 else float("inf")
     how = "as CUDA graphs" if graph else "call by call"
     calls = (f"{ROUNDS}x{k} call(s) {how} on fresh inputs, {1e3 * cand_s / k:.3g} ms per call; fastest rounds "
-             f"{1e3 * min(ref_walls):.3g} ms (reference) and {1e3 * min(cand_walls):.3g} ms, of which "
-             f"{1e3 * overhead:.3g} ms writing, copying and summing")
+             f"{1e3 * min(ref_walls):.3g} ms (reference) and {1e3 * min(cand_walls):.3g} ms (of which "
+             f"{1e3 * overhead:.3g} ms writing, copying and summing and {1e3 * trip:.2g} ms the message round trip)")
     if wall < min(AGREEMENT * event_speedup, CONFIRMED_BY_ITSELF):
         return Confirmation(False, f"suspicious: {event_speedup:.2f}x by the worker's timing but {wall:.2f}x by "
                                    f"the judge's wall clock ({calls})", wall)

@@ -52,6 +52,7 @@ from stark_ray.eval.protocol import (
     OP_END,
     OP_GO,
     OP_LOAD,
+    OP_PING,
     OP_REFERENCE,
     OP_RUN,
     OP_STAGE,
@@ -162,6 +163,8 @@ class CandidateHost:
         steps: dict[str, Callable[[dict[str, Any], Send], dict[str, Any]]] = {
             OP_REFERENCE: self.reference, OP_LOAD: self.load, OP_RUN: self.run, OP_TIME: self.time,
             OP_STAGE: self.stage, OP_GO: self.go, OP_END: self.end}
+        if op == OP_PING:
+            return {"pong": True, "tampered": [], "healthy": self.healthy}
         step = steps.get(str(op))
         if step is None or (op not in (OP_REFERENCE, OP_LOAD, OP_END) and self.current is None):
             return {"error": f"unexpected step {op!r}"}

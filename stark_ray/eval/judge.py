@@ -60,6 +60,7 @@ from stark_ray.eval.protocol import (
     OP_END,
     OP_GO,
     OP_LOAD,
+    OP_PING,
     OP_REFERENCE,
     OP_RUN,
     OP_TIME,
@@ -86,6 +87,7 @@ RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of th
 LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial's inputs this large, cached blocks go back to the device
 _ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
 GB = 1e9
+PINGS = 5  # round trips measured to a fresh worker (the least counts)
 
 
 def _number(value: Any) -> float:
@@ -101,6 +103,8 @@ class Judge:
         self.backend = backend
         self.worker = worker
         self.tasks: OrderedDict[str, JudgeTask] = OrderedDict()
+        self.round_trip_s = 0.0  # the worker's least message round trip (measure_round_trip) ...
+        self.round_trip_of = -1  # ... for the process of this start (WorkerProcess.starts)
 
     # -- tasks ------------------------------------------------------------------------------------------------
     def task(self, req: WorkerRequest, cfg: EvalConfig) -> JudgeTask:
@@ -237,6 +241,16 @@ class Judge:
         return result
 
     # -- talking to the worker ------------------------------------------------------------------------------
+    def measure_round_trip(self, clock: PhaseClock) -> None:
+        """The least of PINGS round trips of a message to the worker (``round_trip_s``), for the process started
+        last, which has not imported a candidate yet: nothing a candidate does later can lengthen the figure."""
+        best = float("inf")
+        for _ in range(PINGS):
+            started = time.perf_counter()
+            self._step(OP_PING, {}, clock)
+            best = min(best, time.perf_counter() - started)
+        self.round_trip_s, self.round_trip_of = best, self.worker.starts
+
     def _step(self, op: str, payload: dict[str, Any], clock: PhaseClock, fds: list[int] | None = None,
               label: str = "") -> dict[str, Any]:
         """One step of the worker's: its answer, checked; a Decided when it died, timed out, tampered, or the
@@ -297,10 +311,16 @@ class _Candidate:
         reply = worker.await_reply(self.clock)
         return lambda: self.judge.answer(reply, self.clock, LABEL)
 
+    @property
+    def round_trip_s(self) -> float:
+        return self.judge.round_trip_s
+
     def evaluate(self) -> EvalResult:
         worker = self.judge.worker
         if not worker.alive:
             worker.start()
+        if self.judge.round_trip_of != worker.starts:  # a fresh process: before it imports any candidate
+            self.judge.measure_round_trip(self.clock)
         worker.mark_log()
         msg = self.step(OP_LOAD, {"task_name": self.req.task_name, "task_source": self.req.task_source,
                                   "cfg": self.req.cfg, "candidate_source": self.req.candidate_source})

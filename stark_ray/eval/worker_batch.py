@@ -27,6 +27,7 @@ class Conversation(Protocol):
 
     task: JudgeTask
     cfg: EvalConfig
+    round_trip_s: float  # see confirmation.CandidateSide
 
     def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
         """One step: the worker's answer, checked (a Decided where it is not one)."""
@@ -41,6 +42,7 @@ class Conversation(Protocol):
 class WorkerBatch:
     def __init__(self, conversation: Conversation) -> None:
         self.talk = conversation
+        self.round_trip_s = conversation.round_trip_s
         self.box = Outbox()
         self.packed: PackedSets | None = None  # the shared input sets (the judge's views, and its staging)
         self.slots: list[dict[str, torch.Tensor]] = []
