@@ -144,6 +144,15 @@ for path in (os.path.join(cache, "entry", "lib.so"), os.path.join(cache, "new"),
         print("refused", e.strerror)
 open("mine", "w").write("its own directory")
 print("own directory written")
+try:  # a root candidate that set this would have the kernel run its program, outside every namespace
+    open("/proc/sys/kernel/core_pattern", "w").write("|/bin/false")
+    print("wrote core_pattern")
+except OSError as e:
+    print("core_pattern refused", e.strerror)
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print("shm", libc.shmget(0x5EED0451, 4096, 0o1666))  # IPC_CREAT | 0666: in its own IPC namespace
+print("run", sorted(os.listdir("/run")) if os.path.isdir("/run") else "none")
 """
 
 
@@ -166,6 +175,12 @@ def test_a_jailed_process_reads_the_build_cache_and_cannot_write_it(places: dict
                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "built imported"
-    assert proc.stdout.count("refused Read-only file system") == 3 and "wrote" not in proc.stdout, proc.stdout
+    assert proc.stdout.splitlines().count("refused Read-only file system") == 3 and "wrote" not in proc.stdout, proc.stdout
     assert "own directory written" in proc.stdout and (work / "mine").read_text() == "its own directory"
     assert (cache / "entry" / "lib.so").read_text() == "built" and not (cache / "new").exists()
+    assert "core_pattern refused Read-only file system" in proc.stdout and "wrote core_pattern" not in proc.stdout
+    assert "shm -1" not in proc.stdout  # it made a segment ...
+    keys = {ln.split()[0] for ln in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]}
+    assert str(0x5EED0451) not in keys  # ... that the host does not have
+    run = next(ln for ln in proc.stdout.splitlines() if ln.startswith("run "))
+    assert run in ("run []", "run none", "run ['nvidia-persistenced']"), run  # the host's sockets are not there

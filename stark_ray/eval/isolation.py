@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-NAMESPACES = ("--pid", "--fork", "--kill-child", "--mount-proc", "--net")
+NAMESPACES = ("--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--ipc")
 JAIL = Path(__file__).with_name("jail.py")
 _AS_ROOT_INSIDE = ("--user", "--map-root-user")
 

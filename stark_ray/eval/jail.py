@@ -30,7 +30,14 @@ import os
 import sys
 
 HIDDEN = (".aws", ".ssh", ".gnupg", ".azure", ".kube", ".docker", ".config/gcloud", ".config/gh", ".netrc",
-          ".git-credentials", ".pgpass", ".pypirc", ".npmrc", ".cache/huggingface", ".huggingface")
+          ".git-credentials", ".pgpass", ".pypirc", ".npmrc", ".cache/huggingface", ".huggingface", ".kaggle",
+          ".vault-token", ".s3cfg", ".boto", ".bash_history", ".zsh_history", ".python_history", ".psql_history",
+          ".mysql_history", ".config/stark-ray")
+# the kernel's knobs under the namespace's own /proc: read-only (a root candidate could set core_pattern and have
+# the kernel run a program of its, outside every namespace, on the next crash)
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+# sockets of the host's services (a read-only mount does not stop a connect): covered, but for the driver's
+KEEP_IN_RUN = ("/run/nvidia-persistenced",)
 FAILED = 97  # the exit code of a world that could not be made
 
 # x86_64 and aarch64 share these (system calls added since Linux 5.1 have one number everywhere)
@@ -65,24 +72,24 @@ def _syscall(number: int, *args: object) -> int:
 
 
 def _clone_tree(path: str) -> int:
-    return _check(_syscall(_SYS_OPEN_TREE, _AT_FDCWD, path.encode(), _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC),
-                  f"open_tree {path}")
+    flags = _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC
+    return _check(_syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(path), flags), f"open_tree {path}")
 
 
 def _set_attr(dirfd: int, path: str, flags: int, set_: int = 0, clear: int = 0, what: str = "") -> None:
     attr = _MountAttr(set_, clear, 0, 0)
-    _check(_syscall(_SYS_MOUNT_SETATTR, dirfd, path.encode(), flags | _AT_RECURSIVE, ctypes.byref(attr),
+    _check(_syscall(_SYS_MOUNT_SETATTR, dirfd, os.fsencode(path), flags | _AT_RECURSIVE, ctypes.byref(attr),
                     ctypes.sizeof(attr)), f"mount_setattr {what or path}")
 
 
 def _move(tree: int, path: str) -> None:
-    _check(_syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, path.encode(), _MOVE_MOUNT_F_EMPTY_PATH),
+    _check(_syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, os.fsencode(path), _MOVE_MOUNT_F_EMPTY_PATH),
            f"move_mount {path}")
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(_libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, ctypes.c_ulong(flags),
-                       data.encode() if data else None), f"mount {target}")
+    _check(_libc.mount(os.fsencode(source), os.fsencode(target), fstype.encode() if fstype else None,
+                       ctypes.c_ulong(flags), data.encode() if data else None), f"mount {target}")
 
 
 def _under(path: str, root: str) -> bool:
@@ -103,16 +110,24 @@ def build_world(writable: list[str], readable: list[str], home: str | None) -> N
         os.makedirs(path, exist_ok=True)
     keep_rw = {os.path.realpath(p) for p in writable if os.path.isdir(p)}
     python = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *sys.path, *readable]
-    keep_ro = {os.path.realpath(p) for p in python if p and os.path.isdir(p)
+    # strictly below /tmp: /tmp itself (PYTHONPATH=/tmp, say) would bring back every other worker's directory
+    keep_ro = {os.path.realpath(p) for p in python if p and os.path.isdir(p) and os.path.realpath(p) != "/tmp"
                and _under(os.path.realpath(p), "/tmp")} - keep_rw
+    keep_ro |= {p for p in KEEP_IN_RUN if os.path.isdir(p)}
     # a parent before what lies inside it: what is put back later lies on top
     trees = sorted([(p, _clone_tree(p), True) for p in keep_rw] + [(p, _clone_tree(p), False) for p in keep_ro],
                    key=lambda t: len(t[0]))
     _set_attr(_AT_FDCWD, "/", 0, set_=_MOUNT_ATTR_RDONLY, what="/ (read-only)")
     _set_attr(_AT_FDCWD, "/proc", 0, clear=_MOUNT_ATTR_RDONLY, what="/proc")  # this namespace's own
+    for knob in PROC_READ_ONLY:
+        if os.path.exists(knob):
+            _mount(knob, knob, None, _MS_BIND | _MS_REC)
+            _set_attr(_AT_FDCWD, knob, 0, set_=_MOUNT_ATTR_RDONLY, what=knob)
     for private in ("/tmp", "/dev/shm"):
         if os.path.isdir(private):
             _mount("tmpfs", private, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    if os.path.isdir("/run") and not os.path.islink("/run"):  # /var/run is a link to it where it exists
+        _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
     for path, tree, rw in trees:
         if not rw:
             _set_attr(tree, "", _AT_EMPTY_PATH, set_=_MOUNT_ATTR_RDONLY, what=f"{path} (read-only)")
@@ -126,7 +141,7 @@ def build_world(writable: list[str], readable: list[str], home: str | None) -> N
 
 
 def _hide(path: str) -> None:
-    if os.path.islink(path) or not os.path.exists(path):
+    if not os.path.exists(path):  # a link is followed: what it points to is covered
         return
     if os.path.isdir(path):
         _mount("tmpfs", path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "size=4k,mode=0555")
@@ -144,7 +159,10 @@ def lock_world() -> None:
 
 
 def main(argv: list[str]) -> None:
-    paths: dict[str, list[str]] = {"--rw": [os.getcwd()], "--ro": []}
+    try:
+        paths: dict[str, list[str]] = {"--rw": [os.getcwd()], "--ro": []}
+    except OSError as e:
+        _fail(e)
     args = list(argv)
     while len(args) > 1 and args[0] in paths:
         paths[args[0]].append(args[1])
@@ -159,10 +177,17 @@ def main(argv: list[str]) -> None:
         # a session and process group of its own: `kill(0, ...)` by a candidate would otherwise reach `unshare`,
         # outside the namespace, which shares the group it was started in
         os.setsid()
+    except (OSError, ValueError) as e:  # ValueError: a path that cannot be encoded
+        _fail(e)
+    try:
+        os.execvp(command[0], command)
     except OSError as e:
-        print(f"a read-only world for the worker could not be made: {e}", file=sys.stderr, flush=True)
-        os._exit(FAILED)
-    os.execvp(command[0], command)
+        _fail(e)
+
+
+def _fail(e: BaseException) -> None:
+    print(f"a read-only world for the worker could not be made: {e}", file=sys.stderr, flush=True)
+    os._exit(FAILED)
 
 
 if __name__ == "__main__":
