@@ -175,7 +175,8 @@ def test_a_jailed_process_reads_the_build_cache_and_cannot_write_it(places: dict
                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "built imported"
-    assert proc.stdout.splitlines().count("refused Read-only file system") == 3 and "wrote" not in proc.stdout, proc.stdout
+    lines = proc.stdout.splitlines()
+    assert lines.count("refused Read-only file system") == 3 and "wrote" not in proc.stdout, proc.stdout
     assert "own directory written" in proc.stdout and (work / "mine").read_text() == "its own directory"
     assert (cache / "entry" / "lib.so").read_text() == "built" and not (cache / "new").exists()
     assert "core_pattern refused Read-only file system" in proc.stdout and "wrote core_pattern" not in proc.stdout

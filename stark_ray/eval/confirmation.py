@@ -48,7 +48,7 @@ from stark_ray.eval.exchange import Outbox, TensorSpec, digests, dtype_of, touch
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all, make_inputs, map_tensors, same_values
 from stark_ray.eval.timing import capture_graph
-from stark_ray.eval.trials import JudgeTask
+from stark_ray.eval.trials import JudgeTask, synchronize
 
 CONFIRM_ABOVE = 2.0  # speedups above this are measured again by the judge
 AGREEMENT = 0.5  # confirmed when the judge's batch speedup is at least this share of the worker's ...
@@ -195,7 +195,7 @@ class ReferenceSide:
     def run(self, sets: list[list[Any]]) -> tuple[float, list[Any]]:
         """(wall seconds, the outputs per set, copies)."""
         self.packed.load(sets)
-        _sync(self.task)
+        synchronize(self.task)
         started = time.perf_counter()
         self.packed.write()
         if self.graph is not None:
@@ -210,7 +210,7 @@ class ReferenceSide:
         """What writing the inputs, copying the outputs into their buffers and summing them cost without the calls
         (seconds): the same on both sides, the slots being the same kind of memory as these buffers."""
         self.packed.load(sets)
-        _sync(self.task)
+        synchronize(self.task)
         started = time.perf_counter()
         self.packed.write()
         for outs in self.outputs:
@@ -224,9 +224,6 @@ class ReferenceSide:
         return rebuild_outputs(self.like, {p: b.clone() for p, b in zip(paths, self.outputs[i], strict=True)})
 
 
-def _sync(task: JudgeTask) -> None:
-    if task.device == "cuda":
-        torch.cuda.synchronize()
 
 
 def confirm(task: JudgeTask, template: list[Any], event_speedup: float, claimed_ms: float, tol: Tolerances,
@@ -234,7 +231,7 @@ def confirm(task: JudgeTask, template: list[Any], event_speedup: float, claimed_
     """Measure the candidate's speedup with the judge's own clock (see the module's docstring)."""
     started = time.perf_counter()
     make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device)
-    _sync(task)
+    synchronize(task)
     make_s = time.perf_counter() - started
     k = set_count(task, claimed_ms, template, task.run(template, task.seed), make_s)
     ref = ReferenceSide(task, template, k, want_graph=True)

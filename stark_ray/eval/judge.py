@@ -72,7 +72,7 @@ from stark_ray.eval.protocol import (
 )
 from stark_ray.eval.runner import MAX_REQUESTS, PhaseClock, Reply, WorkerProcess, WorkerSpec, WorkerStartError
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
-from stark_ray.eval.trials import JudgeTask, Trial, all_trials, standard_trial
+from stark_ray.eval.trials import JudgeTask, Trial, all_trials, standard_trial, synchronize
 from stark_ray.eval.verdicts import Decided, protocol_broken, tampered
 from stark_ray.eval.worker_batch import LABEL, WorkerBatch
 from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
@@ -433,7 +433,7 @@ class _Candidate:
                 view.copy_(t)
             shared = [(view, t) for (view, _), t in zip(shared, new_leaves, strict=True)]
             box.poison_slots()
-            _sync(self.task)
+            synchronize(self.task)
             msg = self.step(OP_RUN, {"same": True, "seed": trial.seed}, label=f"{trial.label}, second call")
             return self._verdict(msg, f"{trial.label}, second call", ref2, slots, shared)
         finally:
@@ -459,7 +459,7 @@ class _Candidate:
         if problem:
             return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=f"{label}: {str(problem)[:250]}",
                               log=str(problem)[:1000])
-        _sync(self.task)
+        synchronize(self.task)
         for view, original in shared:
             if not same_values(view, original):
                 return EvalResult(compiled=True, stage=STAGE_CORRECTNESS,
@@ -509,9 +509,6 @@ def _tensors(values: Any) -> list[torch.Tensor]:
     return [v for _, v in flatten_outputs(values, "input") if isinstance(v, torch.Tensor)]
 
 
-def _sync(task: JudgeTask) -> None:
-    if task.device == "cuda":
-        torch.cuda.synchronize()
 
 
 # -- the process ------------------------------------------------------------------------------------------------

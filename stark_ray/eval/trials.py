@@ -324,3 +324,9 @@ def special_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> tuple[l
         if note:
             notes.append(note)
     return trials, notes
+
+
+def synchronize(task: JudgeTask) -> None:
+    """Wait for the task's device (a no-op on the CPU)."""
+    if task.device == "cuda":
+        torch.cuda.synchronize()

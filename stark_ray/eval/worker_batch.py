@@ -15,7 +15,7 @@ from stark_ray.eval.compare import rebuild_outputs
 from stark_ray.eval.confirmation import PackedSets, packed_slots
 from stark_ray.eval.exchange import Outbox, TensorSpec, digests, encode_tree
 from stark_ray.eval.protocol import OP_STAGE
-from stark_ray.eval.trials import JudgeTask, standard_trial
+from stark_ray.eval.trials import JudgeTask, standard_trial, synchronize
 from stark_ray.eval.verdicts import Decided, protocol_broken
 from stark_ray.records import STAGE_OK, EvalResult
 
@@ -69,16 +69,16 @@ class WorkerBatch:
         assert packed is not None
         self.box.poison_slots()
         packed.load(sets)  # into the judge's private staging: the worker sees the values only once the clock runs
-        _sync(task)
+        synchronize(task)
         started = time.perf_counter()
         packed.write()
-        _sync(task)
+        synchronize(task)
         check = self.talk.go()
         wall = time.perf_counter() - started
         done = check().get("done")
         if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
             raise Decided(protocol_broken("no answer to go"), recycle=True)
-        _sync(task)
+        synchronize(task)
         if digests(self.box.slot_buffers) != done["digests"]:
             raise Decided(EvalResult(compiled=True, correct=True, stage=STAGE_OK, flags=["suspicious"],
                                      error="suspicious: the worker answered before its outputs were final"),
@@ -98,6 +98,3 @@ def _spec_feeder(specs: list[TensorSpec]) -> Callable[[torch.Tensor, str], dict[
     return lambda t, path: {"spec": next(it).to_json()}
 
 
-def _sync(task: JudgeTask) -> None:
-    if task.device == "cuda":
-        torch.cuda.synchronize()
