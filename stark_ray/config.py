@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 POLICIES = ("epsilon_greedy", "greedy", "best_of_k")
 ABLATIONS = ("none", "search_agent", "ma_only")
@@ -124,8 +124,19 @@ class EvalConfig:
     # them, else one line and the run goes on unisolated; "on": an error where it cannot; "off". (True/False,
     # from run.json of older versions: on/off.)
     isolate: str = "auto"
+    # paths isolated generated code never sees, beside the evaluator's home and working directory (a run adds
+    # its run directory: hiding()); what a worker needs of them is put back (stark_ray/eval/jail.py)
+    hidden_paths: tuple[str, ...] = ()
+
+    def hiding(self, *paths: object) -> EvalConfig:
+        """This configuration with ``paths`` (a run directory: a path or a filesystem URI, which needs none) hidden
+        too."""
+        more = tuple(str(p) for p in paths if "://" not in str(p))
+        return replace(self, hidden_paths=tuple(dict.fromkeys((*self.hidden_paths, *more))))
 
     def __post_init__(self) -> None:
+        hidden = (self.hidden_paths,) if isinstance(self.hidden_paths, str) else self.hidden_paths
+        object.__setattr__(self, "hidden_paths", tuple(str(p) for p in hidden))
         if isinstance(self.isolate, bool):
             object.__setattr__(self, "isolate", "on" if self.isolate else "off")
         if self.isolate not in ISOLATE_MODES:

@@ -342,7 +342,8 @@ def check_isolation() -> Check:
                      "files): allow user namespaces, or in Docker --security-opt seccomp=unconfined --cap-add "
                      "SYS_ADMIN (docs/evaluator.md)")
     return Check(ISOLATION, "ok", "generated code runs in PID, network and mount namespaces of its own, in a "
-                                  "read-only world (--isolate auto)")
+                                  "read-only world without your home or working directory, nor the run "
+                                  "directory (--isolate auto)")
 
 
 def diagnose(backend: str | None = None) -> Report:

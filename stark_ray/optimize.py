@@ -152,7 +152,7 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
     reporter = reporter or Reporter()
     t0 = time.monotonic()
     settings = {"search": asdict(search_cfg), "agents": _public(asdict(agent_cfg)), "eval": asdict(eval_cfg)}
-    with evaluator_factory(task, eval_cfg) as evaluator:
+    with evaluator_factory(task, eval_cfg.hiding(out)) as evaluator:  # generated code never sees the run's files
         reference = evaluator.reference()  # validates the task: TaskError when its forward fails
         tree = Tree.with_reference(task.source, reference)
         run = Run(out, task, tree)

@@ -118,7 +118,8 @@ def start_evaluators(run: RayRun, embedded: bool, token: str) -> list[Any]:
     cpus = float(ray.cluster_resources().get("CPU", 0))
     if opts.get("num_cpus") and cpus - n * opts["num_cpus"] < AGENT_CPUS:  # a 1-CPU machine: leave agents room
         opts["num_cpus"] = max(0.0, (cpus - AGENT_CPUS) / n)
-    return [cls.options(name=f"stark-eval-{token}-{i}", **opts).remote(run.eval) for i in range(n)]
+    cfg = run.eval.hiding(run.out)  # generated code never sees the run directory (nor the others beside it)
+    return [cls.options(name=f"stark-eval-{token}-{i}", **opts).remote(cfg) for i in range(n)]
 
 
 def start_agents(run: RayRun) -> list[Any]:

@@ -251,6 +251,18 @@ def test_worker_env_has_no_credentials() -> None:
     assert env["PYTHONPATH"].split(":")[0] == str(PACKAGE_ROOT)
 
 
+def test_hidden_paths_are_home_working_directory_and_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stark_ray.config import EvalConfig
+    from stark_ray.eval.isolation import hidden_paths
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    cfg = EvalConfig().hiding(tmp_path / "runs", "s3://bucket/runs").hiding(tmp_path / "runs")
+    assert cfg.hidden_paths == (str(tmp_path / "runs"),)  # once; an object store's URI needs no hiding
+    assert hidden_paths(cfg.hidden_paths) == (str(tmp_path / "home"), str(tmp_path), str(tmp_path / "runs"))
+    assert EvalConfig(hidden_paths="/data").hidden_paths == ("/data",)  # one path from a TOML file: not its letters
+
+
 def test_build_key_covers_sources_flags_and_name() -> None:
     base = {"name": "ext", "cpp_sources": "int f();", "functions": ["f"], "extra_cflags": ["-O3"]}
     key = build_key(base)

@@ -29,6 +29,7 @@ TINY = ('#include <pybind11/pybind11.h>\\nint f() { return 7; }\\n'
 SECRET = "do-not-leak-0451"
 
 HOSTILE = """
+import os
 import torch
 from torch.utils.cpp_extension import load_inline
 
@@ -47,6 +48,12 @@ def _attempt():
     for name, path in {reads!r}.items():
         try:
             if {secret!r} in open(path).read():
+                reached.append(name)
+        except OSError:
+            pass
+    for name, path in {lists!r}.items():
+        try:
+            if os.listdir(path):
                 reached.append(name)
         except OSError:
             pass
@@ -69,21 +76,24 @@ EXT = load_inline(name="tiny", cpp_sources=['{tiny}'], no_implicit_headers=True)
 
 @pytest.fixture
 def places(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Path]]:
-    """A home directory with credentials and a run directory, outside /tmp (which an isolated worker does not
-    see at all); HOME for the evaluator's processes."""
+    """A home directory with credentials, a project with a ``.env`` (the working directory) and a run directory,
+    outside /tmp (which an isolated worker does not see at all); HOME for the evaluator's processes."""
     try:
         isolation_prefix()
     except IsolationUnavailable as e:
         pytest.skip(str(e))
     base = Path(tempfile.mkdtemp(prefix="stark-world-", dir="/var/tmp" if Path("/var/tmp").is_dir() else None))
-    home, run = base / "home", base / "runs" / "run-1"
+    home, run, project = base / "home", base / "runs" / "run-1", base / "project"
+    project.mkdir()
+    (project / ".env").write_text(f"OPENAI_API_KEY={SECRET}\n")
+    monkeypatch.chdir(project)
     (home / ".aws").mkdir(parents=True)
     (home / ".aws" / "credentials").write_text(f"aws_secret_access_key = {SECRET}\n")
     (home / ".netrc").write_text(f"machine example.com password {SECRET}\n")
     run.mkdir(parents=True)
     (run / "attempts.parquet").write_text("rows\n")
     monkeypatch.setenv("HOME", str(home))
-    yield {"base": base, "home": home, "run": run}
+    yield {"base": base, "home": home, "run": run, "project": project}
     import shutil
 
     shutil.rmtree(base, ignore_errors=True)
@@ -99,13 +109,17 @@ def test_an_isolated_candidate_can_write_nothing_outside_its_directory(places: d
     harmless = {"the home directory": str(home / "marker"), "the run directory": str(run / "attempts.parquet")}
     writes = {**harmless, "site-packages": str(Path(site.getsitepackages()[0]) / "stark_test_world.pth"),
               "the project": str(ROOT / "stark_test_world.txt")}
-    reads = {"~/.aws/credentials": str(home / ".aws" / "credentials"), "~/.netrc": str(home / ".netrc")}
+    reads = {"~/.aws/credentials": str(home / ".aws" / "credentials"), "~/.netrc": str(home / ".netrc"),
+             "the project's .env": str(places["project"] / ".env")}
+    # not even seen: the home directory, the working directory, the run directory (hidden by the run)
+    lists = {"a listing of the home": str(home), "a listing of the project": str(places["project"]),
+             "a listing of the run directory": str(run)}
     marker = f"/tmp/stark-test-world-{uuid.uuid4().hex}"
     cfg = EvalConfig(backend="cpu_cpp", build_dir=str(tmp_path / "build"), timing_trials=3, warmup=1,
-                     isolate="on")
+                     isolate="on").hiding(run.parent)
     task = load_task(TASK)
     honest = HONEST.format(tiny=TINY, forward="pass", factor=" * (EXT.f() / 7)")
-    hostile = HOSTILE.format(tiny=TINY, writes=writes, reads=reads, secret=SECRET,
+    hostile = HOSTILE.format(tiny=TINY, writes=writes, reads=reads, lists=lists, secret=SECRET,
                              tmp_marker=marker, forward="pass", factor=" * (EXT.f() / 7)")
     with EvalService(cfg) as service:
         first = service.evaluate(task, honest)
@@ -121,12 +135,13 @@ def test_an_isolated_candidate_can_write_nothing_outside_its_directory(places: d
     assert not Path(marker).exists()  # its /tmp was its own
 
     # the same candidate, unisolated, aimed at the harmless targets only: it reaches them
-    exposed_src = HOSTILE.format(tiny=TINY, writes=harmless, reads=reads, secret=SECRET,
+    exposed_src = HOSTILE.format(tiny=TINY, writes=harmless, reads=reads, lists=lists, secret=SECRET,
                                  tmp_marker=marker, forward="pass", factor="")
     with EvalService(replace(cfg, isolate="off")) as service:
         exposed = service.evaluate(task, exposed_src)
     assert not exposed.ok and "reached:" in (exposed.error or ""), exposed.error
-    for name in ("the home directory", "the run directory", "~/.aws/credentials", "~/.netrc"):
+    for name in ("the home directory", "the run directory", "~/.aws/credentials", "~/.netrc", *lists,
+                 "the project's .env"):
         assert name in (exposed.error or ""), exposed.error
     assert Path(marker).exists()
     Path(marker).unlink()
@@ -153,12 +168,21 @@ import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 print("shm", libc.shmget(0x5EED0451, 4096, 0o1666))  # IPC_CREAT | 0666: in its own IPC namespace
 print("run", sorted(os.listdir("/run")) if os.path.isdir("/run") else "none")
+import stat
+nodes = [os.stat("/dev/" + n, follow_symlinks=False).st_mode for n in os.listdir("/dev")]
+print("block devices", sum(stat.S_ISBLK(m) for m in nodes), "kmsg" in os.listdir("/dev"), len(nodes) < 40)
+open("/dev/null", "w").write("x")
+open("/dev/shm/x", "w").write("x")
+print("null and shm written")
+hidden = sys.argv[3]
+print("hidden", sorted(os.listdir(hidden)), open(os.path.join(hidden, "tools", "tool.txt")).read())
 """
 
 
 def test_a_jailed_process_reads_the_build_cache_and_cannot_write_it(places: dict[str, Path], tmp_path: Path) -> None:
     """What a device worker whose builds the pool makes gets (``readable``): the cache under /tmp stays visible,
-    read-only, like a sys.path entry there; its own directory is writable."""
+    read-only, like a sys.path entry there; its own directory is writable; a hidden directory shows only what
+    was put back of it; /dev has no disk."""
     import subprocess
     import sys
 
@@ -170,8 +194,13 @@ def test_a_jailed_process_reads_the_build_cache_and_cannot_write_it(places: dict
     kept.mkdir()
     (kept / "module.py").write_text("imported")
     work.mkdir()
+    hidden = places["base"] / "hidden"  # outside /tmp: covered by --hide, but for the part put back
+    (hidden / "tools").mkdir(parents=True)
+    (hidden / "key.txt").write_text(SECRET)
+    (hidden / "tools" / "tool.txt").write_text("a tool")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(places["home"]), "PYTHONPATH": str(kept)}
-    proc = subprocess.run(jailed([sys.executable, "-c", JAILED, str(cache), str(kept)], readable=(str(cache),)),
+    command = [sys.executable, "-c", JAILED, str(cache), str(kept), str(hidden)]
+    proc = subprocess.run(jailed(command, readable=(str(cache), str(hidden / "tools")), hidden=(str(hidden),)),
                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "built imported"
@@ -185,3 +214,6 @@ def test_a_jailed_process_reads_the_build_cache_and_cannot_write_it(places: dict
     assert str(0x5EED0451) not in keys  # ... that the host does not have
     run = next(ln for ln in proc.stdout.splitlines() if ln.startswith("run "))
     assert run in ("run []", "run none", "run ['nvidia-persistenced']"), run  # the host's sockets are not there
+    # a /dev of its own: no disk, no kernel log, a few nodes (and the GPU's); /dev/null and /dev/shm work
+    assert "block devices 0 False True" in proc.stdout and "null and shm written" in proc.stdout, proc.stdout
+    assert "hidden ['tools'] a tool" in proc.stdout, proc.stdout  # the key is not there, what was put back is

@@ -17,6 +17,7 @@ signal on). ``--kill-child`` makes the worker die with the ``unshare`` process t
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 
 NAMESPACES = ("--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--ipc")
 JAIL = Path(__file__).with_name("jail.py")
+PACKAGE = Path(__file__).resolve().parents[1]  # stark_ray/: the worker's code, wherever it lies
 _AS_ROOT_INSIDE = ("--user", "--map-root-user")
 
 
@@ -53,11 +55,24 @@ def isolation_prefix() -> tuple[str, ...]:
     raise IsolationUnavailable(f"this host cannot create the namespaces for isolation ({reasons[-1]})")
 
 
-def jailed(command: list[str], writable: tuple[str, ...] = (), readable: tuple[str, ...] = ()) -> list[str]:
+def jailed(command: list[str], writable: tuple[str, ...] = (), readable: tuple[str, ...] = (),
+           hidden: tuple[str, ...] = ()) -> list[str]:
     """``command`` started isolated, in a read-only world (:mod:`stark_ray.eval.jail`) where its working directory,
-    a private ``/tmp`` and ``writable`` can be written, and ``readable`` stays visible."""
-    paths = [a for p in writable for a in ("--rw", p)] + [a for p in readable for a in ("--ro", p)]
+    a private ``/tmp`` and ``writable`` can be written, ``readable`` (and this package) stays visible and
+    ``hidden`` is not there."""
+    readable = (*readable, str(PACKAGE))
+    paths = ([a for p in writable for a in ("--rw", p)] + [a for p in readable for a in ("--ro", p)]
+             + [a for p in hidden for a in ("--hide", p)])
     return [*isolation_prefix(), sys.executable, str(JAIL), *paths, "--", *command]
+
+
+def hidden_paths(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """What an isolated worker of this process does not see: its home directory (everything of the user's: keys,
+    other projects), its working directory (the project: a ``.env``, the run directories under it) and ``extra``
+    (``EvalConfig.hidden_paths``: the run directory, wherever it lies). What a worker needs of them is put back
+    (eval/jail.py)."""
+    paths = [str(Path.home()), os.getcwd(), *extra]
+    return tuple(dict.fromkeys(str(Path(p).expanduser().absolute()) for p in paths if p and "://" not in p))
 
 
 def resolve_isolation(mode: str) -> tuple[bool, str | None]:

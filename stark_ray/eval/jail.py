@@ -1,24 +1,33 @@
 """A read-only world for an isolated worker: the first process inside the namespaces sets it up, then becomes it.
 
 Started by path (standard library only: no package import before the world is read-only) as
-``python jail.py [--rw PATH | --ro PATH]... -- COMMAND...`` in the mount namespace that :mod:`stark_ray.eval.isolation`
-creates, where it is root of its user namespace. It then
+``python jail.py [--rw PATH | --ro PATH | --hide PATH]... -- COMMAND...`` in the mount namespace that
+:mod:`stark_ray.eval.isolation` creates, where it is root of its user namespace. It then
 
 1. clones (detached, with ``open_tree``) its working directory (the worker's private directory: its requests'
-   directories, its TMPDIR) and every ``--rw`` path, and what must stay readable where it lies under ``/tmp``:
-   Python's prefixes, every entry of ``sys.path``, every ``--ro`` path (the build cache of a device worker);
+   directories, its TMPDIR, its HOME) and every ``--rw`` path, and what must stay readable where it lies in
+   something covered below: Python's prefixes, every entry of ``sys.path``, the directories the toolchains are
+   found through (:data:`TOOLCHAIN_VARS`: PATH, CUDA_HOME, ...), every ``--ro`` path (the package, the build
+   cache of a device worker), and the device nodes it needs (:data:`DEVICES`, the GPU's ``/dev/nvidia*``);
 2. makes the whole tree read-only with one recursive ``mount_setattr`` (site-packages, the project, the home
-   directory, the build cache, every other mount: nothing can be written);
-3. mounts a fresh tmpfs on ``/tmp`` and on ``/dev/shm`` (a private ``/tmp``, gone with the worker), and puts back
-   the clones on their paths: the working directory and ``--rw`` paths writable, the others read-only;
-4. hides well-known credential locations of the home directory (:data:`HIDDEN`) under an empty read-only tmpfs
-   (a directory) or ``/dev/null`` (a file): nothing a candidate prints to its log can carry them out;
-5. enters a user and mount namespace of its own (root mapped to root), in which every mount above is *locked*:
+   directory, the build cache, every other mount: nothing can be written), and the kernel's knobs under its
+   ``/proc`` too (:data:`PROC_READ_ONLY`);
+3. gives it a ``/dev`` of its own with only those nodes (no disk, no loop device, no kernel log: a read-only
+   mount does not stop writes to a device) and a private ``/dev/shm``;
+4. covers, in path order: ``/tmp`` and ``/run`` with a fresh tmpfs each (a private ``/tmp``, gone with the
+   worker; none of the host's sockets), every ``--hide`` path (the evaluator's home directory and working
+   directory, the run directory: :class:`stark_ray.eval.runner.WorkerSpec`) with an empty one that is then made
+   read-only (a file: ``/dev/null``), and puts back the clones of step 1 on their paths, on top: the working
+   directory and ``--rw`` paths writable, the others read-only; a ``--hide`` path that lies inside something
+   put back is covered after it;
+5. hides well-known credential locations (:data:`HIDDEN`) in what was put back of a home directory;
+6. enters a user and mount namespace of its own (root mapped to root), in which every mount above is *locked*:
    a candidate, root in that namespace, can neither remount them writable nor unmount what covers a path
    (Linux locks the mounts a less privileged mount namespace inherits); then, in a session of its own (a signal
    to its process group cannot reach ``unshare`` outside the namespace), it executes ``COMMAND``, which stays the
    namespace's first process.
 
+A path is never hidden that is, or holds, a system directory (:data:`NEVER_HIDDEN`: the root, ``/usr``, ...).
 It needs Linux 5.12 or later (``mount_setattr``); where a step fails it exits with code 97 and one line on stderr,
 which the probe of :func:`stark_ray.eval.isolation.isolation_prefix` reports.
 """
@@ -38,6 +47,16 @@ HIDDEN = (".aws", ".ssh", ".gnupg", ".azure", ".kube", ".docker", ".config/gclou
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 # sockets of the host's services (a read-only mount does not stop a connect): covered, but for the driver's
 KEEP_IN_RUN = ("/run/nvidia-persistenced",)
+PRIVATE = ("/tmp", "/run")  # a fresh, writable tmpfs each (and /dev/shm, in the worker's own /dev)
+# never hidden, nor a directory holding one (the root): what every program needs
+NEVER_HIDDEN = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/var", "/proc",
+                "/sys", "/dev", "/run", "/tmp", "/boot", "/nix", "/gnu", "/snap")
+# where the toolchains are found through the environment: put back where they lie in something hidden
+TOOLCHAIN_VARS = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
+                  "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CC", "CXX", "CUDAHOSTCXX", "TRITON_PTXAS_PATH",
+                  "TRITON_LIBCUDA_PATH")
+# the device nodes of the worker's /dev, beside the GPU's (/dev/nvidia*): no disk, no loop device, no kernel log
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 FAILED = 97  # the exit code of a world that could not be made
 
 # x86_64 and aarch64 share these (system calls added since Linux 5.1 have one number everywhere)
@@ -76,10 +95,12 @@ def _clone_tree(path: str) -> int:
     return _check(_syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(path), flags), f"open_tree {path}")
 
 
-def _set_attr(dirfd: int, path: str, flags: int, set_: int = 0, clear: int = 0, what: str = "") -> None:
+def _set_attr(dirfd: int, path: str, flags: int, set_: int = 0, clear: int = 0, what: str = "",
+              recursive: bool = True) -> None:
     attr = _MountAttr(set_, clear, 0, 0)
-    _check(_syscall(_SYS_MOUNT_SETATTR, dirfd, os.fsencode(path), flags | _AT_RECURSIVE, ctypes.byref(attr),
-                    ctypes.sizeof(attr)), f"mount_setattr {what or path}")
+    flags |= _AT_RECURSIVE if recursive else 0
+    _check(_syscall(_SYS_MOUNT_SETATTR, dirfd, os.fsencode(path), flags, ctypes.byref(attr), ctypes.sizeof(attr)),
+           f"mount_setattr {what or path}")
 
 
 def _move(tree: int, path: str) -> None:
@@ -101,43 +122,114 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def build_world(writable: list[str], readable: list[str], home: str | None) -> None:
-    """Steps 1-4 of the module's doc, in this process's mount namespace (``readable``: more paths that must stay
-    visible, read-only, where they lie under ``/tmp``)."""
+def _paths_in(env: dict[str, str]) -> list[str]:
+    """The directories the toolchains find through the environment (compilers, CUDA, libraries)."""
+    found = []
+    for name in TOOLCHAIN_VARS:
+        for part in env.get(name, "").split(os.pathsep):
+            if part and os.path.isabs(part):
+                found.append(part if os.path.isdir(part) else os.path.dirname(part))
+    return found
+
+
+def _hideable(path: str) -> bool:
+    """Whether ``path`` may be hidden: never the root nor a system directory (nor one holding one)."""
+    real = os.path.realpath(path)
+    return os.path.exists(real) and not any(_under(system, real) for system in NEVER_HIDDEN)
+
+
+def _without_nested(paths: set[str]) -> set[str]:
+    return {p for p in paths if not any(q != p and _under(p, q) for q in paths)}
+
+
+def build_world(writable: list[str], readable: list[str], hidden: list[str]) -> None:
+    """Steps 1-5 of the module's doc, in this process's mount namespace (``readable``: more paths that stay
+    visible, read-only, wherever they lie; ``hidden``: directories (or files) covered, but for what of them
+    must stay visible)."""
     here = os.getcwd()
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host's namespace
     for path in (*writable, *readable):  # a path not made yet (a new build cache) is the host's, not a private one
         os.makedirs(path, exist_ok=True)
-    keep_rw = {os.path.realpath(p) for p in writable if os.path.isdir(p)}
-    python = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *sys.path, *readable]
-    # strictly below /tmp: /tmp itself (PYTHONPATH=/tmp, say) would bring back every other worker's directory
-    keep_ro = {os.path.realpath(p) for p in python if p and os.path.isdir(p) and os.path.realpath(p) != "/tmp"
-               and _under(os.path.realpath(p), "/tmp")} - keep_rw
-    keep_ro |= {p for p in KEEP_IN_RUN if os.path.isdir(p)}
-    # a parent before what lies inside it: what is put back later lies on top
-    trees = sorted([(p, _clone_tree(p), True) for p in keep_rw] + [(p, _clone_tree(p), False) for p in keep_ro],
-                   key=lambda t: len(t[0]))
+    covered = {os.path.realpath(p) for p in hidden if _hideable(p)}
+    private = [p for p in PRIVATE if os.path.isdir(p) and not os.path.islink(p)]  # /var/run: a link to /run
+    roots = covered | set(private)
+    keep_rw = _without_nested({os.path.realpath(p) for p in writable if os.path.isdir(p)})
+    python = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *sys.path]
+    # a Python path that is itself hidden (the project, on sys.path) is not put back: what of it is needed is
+    # named with --ro (the package); /tmp itself (PYTHONPATH=/tmp, say) would bring back every other worker's
+    wanted = {os.path.realpath(p) for p in (*python, *_paths_in(dict(os.environ))) if p and os.path.isdir(p)}
+    wanted = {p for p in wanted if p not in roots}
+    wanted |= {os.path.realpath(p) for p in readable if os.path.exists(p)}
+    wanted |= {p for p in KEEP_IN_RUN if os.path.isdir(p)}
+    keep_ro = _without_nested({p for p in wanted if any(_under(p, r) and p != r for r in roots)
+                               or p in covered} - keep_rw)
+    keep_ro = {p for p in keep_ro if not any(_under(p, w) for w in keep_rw)}
+    devices = _device_trees()
+    # every step in path order, a cover before what is put back on it: what lies inside is done later, on top
+    steps = sorted([(p, 0, "private") for p in private] + [(p, 0, "hidden") for p in covered]
+                   + [(p, 1, _clone_tree(p)) for p in keep_rw] + [(p, 2, _clone_tree(p)) for p in keep_ro],
+                   key=lambda t: (len(t[0]), t[1]))
     _set_attr(_AT_FDCWD, "/", 0, set_=_MOUNT_ATTR_RDONLY, what="/ (read-only)")
     _set_attr(_AT_FDCWD, "/proc", 0, clear=_MOUNT_ATTR_RDONLY, what="/proc")  # this namespace's own
     for knob in PROC_READ_ONLY:
         if os.path.exists(knob):
             _mount(knob, knob, None, _MS_BIND | _MS_REC)
             _set_attr(_AT_FDCWD, knob, 0, set_=_MOUNT_ATTR_RDONLY, what=knob)
-    for private in ("/tmp", "/dev/shm"):
-        if os.path.isdir(private):
-            _mount("tmpfs", private, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
-    if os.path.isdir("/run") and not os.path.islink("/run"):  # /var/run is a link to it where it exists
-        _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
-    for path, tree, rw in trees:
-        if not rw:
-            _set_attr(tree, "", _AT_EMPTY_PATH, set_=_MOUNT_ATTR_RDONLY, what=f"{path} (read-only)")
-        os.makedirs(path, exist_ok=True)  # under the fresh /tmp: its mount point
-        _move(tree, path)
-        os.close(tree)
-    if home:
+    _make_dev(devices)
+    sealed = []
+    for path, kind, what in steps:
+        if kind == 0:
+            if not os.path.exists(path):  # under a cover already, and not put back
+                continue
+            if what == "hidden" and not os.path.isdir(path):
+                _mount("/dev/null", path, None, _MS_BIND)
+                continue
+            mode = "mode=1777" if path in ("/tmp", "/dev/shm") else "mode=0755"
+            _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, mode)
+            if what == "hidden":
+                sealed.append(path)
+            continue
+        assert isinstance(what, int)
+        if kind == 2:
+            _set_attr(what, "", _AT_EMPTY_PATH, set_=_MOUNT_ATTR_RDONLY, what=f"{path} (read-only)")
+        if os.path.isdir(path) or not os.path.exists(path):
+            os.makedirs(path, exist_ok=True)  # its mount point, on a cover
+        _move(what, path)
+        os.close(what)
+    for path in sealed:  # the covers themselves read-only (not what was put back on them)
+        _set_attr(_AT_FDCWD, path, 0, set_=_MOUNT_ATTR_RDONLY, what=f"{path} (read-only)", recursive=False)
+    for home in {*covered, os.environ.get("HOME") or "/nonexistent"}:  # what of a home was put back
         for name in HIDDEN:
             _hide(os.path.join(home, name))
     os.chdir(here)  # the directory put back, not the one it covers
+
+
+def _device_trees() -> list[tuple[str, bool, int]]:
+    """Clones of the device nodes a worker needs (the basic ones, the GPU's), before /dev is covered."""
+    names = [n for n in DEVICES if os.path.exists(f"/dev/{n}")]
+    names += sorted(n for n in os.listdir("/dev") if n.startswith("nvidia")) if os.path.isdir("/dev") else []
+    return [(n, os.path.isdir(f"/dev/{n}"), _clone_tree(f"/dev/{n}")) for n in names]
+
+
+def _make_dev(devices: list[tuple[str, bool, int]]) -> None:
+    """A /dev of its own: a tmpfs with only ``devices`` put back (no disk, no loop device, no kernel log), read-only."""
+    if not os.path.isdir("/dev") or os.path.islink("/dev"):
+        return
+    _mount("tmpfs", "/dev", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64k")
+    for name, is_dir, tree in devices:
+        path = f"/dev/{name}"
+        if is_dir:
+            os.mkdir(path)
+        else:
+            open(path, "w").close()
+        _move(tree, path)
+        os.close(tree)
+    os.mkdir("/dev/shm")
+    _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{link}")
+    _set_attr(_AT_FDCWD, "/dev", 0, set_=_MOUNT_ATTR_RDONLY, what="/dev (read-only)", recursive=False)
 
 
 def _hide(path: str) -> None:
@@ -150,7 +242,7 @@ def _hide(path: str) -> None:
 
 
 def lock_world() -> None:
-    """Step 5: a user and mount namespace of its own, root mapped to root; the inherited mounts are locked."""
+    """Step 6: a user and mount namespace of its own, root mapped to root; the inherited mounts are locked."""
     uid, gid = os.geteuid(), os.getegid()
     _check(_libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "unshare")
     _write("/proc/self/setgroups", "deny")
@@ -160,7 +252,7 @@ def lock_world() -> None:
 
 def main(argv: list[str]) -> None:
     try:
-        paths: dict[str, list[str]] = {"--rw": [os.getcwd()], "--ro": []}
+        paths: dict[str, list[str]] = {"--rw": [os.getcwd()], "--ro": [], "--hide": []}
     except OSError as e:
         _fail(e)
     args = list(argv)
@@ -168,11 +260,11 @@ def main(argv: list[str]) -> None:
         paths[args[0]].append(args[1])
         args = args[2:]
     if not args or args[0] != "--" or len(args) < 2:
-        print("usage: jail.py [--rw PATH | --ro PATH]... -- COMMAND...", file=sys.stderr)
+        print("usage: jail.py [--rw PATH | --ro PATH | --hide PATH]... -- COMMAND...", file=sys.stderr)
         sys.exit(2)
     command = args[1:]
     try:
-        build_world(paths["--rw"], paths["--ro"], os.environ.get("HOME"))
+        build_world(paths["--rw"], paths["--ro"], paths["--hide"])
         lock_world()
         # a session and process group of its own: `kill(0, ...)` by a candidate would otherwise reach `unshare`,
         # outside the namespace, which shares the group it was started in

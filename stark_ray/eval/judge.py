@@ -518,6 +518,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--build-dir", required=True)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--isolate-worker", action="store_true", help="the worker in namespaces of its own")
+    p.add_argument("--hide", action="append", default=[], help="isolated: a path the worker does not see")
     p.add_argument("--spare-worker", action="store_true", help="keep a hot spare of the worker")
     p.add_argument("--max-requests", type=int, default=MAX_REQUESTS, help="candidates per worker process")
     return p.parse_args(argv)
@@ -538,7 +539,7 @@ def main(argv: list[str] | None = None) -> None:
         ctrl.flush()
 
     spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True,
-                      builds=not get_backend(args.backend).precompile)
+                      builds=not get_backend(args.backend).precompile, hidden=tuple(args.hide))
     worker = WorkerProcess(spec, max_requests=args.max_requests, spare=args.spare_worker)
     started: list[BaseException | None] = []
 

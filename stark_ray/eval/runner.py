@@ -20,6 +20,7 @@ import os
 import queue
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -69,6 +70,7 @@ class WorkerSpec:
     fd_channel: bool = False  # a Unix socket for file descriptors beside the pipes (a device worker's)
     extra: tuple[str, ...] = ()  # more arguments for the module
     env: tuple[tuple[str, str], ...] = ()  # more environment variables for it
+    hidden: tuple[str, ...] = ()  # isolated: paths it does not see (eval/isolation.py: hidden_paths)
 
     def argv(self, spare: bool = False, fd: int | None = None) -> list[str]:
         args = [sys.executable, "-m", self.module, "--backend", self.backend,
@@ -84,8 +86,8 @@ class WorkerSpec:
         if self.isolate:  # builds write the cache; a device worker only reads what the pool built (eval/jail.py)
             cache = (self.build_dir,)
             if self.compile_only or self.builds:
-                return jailed(args, writable=cache)
-            return jailed(args, readable=cache)
+                return jailed(args, writable=cache, hidden=self.hidden)
+            return jailed(args, readable=cache, hidden=self.hidden)
         return args
 
 
@@ -232,6 +234,12 @@ class WorkerProcess:
             env["TRITON_CACHE_DIR"] = str(workdir / "triton")
         else:
             env.setdefault("TRITON_CACHE_DIR", str(Path(self.spec.build_dir) / "triton"))
+        if self.spec.isolate:  # a home of its own: the evaluator's is not there (eval/jail.py)
+            user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else ""
+            if user_site and os.path.isdir(user_site):  # what was installed with pip --user stays importable
+                env["PYTHONPATH"] += os.pathsep + user_site
+            env["HOME"] = str(workdir)
+            env["XDG_CACHE_HOME"] = str(workdir / ".cache")
         if self.spec.compile_only:
             env["CUDA_VISIBLE_DEVICES"] = ""  # builds never touch a GPU (nor create a context on it)
         else:

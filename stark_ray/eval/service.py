@@ -27,7 +27,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import get_backend
 from stark_ray.eval.build_cache import cache_root
 from stark_ray.eval.hardware import usable_cpus
-from stark_ray.eval.isolation import IsolationUnavailable, resolve_isolation
+from stark_ray.eval.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
 from stark_ray.eval.outcome import limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
@@ -124,8 +124,9 @@ class EvalService:
             _say_once(self.isolation_note)
         # a GPU's worker has a hot spare: a restart (crash, timeout, recycling) costs a CUDA context, not a start
         extra = ["--max-requests", str(worker_max_requests)]
+        self.hidden = hidden_paths(self.cfg.hidden_paths) if self.isolated else ()
         if self.isolated:
-            extra.append("--isolate-worker")
+            extra += ["--isolate-worker", *(a for path in self.hidden for a in ("--hide", path))]
         if device is not None if spare is None else spare:
             extra.append("--spare-worker")
         # OpenMP threads wait passively in the judge and in its worker: a process spinning after its last operation
@@ -212,7 +213,7 @@ class EvalService:
         crash or a hang at import — else None, the seconds the build took)."""
         self._warm_toolchain()
         spec = WorkerSpec(cfg.backend, str(self.build_dir), max(1, self.threads // self.compile_workers),
-                          compile_only=True, arch=self._build_arch(), isolate=self.isolated)
+                          compile_only=True, arch=self._build_arch(), isolate=self.isolated, hidden=self.hidden)
         limits = {PHASE_SETUP: cfg.compile_timeout_s, PHASE_COMPILE: cfg.compile_timeout_s}
         with self._compile_slots:
             outcome = run_once(spec, self._request(MODE_COMPILE, task, cfg, source), limits)
