@@ -40,7 +40,7 @@ class Recorder:
 
 
 def build(tmp_path: Path, recorder: Recorder, cuda: str = KERNEL) -> Any:
-    load_inline = BuildCache(tmp_path, use_pch=False)._wrap(recorder, is_inline=True)
+    load_inline = BuildCache(tmp_path, use_pch=False).wrap(recorder, is_inline=True)
     return load_inline(name="ext", cpp_sources=WRAPPER, cuda_sources=cuda, functions=["run"],
                        extra_cuda_cflags=["-O3"])
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from torch.utils import cpp_extension
 from stark_ray.eval.build_cache import BuildCache
 ROOT = sys.argv[1]
-load = BuildCache(Path(ROOT), use_pch=False)._wrap(cpp_extension.load_inline, is_inline=True)
+load = BuildCache(Path(ROOT), use_pch=False).wrap(cpp_extension.load_inline, is_inline=True)
 first = load(name="tiny", cpp_sources=['{TINY}'], no_implicit_headers=True)
 print("first", first.f(), flush=True)
 {POISON}

@@ -217,3 +217,65 @@ def test_a_jailed_process_reads_the_build_cache_and_cannot_write_it(places: dict
     # a /dev of its own: no disk, no kernel log, a few nodes (and the GPU's); /dev/null and /dev/shm work
     assert "block devices 0 False True" in proc.stdout and "null and shm written" in proc.stdout, proc.stdout
     assert "hidden ['tools'] a tool" in proc.stdout, proc.stdout  # the key is not there, what was put back is
+
+
+WRAPPED = """
+import os
+import torch
+from torch.utils.cpp_extension import load_inline
+
+# gcc runs every step of the build under this program (a script that tries to write the cache, then goes on)
+EXT = load_inline(name="tiny", cpp_sources=['{tiny}'], no_implicit_headers=True, extra_cflags=["-wrapper", {script!r}])
+try:  # and the candidate itself, after its build came back
+    open(os.path.join({cache!r}, {first_key!r}, "x"), "w").write("poison")
+    raise RuntimeError("wrote the build cache")
+except OSError:
+    pass
+""" + MODEL
+
+SCRIPT = """#!/bin/sh
+touch {cache}/poisoned {cache}/{first_key}/poisoned 2>/dev/null
+echo "stark-test: warning: the wrapper ran" >&2
+exec "$@"
+"""
+
+
+def test_builds_are_made_outside_the_candidate_and_land_under_their_own_key(places: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    """Isolated, a candidate's process sees the cache read-only; its build is made by a builder that writes only
+    a directory of its own, and published under the key of its arguments with the digest recorded outside: a
+    compiler told to run a program (``-wrapper``; here a script that lies where the builder can read it) cannot
+    touch another entry. The honest candidate before and after loads its entry. Unisolated, the same script
+    writes the cache (the test can fail)."""
+    cache = tmp_path / "build"
+    cfg = EvalConfig(backend="cpu_cpp", build_dir=str(cache), timing_trials=3, warmup=1, isolate="on")
+    task = load_task(TASK)
+    honest = HONEST.format(tiny=TINY, forward="pass", factor=" * (EXT.f() / 7)")
+    with EvalService(cfg) as service:
+        first = service.evaluate(task, honest)
+        assert first.ok, first.error
+        entries = {p.parent.name for p in cache.glob("*/*.so")}
+        assert len(entries) == 1, entries
+        first_key = entries.pop()
+        built = _digests(cache)
+        script = places["base"] / "wrapper.sh"
+        script.write_text(SCRIPT.format(cache=cache, first_key=first_key))
+        script.chmod(0o755)
+        hostile = WRAPPED.format(tiny=TINY, cache=str(cache), first_key=first_key, script=str(script),
+                                 forward="pass", factor=" * (EXT.f() / 7)")
+        wrapped = service.evaluate(task, hostile)
+        after = service.evaluate(task, honest)
+    assert wrapped.ok, (wrapped.error, wrapped.log[-2000:])  # it built, under a key of its own, and loaded
+    assert "the wrapper ran" in wrapped.log, wrapped.log[-2000:]
+    assert after.ok, after.error
+    assert not (cache / "poisoned").exists() and not (cache / first_key / "poisoned").exists()
+    assert not (cache / first_key / "x").exists()
+    assert {k: v for k, v in _digests(cache).items() if first_key in k} == built  # the first entry as it was
+    for library in cache.glob("*/*.so"):  # every entry's digest is its library's, recorded by the trusted side
+        assert (library.parent / "stark_digest").read_text() == hashlib.sha256(library.read_bytes()).hexdigest()
+    assert len({p.parent.name for p in cache.glob("*/*.so")}) == 2
+
+    with EvalService(replace(cfg, isolate="off", build_dir=str(tmp_path / "open"))) as service:
+        service.evaluate(task, hostile.replace(str(cache), str(tmp_path / "open")))
+    assert not (tmp_path / "open" / "poisoned").exists()  # the script names the first cache ...
+    assert (cache / "poisoned").exists()  # ... which, unisolated, it writes

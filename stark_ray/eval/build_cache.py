@@ -9,13 +9,20 @@ log. Concurrent builds of one key are serialized with a kernel lock (released if
 A load_inline ``.cu`` that names nothing of torch is built without the ``torch/types.h`` load_inline puts
 first (most of a build's time), falling back to load_inline's own headers when it does not build so.
 
-A cache entry cannot be poisoned for the candidates after the one that wrote it (generated code can write any file
-the user can): the library is never loaded from the cache itself but from a private copy, whose SHA-256 must be
-the one recorded when the entry was first loaded (``stark_digest``). A copy that differs means the entry was
-changed since: it is wiped and built again, and the log says so; a worker that had loaded the old one is not
-disturbed (its copy is another file: rewriting the cached library in place once killed such a worker with
-SIGBUS). A candidate that rewrites both the library and its record is beyond this check until the cache is
-read-only to candidates.
+A cache entry cannot be poisoned for the candidates after the one that wrote it: the library is never loaded from
+the cache itself but from a private copy, whose SHA-256 must be the one recorded for the entry (``stark_digest``).
+A copy that differs means the entry was changed since: it is wiped and built again, and the log says so; a worker
+that had loaded the old one is not disturbed (its copy is another file: rewriting the cached library in place once
+killed such a worker with SIGBUS).
+
+Isolated, no process that runs generated code can write the cache (eval/jail.py): where an entry is missing, the
+wrapper asks its parent for the build (:func:`set_requester`: the worker's ``--ask-builds``), which has it made by a
+*builder* (eval/builds.py): a process of its own that runs no candidate code, only torch's build of the arguments
+sent, and writes only a directory of its own. It names the key of those arguments before a compiler runs (a flag
+can make the compiler run anything: ``-wrapper``), so a build can land only under the key of its own arguments;
+the parent then publishes the library into the cache and records its digest (:func:`publish`). A candidate can
+thus spoil only the entry of arguments no honest candidate sends, and never a precompiled header (built by the
+trusted side alone, for flags that cannot run a program).
 """
 
 from __future__ import annotations
@@ -43,6 +50,18 @@ DEFAULT_BUILD_DIR = Path("~/.cache/stark-ray/build")
 
 DIGEST_FILE = "stark_digest"  # in an entry's directory: the SHA-256 of its library as first loaded
 _IMPORT_LOCK = threading.RLock()  # cpp_extension's loader is swapped for the copying one during a load
+LIB_EXT = ".so"  # cpp_extension's on Linux, the only system the evaluator runs on
+
+# asks the parent for a build, given {"key", "inline", "arguments", "files", "arch"}; answers {"built", "log",
+# "error"}: set in an isolated worker, which cannot write the cache
+BuildRequester = Callable[[dict[str, Any]], dict[str, Any]]
+_requester: BuildRequester | None = None
+
+
+def set_requester(requester: BuildRequester | None) -> None:
+    """From now on, caches made in this process have their missing entries built by ``requester``."""
+    global _requester
+    _requester = requester
 
 
 class PoisonedBuild(RuntimeError):
@@ -102,10 +121,17 @@ def _file_contents(paths: Any) -> list[str]:
 class BuildCache:
     """Wraps cpp_extension.load_inline / load; ``install()`` patches them in this process."""
 
-    def __init__(self, root: Path, use_pch: bool = True, light_cuda: bool = True) -> None:
+    def __init__(self, root: Path, use_pch: bool = True, light_cuda: bool = True,
+                 requester: BuildRequester | None = None, on_key: Callable[[str], None] | None = None,
+                 pch_root: Path | None = None) -> None:
         self.root = root
         self.use_pch = use_pch
         self.light_cuda = light_cuda
+        # a builder's ``on_key``: told each key before its build starts; it builds itself, without loading the
+        # result, and uses only the precompiled headers that already lie in ``pch_root`` (the shared cache)
+        self.on_key = on_key
+        self.requester = None if on_key is not None else requester or _requester  # None: builds in this process
+        self.pch_root = pch_root
         self.builds: list[str] = []  # keys built or loaded through the cache, in order
 
     def install(self) -> None:
@@ -115,43 +141,47 @@ class BuildCache:
         original_load = cpp_extension.load
         if getattr(original_inline, "__stark_cached__", False):
             return
-        inline = self._wrap(original_inline, is_inline=True)
-        load = self._wrap(original_load, is_inline=False)
+        inline = self.wrap(original_inline, is_inline=True)
+        load = self.wrap(original_load, is_inline=False)
         cpp_extension.load_inline = inline
         cpp_extension.load = load
 
-    def _wrap(self, original: Callable[..., Any], is_inline: bool) -> Callable[..., Any]:
+    def wrap(self, original: Callable[..., Any], is_inline: bool) -> Callable[..., Any]:
+        """``original`` (load_inline or load) building into this cache."""
         signature = inspect.signature(original)
 
         def cached(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
-            arguments = dict(bound.arguments)
-            for name in ("cpp_sources", "cuda_sources", "sycl_sources", "functions", "extra_cflags",
-                         "extra_cuda_cflags", "extra_ldflags", "extra_include_paths"):
-                if isinstance(arguments.get(name), list):  # load_inline mutates its lists: give it copies
-                    arguments[name] = list(arguments[name])
+            # plain data (a Path as its text; fresh lists, which load_inline mutates): what a builder gets is the
+            # same, and so is the key it computes
+            given = plain(dict(bound.arguments))
+            arguments = dict(given)
             key_fields = dict(arguments)
             if not is_inline:
                 key_fields["__source_contents__"] = _file_contents(arguments.get("sources"))
             key = build_key(key_fields)
+            if self.on_key is not None:
+                self.on_key(key)
             base = re.sub(r"\W", "_", str(arguments.get("name", "ext"))) or "ext"
             arguments["name"] = f"{base}_{key}"
             build_dir = self.root / key
-            build_dir.mkdir(parents=True, exist_ok=True)
             arguments["build_directory"] = str(build_dir)
             arguments["verbose"] = True
-            if is_inline:
-                arguments["use_pch"] = False  # torch's own PCH lives in the torch install; ours is per flags
-                self._add_pch(arguments, build_dir)
             self.builds.append(key)
             finished = _load_finished(arguments, build_dir)
             if finished is not None:
                 return finished
+            if self.requester is not None:
+                return self._built_outside(key, given, arguments, build_dir, is_inline)
+            build_dir.mkdir(parents=True, exist_ok=True)
+            if is_inline:
+                arguments["use_pch"] = False  # torch's own PCH lives in the torch install; ours is per flags
+                self._add_pch(arguments, build_dir)
             with file_lock(self.root / f"{key}.lock"):
                 for attempt in range(2):
                     (build_dir / "lock").unlink(missing_ok=True)  # torch's baton, stale if a build was killed
                     try:
-                        with _loading_copies(build_dir):
+                        with building_only() if self.on_key is not None else _loading_copies(build_dir):
                             if is_inline and self.light_cuda:
                                 return self._inline_build(original, arguments, build_dir)
                             return original(**arguments)
@@ -168,6 +198,25 @@ class BuildCache:
         cached.__wrapped__ = original  # type: ignore[attr-defined]
         cached.__doc__ = original.__doc__
         return cached
+
+    def _built_outside(self, key: str, given: dict[str, Any], arguments: dict[str, Any], build_dir: Path,
+                       is_inline: bool) -> Any:
+        """The module, built by the parent's builder into the cache (which this process cannot write)."""
+        assert self.requester is not None
+        sources = [] if is_inline else _as_list(given.get("sources"))
+        files = {str(p): Path(p).read_text(errors="replace") for p in sources}
+        answer = self.requester({"key": key, "inline": is_inline, "arguments": given, "files": files,
+                                 "arch": os.environ.get("TORCH_CUDA_ARCH_LIST", "")})
+        if answer.get("log"):  # the compiler's output, for this candidate's log (and the debug agent)
+            print(answer["log"], file=sys.stderr, flush=True)
+        name = arguments["name"]
+        if not answer.get("built"):
+            why = f": {answer['error']}" if answer.get("error") else ""
+            raise RuntimeError(f"Error building extension '{name}'{why}")
+        module = _load_finished(arguments, build_dir)
+        if module is None:
+            raise RuntimeError(f"Error building extension '{name}': the build is not in the cache after it was made")
+        return module
 
     def _inline_build(self, original: Callable[..., Any], arguments: dict[str, Any], build_dir: Path) -> Any:
         """load_inline, with the ``.cu`` built without the ``torch/types.h`` load_inline puts first when it can
@@ -209,6 +258,9 @@ class BuildCache:
         if choice.exists():
             chosen = choice.read_text()
             include_dir = Path(chosen) if chosen and Path(chosen).exists() else None
+        elif self.pch_root is not None:  # a builder: only a header the trusted side made
+            include_dir = ensure_pch(self.pch_root, cflags, includes, build=False)
+            choice.write_text(str(include_dir) if include_dir else "")
         else:
             include_dir = ensure_pch(self.root, cflags, includes)
             choice.write_text(str(include_dir) if include_dir else "")
@@ -224,6 +276,11 @@ def _forget_build(name: str) -> None:
     entries = getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", None)
     if isinstance(entries, dict):
         entries.pop(name, None)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON would carry it (lists, text; anything else by its ``str``)."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def file_digest(path: Path) -> str:
@@ -250,6 +307,53 @@ def _load_finished(arguments: dict[str, Any], build_dir: Path) -> Any:
                                                              bool(arguments.get("is_python_module", True)))
     except PoisonedBuild:
         return None
+
+
+def publish(built: Path, cache: Path) -> None:
+    """Install the build a builder made in ``built`` (a directory named by its key) as the cache's entry of that
+    key: its library (a regular file, not a link) and what the build chose, with the library's digest recorded
+    here, by the trusted side. ValueError when ``built`` holds no single library."""
+    key = built.name
+    files = [p for p in built.iterdir() if p.is_file() and not p.is_symlink()]
+    libraries = [p for p in files if p.name.endswith(f"_{key}{LIB_EXT}")]
+    if len(libraries) != 1:
+        raise ValueError(f"the build {key} made {len(libraries)} libraries, not one")
+    staging = cache / f".{key}.publish.{os.getpid()}.{threading.get_ident()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        for p in files:
+            if p in libraries or p.name in ("stark_headers", "stark_pch"):
+                shutil.copyfile(p, staging / p.name)
+        (staging / DIGEST_FILE).write_text(file_digest(staging / libraries[0].name))
+        with file_lock(cache / f"{key}.lock"):
+            target, old = cache / key, cache / f".{key}.old.{os.getpid()}.{threading.get_ident()}"
+            if target.exists():
+                target.rename(old)
+            staging.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def building_only() -> Iterator[None]:
+    """A builder's build: cpp_extension builds the library and does not load it (what a library runs as it loads
+    is the candidate's, and the builder's word is trusted until its compiler runs)."""
+    from torch.utils import cpp_extension
+
+    with _IMPORT_LOCK:
+        original = cpp_extension._import_module_from_library
+
+        def built(module_name: str, path: str, is_python_module: bool) -> None:
+            if not (Path(path) / f"{module_name}{LIB_EXT}").is_file():
+                raise RuntimeError(f"Error building extension '{module_name}': no library was made")
+
+        cpp_extension._import_module_from_library = built
+        try:
+            yield
+        finally:
+            cpp_extension._import_module_from_library = original
 
 
 @contextlib.contextmanager

@@ -433,6 +433,35 @@ def build_only(req: WorkerRequest, send: Send, count: int) -> EvalResult:
     return EvalResult(compiled=True, stage=STAGE_OK, compile_s=time.perf_counter() - started)
 
 
+def build_extension(req: WorkerRequest, send: Send, cache_dir: Path) -> EvalResult:
+    """A builder's one build (eval/builds.py): the arguments a candidate's process sent, built into the directory
+    named (its key's subdirectory), with the key said first; nothing of the candidate runs here but its compiler."""
+    from torch.utils import cpp_extension
+
+    from stark_ray.eval.build_cache import BuildCache
+
+    send({"phase": PHASE_COMPILE})
+    tail = LogTail()
+    tail.mark()
+    started = time.perf_counter()
+    asked = req.build or {}
+    try:
+        if asked.get("arch"):
+            os.environ["TORCH_CUDA_ARCH_LIST"] = str(asked["arch"])
+        for path, text in dict(asked.get("files") or {}).items():  # a load's sources, where they were (its /tmp)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(str(text))
+        inline = bool(asked.get("inline", True))
+        installed = cpp_extension.load_inline if inline else cpp_extension.load
+        original = getattr(installed, "__wrapped__", installed)
+        cache = BuildCache(Path(str(asked["out"])), use_pch=os.environ.get("STARK_RAY_PCH", "1") != "0",
+                           on_key=lambda key: send({"claim": key}), pch_root=cache_dir)
+        cache.wrap(original, is_inline=inline)(**dict(asked.get("arguments") or {}))
+    except BaseException as e:
+        return compile_failure(e, tail.since_mark(), started)
+    return EvalResult(compiled=True, stage=STAGE_OK, compile_s=time.perf_counter() - started)
+
+
 def _specs_of(trees: list[Any]) -> list[TensorSpec]:
     found: list[TensorSpec] = []
 

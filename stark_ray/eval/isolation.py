@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 NAMESPACES = ("--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--ipc")
@@ -43,9 +44,10 @@ def isolation_prefix() -> tuple[str, ...]:
     reasons = []
     for extra in ((), _AS_ROOT_INSIDE):
         prefix = (unshare, *extra, *NAMESPACES)
-        try:
-            probe = subprocess.run([*prefix, sys.executable, str(JAIL), "--", "true"], capture_output=True, text=True,
-                                   timeout=20)
+        try:  # in a directory of its own, like a worker's (the caller's may be /tmp, or /)
+            with tempfile.TemporaryDirectory(prefix="stark-probe-") as here:
+                probe = subprocess.run([*prefix, sys.executable, str(JAIL), "--", "true"], capture_output=True,
+                                       text=True, timeout=20, cwd=here)
         except (OSError, subprocess.TimeoutExpired) as e:
             reasons.append(str(e))
             continue

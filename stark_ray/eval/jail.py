@@ -35,6 +35,7 @@ which the probe of :func:`stark_ray.eval.isolation.isolation_prefix` reports.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import sys
 
@@ -150,6 +151,9 @@ def build_world(writable: list[str], readable: list[str], hidden: list[str]) -> 
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host's namespace
     for path in (*writable, *readable):  # a path not made yet (a new build cache) is the host's, not a private one
         os.makedirs(path, exist_ok=True)
+    for path in writable:  # its own directory, a cache: never a system directory (/tmp: every other worker's)
+        if not _hideable(path):
+            raise JailError(errno.EINVAL, f"{path} cannot be made writable in the read-only world")
     covered = {os.path.realpath(p) for p in hidden if _hideable(p)}
     private = [p for p in PRIVATE if os.path.isdir(p) and not os.path.islink(p)]  # /var/run: a link to /run
     roots = covered | set(private)
@@ -278,7 +282,8 @@ def main(argv: list[str]) -> None:
 
 
 def _fail(e: BaseException) -> None:
-    print(f"a read-only world for the worker could not be made: {e}", file=sys.stderr, flush=True)
+    why = e.strerror if isinstance(e, JailError) else e  # JailError: what failed and why, without the number
+    print(f"a read-only world for the worker could not be made: {why}", file=sys.stderr, flush=True)
     os._exit(FAILED)
 
 

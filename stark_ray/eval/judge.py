@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import functools
 import json
 import math
 import os
@@ -33,12 +34,14 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend, get_backend
+from stark_ray.eval.builds import serve_build
 from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.confirmation import CONFIRM_ABOVE, confirm
 from stark_ray.eval.diagnostics import describe_exception
@@ -512,6 +515,10 @@ def _tensors(values: Any) -> list[torch.Tensor]:
 
 
 # -- the process ------------------------------------------------------------------------------------------------
+def _serve_build(spec: WorkerSpec, request: dict[str, Any], seconds: float) -> dict[str, Any]:
+    return serve_build(request, spec, Path(spec.build_dir), seconds)
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="stark_ray.eval.judge")
     p.add_argument("--backend", required=True)
@@ -539,8 +546,10 @@ def main(argv: list[str] | None = None) -> None:
         ctrl.flush()
 
     spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True,
-                      builds=not get_backend(args.backend).precompile, hidden=tuple(args.hide))
+                      hidden=tuple(args.hide))
     worker = WorkerProcess(spec, max_requests=args.max_requests, spare=args.spare_worker)
+    if spec.isolate:  # what it builds (cpu_cpp; a build in ModelNew's __init__) is made outside (eval/builds.py)
+        worker.on_build = functools.partial(_serve_build, spec)
     started: list[BaseException | None] = []
 
     def start_worker() -> None:  # beside our own start: torch, the device, its facts

@@ -69,13 +69,17 @@ PCH_AFTER_BUILDS = 3
 
 
 def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[str],
-               after_builds: int | None = None) -> Path | None:
+               after_builds: int | None = None, build: bool = True) -> Path | None:
     """The include directory holding a precompiled torch/extension.h for these flags, or None: for the first
     ``after_builds`` builds of a flag set (counted in the cache), while another process is building the header
     (a build never waits for it), and when it cannot be built (non-gcc compiler, bad flags); the build then
-    goes on without it."""
+    goes on without it. ``build=False``: only a header that is there, whole (a builder's: eval/build_cache.py)."""
     if not sys.platform.startswith("linux"):
         return None
+    if not build:
+        include_dir = root / "pch" / pch_key(extra_cflags, extra_include_paths)
+        whole = (include_dir / HEADER.with_suffix(".h.gch")).is_file() and (include_dir / HEADER).is_file()
+        return include_dir if whole else None
     if after_builds is None:
         after_builds = int(os.environ.get("STARK_RAY_PCH_AFTER", PCH_AFTER_BUILDS))
     key = pch_key(extra_cflags, extra_include_paths)
@@ -110,7 +114,20 @@ def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[st
             log.info("precompiled header failed (see %s); building without it", failed)
             return None
         os.replace(tmp, gch)
+        _with_stub(include_dir)
     return _with_stub(include_dir)
+
+
+# flags the trusted side may precompile the header with (eval/builds.py): none of them can make gcc run a program
+# or read a file it names (-wrapper, -fplugin=, -B, -specs=, @file, -include ... can)
+SAFE_FLAG = re.compile(r"-(O[0-3sz]?|g[0-3]?|march=native|mtune=native|std=(c|gnu)\+\+\w+|fopenmp|ffast-math|"
+                       r"funroll-loops|fPIC|fno-math-errno|w|Wall|Wextra|Wno-[\w-]+|D[A-Za-z_]\w*(=[\w.]*)?|"
+                       r"U[A-Za-z_]\w*)")
+
+
+def safe_flags(extra_cflags: list[str]) -> bool:
+    """Whether a header precompiled with these flags, by a process outside the candidate's reach, is safe."""
+    return all(isinstance(f, str) and SAFE_FLAG.fullmatch(f) for f in extra_cflags)
 
 
 # A source that includes torch/extension.h itself (most do) includes it a second time after load_inline's own

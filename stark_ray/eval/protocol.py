@@ -27,6 +27,7 @@ from stark_ray.records import EvalResult
 MODE_REFERENCE = "reference"  # validate the task and time the reference alone
 MODE_CANDIDATE = "candidate"  # build the candidate, check it, time it against the reference
 MODE_COMPILE = "compile"  # only import the candidate (which builds its extension): the compile pool's job
+MODE_BUILD = "build"  # a builder: build the load_inline/load arguments sent, outside any candidate (eval/builds.py)
 
 PHASE_START = "start"  # interpreter start, torch import, device set-up (before the hello)
 PHASE_SETUP = "setup"  # task import, reference model, reference outputs (cached per task in a warm worker)
@@ -57,6 +58,7 @@ class WorkerRequest:
     task_source: str
     cfg: dict[str, Any]  # EvalConfig as a dict
     candidate_source: str | None = None
+    build: dict[str, Any] | None = None  # MODE_BUILD: what the candidate's process asked for, and where to build
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -61,8 +61,7 @@ class WorkerSpec:
     backend: str
     build_dir: str
     threads: int
-    compile_only: bool = False  # a compile-pool worker: no device, builds only
-    builds: bool = False  # a device worker that builds what it imports (a backend the pool does not build for)
+    compile_only: bool = False  # a compile-pool worker or a builder: no device
     device: int | None = None  # index among this process's visible GPUs (None: the default / no GPU)
     arch: str | None = None  # TORCH_CUDA_ARCH_LIST for builds (compile workers get the GPU worker's)
     isolate: bool = False  # in namespaces of its own: no other process visible, no network (eval/isolation.py)
@@ -71,6 +70,7 @@ class WorkerSpec:
     extra: tuple[str, ...] = ()  # more arguments for the module
     env: tuple[tuple[str, str], ...] = ()  # more environment variables for it
     hidden: tuple[str, ...] = ()  # isolated: paths it does not see (eval/isolation.py: hidden_paths)
+    writable: tuple[str, ...] = ()  # isolated: what it may write beside its own directory (a builder's output)
 
     def argv(self, spare: bool = False, fd: int | None = None) -> list[str]:
         args = [sys.executable, "-m", self.module, "--backend", self.backend,
@@ -83,11 +83,9 @@ class WorkerSpec:
             args.append("--spare")
         if fd is not None:
             args += ["--fd-channel", str(fd)]
-        if self.isolate:  # builds write the cache; a device worker only reads what the pool built (eval/jail.py)
-            cache = (self.build_dir,)
-            if self.compile_only or self.builds:
-                return jailed(args, writable=cache, hidden=self.hidden)
-            return jailed(args, readable=cache, hidden=self.hidden)
+        if self.isolate:  # the cache read-only: what is missing there, a builder makes (eval/builds.py)
+            args.append("--ask-builds")
+            return jailed(args, writable=self.writable, readable=(self.build_dir,), hidden=self.hidden)
         return args
 
 
@@ -222,6 +220,9 @@ class WorkerProcess:
         self._sock: socket.socket | None = None
         self._spare: _Child | None = None
         self._mark = 0  # log offset of the conversation in progress
+        # serves the builds an isolated worker asks for (eval/builds.py): (request, seconds left) -> answer
+        self.on_build: Callable[[dict[str, Any], float], dict[str, Any]] | None = None
+        self.claims: list[str] = []  # a builder's word: the key of what it builds, said before its compiler runs
 
     # -- life cycle -------------------------------------------------------------------------------------------
     @property
@@ -230,7 +231,7 @@ class WorkerProcess:
 
     def _env(self, workdir: Path) -> dict[str, str]:
         env = worker_env(workdir, self.spec.threads)
-        if self.spec.isolate and not self.spec.compile_only:  # a cache that candidates write is theirs alone
+        if self.spec.isolate:  # a cache that candidates write is theirs alone
             env["TRITON_CACHE_DIR"] = str(workdir / "triton")
         else:
             env.setdefault("TRITON_CACHE_DIR", str(Path(self.spec.build_dir) / "triton"))
@@ -454,7 +455,21 @@ class WorkerProcess:
             if "phase" in msg and len(msg) == 1:
                 clock.enter(str(msg["phase"]))
                 continue
+            if "build" in msg and len(msg) == 1:  # answered, and the wait goes on (the build is in its time)
+                self.send(self._serve_build(msg["build"], clock))
+                continue
+            if "claim" in msg and len(msg) == 1:
+                self.claims.append(str(msg["claim"]))
+                continue
             return Reply(msg, clock.phase)
+
+    def _serve_build(self, request: Any, clock: PhaseClock) -> dict[str, Any]:
+        if self.on_build is None or not isinstance(request, dict):
+            return {"built": False, "error": "builds are not served to this process"}
+        try:
+            return self.on_build(request, max(0.0, clock.deadline - time.monotonic()))
+        except Exception as e:  # the parent's fault, told as a failed build: the candidate's process waits
+            return {"built": False, "error": f"the build could not be served: {type(e).__name__}: {e}"}
 
     def converse(self, msg: dict[str, Any], clock: PhaseClock, fds: Sequence[int] = ()) -> Reply:
         """Send ``msg`` and wait for its answer (starting the process first if it is not running)."""
@@ -470,6 +485,7 @@ class WorkerProcess:
         if not self.alive:
             self.start()
         self.mark_log()
+        self.claims = []
         started = time.monotonic()
         clock = PhaseClock(timeouts, self.start_timeout_s)
         reply = self.converse(json.loads(request.to_json()), clock)
@@ -479,6 +495,7 @@ class WorkerProcess:
         result = result_from_message(reply.msg["result"]) if reply.msg is not None else None
         healthy = reply.msg is not None and bool(reply.msg.get("healthy", True))
         wall = time.monotonic() - started
+        log = reply.log if reply.msg is None else self.log_since_mark()  # before the process (and its log) ends
         if reply.msg is not None:
             if not healthy:  # it said it will exit: give it a moment, then make sure
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -489,9 +506,10 @@ class WorkerProcess:
                 self.served += 1
                 if self.served >= self.max_requests:
                     self.close_current()
-        outcome = WorkerOutcome(result, clock.phase, reply.returncode, reply.timed_out,
-                                reply.log if reply.msg is None else self.log_since_mark(), wall, clock.spent, healthy)
+        outcome = WorkerOutcome(result, clock.phase, reply.returncode, reply.timed_out, log, wall, clock.spent, healthy)
         outcome.extra = {k: v for k, v in (reply.msg or {}).items() if k not in ("result", "healthy")}
+        if self.claims:
+            outcome.extra["claims"] = list(self.claims)
         return outcome
 
 
@@ -516,9 +534,12 @@ def _end(proc: subprocess.Popen[bytes], workdir: Path | None, kill: bool = False
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run_once(spec: WorkerSpec, request: WorkerRequest, timeouts: dict[str, float]) -> WorkerOutcome:
-    """One request in a fresh worker that ends with it (the compile pool's way, and the safest)."""
+def run_once(spec: WorkerSpec, request: WorkerRequest, timeouts: dict[str, float],
+             on_build: Callable[[dict[str, Any], float], dict[str, Any]] | None = None) -> WorkerOutcome:
+    """One request in a fresh worker that ends with it (the compile pool's way, and the safest); the builds it
+    asks for served by ``on_build``. A builder's claim is in the outcome's ``extra["claims"]``."""
     worker = WorkerProcess(spec, start_timeout_s=timeouts.get(PHASE_START, START_TIMEOUT_S), max_requests=1)
+    worker.on_build = on_build
     try:
         try:
             worker.start()

@@ -26,6 +26,7 @@ from typing import Any
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import get_backend
 from stark_ray.eval.build_cache import cache_root
+from stark_ray.eval.builds import serve_build
 from stark_ray.eval.hardware import usable_cpus
 from stark_ray.eval.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
 from stark_ray.eval.outcome import limits_for, lost_result
@@ -215,8 +216,12 @@ class EvalService:
         spec = WorkerSpec(cfg.backend, str(self.build_dir), max(1, self.threads // self.compile_workers),
                           compile_only=True, arch=self._build_arch(), isolate=self.isolated, hidden=self.hidden)
         limits = {PHASE_SETUP: cfg.compile_timeout_s, PHASE_COMPILE: cfg.compile_timeout_s}
-        with self._compile_slots:
-            outcome = run_once(spec, self._request(MODE_COMPILE, task, cfg, source), limits)
+        def on_build(request: dict[str, Any], seconds: float) -> dict[str, Any]:
+            return serve_build(request, spec, self.build_dir, seconds)
+
+        with self._compile_slots:  # isolated, it cannot write the cache: its builds are made outside (eval/builds.py)
+            outcome = run_once(spec, self._request(MODE_COMPILE, task, cfg, source), limits,
+                               on_build if self.isolated else None)
         result = outcome_to_result(outcome, limits)
         build_s = outcome.phase_s.get(PHASE_COMPILE, 0.0)
         if outcome.phase == PHASE_START and outcome.result is None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stark_ray.eval.lifetime import become_subreaper, die_with_parent, reap
-from stark_ray.eval.protocol import STACK_DUMP_SIGNAL, WorkerRequest, result_to_message
+from stark_ray.eval.protocol import MODE_BUILD, STACK_DUMP_SIGNAL, WorkerRequest, result_to_message
 
 
 def _control_channel() -> TextIO:
@@ -51,6 +51,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--spare", action="store_true",
                    help="import, then wait for a 'go' line on stdin before touching the device (a hot spare)")
     p.add_argument("--fd-channel", type=int, default=None, help="the Unix socket the judge passes buffers on")
+    p.add_argument("--ask-builds", action="store_true",
+                   help="isolated: the cache is read-only here; missing entries are built by the parent's builder")
     return p.parse_args(argv)
 
 
@@ -74,11 +76,14 @@ def main(argv: list[str] | None = None) -> None:
             laps[name] = round(time.perf_counter() - started - sum(laps.values()), 3)
 
         from stark_ray.eval.backends import get_backend
+        from stark_ray.eval.build_cache import set_requester
         from stark_ray.eval.garbage import collect
-        from stark_ray.eval.host import CandidateHost, build_only, preload
+        from stark_ray.eval.host import CandidateHost, build_extension, build_only, preload
 
         backend = get_backend(args.backend)
         build_dir = Path(args.build_dir)
+        if args.ask_builds:
+            set_requester(_asking(send))
         lap("imports_s")
         if args.spare:  # a hot spare: nothing on the device until the parent promotes it (its timings go on)
             preload()  # CPU only: what the host imports (torch._dynamo: seconds)
@@ -120,7 +125,9 @@ def main(argv: list[str] | None = None) -> None:
             private = Path(tempfile.mkdtemp(prefix="req-", dir=home))
             os.chdir(private)
             try:
-                answer = result_to_message(build_only(WorkerRequest.from_json(line), send, count), True)
+                req = WorkerRequest.from_json(line)
+                made = build_extension(req, send, build_dir) if req.mode == MODE_BUILD else build_only(req, send, count)
+                answer = result_to_message(made, True)
             finally:
                 os.chdir(home)
                 with contextlib.suppress(OSError):
@@ -137,6 +144,22 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.flush()
     ctrl.close()
     os._exit(0)  # no interpreter teardown: a candidate's atexit hooks and destructors cannot hang it
+
+
+def _asking(send: Any) -> Any:
+    """The build requester of an isolated worker: the request on the control channel, the answer the parent's next
+    line on stdin (the worker reads nothing else while a request runs)."""
+
+    def ask(payload: dict[str, Any]) -> dict[str, Any]:
+        send({"build": payload})
+        line = sys.stdin.readline()
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        return answer if isinstance(answer, dict) else {"built": False, "error": "no answer to the build request"}
+
+    return ask
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""Builds made outside the candidate's reach: the trusted side of an isolated worker's ``--ask-builds``.
+
+An isolated process that runs generated code (a compile-pool worker importing a candidate, a device worker) sees the
+build cache read-only. Where an extension it loads is not in the cache, it sends the load_inline / load arguments
+to its parent (the service or the judge), which serves the request here: a *builder* — a worker in a fresh
+process, isolated too, started for this one build, that runs no code of the candidate, only torch's build of
+those arguments — builds into a directory of its own, the only one it can write. It names the build's key (a hash
+of the arguments and the toolchain) before its compiler runs, and from then on its word counts for nothing: a flag
+can make the compiler run any program (``-wrapper``). What it made is published into the cache under the key it
+named first, with the library's digest recorded here (:func:`stark_ray.eval.build_cache.publish`), so a candidate
+can spoil only the entry of arguments no honest candidate sends.
+
+The precompiled header the build uses is made here, by the trusted side, and only for flags that cannot run a
+program (:func:`stark_ray.eval.pch.safe_flags`); the builder uses one only where it already lies whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from stark_ray.eval.build_cache import publish
+from stark_ray.eval.pch import ensure_pch, safe_flags
+from stark_ray.eval.protocol import MODE_BUILD, PHASE_COMPILE, PHASE_SETUP, WorkerRequest
+from stark_ray.eval.runner import WorkerSpec, run_once
+from stark_ray.records import STAGE_OK
+
+KEY = re.compile(r"[0-9a-f]{16}")
+MIN_BUILD_S = 1.0  # a build asked for with less time left is refused at once
+
+
+def serve_build(request: dict[str, Any], spec: WorkerSpec, cache: Path, seconds: float) -> dict[str, Any]:
+    """Build what an isolated worker asked for (``request``: its key, arguments and sources) in a builder made
+    from ``spec`` (the asking worker's, as a compile worker), publish it into ``cache``; the answer it gets:
+    ``built``, the builder's ``log`` (the compiler's output, for the candidate's log) and an ``error`` line."""
+    key = str(request.get("key", ""))
+    if not KEY.fullmatch(key) or not isinstance(request.get("arguments"), dict):
+        return {"built": False, "error": "a malformed build request"}
+    if seconds < MIN_BUILD_S:
+        return {"built": False, "error": "no time left for the build"}
+    _precompile_header(request, cache)
+    out = Path(tempfile.mkdtemp(prefix="stark-build-"))
+    try:
+        builder = replace(spec, compile_only=True, writable=(str(out),), module="stark_ray.eval.worker",
+                          extra=(), fd_channel=False, env=(), device=None)
+        asked = {k: request.get(k) for k in ("key", "inline", "arguments", "files", "arch")}
+        req = WorkerRequest(mode=MODE_BUILD, task_name="", task_source="", cfg={}, build={**asked, "out": str(out)})
+        outcome = run_once(builder, req, {PHASE_SETUP: seconds, PHASE_COMPILE: seconds})
+        claims = outcome.extra.get("claims") or []
+        log = outcome.log
+        if outcome.result is None or outcome.result.stage != STAGE_OK:
+            error = outcome.result.error if outcome.result is not None else f"the builder ended in {outcome.phase}"
+            return {"built": False, "log": log, "error": error}
+        if claims[:1] != [key]:
+            return {"built": False, "log": log,
+                    "error": f"the builder built {claims[:1] or 'nothing'}, not the key asked for ({key})"}
+        try:
+            publish(out / key, cache)
+        except (OSError, ValueError) as e:
+            return {"built": False, "log": log, "error": f"the build could not be published: {e}"}
+        return {"built": True, "log": log}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _precompile_header(request: dict[str, Any], cache: Path) -> None:
+    """The precompiled torch/extension.h for a load_inline build's flags, counted and made here as a build in
+    this process would (eval/pch.py), where the flags are safe and name no include directory."""
+    arguments = request.get("arguments") or {}
+    if os.environ.get("STARK_RAY_PCH", "1") == "0" or not request.get("inline", True):
+        return
+    if arguments.get("no_implicit_headers") or arguments.get("sycl_sources"):
+        return
+    cflags, includes = arguments.get("extra_cflags") or [], arguments.get("extra_include_paths") or []
+    cflags = [cflags] if isinstance(cflags, str) else list(cflags)
+    if includes or not safe_flags(cflags):
+        return
+    with contextlib.suppress(OSError):  # only a head start: the build works without it
+        ensure_pch(cache, cflags, [])
