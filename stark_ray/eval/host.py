@@ -15,6 +15,7 @@ candidate that patches the process) is checked after each step: a change ends th
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import shutil
 import socket
@@ -453,7 +454,7 @@ def build_extension(req: WorkerRequest, send: Send, cache_dir: Path) -> EvalResu
             Path(path).write_text(str(text))
         inline = bool(asked.get("inline", True))
         installed = cpp_extension.load_inline if inline else cpp_extension.load
-        original = getattr(installed, "__wrapped__", installed)
+        original = inspect.unwrap(installed)  # torch's own, under every wrapper of ours
         cache = BuildCache(Path(str(asked["out"])), use_pch=os.environ.get("STARK_RAY_PCH", "1") != "0",
                            on_key=lambda key: send({"claim": key}), pch_root=cache_dir)
         cache.wrap(original, is_inline=inline)(**dict(asked.get("arguments") or {}))
