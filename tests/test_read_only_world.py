@@ -8,6 +8,7 @@ namespaces, the cpu_cpp backend."""
 from __future__ import annotations
 
 import hashlib
+import os
 import site
 import tempfile
 import uuid
@@ -186,6 +187,10 @@ open("/dev/shm/x", "w").write("x")
 print("null and shm written")
 hidden = sys.argv[3]
 print("hidden", sorted(os.listdir(hidden)), open(os.path.join(hidden, "tools", "tool.txt")).read())
+try:
+    print("uid", os.getuid(), "read", open(sys.argv[4]).read())
+except OSError as e:
+    print("uid", os.getuid(), "refused", e.strerror)
 """
 
 
@@ -209,13 +214,22 @@ def test_a_jailed_process_reads_the_build_cache_and_cannot_write_it(places: dict
     (hidden / "key.txt").write_text(SECRET)
     (hidden / "tools" / "tool.txt").write_text("a tool")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(places["home"]), "PYTHONPATH": str(kept)}
-    command = [sys.executable, "-c", JAILED, str(cache), str(kept), str(hidden)]
+    owned = places["base"] / "open" / "root-only.txt"  # in a directory anyone may cross, readable by its owner only
+    owned.parent.mkdir()
+    owned.write_text(SECRET)
+    owned.chmod(0o600)
+    places["base"].chmod(0o755)
+    owned.parent.chmod(0o755)
+    command = [sys.executable, "-c", JAILED, str(cache), str(kept), str(hidden), str(owned)]
     proc = subprocess.run(jailed(command, readable=(str(cache), str(hidden / "tools")), hidden=(str(hidden),)),
                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "built imported"
     lines = proc.stdout.splitlines()
-    assert lines.count("refused Read-only file system") == 3 and "wrote" not in proc.stdout, proc.stdout
+    # read-only, and (a root evaluator's candidate runs as nobody) not its own
+    refused = [ln for ln in lines if ln.startswith("refused ")]
+    assert len(refused) == 3 and "wrote" not in proc.stdout, proc.stdout
+    assert set(refused) <= {"refused Read-only file system", "refused Permission denied"}, refused
     assert "own directory written" in proc.stdout and (work / "mine").read_text() == "its own directory"
     assert (cache / "entry" / "lib.so").read_text() == "built" and not (cache / "new").exists()
     assert "core_pattern refused Read-only file system" in proc.stdout and "wrote core_pattern" not in proc.stdout
@@ -227,6 +241,8 @@ def test_a_jailed_process_reads_the_build_cache_and_cannot_write_it(places: dict
     # a /dev of its own: no disk, no kernel log, a few nodes (and the GPU's); /dev/null and /dev/shm work
     assert "block devices 0 False True" in proc.stdout and "null and shm written" in proc.stdout, proc.stdout
     assert "hidden ['tools'] a tool" in proc.stdout, proc.stdout  # the key is not there, what was put back is
+    if os.geteuid() == 0:  # a root evaluator's candidate is nobody: it owns no file of the host
+        assert "uid 65534 refused Permission denied" in proc.stdout, proc.stdout
 
 
 WRAPPED = """
@@ -269,7 +285,10 @@ def test_builds_are_made_outside_the_candidate_and_land_under_their_own_key(plac
         assert len(entries) == 1, entries
         first_key = entries.pop()
         built = _digests(cache)
-        script = places["base"] / "wrapper.sh"
+        script = places["base"] / "tools" / "wrapper.sh"  # where anyone may run it (a root evaluator's is nobody)
+        script.parent.mkdir()
+        places["base"].chmod(0o755)
+        script.parent.chmod(0o755)
         script.write_text(SCRIPT.format(cache=cache, first_key=first_key))
         script.chmod(0o755)
         hostile = WRAPPED.format(tiny=TINY, cache=str(cache), first_key=first_key, script=str(script),

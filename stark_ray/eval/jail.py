@@ -21,11 +21,15 @@ Started by path (standard library only: no package import before the world is re
    directory and ``--rw`` paths writable, the others read-only; a ``--hide`` path that lies inside something
    put back is covered after it;
 5. hides well-known credential locations (:data:`HIDDEN`) in what was put back of a home directory;
-6. enters a user and mount namespace of its own (root mapped to root), in which every mount above is *locked*:
-   a candidate, root in that namespace, can neither remount them writable nor unmount what covers a path
-   (Linux locks the mounts a less privileged mount namespace inherits); then, in a session of its own (a signal
-   to its process group cannot reach ``unshare`` outside the namespace), it executes ``COMMAND``, which stays the
-   namespace's first process.
+6. where the evaluator is the host's root, gives its own directory and ``--rw`` paths to an unprivileged user
+   (:data:`NOBODY`) and becomes it, with no capability left and ``no_new_privs``: the candidate reads only what
+   anyone may read (not ``/etc/shadow``, not other users' homes), owns no host file and cannot mount or unmount
+   anything; otherwise (the evaluator's own user, mapped to root by the outer user namespace) it enters a user
+   and mount namespace of its own (root mapped to root), in which every mount above is *locked*: a candidate,
+   root in that namespace, can neither remount them writable nor unmount what covers a path (Linux locks the
+   mounts a less privileged mount namespace inherits); then, in a session of its own (a signal to its process
+   group cannot reach ``unshare`` outside the namespace), it executes ``COMMAND``, which stays the namespace's
+   first process.
 
 A path is never hidden that is, or holds, a system directory (:data:`NEVER_HIDDEN`: the root, ``/usr``, ...).
 It needs Linux 5.12 or later (``mount_setattr``); where a step fails it exits with code 97 and one line on stderr,
@@ -59,6 +63,7 @@ TOOLCHAIN_VARS = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE
 # the device nodes of the worker's /dev, beside the GPU's (/dev/nvidia*): no disk, no loop device, no kernel log
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 FAILED = 97  # the exit code of a world that could not be made
+NOBODY = 65534  # who a candidate of a root evaluator is: it owns nothing of the host
 
 # x86_64 and aarch64 share these (system calls added since Linux 5.1 have one number everywhere)
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
@@ -67,6 +72,7 @@ _AT_FDCWD = -100
 _MOUNT_ATTR_RDONLY = 0x1
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 4096, 0x4000, 1 << 18
 _CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
+_PR_SET_NO_NEW_PRIVS = 38
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -143,10 +149,26 @@ def _without_nested(paths: set[str]) -> set[str]:
     return {p for p in paths if not any(q != p and _under(p, q) for q in paths)}
 
 
-def build_world(writable: list[str], readable: list[str], hidden: list[str]) -> None:
+def _closed_ancestors(paths: set[str]) -> set[str]:
+    """The directories above ``paths`` that others may not cross (no search permission for them)."""
+    closed = set()
+    for path in paths:
+        parent = os.path.dirname(path)
+        while parent not in ("/", ""):
+            try:
+                if not os.stat(parent).st_mode & 0o001 and _hideable(parent):
+                    closed.add(parent)
+            except OSError:
+                pass
+            parent = os.path.dirname(parent)
+    return closed
+
+
+def build_world(writable: list[str], readable: list[str], hidden: list[str], unprivileged: bool = False) -> None:
     """Steps 1-5 of the module's doc, in this process's mount namespace (``readable``: more paths that stay
     visible, read-only, wherever they lie; ``hidden``: directories (or files) covered, but for what of them
-    must stay visible)."""
+    must stay visible; ``unprivileged``: for a process that will not be root, what it needs lies below
+    directories it may cross)."""
     here = os.getcwd()
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host's namespace
     for path in (*writable, *readable):  # a path not made yet (a new build cache) is the host's, not a private one
@@ -165,6 +187,10 @@ def build_world(writable: list[str], readable: list[str], hidden: list[str]) -> 
     wanted = {p for p in wanted if p not in roots}
     wanted |= {os.path.realpath(p) for p in readable if os.path.exists(p)}
     wanted |= {p for p in KEEP_IN_RUN if os.path.isdir(p)}
+    if unprivileged:  # a directory others may not cross (/root: 0700) is covered, but for what is needed below it
+        closed = _closed_ancestors(wanted | keep_rw) - roots
+        covered |= closed
+        roots |= closed
     keep_ro = _without_nested({p for p in wanted if any(_under(p, r) and p != r for r in roots)
                                or p in covered} - keep_rw)
     keep_ro = {p for p in keep_ro if not any(_under(p, w) for w in keep_rw)}
@@ -254,6 +280,29 @@ def lock_world() -> None:
     _write("/proc/self/gid_map", f"0 {gid} 1")
 
 
+def host_root() -> bool:
+    """Whether this process is root of the host's own user namespace (an evaluator run as root: a container, a
+    cloud image), where a candidate mapped to it would own every root-owned file it can see."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            return os.geteuid() == 0 and f.read().split() == ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
+def drop_root(writable: list[str]) -> None:
+    """Step 6 where the evaluator is the host's root: ``writable`` given to :data:`NOBODY`, which this process
+    becomes, with no capability and no way back (``no_new_privs``: a set-user-ID program grants nothing). It can
+    neither mount nor unmount here, and mounts it sees from a namespace of its own are locked."""
+    for path in writable:
+        if os.path.isdir(path):
+            os.chown(path, NOBODY, NOBODY)
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
+    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
 def main(argv: list[str]) -> None:
     try:
         paths: dict[str, list[str]] = {"--rw": [os.getcwd()], "--ro": [], "--hide": []}
@@ -268,8 +317,12 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     command = args[1:]
     try:
-        build_world(paths["--rw"], paths["--ro"], paths["--hide"])
-        lock_world()
+        unprivileged = host_root()
+        build_world(paths["--rw"], paths["--ro"], paths["--hide"], unprivileged)
+        if unprivileged:
+            drop_root(paths["--rw"])
+        else:
+            lock_world()
         # a session and process group of its own: `kill(0, ...)` by a candidate would otherwise reach `unshare`,
         # outside the namespace, which shares the group it was started in
         os.setsid()
