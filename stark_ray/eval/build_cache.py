@@ -76,6 +76,15 @@ def cache_root(build_dir: str | None) -> Path:
     return Path(build_dir).expanduser() if build_dir else DEFAULT_BUILD_DIR.expanduser()
 
 
+def open_to_readers(root: Path) -> None:
+    """The cache readable by isolated workers, which run as nobody where the evaluator is root (eval/jail.py):
+    what the trusted side writes there is made with the caller's umask."""
+    root.mkdir(parents=True, exist_ok=True)
+    for path in (root, root / "pch"):
+        if path.is_dir():
+            path.chmod(path.stat().st_mode | 0o055)
+
+
 def build_key(arguments: dict[str, Any]) -> str:
     import torch
 
@@ -305,7 +314,7 @@ def _load_finished(arguments: dict[str, Any], build_dir: Path) -> Any:
         with _loading_copies(build_dir):
             return cpp_extension._import_module_from_library(name, str(build_dir),
                                                              bool(arguments.get("is_python_module", True)))
-    except PoisonedBuild:
+    except (PoisonedBuild, PermissionError):  # changed since; or made unreadable to this worker (a umask of 077)
         return None
 
 
@@ -326,6 +335,9 @@ def publish(built: Path, cache: Path) -> None:
             if p in libraries or p.name in ("stark_headers", "stark_pch"):
                 shutil.copyfile(p, staging / p.name)
         (staging / DIGEST_FILE).write_text(file_digest(staging / libraries[0].name))
+        for p in staging.iterdir():  # readable by whoever loads it (a root evaluator's worker is nobody)
+            p.chmod(0o644)
+        staging.chmod(0o755)
         with file_lock(cache / f"{key}.lock"):
             target, old = cache / key, cache / f".{key}.old.{os.getpid()}.{threading.get_ident()}"
             if target.exists():

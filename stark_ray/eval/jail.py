@@ -316,6 +316,7 @@ def main(argv: list[str]) -> None:
         print("usage: jail.py [--rw PATH | --ro PATH | --hide PATH]... -- COMMAND...", file=sys.stderr)
         sys.exit(2)
     command = args[1:]
+    os.umask(0o022)  # the mount points it makes: crossable by the worker, whoever it is (the caller's may be 077)
     try:
         unprivileged = host_root()
         build_world(paths["--rw"], paths["--ro"], paths["--hide"], unprivileged)

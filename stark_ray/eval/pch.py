@@ -115,6 +115,10 @@ def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[st
             return None
         os.replace(tmp, gch)
         _with_stub(include_dir)
+        for path in (root / "pch", include_dir, gch.parent):  # a builder (nobody, under a root evaluator) reads it
+            path.chmod(0o755)
+        for path in (gch, include_dir / HEADER):
+            path.chmod(0o644)
     return _with_stub(include_dir)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import get_backend
-from stark_ray.eval.build_cache import cache_root
+from stark_ray.eval.build_cache import cache_root, open_to_readers
 from stark_ray.eval.builds import serve_build
 from stark_ray.eval.hardware import usable_cpus
 from stark_ray.eval.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
@@ -126,6 +126,8 @@ class EvalService:
         # a GPU's worker has a hot spare: a restart (crash, timeout, recycling) costs a CUDA context, not a start
         extra = ["--max-requests", str(worker_max_requests)]
         self.hidden = hidden_paths(self.cfg.hidden_paths) if self.isolated else ()
+        if self.isolated:
+            open_to_readers(self.build_dir)
         if self.isolated:
             extra += ["--isolate-worker", *(a for path in self.hidden for a in ("--hide", path))]
         if device is not None if spare is None else spare:
