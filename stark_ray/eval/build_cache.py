@@ -174,6 +174,8 @@ class BuildCache:
             base = re.sub(r"\W", "_", str(arguments.get("name", "ext"))) or "ext"
             arguments["name"] = f"{base}_{key}"
             build_dir = self.root / key
+            if self.pch_root is not None:  # a builder: what an earlier build of this key chose for its headers
+                _seed_choice(self.pch_root / key / "stark_headers", build_dir)
             arguments["build_directory"] = str(build_dir)
             arguments["verbose"] = True
             self.builds.append(key)
@@ -346,6 +348,30 @@ def publish(built: Path, cache: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _seed_choice(choice: Path, build_dir: Path) -> None:
+    try:
+        chosen = choice.read_text() if choice.is_file() else ""
+    except OSError:
+        return
+    if chosen in (HEADERS_LIGHT, HEADERS_FULL):
+        build_dir.mkdir(parents=True, exist_ok=True)
+        (build_dir / choice.name).write_text(chosen)
+
+
+def publish_choice(built: Path, cache: Path) -> None:
+    """What a failed build chose for its headers (``stark_headers``: light or full), kept for the next build of
+    its key, as a failed build in this process keeps it (the next one then skips the try without the header)."""
+    choice = built / "stark_headers"
+    if not choice.is_file() or choice.is_symlink() or choice.read_text() not in (HEADERS_LIGHT, HEADERS_FULL):
+        return
+    entry = cache / built.name
+    with file_lock(cache / f"{built.name}.lock"):
+        entry.mkdir(parents=True, exist_ok=True)
+        entry.chmod(0o755)
+        shutil.copyfile(choice, entry / choice.name)
+        (entry / choice.name).chmod(0o644)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stark_ray.eval.build_cache import publish
+from stark_ray.eval.build_cache import publish, publish_choice
 from stark_ray.eval.pch import ensure_pch, safe_flags
 from stark_ray.eval.protocol import MODE_BUILD, PHASE_COMPILE, PHASE_SETUP, WorkerRequest
 from stark_ray.eval.runner import WorkerSpec, run_once
@@ -56,6 +56,9 @@ def serve_build(request: dict[str, Any], spec: WorkerSpec, cache: Path, seconds:
         log = outcome.log
         if outcome.result is None or outcome.result.stage != STAGE_OK:
             error = outcome.result.error if outcome.result is not None else f"the builder ended in {outcome.phase}"
+            if claims[:1] == [key]:
+                with contextlib.suppress(OSError):
+                    publish_choice(out / key, cache)
             return {"built": False, "log": log, "error": error}
         if claims[:1] != [key]:
             return {"built": False, "log": log,
