@@ -5,8 +5,10 @@ process: not the ``/proc/<pid>/environ`` of the driver or the agent workers, whi
 signal the evaluator), and in a new network namespace (no network at all: nothing to send data to, no cloud
 metadata endpoint that hands out the node's credentials), in a new mount namespace where the whole file system is
 read-only but for its own directory and a private ``/tmp`` (:mod:`stark_ray.eval.jail`, which also hides the
-home directory's credential files and locks all of it against the candidate). Where the caller is not root, a
+home, working and run directories but for what the worker needs of them, gives it a ``/dev`` of its own, makes a
+root evaluator's worker ``nobody``, and locks all of it against the candidate). Where the caller is not root, a
 user namespace maps it to root inside, which the other namespaces need. CUDA works inside (checked on an H200).
+Builds an isolated worker needs are made outside its reach (:mod:`stark_ray.eval.builds`).
 
 Inside, the worker is the namespace's first process (PID 1): a signal it sends itself with no handler installed
 (``os.kill(os.getpid(), SIGSEGV)``, ``raise(SIGABRT)``) is ignored rather than fatal; faults raised by the
