@@ -18,17 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from stark_ray.eval.exchange import (
-    ExchangeError,
-    Outbox,
-    SharedBuffer,
-    TensorSpec,
-    decode_leaf_meta,
-    decode_tree,
-    encode_tree,
-)
+from stark_ray.eval.exchange import ExchangeError, Outbox, SharedBuffer, TensorSpec
 from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
 from stark_ray.eval.protocol import send_fds
+from stark_ray.eval.trees import decode_leaf_meta, decode_tree, encode_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 

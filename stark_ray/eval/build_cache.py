@@ -325,6 +325,8 @@ def publish(built: Path, cache: Path) -> None:
     key: its library (a regular file, not a link) and what the build chose, with the library's digest recorded
     here, by the trusted side. ValueError when ``built`` holds no single library."""
     key = built.name
+    if built.is_symlink() or not built.is_dir():  # the builder made it: a link could point anywhere
+        raise ValueError(f"the build {key} made no directory of its own")
     files = [p for p in built.iterdir() if p.is_file() and not p.is_symlink()]
     libraries = [p for p in files if p.name.endswith(f"_{key}{LIB_EXT}")]
     if len(libraries) != 1:
@@ -364,7 +366,9 @@ def publish_choice(built: Path, cache: Path) -> None:
     """What a failed build chose for its headers (``stark_headers``: light or full), kept for the next build of
     its key, as a failed build in this process keeps it (the next one then skips the try without the header)."""
     choice = built / "stark_headers"
-    if not choice.is_file() or choice.is_symlink() or choice.read_text() not in (HEADERS_LIGHT, HEADERS_FULL):
+    if built.is_symlink() or not choice.is_file() or choice.is_symlink():
+        return
+    if choice.read_text() not in (HEADERS_LIGHT, HEADERS_FULL):
         return
     entry = cache / built.name
     with file_lock(cache / f"{built.name}.lock"):

@@ -36,15 +36,7 @@ from stark_ray.eval.backends import Backend
 from stark_ray.eval.build_log import LogTail, candidate_frame, compile_failure
 from stark_ray.eval.compare import Tolerances, compare_outputs
 from stark_ray.eval.diagnostics import compiler_log, describe_exception
-from stark_ray.eval.exchange import (
-    SharedBuffer,
-    TensorSpec,
-    decode_tree,
-    digests,
-    dtype_name,
-    encode_tree,
-    touch,
-)
+from stark_ray.eval.exchange import SharedBuffer, TensorSpec, digests, dtype_name, touch
 from stark_ray.eval.garbage import collect_after, collect_all, in_use
 from stark_ray.eval.guards import Fingerprint, nbytes_of, output_problem, poison
 from stark_ray.eval.kernel_sources import KernelSources, own_kernel_names, python_kernel_names
@@ -76,6 +68,7 @@ from stark_ray.eval.timing import (
     leaves_work_behind,
     time_interleaved,
 )
+from stark_ray.eval.trees import decode_tree, encode_tree
 from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
 
 Send = Callable[[dict[str, Any]], None]

@@ -45,13 +45,7 @@ from stark_ray.eval.builds import serve_build
 from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.confirmation import CONFIRM_ABOVE, confirm
 from stark_ray.eval.diagnostics import describe_exception
-from stark_ray.eval.exchange import (
-    ExchangeError,
-    Outbox,
-    decode_leaf_meta,
-    decode_tree,
-    encode_tree,
-)
+from stark_ray.eval.exchange import ExchangeError, Outbox
 from stark_ray.eval.garbage import collect, collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
@@ -75,6 +69,7 @@ from stark_ray.eval.protocol import (
 )
 from stark_ray.eval.runner import MAX_REQUESTS, PhaseClock, Reply, WorkerProcess, WorkerSpec, WorkerStartError
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
+from stark_ray.eval.trees import decode_leaf_meta, decode_tree, encode_tree
 from stark_ray.eval.trials import JudgeTask, Trial, all_trials, standard_trial, synchronize
 from stark_ray.eval.verdicts import Decided, protocol_broken, tampered
 from stark_ray.eval.worker_batch import LABEL, WorkerBatch
