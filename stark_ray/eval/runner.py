@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import queue
+import select
 import shutil
 import signal
 import site
@@ -38,6 +39,7 @@ from stark_ray.eval.process_tree import children, kill_tree
 from stark_ray.eval.protocol import (
     PHASE_SETUP,
     PHASE_START,
+    PHASES,
     STACK_DUMP_SIGNAL,
     STACK_DUMP_WAIT_S,
     WorkerRequest,
@@ -47,6 +49,10 @@ from stark_ray.eval.protocol import (
 from stark_ray.eval.sandbox_env import worker_env
 from stark_ray.records import EvalResult
 
+MAX_LINE = 64 << 20  # bytes in one message of a worker (a build request carries a candidate's sources)
+MAX_LOG_READ = 8 << 20  # bytes of a worker's log read back at most (its last ones)
+MAX_BUILDS = 32  # build requests one conversation may make; more is taken for a broken worker
+SEND_TIMEOUT_S = 30.0  # a message to a worker that does not read it
 EXIT_GRACE_S = 10.0  # an unhealthy or closing worker gets this long to exit on its own
 START_TIMEOUT_S = 180.0  # interpreter, torch, CUDA context, device probe
 MAX_REQUESTS = 64  # a worker is recycled after this many requests (loaded extensions only accumulate)
@@ -100,17 +106,22 @@ class PhaseClock:
         self.spent: dict[str, float] = {}
         self.phase = phase
         self.started = time.monotonic()
-        self.deadline = self.started + limits.get(phase, default_s)
+        # what no phase change can move: a worker that says it moves on (or back) gets no more than all phases
+        self.final = self.started + sum(limits.get(p, default_s) for p in PHASES if p != PHASE_START)
+        self.deadline = min(self.started + limits.get(phase, default_s), self.final)
         if on_enter is not None:
             on_enter(phase)
 
     def enter(self, phase: str) -> None:
-        """Move on to ``phase`` (its own time limit starts now); the same phase again changes nothing."""
-        if phase == self.phase:
+        """Move on to ``phase`` (its own time limit starts now). Only forward, in the order of PHASES: the same
+        phase again, an earlier one or an unknown name changes nothing (the worker says it, and it runs hostile
+        code)."""
+        order = {p: i for i, p in enumerate(PHASES)}
+        if phase not in order or order[phase] <= order.get(self.phase, -1):
             return
         self.close()
         self.phase, self.started = phase, time.monotonic()
-        self.deadline = self.started + self.limits.get(phase, self.default_s)
+        self.deadline = min(self.started + self.limits.get(phase, self.default_s), self.final)
         if self.on_enter is not None:
             self.on_enter(phase)
 
@@ -164,11 +175,30 @@ class WorkerOutcome:
 
 
 def _reader(stream: IO[bytes], q: queue.Queue[bytes | None]) -> None:
+    """The worker's control channel, a line each; a line longer than MAX_LINE ends it (taken for the worker's
+    end: a hostile one could otherwise fill the parent's memory)."""
     try:
-        for line in stream:
+        while True:
+            line = stream.readline(MAX_LINE + 1)
+            if not line or len(line) > MAX_LINE:
+                break
             q.put(line)
     finally:
         q.put(None)
+
+
+def _write(fd: int, data: bytes, deadline: float) -> None:
+    """All of ``data`` to a non-blocking pipe before ``deadline`` (TimeoutError after it: a worker that does not
+    read its stdin cannot block its parent)."""
+    view = memoryview(data)
+    while view:
+        _, ready, _ = select.select([], [fd], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise TimeoutError("the worker does not read its input")
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            continue
 
 
 def visible_device(device: int | None, base: str | None) -> str | None:
@@ -193,6 +223,8 @@ class _Child:
     spawned: float
     sock: socket.socket | None = None  # our end of the file-descriptor channel
     ready: bool = False  # a spare that said it waits, its imports done
+    log_fd: int = -1  # the log, as the parent opened it: read through this, never by its path (which the worker
+    # could replace with a link to a file only the parent may read)
 
 
 class WorkerProcess:
@@ -216,12 +248,13 @@ class WorkerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._queue: queue.Queue[bytes | None] = queue.Queue()
         self._workdir: Path | None = None
-        self._log_path: Path | None = None
+        self._log_fd = -1
         self._sock: socket.socket | None = None
         self._spare: _Child | None = None
         self._mark = 0  # log offset of the conversation in progress
         # serves the builds an isolated worker asks for (eval/builds.py): (request, seconds left) -> answer
         self.on_build: Callable[[dict[str, Any], float], dict[str, Any]] | None = None
+        self._builds = 0  # build requests since the log was marked (one conversation)
         self.claims: list[str] = []  # a builder's word: the key of what it builds, said before its compiler runs
 
     # -- life cycle -------------------------------------------------------------------------------------------
@@ -253,19 +286,24 @@ class WorkerProcess:
     def _spawn(self, spare: bool = False) -> _Child:
         workdir = Path(tempfile.mkdtemp(prefix="stark-eval-"))
         ours, theirs = socket.socketpair() if self.spec.fd_channel else (None, None)
+        log = os.open(workdir / "worker.log", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
-            with open(workdir / "worker.log", "wb") as log:
-                proc = spawn(self.spec.argv(spare, theirs.fileno() if theirs else None), self._env(workdir),
-                             direct=not self.spec.isolate, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=log, cwd=workdir, start_new_session=True,
-                             pass_fds=[theirs.fileno()] if theirs else ())
+            proc = spawn(self.spec.argv(spare, theirs.fileno() if theirs else None), self._env(workdir),
+                         direct=not self.spec.isolate, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=log, cwd=workdir, start_new_session=True,
+                         pass_fds=[theirs.fileno()] if theirs else ())
+        except BaseException:
+            os.close(log)
+            raise
         finally:
             if theirs is not None:
                 theirs.close()
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)
         q: queue.Queue[bytes | None] = queue.Queue()
         assert proc.stdout is not None
         threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
-        return _Child(proc, q, workdir, time.monotonic(), ours)
+        return _Child(proc, q, workdir, time.monotonic(), ours, log_fd=log)
 
     def spare_ready(self, timeout_s: float = 0.0) -> bool:
         """Whether a spare waits with its imports done (waiting up to ``timeout_s`` for it to say so)."""
@@ -291,11 +329,10 @@ class WorkerProcess:
             return None
         try:
             assert child.proc.stdin is not None
-            child.proc.stdin.write(b"go\n")
-            child.proc.stdin.flush()
+            _write(child.proc.stdin.fileno(), b"go\n", time.monotonic() + SEND_TIMEOUT_S)
             return child
         except (OSError, AssertionError):
-            _end(child.proc, child.workdir, sock=child.sock)
+            _end(child.proc, child.workdir, sock=child.sock, log_fd=child.log_fd)
             return None
 
     def start(self) -> dict[str, Any]:
@@ -306,7 +343,7 @@ class WorkerProcess:
         if child is None:
             child = self._spawn()
         self._proc, self._queue, self._workdir, self._sock = child.proc, child.queue, child.workdir, child.sock
-        self._log_path = child.workdir / "worker.log"
+        self._log_fd = child.log_fd
         self._mark = 0
         self.starts += 1
         self.served = 0
@@ -351,9 +388,10 @@ class WorkerProcess:
 
     def _end_current(self, kill: bool) -> None:
         if self._proc is not None:
-            _end(self._proc, self._workdir, kill, self._sock)
+            _end(self._proc, self._workdir, kill, self._sock, self._log_fd)
         self._proc = None
-        self._workdir = self._log_path = None
+        self._workdir = None
+        self._log_fd = -1
         self._sock = None
 
     def close(self) -> None:
@@ -361,7 +399,7 @@ class WorkerProcess:
         self.close_current()
         child, self._spare = self._spare, None
         if child is not None:
-            _end(child.proc, child.workdir, sock=child.sock)
+            _end(child.proc, child.workdir, sock=child.sock, log_fd=child.log_fd)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def _next(self, deadline: float) -> tuple[dict[str, Any] | None, bool]:
@@ -381,26 +419,30 @@ class WorkerProcess:
                 return None, True
             try:
                 msg = json.loads(line)
-            except ValueError:
+            except Exception:  # not JSON, or nested too deep to parse (RecursionError): not a message
                 continue
             if isinstance(msg, dict):
                 return msg, False
 
     def _log_size(self) -> int:
         try:
-            return self._log_path.stat().st_size if self._log_path else 0
+            return os.fstat(self._log_fd).st_size if self._log_fd >= 0 else 0
         except OSError:
             return 0
 
     def _read_log(self, offset: int) -> str:
-        if self._log_path is None:
+        """The log from ``offset`` on, read through the parent's own descriptor; at most its last MAX_LOG_READ
+        bytes."""
+        size = self._log_size()
+        start = max(offset, size - MAX_LOG_READ)
+        if size <= start:
             return ""
         try:
-            with open(self._log_path, "rb") as f:
-                f.seek(offset)
-                return f.read().decode("utf-8", errors="replace")
+            data = os.pread(self._log_fd, size - start, start)
         except OSError:
             return ""
+        text = data.decode("utf-8", errors="replace")
+        return f"[{start - offset} bytes of log left out]\n{text}" if start > offset else text
 
     def _dump_stack(self) -> None:
         """Ask the worker (not its compiler children) to print where it is stuck, and give it a moment."""
@@ -415,23 +457,25 @@ class WorkerProcess:
     def mark_log(self) -> None:
         """What the process prints from now on is the log of the next replies (a candidate's, say)."""
         self._mark = self._log_size()
+        self._builds = 0
 
     def log_since_mark(self) -> str:
         return self._read_log(self._mark)
 
-    def send(self, msg: dict[str, Any], fds: Sequence[int] = ()) -> bool:
-        """Write one message (and pass ``fds`` on the descriptor channel); False when the process is gone."""
+    def send(self, msg: dict[str, Any], fds: Sequence[int] = (), deadline: float | None = None) -> bool:
+        """Write one message (and pass ``fds`` on the descriptor channel); False when the process is gone or does
+        not read it before ``deadline`` (or SEND_TIMEOUT_S)."""
         if not self.alive:
             return False
         assert self._proc is not None and self._proc.stdin is not None
         try:
-            self._proc.stdin.write((json.dumps(msg) + "\n").encode())
-            self._proc.stdin.flush()
+            _write(self._proc.stdin.fileno(), (json.dumps(msg) + "\n").encode(),
+                   min(deadline, time.monotonic() + SEND_TIMEOUT_S) if deadline else time.monotonic() + SEND_TIMEOUT_S)
             if fds:
                 if self._sock is None:
                     raise OSError("no descriptor channel")
                 send_fds(self._sock, fds)
-        except OSError:
+        except (OSError, TimeoutError):
             return False
         return True
 
@@ -456,7 +500,13 @@ class WorkerProcess:
                 clock.enter(str(msg["phase"]))
                 continue
             if "build" in msg and len(msg) == 1:  # answered, and the wait goes on (the build is in its time)
-                self.send(self._serve_build(msg["build"], clock))
+                self._builds += 1
+                if self._builds > MAX_BUILDS:  # a flood: a broken worker, ended
+                    reply = Reply(None, clock.phase, dead=True, log=self.log_since_mark()
+                                  + f"\nstark: the worker asked for more than {MAX_BUILDS} builds in one request")
+                    self.kill()
+                    return reply
+                self.send(self._serve_build(msg["build"], clock), deadline=clock.deadline)
                 continue
             if "claim" in msg and len(msg) == 1:
                 self.claims.append(str(msg["claim"]))
@@ -514,7 +564,7 @@ class WorkerProcess:
 
 
 def _end(proc: subprocess.Popen[bytes], workdir: Path | None, kill: bool = False,
-         sock: socket.socket | None = None) -> None:
+         sock: socket.socket | None = None, log_fd: int = -1) -> None:
     """Make sure a worker process and its group are gone (``kill``: at once; else it may first exit by itself
     when its stdin ends), and remove its directory."""
     if sock is not None:
@@ -530,6 +580,9 @@ def _end(proc: subprocess.Popen[bytes], workdir: Path | None, kill: bool = False
         proc.wait(timeout=EXIT_GRACE_S)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # anything the candidate left running in the group
+    if log_fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(log_fd)
     if workdir is not None:
         shutil.rmtree(workdir, ignore_errors=True)
 

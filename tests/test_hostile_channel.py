@@ -1,0 +1,109 @@
+"""The parent treats everything from a worker as hostile (eval/runner.py): a candidate that replaces its log with a
+link to a file only the parent may read, says it moved on to another phase again and again, floods its parent
+with build requests it never reads the answers to, or writes one endless line, gets its verdict (a crash or a
+timeout), leaks nothing, and the next honest candidate is judged right. Found by a review of the isolation; real
+processes, isolated cpu_cpp workers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from leaky_candidates import MODEL, TASK, quick_service
+
+from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+from stark_ray.eval.service import EvalService
+from stark_ray.eval.tasks import load_task
+from stark_ray.records import STAGE_CRASH, STAGE_TIMEOUT
+
+SECRET = "only-the-parent-may-read-0451"
+HONEST = "import torch\n" + MODEL.format(forward="pass", factor="")
+
+# the worker's control channel: the one pipe it holds open for writing beyond stdout and stderr
+CONTROL = """
+import fcntl, json, os, stat, sys, time
+import torch
+
+
+def control():
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if fd > 2 and stat.S_ISFIFO(st.st_mode) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+            return fd
+    raise RuntimeError("no control channel")
+"""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvalService]:
+    try:
+        isolation_prefix()
+    except IsolationUnavailable as e:
+        pytest.skip(str(e))
+    with quick_service(str(tmp_path_factory.mktemp("build")), isolate="on") as s:
+        yield s
+
+
+def _after(service: EvalService) -> None:
+    honest = service.evaluate(load_task(TASK), HONEST)
+    assert honest.ok, honest.error
+
+
+def test_a_log_replaced_by_a_link_leaks_nothing(service: EvalService, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET)
+    secret.chmod(0o600)
+    tmp_path.chmod(0o755)
+    candidate = f"""
+import os, sys
+log = os.path.join(os.environ["TMPDIR"], "worker.log")
+os.unlink(log)
+os.symlink({str(secret)!r}, log)
+print("replaced", file=sys.stderr, flush=True)
+os._exit(3)
+""" + HONEST
+    r = service.evaluate(load_task(TASK), candidate)
+    assert r.stage == STAGE_CRASH, (r.stage, r.error)
+    assert SECRET not in (r.log or "") and SECRET not in (r.error or "")
+    assert "replaced" in (r.log or "")  # what it printed is still its log
+    _after(service)
+
+
+def test_phases_said_again_and_again_do_not_move_the_deadline(service: EvalService) -> None:
+    candidate = CONTROL + """
+fd = control()
+for i in range(10 ** 6):  # back and forth: each change of phase once gave the candidate a fresh limit
+    os.write(fd, (json.dumps({"phase": ["check", "compile", "setup", "time"][i % 4]}) + "\\n").encode())
+    time.sleep(0.5)
+""" + MODEL.format(forward="pass", factor="")
+    from dataclasses import replace
+
+    cfg = replace(service.cfg, compile_timeout_s=4, check_timeout_s=4, timing_timeout_s=4)
+    r = service.evaluate(load_task(TASK), candidate, cfg)
+    assert r.stage == STAGE_TIMEOUT, (r.stage, r.error)
+    _after(service)
+
+
+@pytest.mark.parametrize("flood", ["builds", "one endless line"])
+def test_a_flood_of_messages_ends_the_worker_not_the_parent(service: EvalService, flood: str) -> None:
+    if flood == "builds":  # requests whose answers it never reads: the parent's writes would block
+        attack = """
+request = (json.dumps({"build": {"key": "0" * 16, "arguments": {}}}) + "\\n").encode()
+for _ in range(5000):
+    os.write(fd, request)
+"""
+    else:  # no newline: the parent would hold all of it in memory
+        attack = """
+chunk = b"[" * (1 << 20)
+for _ in range(100):
+    os.write(fd, chunk)
+"""
+    candidate = CONTROL + "fd = control()\n" + attack + "time.sleep(600)\n" + MODEL.format(forward="pass", factor="")
+    r = service.evaluate(load_task(TASK), candidate)
+    assert not r.ok and r.stage in (STAGE_CRASH, STAGE_TIMEOUT), (r.stage, r.error)
+    _after(service)
