@@ -107,3 +107,30 @@ for _ in range(100):
     r = service.evaluate(load_task(TASK), candidate)
     assert not r.ok and r.stage in (STAGE_CRASH, STAGE_TIMEOUT), (r.stage, r.error)
     _after(service)
+
+
+def test_what_a_candidate_leaves_in_its_worker_does_not_reach_the_next(service: EvalService) -> None:
+    """A module written where the worker started (first on sys.path under ``python -m``) or in the candidate's
+    home, temp or cache directories is not what the next candidate of the same worker imports."""
+    plant = """
+import os, tempfile
+for where in {os.path.dirname(os.getcwd()), os.getcwd(), os.environ["HOME"], tempfile.gettempdir(),
+              os.environ.get("TRITON_CACHE_DIR", os.getcwd())}:
+    try:
+        os.makedirs(where, exist_ok=True)
+        with open(os.path.join(where, "stark_planted.py"), "w") as f:
+            f.write("PLANTED = True\\n")
+    except OSError:
+        pass
+""" + HONEST
+    probe = """
+try:
+    import stark_planted  # noqa: F401
+    raise RuntimeError("imported what the last candidate planted")
+except ImportError:
+    pass
+""" + HONEST
+    first = service.evaluate(load_task(TASK), plant)
+    assert first.ok, first.error
+    second = service.evaluate(load_task(TASK), probe)
+    assert second.ok, second.error

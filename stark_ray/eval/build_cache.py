@@ -51,6 +51,7 @@ DEFAULT_BUILD_DIR = Path("~/.cache/stark-ray/build")
 DIGEST_FILE = "stark_digest"  # in an entry's directory: the SHA-256 of its library as first loaded
 _IMPORT_LOCK = threading.RLock()  # cpp_extension's loader is swapped for the copying one during a load
 LIB_EXT = ".so"  # cpp_extension's on Linux, the only system the evaluator runs on
+MAX_ENTRY_BYTES = 1 << 30  # what a published entry may hold (a builder's output is the candidate's)
 
 # asks the parent for a build, given {"key", "inline", "arguments", "files", "arch"}; answers {"built", "log",
 # "error"}: set in an isolated worker, which cannot write the cache
@@ -331,6 +332,9 @@ def publish(built: Path, cache: Path) -> None:
     libraries = [p for p in files if p.name.endswith(f"_{key}{LIB_EXT}")]
     if len(libraries) != 1:
         raise ValueError(f"the build {key} made {len(libraries)} libraries, not one")
+    size = sum(p.lstat().st_size for p in files)
+    if size > MAX_ENTRY_BYTES:
+        raise ValueError(f"the build {key} made {size} bytes, more than {MAX_ENTRY_BYTES}")
     staging = cache / f".{key}.publish.{os.getpid()}.{threading.get_ident()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

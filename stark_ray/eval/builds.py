@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from stark_ray.eval.build_cache import publish, publish_choice
-from stark_ray.eval.pch import ensure_pch, safe_flags
+from stark_ray.eval.pch import ensure_pch, pch_key, safe_flags
 from stark_ray.eval.protocol import MODE_BUILD, PHASE_COMPILE, PHASE_SETUP, WorkerRequest
 from stark_ray.eval.runner import WorkerSpec, run_once
 from stark_ray.records import STAGE_OK
 
 KEY = re.compile(r"[0-9a-f]{16}")
 MIN_BUILD_S = 1.0  # a build asked for with less time left is refused at once
+MAX_HEADERS = 6  # precompiled headers (flag sets) the trusted side makes in one cache
 
 
 def serve_build(request: dict[str, Any], spec: WorkerSpec, cache: Path, seconds: float) -> dict[str, Any]:
@@ -44,7 +45,11 @@ def serve_build(request: dict[str, Any], spec: WorkerSpec, cache: Path, seconds:
         return {"built": False, "error": "a malformed build request"}
     if seconds < MIN_BUILD_S:
         return {"built": False, "error": "no time left for the build"}
-    _precompile_header(request, cache)
+    files = request.get("files") or {}
+    sources = request["arguments"].get("sources") or []
+    sources = {str(x) for x in ([sources] if isinstance(sources, str) else sources)}
+    if not isinstance(files, dict) or (request.get("inline", True) and files) or not set(files) <= sources:
+        return {"built": False, "error": "a build request may carry a load's sources and nothing else"}
     out = Path(tempfile.mkdtemp(prefix="stark-build-"))
     try:
         builder = replace(spec, compile_only=True, writable=(str(out),), module="stark_ray.eval.worker",
@@ -67,6 +72,7 @@ def serve_build(request: dict[str, Any], spec: WorkerSpec, cache: Path, seconds:
             publish(out / key, cache)
         except (OSError, ValueError) as e:
             return {"built": False, "log": log, "error": f"the build could not be published: {e}"}
+        _precompile_header(request, cache)  # counted for builds that were made: the next ones of its flags use it
         return {"built": True, "log": log}
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -84,5 +90,8 @@ def _precompile_header(request: dict[str, Any], cache: Path) -> None:
     cflags = [cflags] if isinstance(cflags, str) else list(cflags)
     if includes or not safe_flags(cflags):
         return
+    made = [d for d in (cache / "pch").glob("*") if d.is_dir()] if (cache / "pch").is_dir() else []
+    if len(made) >= MAX_HEADERS and not any(d.name == pch_key(cflags, []) for d in made):
+        return  # a few flag sets at most (each header is hundreds of MB)
     with contextlib.suppress(OSError):  # only a head start: the build works without it
         ensure_pch(cache, cflags, [])

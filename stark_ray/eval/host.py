@@ -210,7 +210,9 @@ class CandidateHost:
 
     def load(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         self._forget()
-        os.chdir(tempfile.mkdtemp(prefix="req-", dir=self.home))  # the candidate's private directory, to its end
+        private = tempfile.mkdtemp(prefix="req-", dir=self.home)
+        os.chdir(private)  # the candidate's private directory, to its end (removed then, with all it wrote)
+        _private_places(private)
         cfg = EvalConfig(**msg["cfg"])
         send({"phase": PHASE_SETUP})
         state = self.task_state(str(msg["task_name"]), str(msg["task_source"]), cfg)
@@ -412,6 +414,17 @@ class CandidateHost:
 
     def _trials(self, cfg: EvalConfig) -> int:
         return cfg.timing_trials or self.backend.default_timing_trials()
+
+
+# where a candidate's process writes by default: its own directory, so that nothing it leaves (a module, a cache
+# entry) reaches the next candidate of the same worker
+PRIVATE_PLACES = ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME")
+
+
+def _private_places(directory: str) -> None:
+    for name in PRIVATE_PLACES:
+        os.environ[name] = directory
+    tempfile.tempdir = directory
 
 
 def build_only(req: WorkerRequest, send: Send, count: int) -> EvalResult:

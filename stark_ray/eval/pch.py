@@ -66,6 +66,7 @@ def pch_key(extra_cflags: list[str], extra_include_paths: list[str]) -> str:
 # every build after it, so it pays from about the fourth build of a flag set on. The first three builds of a flag set go
 # without it; a short run never pays for a header it would hardly use. STARK_RAY_PCH_AFTER overrides.
 PCH_AFTER_BUILDS = 3
+PCH_TIMEOUT_S = 600.0  # the header's build (60-70 s on 2 cores)
 
 
 def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[str],
@@ -107,8 +108,13 @@ def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[st
         tmp = gch.with_name(f"{gch.name}.tmp{os.getpid()}")
         cmd = pch_command(tmp, extra_cflags, extra_include_paths)
         log.info("precompiling torch/extension.h: %s", " ".join(cmd))
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False,
+                                  timeout=PCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc = subprocess.CompletedProcess(cmd, -1, f"timed out after {PCH_TIMEOUT_S:.0f} s")
         if proc.returncode != 0:
+            failed.parent.mkdir(parents=True, exist_ok=True)
             failed.write_text(proc.stdout)
             tmp.unlink(missing_ok=True)
             log.info("precompiled header failed (see %s); building without it", failed)

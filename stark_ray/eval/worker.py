@@ -57,6 +57,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # `python -m` put the working directory first on sys.path: a module a candidate writes there would be what the
+    # next candidate imports (the package itself comes from PYTHONPATH)
+    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.realpath(os.getcwd()):
+        del sys.path[0]
     die_with_parent()  # and what a candidate detaches stays below us (eval/lifetime.py)
     become_subreaper()
     args = _args(argv)
