@@ -172,7 +172,8 @@ def build_world(writable: list[str], readable: list[str], hidden: list[str], unp
     here = os.getcwd()
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host's namespace
     for path in (*writable, *readable):  # a path not made yet (a new build cache) is the host's, not a private one
-        os.makedirs(path, exist_ok=True)
+        if not os.path.lexists(path):
+            os.makedirs(path, exist_ok=True)
     for path in writable:  # its own directory, a cache: never a system directory (/tmp: every other worker's)
         if not _hideable(path):
             raise JailError(errno.EINVAL, f"{path} cannot be made writable in the read-only world")
