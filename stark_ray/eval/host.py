@@ -115,6 +115,7 @@ class CandidateHost:
         self.count = 0
         self.healthy = True
         self.home = Path.cwd()
+        self.places = _places_now()  # the worker's own, put back after each candidate
 
     # -- tasks ------------------------------------------------------------------------------------------------
     def task_state(self, name: str, source: str, cfg: EvalConfig) -> TaskState:
@@ -212,7 +213,6 @@ class CandidateHost:
         self._forget()
         private = tempfile.mkdtemp(prefix="req-", dir=self.home)
         os.chdir(private)  # the candidate's private directory, to its end (removed then, with all it wrote)
-        _private_places(private)
         cfg = EvalConfig(**msg["cfg"])
         send({"phase": PHASE_SETUP})
         state = self.task_state(str(msg["task_name"]), str(msg["task_source"]), cfg)
@@ -225,6 +225,7 @@ class CandidateHost:
         source = str(msg.get("candidate_source") or "")
         self.sources.reset()
         name = f"stark_candidate_{self.count}"
+        _private_places(private)  # from its import to its end (the task's files stay the worker's)
         try:
             cand = import_source(source, name, Path.cwd(), "candidate.py")
             if self.fingerprint.changed():  # before ModelNew runs anything: the answer says what changed
@@ -382,6 +383,7 @@ class CandidateHost:
             del cur
             # its module and class are cycles: what it allocated goes now where that may be much (eval/garbage.py)
             collect_after(self.backend.device, before, task_bytes)
+        _restore_places(self.places)
         here = Path.cwd()
         if here != self.home:
             os.chdir(self.home)
@@ -425,6 +427,20 @@ def _private_places(directory: str) -> None:
     for name in PRIVATE_PLACES:
         os.environ[name] = directory
     tempfile.tempdir = directory
+
+
+def _places_now() -> tuple[dict[str, str | None], str | None]:
+    return {name: os.environ.get(name) for name in PRIVATE_PLACES}, tempfile.tempdir
+
+
+def _restore_places(places: tuple[dict[str, str | None], str | None]) -> None:
+    env, tempdir = places
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    tempfile.tempdir = tempdir
 
 
 def build_only(req: WorkerRequest, send: Send, count: int) -> EvalResult:
