@@ -469,8 +469,8 @@ class WorkerProcess:
             return False
         assert self._proc is not None and self._proc.stdin is not None
         try:
-            _write(self._proc.stdin.fileno(), (json.dumps(msg) + "\n").encode(),
-                   min(deadline, time.monotonic() + SEND_TIMEOUT_S) if deadline else time.monotonic() + SEND_TIMEOUT_S)
+            limit = time.monotonic() + SEND_TIMEOUT_S
+            _write(self._proc.stdin.fileno(), (json.dumps(msg) + "\n").encode(), min(deadline or limit, limit))
             if fds:
                 if self._sock is None:
                     raise OSError("no descriptor channel")
