@@ -69,6 +69,9 @@ def optimize(
     isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
                                               "process visible, no network (auto: where the host allows it; "
                                               "on: an error where it does not).")] = EvalConfig.isolate,
+    memory_budget: Annotated[float | None, typer.Option(
+        help="Device memory (GB) for one evaluation, judge and worker together (default: 90% of the GPU's free "
+             "memory); what is kept is chosen to fit, a task that cannot is one line.", show_default=False)] = None,
     baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = "eager",
     tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
@@ -113,7 +116,8 @@ def optimize(
                                 temperature_plan=temperature_plan, temperature_code=temperature_code,
                                 temperature_debug=temperature_debug, temperature_single=temperature_code)
         eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed, baseline=baseline, tolerance=tolerance,
-                              build_dir=str(build_dir) if build_dir else None, isolate=isolate)
+                              build_dir=str(build_dir) if build_dir else None, isolate=isolate,
+                              memory_budget_gb=memory_budget)
     except ValueError as e:
         fail(str(e))
     if backend not in available_backends():
@@ -233,6 +237,9 @@ def eval_candidate(
     isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
                                               "process visible, no network (auto: where the host allows it; "
                                               "on: an error where it does not).")] = EvalConfig.isolate,
+    memory_budget: Annotated[float | None, typer.Option(
+        help="Device memory (GB) for one evaluation, judge and worker together (default: 90% of the GPU's free "
+             "memory); what is kept is chosen to fit, a task that cannot is one line.", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a report.")] = False,
 ) -> None:
     """Compile, check and time one candidate against the task's reference. Exit 0 when it is correct."""
@@ -245,7 +252,7 @@ def eval_candidate(
 
     try:
         cfg = EvalConfig(backend=backend, trials=trials, timing_trials=timing_trials, seed=seed, baseline=baseline,
-                         timing_precision=timing_precision, isolate=isolate,
+                         timing_precision=timing_precision, isolate=isolate, memory_budget_gb=memory_budget,
                          tolerance=tolerance, build_dir=str(build_dir) if build_dir else None)
     except ValueError as e:
         fail(str(e))

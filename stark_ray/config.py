@@ -127,6 +127,10 @@ class EvalConfig:
     # paths isolated generated code never sees, beside the evaluator's home and working directory (a run adds
     # its run directory: hiding()); what a worker needs of them is put back (stark_ray/eval/jail.py)
     hidden_paths: tuple[str, ...] = ()
+    # device memory for one evaluation, judge and worker together (GB); None: 90% of the device's free memory when
+    # the evaluator starts. What is kept (timing sets, trials, other tasks) is chosen to fit; a task that cannot
+    # fit is one line and no evaluation (stark_ray/eval/memory.py). No effect on the CPU backends.
+    memory_budget_gb: float | None = None
 
     def hiding(self, *paths: object) -> EvalConfig:
         """This configuration with ``paths`` (a run directory: a path or a filesystem URI, which needs none) hidden
@@ -155,6 +159,10 @@ class EvalConfig:
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.memory_budget_gb is not None and not (isinstance(self.memory_budget_gb, int | float)
+                                                      and not isinstance(self.memory_budget_gb, bool)
+                                                      and self.memory_budget_gb > 0):
+            raise ValueError(f"memory_budget_gb must be a number of GB > 0, got {self.memory_budget_gb!r}")
         for name in ("compile_timeout_s", "check_timeout_s", "timing_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")

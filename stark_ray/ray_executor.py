@@ -18,11 +18,12 @@ import contextlib
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -33,6 +34,8 @@ from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.campaign import CapTracker
 from stark_ray.dispatch import EvalDispatch
 from stark_ray.eval.backends import get_backend
+from stark_ray.eval.memory import OverBudget
+from stark_ray.eval.tasks import TaskError
 from stark_ray.llm.base import LLMError
 from stark_ray.llm.usage import UsageTotals
 from stark_ray.optimize import (
@@ -129,9 +132,20 @@ class _Driver:
         self.infos: dict[str, TaskInfo] = {
             t.name: TaskInfo(name=t.name, reference_source=t.source, backend=run.eval.backend,
                              hardware=hardware[home[t.name]]["description"]) for t in run.tasks}
+        skipped: list[str] = []
         for task in run.tasks:
-            reference = checked_get(pending[task.name]) if task.name in pending else None
+            try:
+                reference = checked_get(pending[task.name]) if task.name in pending else None
+            except OverBudget as e:  # this device cannot evaluate it at this budget: a campaign goes on without it
+                if len(run.tasks) == 1:
+                    raise
+                skipped.append(task.name)
+                print(f"stark: skipped: {e}", file=sys.stderr, flush=True)
+                continue
             specs.append(TaskSpec(self.infos[task.name], reference))
+        if skipped:
+            self._skip(skipped)
+            run = self.run
         self.phases["references_s"] = time.monotonic() - t0 - self.phases["evaluators_s"]
         t1 = time.monotonic()
         if run.resume is not None:
@@ -239,6 +253,15 @@ class _Driver:
             self.pending[ref] = _Work(_AGENT, ticket, which=which)
             self.agent_load[which] += 1
             self.working += 1
+
+    def _skip(self, names: list[str]) -> None:
+        """Go on without these tasks (their references do not fit the memory budget); none left is a TaskError."""
+        kept = [t for t in self.run.tasks if t.name not in names]
+        if not kept:
+            raise TaskError(f"no task fits the memory budget ({len(names)} skipped)")
+        self.run = replace(self.run, tasks=kept)
+        self.tasks = {t.name: t for t in kept}
+        self.view = RunMirror(t.name for t in kept)
 
     def _info(self, name: str) -> TaskInfo:
         return self.infos[name]

@@ -72,6 +72,9 @@ class EvalResult:
     runtime_cv: float | None = None  # std / mean of the candidate's timed calls
     ref_runtime_cv: float | None = None
     device: str | None = None  # where it was evaluated: "<host>:gpu<index>" (the physical GPU) or "<host>:cpu"
+    # the evaluation's device memory at its peak (GB): the judge's and the worker's allocators and the buffers they
+    # share, each at its own peak, added (an upper bound; CUDA contexts not counted). None off the GPU.
+    peak_memory_gb: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -223,6 +226,7 @@ def attempt_schema() -> Any:
             ("runtime_cv", pa.float64()),
             ("ref_runtime_cv", pa.float64()),
             ("device", pa.string()),
+            ("peak_memory_gb", pa.float64()),
         ]
     )
 

@@ -12,6 +12,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import Tolerances, compare_outputs
 from stark_ray.eval.trials import (
     JudgeTask,
+    all_trials,
     blocks_trial,
     perturbable,
     random_source,
@@ -115,7 +116,7 @@ def test_where_no_level_moves_the_reference_strongly_the_first_clear_move_serves
     first = t.sensitivity
     calls = []
     run = t.run
-    t.run = lambda inputs, seed: calls.append(1) or run(inputs, seed)  # type: ignore[method-assign]
+    t.run = lambda inputs, seed, in_place=False: calls.append(1) or run(inputs, seed, in_place)  # type: ignore[method-assign]
     again, _ = sensitivity_trial(t, base, gen, TOL)
     assert again is not None and t.sensitivity == first and len(calls) == 1  # no climb
 
@@ -156,7 +157,8 @@ def test_same_address_pairs_two_seeded_trials() -> None:
     special, _ = special_trials(t, CFG, TOL)
     pair = special[-1]
     assert pair.then is not None and "same-address" in pair.label
-    second_inputs, second_ref = pair.then
+    second = pair.then()
+    second_inputs, second_ref = second.inputs, second.ref
     assert not torch.equal(pair.inputs[0], second_inputs[0])
     assert compare_outputs(Mse()(*second_inputs), second_ref, TOL).ok
 
@@ -167,3 +169,38 @@ def test_positions_and_blocks_differ_from_one_evaluation_to_the_next() -> None:
     one, _ = sensitivity_trial(t, base, random_source("cpu"), TOL)
     two, _ = sensitivity_trial(t, base, random_source("cpu"), TOL)
     assert one is not None and two is not None and not torch.equal(one.inputs[0], two.inputs[0])
+
+
+class Census(nn.Module):
+    """A reference that counts, at each call, the live tensors of its input's size (in the process: the trials'
+    inputs and outputs held at once); a few changed input elements move its output only at large factors (the
+    sensitivity ladder climbs)."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel = numel
+        self.seen: list[int] = []
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        import gc
+
+        self.seen.append(sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.numel() == self.numel))
+        return (a.mean() + 1000.0) * torch.ones_like(a) + 0.0 * b  # a few changed elements: a tiny move
+
+
+def test_making_the_trials_holds_at_most_the_base_output_and_one_set_of_inputs() -> None:
+    """A 6 GB task's trials are made one set at a time: while the reference runs on a trial's inputs, only the base
+    trial's output lives beside them (not the last level's output, nor a copy of the inputs). 33 rows: a size no
+    other tensor of the test run has."""
+    shape = (33, 97)
+    model = Census(33 * 97)
+    t = task(model, Module(shape))
+    t.cache.limit(0)  # as for a large task: nothing kept
+    for trial, _ in all_trials(t, CFG, TOL):  # as the judge takes them: each one's output dropped once judged
+        if trial is not None:
+            trial.ref = None
+            if trial.then is not None:
+                trial.then()
+    assert len(model.seen) > 9  # the standard trials, blocks, the sensitivity ladder's levels, same address
+    # the call's two inputs, and at most one output of an earlier call (the base trial's)
+    assert max(model.seen) <= 3, model.seen

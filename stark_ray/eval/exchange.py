@@ -242,6 +242,27 @@ def _host_buffer(fd: int, nbytes: int, owner: bool) -> SharedBuffer:
     return buf
 
 
+class _Owned:
+    """The device memory of the shared buffers this process allocated (outside torch's allocator): now and at its
+    peak since :func:`reset_shared_peak`."""
+
+    live = 0
+    peak = 0
+
+
+def shared_bytes() -> int:
+    """Device memory held now by the shared buffers this process allocated."""
+    return _Owned.live
+
+
+def shared_peak() -> int:
+    return _Owned.peak
+
+
+def reset_shared_peak() -> None:
+    _Owned.peak = _Owned.live
+
+
 def _device_buffer(fd: int | None, nbytes: int) -> SharedBuffer:
     drv = _driver()
     device = torch.cuda.current_device()
@@ -255,10 +276,14 @@ def _device_buffer(fd: int | None, nbytes: int) -> SharedBuffer:
         drv.lib.cuMemRelease(ctypes.c_ulonglong(handle))
         raise
     data = torch.as_tensor(_DeviceArray(ptr, size), device="cuda")[:nbytes]
+    owned = size if fd is None else 0  # an attached buffer is the other process's memory
+    _Owned.live += owned
+    _Owned.peak = max(_Owned.peak, _Owned.live)
 
     def release() -> None:
         torch.cuda.synchronize()  # nothing queued may still touch it
         drv.unmap(ptr, size, handle)
+        _Owned.live -= owned
 
     def export() -> int:
         return drv.export_fd(handle)

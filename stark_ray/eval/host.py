@@ -41,12 +41,14 @@ from stark_ray.eval.garbage import collect_after, collect_all, in_use
 from stark_ray.eval.guards import Fingerprint, nbytes_of, output_problem, poison
 from stark_ray.eval.kernel_sources import KernelSources, own_kernel_names, python_kernel_names
 from stark_ray.eval.loader import import_source
+from stark_ray.eval.memory import KEPT_SHARE, Plan, apply_cap
 from stark_ray.eval.protocol import (
     OP_END,
     OP_GO,
     OP_LOAD,
     OP_PING,
     OP_REFERENCE,
+    OP_RELEASE,
     OP_RUN,
     OP_STAGE,
     OP_TIME,
@@ -73,8 +75,8 @@ from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_OK, STAGE_
 
 Send = Callable[[dict[str, Any]], None]
 KEPT_TASKS = 32  # task references a worker keeps at most (a campaign worker moves from task to task) ...
-KEPT_SHARE = 0.25  # ... while what they hold on the device stays under this share of its memory
-KEPT_CPU_BYTES = 4 << 30  # ... or, on the CPU, under this
+KEPT_CPU_BYTES = 4 << 30  # ... while what they hold stays under this on the CPU, and on a GPU under the plan's
+CACHED_SLACK = 256 << 20  # cached blocks beyond this go back to the device after a step (the judge's turn next)
 PROFILE_SPIN_US = 2000.0  # the spin ahead of a profiled call: longer than the host needs to launch it
 
 
@@ -114,6 +116,7 @@ class CandidateHost:
         self.current: Loaded | None = None
         self.count = 0
         self.healthy = True
+        self.plan: Plan | None = None  # the memory plan of the task in progress, as the judge sent it
         self.home = Path.cwd()
         self.places = _places_now()  # the worker's own, put back after each candidate
 
@@ -149,7 +152,38 @@ class CandidateHost:
     def _kept_budget(self) -> int:
         if self.backend.device != "cuda":
             return KEPT_CPU_BYTES
+        if self.plan is not None and self.tasks:  # the others' share of the budget, beside the current task's own
+            return next(reversed(self.tasks.values())).held_bytes() + self.plan.kept_others
         return int(KEPT_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+    def _budget(self, msg: dict[str, Any]) -> None:
+        """The judge's word on memory for this step: a cap on this process's allocator and the task's plan."""
+        mem = msg.get("memory")
+        if self.backend.device != "cuda" or not isinstance(mem, dict):
+            return
+        if isinstance(mem.get("cap"), int):
+            apply_cap(int(mem["cap"]))
+        plan = mem.get("plan")
+        if isinstance(plan, dict):
+            try:
+                self.plan = Plan(int(plan["timing_sets"]), bool(plan["keep_sets"]), int(plan["trial_cache"]),
+                                 int(plan["kept_others"]))
+            except (KeyError, TypeError, ValueError):
+                self.plan = None
+
+    def _sets(self, state: TaskState) -> list[list[Any]]:
+        return state.timing_sets(self.plan.timing_sets if self.plan is not None else None)
+
+    def _after_timing(self, state: TaskState) -> None:
+        """Timing sets the plan does not keep go (and their memory back to the device, for the judge's trials)."""
+        if self.plan is not None and not self.plan.keep_sets:
+            state.release_sets()
+            torch.cuda.empty_cache()
+
+    def _memory_report(self) -> dict[str, int]:
+        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > CACHED_SLACK:
+            torch.cuda.empty_cache()
+        return {"reserved": torch.cuda.memory_reserved(), "peak": torch.cuda.max_memory_reserved()}
 
     # -- steps ------------------------------------------------------------------------------------------------
     def handle(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
@@ -157,13 +191,16 @@ class CandidateHost:
         op = msg.get("op")
         steps: dict[str, Callable[[dict[str, Any], Send], dict[str, Any]]] = {
             OP_REFERENCE: self.reference, OP_LOAD: self.load, OP_RUN: self.run, OP_TIME: self.time,
-            OP_STAGE: self.stage, OP_GO: self.go, OP_END: self.end}
+            OP_STAGE: self.stage, OP_GO: self.go, OP_END: self.end, OP_RELEASE: self.release}
         if op == OP_PING:
             return {"pong": True, "tampered": [], "healthy": self.healthy}
         step = steps.get(str(op))
-        if step is None or (op not in (OP_REFERENCE, OP_LOAD, OP_END) and self.current is None):
+        if step is None or (op not in (OP_REFERENCE, OP_LOAD, OP_END, OP_RELEASE) and self.current is None):
             return {"error": f"unexpected step {op!r}"}
+        if self.backend.device == "cuda" and op != OP_GO:
+            torch.cuda.reset_peak_memory_stats()  # this step's peak, for the judge
         try:
+            self._budget(msg)
             answer = step(msg, send)
         except TaskError as e:
             answer = {"failed": asdict(_task_failure(str(e)))}
@@ -174,12 +211,14 @@ class CandidateHost:
             answer["tampered"] = []
             answer["healthy"] = True
             return answer
-        if self.tasks:
+        if self.tasks and op != OP_RELEASE:
             self.evict(next(reversed(self.tasks)))
         changed = self.fingerprint.changed()
         self.healthy = not changed and self.backend.healthy()
         answer["tampered"] = changed
         answer["healthy"] = self.healthy
+        if self.backend.device == "cuda" and self.healthy:
+            answer["memory"] = self._memory_report()
         return answer
 
     def reference(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
@@ -191,12 +230,17 @@ class CandidateHost:
         if cfg.baseline == "compile":
             fns.append(state.baseline_compiled())
         try:
-            timings = time_interleaved(fns, state.timing_sets(), self.backend.timer(), cfg.warmup,
+            timings = time_interleaved(fns, self._sets(state), self.backend.timer(), cfg.warmup,
                                        self._trials(cfg), None, _warmup_ms(state), cfg.timing_precision)
         except TaskError:
             raise
+        except torch.OutOfMemoryError:
+            raise TaskError(f"task {state.name}: the reference ran out of device memory while being timed "
+                            "(the memory budget, or what else the device holds)") from None
         except Exception as e:
             raise TaskError(f"task {state.name}: reference forward failed: {describe_exception(e)}") from None
+        finally:
+            self._after_timing(state)
         stats = Stats.of(timings[0].stats.samples + timings[1].stats.samples)
         noise = timings[0].stats.median / timings[1].stats.median
         log = f"reference: {stats.describe()}; self-speedup (noise) {noise:.3f}"
@@ -276,7 +320,7 @@ class CandidateHost:
         head_start = True
         if state.device == "cuda":
             try:
-                report = profile_call(cur.model, list(_clone(state.timing_sets()[0])), _spin_cycles())
+                report = profile_call(cur.model, list(_clone(self._sets(state)[0])), _spin_cycles())
             except Exception as e:  # no profiler here (CUPTI missing): say so, do not guess
                 report = None
                 notes.append(f"kernel profile unavailable: {describe_exception(e)}")
@@ -303,17 +347,19 @@ class CandidateHost:
 
         timer = self.backend.timer(head_start)
         try:
-            timings = time_interleaved(fns, state.timing_sets(), timer, cfg.warmup, self._trials(cfg), check,
+            timings = time_interleaved(fns, self._sets(state), timer, cfg.warmup, self._trials(cfg), check,
                                        _warmup_ms(state), cfg.timing_precision)
             compiled_ms = None
             if cfg.baseline == "compile":  # checked once when compiled; timed beside the eager reference
-                compiled = time_interleaved([state.model, state.baseline_compiled()], state.timing_sets(),
+                compiled = time_interleaved([state.model, state.baseline_compiled()], self._sets(state),
                                             self.backend.timer(head_start), cfg.warmup, self._trials(cfg), None,
                                             _warmup_ms(state), cfg.timing_precision)[1]
                 compiled_ms = compiled.stats.median
                 notes.append(f"torch.compile baseline: {compiled.stats.describe()}")
         except TimingMismatch as e:
             return {"timed": {"mismatch": f"{e} (memoised or racy output?)"}}
+        finally:
+            self._after_timing(state)
         ref_t, new_t = timings
         synced = not head_start
         if head_start and leaves_work_behind(new_t, ref_t):
@@ -367,6 +413,20 @@ class CandidateHost:
         else:
             self._batch(cur)
         return {"done": {"digests": digests(cur.slot_buffers)}}
+
+    def release(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
+        """Before the judge makes a new task's first trial: the states of the tasks kept here down to ``keep`` bytes
+        (least recently used first), and what they held back to the device."""
+        keep = int(msg.get("keep", 0))
+        dropped = 0
+        while self.tasks and sum(s.held_bytes() for s in self.tasks.values()) > keep:
+            del self.tasks[next(iter(self.tasks))]
+            dropped += 1
+        if dropped:
+            collect_all()
+        if self.backend.device == "cuda":
+            torch.cuda.empty_cache()
+        return {"released": dropped}
 
     def end(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         self._forget()

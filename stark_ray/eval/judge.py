@@ -45,11 +45,23 @@ from stark_ray.eval.builds import serve_build
 from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.confirmation import CONFIRM_ABOVE, confirm
 from stark_ray.eval.diagnostics import describe_exception
-from stark_ray.eval.exchange import ExchangeError, Outbox
+from stark_ray.eval.exchange import ExchangeError, Outbox, reset_shared_peak, shared_bytes, shared_peak
 from stark_ray.eval.garbage import collect, collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
 from stark_ray.eval.lifetime import become_subreaper, die_with_parent
+from stark_ray.eval.memory import (
+    CONTEXTS_BYTES,
+    KEPT_SHARE,
+    Footprint,
+    OverBudget,
+    apply_cap,
+    check_fits,
+    meta_footprint,
+    param_bytes,
+    plan_for,
+    resolve_budget,
+)
 from stark_ray.eval.outcome import limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
@@ -59,7 +71,9 @@ from stark_ray.eval.protocol import (
     OP_LOAD,
     OP_PING,
     OP_REFERENCE,
+    OP_RELEASE,
     OP_RUN,
+    OP_STAGE,
     OP_TIME,
     PHASE_CHECK,
     PHASE_TIME,
@@ -79,8 +93,8 @@ Send = Callable[[dict[str, Any]], None]
 LARGE_SPEEDUP = 10.0  # flagged (informational) above this
 WORKER_FLAGS = ("no_kernel", "extra_stream", "unordered_stream")  # what the worker's profile may report
 KEPT_TASKS = 32  # task references the judge keeps, as the worker does
-KEPT_SHARE = 0.25
 KEPT_CPU_BYTES = 4 << 30
+CACHED_SLACK = 256 << 20  # cached blocks beyond this go back to the device before the other process's turn
 RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
 LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial's inputs this large, cached blocks go back to the device
 _ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
@@ -97,47 +111,186 @@ def _number(value: Any) -> float:
 class Judge:
     """Serves the service's requests inside the judge process."""
 
-    def __init__(self, backend: Backend, worker: WorkerProcess) -> None:
+    def __init__(self, backend: Backend, worker: WorkerProcess, free_at_start: int = 0) -> None:
         self.backend = backend
         self.worker = worker
         self.tasks: OrderedDict[str, JudgeTask] = OrderedDict()
         self.round_trip_s = 0.0  # the worker's least message round trip (measure_round_trip) ...
         self.round_trip_of = -1  # ... for the process of this start (WorkerProcess.starts)
+        self.free_at_start = free_at_start  # the device's free memory when the judge started (the default budget)
+        self.budget = 0  # bytes, for the request in progress (0: none, off the GPU)
+        self.worker_reserved = 0  # the worker's device memory, as its last answer said
+        self.peak = 0  # the request's device memory at its peak, judge and worker together
+        self.own_peak = 0  # the judge's own allocations at their peak over the request
+        self.judge_then = 0  # the judge's memory while the worker does a step
+        self.plan_message: dict[str, Any] = {}  # what the worker is told of the budget with each step
+
+    # -- memory -----------------------------------------------------------------------------------------------
+    def set_budget(self, cfg: EvalConfig) -> None:
+        if self.backend.device != "cuda":
+            return
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        self.budget = resolve_budget(cfg.memory_budget_gb, self.free_at_start, total)
+
+    def cap_self(self) -> None:
+        """This process's allocator capped at the budget less the worker's memory and the shared buffers."""
+        if self.budget:
+            apply_cap(self.budget - CONTEXTS_BYTES - self.worker_reserved - shared_bytes())
+
+    def worker_cap(self) -> int:
+        """What the worker may take now: the budget less the judge's memory (cached blocks given back first)."""
+        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > CACHED_SLACK:
+            torch.cuda.empty_cache()
+        return self.budget - CONTEXTS_BYTES - torch.cuda.memory_reserved() - shared_bytes()
+
+    def memory_fields(self, op: str) -> dict[str, Any]:
+        if not self.budget or op not in (OP_LOAD, OP_RUN, OP_TIME, OP_REFERENCE, OP_STAGE):
+            return {}
+        return {"memory": {"cap": self.worker_cap(), **self.plan_message}}
+
+    def note_worker_memory(self, msg: dict[str, Any]) -> None:
+        """The worker's memory as its answer says: held now, and at its peak during the step (beside what the judge
+        held when it sent the step)."""
+        mem = msg.get("memory")
+        if isinstance(mem, dict):
+            with contextlib.suppress(TypeError, ValueError):
+                self.worker_reserved = max(0, int(mem.get("reserved", 0)))
+                self.peak = max(self.peak, self.judge_then + max(0, int(mem.get("peak", 0))))
+
+    def close_interval(self) -> None:
+        """The judge's own work since the last step (its allocator and the shared buffers at their peaks), beside
+        the worker's memory as it last said: folded into the request's peak; the counters start again."""
+        if self.backend.device != "cuda":
+            return
+        self.own_peak = max(self.own_peak, torch.cuda.max_memory_allocated())
+        self.peak = max(self.peak, torch.cuda.max_memory_reserved() + shared_peak() + self.worker_reserved)
+        torch.cuda.reset_peak_memory_stats()
+        reset_shared_peak()
+        self.judge_then = torch.cuda.memory_reserved() + shared_bytes()
+
+    def peak_bytes(self) -> int | None:
+        """The request's device memory at its peak, judge and worker together (their allocators and the shared
+        buffers; the CUDA contexts not counted)."""
+        if self.backend.device != "cuda":
+            return None
+        self.close_interval()
+        return self.peak
+
+    def room_for_shared(self, nbytes: int) -> None:
+        """torch.OutOfMemoryError where ``nbytes`` more of shared buffers would not fit in the budget (they are made
+        outside torch's allocator, which the caps hold)."""
+        if not self.budget:
+            return
+        held = CONTEXTS_BYTES + torch.cuda.memory_reserved() + shared_bytes() + self.worker_reserved
+        if held + nbytes > self.budget:
+            raise torch.OutOfMemoryError(f"the trial's shared buffers ({nbytes / GB:.2f} GB) do not fit in the memory "
+                                         f"budget of {self.budget / GB:.1f} GB ({held / GB:.2f} GB held)")
+
+    def reset_peaks(self) -> None:
+        self.peak = self.own_peak = self.judge_then = 0
+        if self.backend.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            reset_shared_peak()
+
+    def release_others(self, allowance: int, clock: PhaseClock | None) -> None:
+        """Before a new task's first trial: the other tasks' states down to ``allowance`` bytes, here and in the
+        worker, and their memory back to the device."""
+        while self.tasks and sum(t.held_bytes() for t in self.tasks.values()) > allowance:
+            del self.tasks[next(iter(self.tasks))]
+            collect_all()
+        _release_cached(self.backend.device)
+        if clock is not None and self.worker.alive:
+            self._step(OP_RELEASE, {"keep": allowance}, clock)
 
     # -- tasks ------------------------------------------------------------------------------------------------
-    def task(self, req: WorkerRequest, cfg: EvalConfig) -> JudgeTask:
-        """The task's reference, checked once: forward runs, returns something comparable, and is deterministic."""
+    def task(self, req: WorkerRequest, cfg: EvalConfig, clock: PhaseClock | None = None) -> JudgeTask:
+        """The task's reference, checked once: forward runs, returns something comparable, and is deterministic;
+        its footprint measured and the memory plan chosen (a task that cannot fit the budget: OverBudget)."""
+        self.set_budget(cfg)
         key = task_key(req.task_source, cfg.seed)
         task = self.tasks.get(key)
         if task is not None:
             self.tasks.move_to_end(key)
+            if task.footprint is not None and task.plan is not None and self.budget != task.planned_for:
+                check_fits(task.name, task.footprint, self.budget, measured=True)  # another request's budget
+                self._plan(task)
+            self._tell_plan(task)
             return task
         name, device = req.task_name, self.backend.device
-        module, model, init_inputs = load_reference(name, req.task_source, cfg.seed, device)
-        task = JudgeTask(name, module, model, init_inputs, device, cfg.seed)
-        first = standard_trial(task, cfg, 0)
-        task.input_bytes = sum(nbytes_of(first.inputs))
+        self.cap_self()
+        try:
+            module, model, init_inputs = load_reference(name, req.task_source, cfg.seed, device)
+            task = JudgeTask(name, module, model, init_inputs, device, cfg.seed)
+            if self.budget:  # room for it first: what other tasks keep, here and in the worker
+                shapes = self._check_shapes(task)
+                self.release_others(plan_for(shapes, self.budget).kept_others if shapes else 0, clock)
+                self.cap_self()
+            before = self._measure_start()
+            first = standard_trial(task, cfg, 0)
+        except torch.OutOfMemoryError:
+            if not self.budget:
+                raise
+            raise OverBudget(f"task {name} needs more than its budget of {self.budget / GB:.1f} GB: its reference "
+                             "ran out of memory on its first trial") from None
+        task.input_bytes = first.input_bytes
         leaves = flatten_outputs(first.ref)
         odd = [type(v).__name__ for _, v in leaves if not isinstance(v, _ALLOWED_LEAVES)]
         if odd or not any(isinstance(v, torch.Tensor) for _, v in leaves):
             what = odd[0] if odd else type(first.ref).__name__
             raise TaskError(f"task {name}: the reference returns {what}, which cannot be compared (a tensor, or a "
                             "tuple, list or dict of tensors and numbers)")
+        if before is not None:  # the first trial: its inputs made, the reference run on them
+            work = torch.cuda.max_memory_allocated() - before - first.input_bytes
+            outputs = sum(nbytes_of(first.ref))
+            task.footprint = Footprint(first.input_bytes, outputs, max(work, outputs), param_bytes(model))
+            check_fits(name, task.footprint, self.budget, measured=True)
+            self._plan(task)
         with torch.no_grad():  # no reseeding: a forward that draws random numbers gives other outputs
-            again = model(*[t.clone() if isinstance(t, torch.Tensor) else t for t in first.inputs])
+            again = model(*first.make())
         same = compare_outputs(again, first.ref, Tolerances.of(cfg))
+        del again
         if not same.ok:
             raise TaskError(f"task {name}: the reference is not deterministic (two calls on the same inputs differ: "
                             f"{same.problem}); its forward must not draw random numbers")
         self.tasks[key] = task
         self._evict(key)
+        self._tell_plan(task)
         return task
 
+    def _plan(self, task: JudgeTask) -> None:
+        assert task.footprint is not None
+        task.plan = plan_for(task.footprint, self.budget)
+        task.planned_for = self.budget
+        task.cache.limit(task.plan.trial_cache)
+
+    def _check_shapes(self, task: JudgeTask) -> Footprint | None:
+        """OverBudget before anything large is made, where the task's shapes alone (on the meta device) show that it
+        cannot fit; the footprint by shapes (None where the task cannot be made on the meta device)."""
+        try:
+            shapes = meta_footprint(task.module, task.init_inputs, task.get_inputs)
+        except Exception:  # measured on its first trial instead
+            return None
+        check_fits(task.name, shapes, self.budget, measured=False)
+        return shapes
+
+    def _measure_start(self) -> int | None:
+        if self.backend.device != "cuda":
+            return None
+        self.close_interval()
+        return torch.cuda.memory_allocated()
+
+    def _tell_plan(self, task: JudgeTask) -> None:
+        self.plan_message = ({"plan": task.plan.to_json(), "footprint": task.footprint.to_json()}
+                             if task.plan is not None and task.footprint is not None else {})
+
     def _evict(self, keep: str) -> None:
-        if self.backend.device == "cuda":
-            budget = int(KEPT_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-        else:
+        current = self.tasks[keep]
+        if self.backend.device != "cuda":
             budget = KEPT_CPU_BYTES
+        elif current.plan is not None:  # the others' share of the budget, beside this task's own
+            budget = current.held_bytes() + current.plan.kept_others
+        else:
+            budget = int(KEPT_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         while len(self.tasks) > 1:
             if len(self.tasks) <= KEPT_TASKS and sum(t.held_bytes() for t in self.tasks.values()) <= budget:
                 return
@@ -153,6 +306,7 @@ class Judge:
         """The answer to one request of the service (the result, and what the worker went through)."""
         cfg = EvalConfig(**req.cfg)
         extra: dict[str, Any] = {}
+        self.reset_peaks()
         try:
             if req.mode == MODE_REFERENCE:
                 result = self.reference(req, cfg, send)
@@ -160,6 +314,9 @@ class Judge:
                 result = self.candidate(req, cfg, send)
             else:
                 result = EvalResult.failed(STAGE_RUNTIME, f"the judge does not serve {req.mode!r} requests")
+        except OverBudget as e:  # not the candidate's fault, nor the task's: this device, at this budget
+            result = EvalResult.failed(STAGE_RUNTIME, str(e))
+            result.flags += ["task_error", "over_budget"]
         except TaskError as e:
             result = EvalResult.failed(STAGE_RUNTIME, str(e), traceback.format_exc())
             result.flags.append("task_error")
@@ -179,6 +336,9 @@ class Judge:
             self.worker.kill()
             result = EvalResult.failed(STAGE_RUNTIME, f"the judge failed: {describe_exception(e)}",
                                        traceback.format_exc())
+        peak = self.peak_bytes()
+        if peak is not None:
+            result.peak_memory_gb = round(peak / GB, 3)
         left = self.worker.sweep()
         if left:  # processes a candidate started and left running: killed, and said
             _add_line(result, f"killed {left} process(es) the candidate left running")
@@ -190,6 +350,7 @@ class Judge:
 
     def _out_of_memory(self, req: WorkerRequest, e: BaseException) -> EvalResult:
         self.worker.kill()  # what the worker holds goes back (a candidate may be what filled the device)
+        self.worker_reserved = 0
         _release_cached(self.backend.device)
         return EvalResult(compiled=req.mode == MODE_CANDIDATE, stage=STAGE_RUNTIME, flags=["out_of_memory"],
                           error=f"the device ran out of memory while the judge ran the trials "
@@ -200,7 +361,7 @@ class Judge:
 
     def reference(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
         clock = self._clock(cfg, send)
-        self.task(req, cfg)
+        self.task(req, cfg, clock)
         try:
             msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source,
                                             "cfg": req.cfg}, clock, label="while timing the reference")
@@ -218,9 +379,9 @@ class Judge:
 
     def candidate(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
         clock = self._clock(cfg, send)
-        task = self.task(req, cfg)
+        task = self.task(req, cfg, clock)
         started = time.perf_counter()
-        held = _device_memory_start(self.backend.device)
+        held = torch.cuda.memory_allocated() if self.backend.device == "cuda" else None
         try:
             result = _Candidate(self, task, req, cfg, clock).evaluate()
             if self.worker.alive:  # it forgets the candidate; its fingerprint is checked once more
@@ -232,8 +393,10 @@ class Judge:
         clock.close()
         collect_after(self.backend.device, held, task.input_bytes)  # a cycle holding a trial's gigabytes, say
         if held is not None:  # what this candidate cost the judge's device memory, and what it kept before
-            _add_line(result, f"judge device memory: peak {torch.cuda.max_memory_allocated() / GB:.2f} GB, "
-                              f"{held / GB:.2f} GB held before, {torch.cuda.memory_allocated() / GB:.2f} GB after")
+            self.close_interval()
+            _add_line(result, f"judge device memory: peak {self.own_peak / GB:.2f} GB, "
+                              f"{held / GB:.2f} GB held before, {torch.cuda.memory_allocated() / GB:.2f} GB after; "
+                              f"judge and worker together at most {self.peak / GB:.2f} GB")
         _release_cached(self.backend.device, RESERVED_SHARE)  # a large task's trials, freed: back to the device
         result.eval_s = time.perf_counter() - started
         return result
@@ -253,7 +416,9 @@ class Judge:
               label: str = "") -> dict[str, Any]:
         """One step of the worker's: its answer, checked; a Decided when it died, timed out, tampered, or the
         candidate raised (``label`` says where)."""
-        reply = self.worker.converse({"op": op, **payload}, clock, fds or ())
+        fields = self.memory_fields(op)
+        self.close_interval()
+        reply = self.worker.converse({"op": op, **payload, **fields}, clock, fds or ())
         for fd in fds or ():
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -263,6 +428,7 @@ class Judge:
         if reply.msg is None:
             raise Decided(lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit()))
         msg = reply.msg
+        self.note_worker_memory(msg)
         changed = msg.get("tampered")
         if not isinstance(changed, list) or "healthy" not in msg:
             raise Decided(protocol_broken("an answer without its fingerprint"), recycle=True)
@@ -317,6 +483,7 @@ class _Candidate:
         worker = self.judge.worker
         if not worker.alive:
             worker.start()
+            self.judge.worker_reserved = 0
         if self.judge.round_trip_of != worker.starts:  # a fresh process: before it imports any candidate
             self.judge.measure_round_trip(self.clock)
         worker.mark_log()
@@ -341,7 +508,9 @@ class _Candidate:
             if trial is None:
                 continue
             failure = self.trial(trial)
-            del trial  # a large task's inputs and outputs go before the next trial's come
+            if not self.task.cache.holds(trial):  # its outputs go before the next trial's are made (the loop's
+                trial.ref = None  # tuple still holds the trial itself then)
+            del trial
             if failure is not None:
                 failure.compile_s = compile_s
                 return failure
@@ -404,36 +573,42 @@ class _Candidate:
 
     # -- one trial --------------------------------------------------------------------------------------------
     def trial(self, trial: Trial) -> EvalResult | None:
-        if sum(nbytes_of(trial.inputs)) > LARGE_TRIAL_BYTES:  # the shared buffers come from the device itself
+        """One trial: its inputs made and copied into shared buffers (the judge keeps no other copy: it makes them
+        again to see whether the candidate changed them), the worker's call, the verdict; a same-address trial's
+        second contents made once the first call is judged."""
+        self.judge.cap_self()
+        if trial.input_bytes > LARGE_TRIAL_BYTES:  # the shared buffers come from the device itself
             _release_cached(self.task.device)
+        self.judge.room_for_shared(trial.input_bytes + sum(nbytes_of(trial.ref)))
         box = Outbox()
         try:
-            shared: list[tuple[torch.Tensor, torch.Tensor]] = []  # (the worker's copy, the original)
+            views: list[torch.Tensor] = []  # the worker's copy of each input tensor
 
             def on_input(t: torch.Tensor, path: str) -> dict[str, Any]:
                 spec, view = box.place(t)
-                shared.append((view, t))
+                views.append(view)
                 return {"spec": spec.to_json()}
 
-            tree = encode_tree(trial.inputs, on_input, prefix="input")
+            tree = encode_tree(trial.make(), on_input, prefix="input")  # made, copied, dropped
             slots, slot_specs = self._slots(box, trial.ref)
             fds = box.fds()
             msg = self.step(OP_RUN, {"inputs": tree, "slots": slot_specs, "fds": len(fds), "seed": trial.seed}, fds,
                             trial.label)
-            failure = self._verdict(msg, trial.label, trial.ref, slots, shared)
+            failure = self._verdict(msg, trial.label, trial.ref, slots, views, trial.make)
             if failure is not None or trial.then is None:
                 return failure
-            second, ref2 = trial.then  # the same tensors, new contents
-            new_leaves = [t for t in _tensors(second)]
-            if len(new_leaves) != len(shared):
+            trial.ref = None  # judged: not held while the second contents and their outputs are made
+            second = trial.then()  # the same tensors, new contents
+            contents = _tensors(second.make())
+            if len(contents) != len(views):
                 raise TaskError(f"task {self.task.name}: get_inputs() gave two structures for one task")
-            for (view, _), t in zip(shared, new_leaves, strict=True):
+            for view, t in zip(views, contents, strict=True):
                 view.copy_(t)
-            shared = [(view, t) for (view, _), t in zip(shared, new_leaves, strict=True)]
+            del contents
             box.poison_slots()
             synchronize(self.task)
             msg = self.step(OP_RUN, {"same": True, "seed": trial.seed}, label=f"{trial.label}, second call")
-            return self._verdict(msg, f"{trial.label}, second call", ref2, slots, shared)
+            return self._verdict(msg, f"{trial.label}, second call", second.ref, slots, views, second.make)
         finally:
             box.release()
 
@@ -448,7 +623,7 @@ class _Candidate:
         return slots, specs
 
     def _verdict(self, msg: dict[str, Any], label: str, ref: Any, slots: dict[str, torch.Tensor],
-                 shared: list[tuple[torch.Tensor, torch.Tensor]]) -> EvalResult | None:
+                 views: list[torch.Tensor], make: Callable[[], list[Any]]) -> EvalResult | None:
         """The judge's verdict on one call: None when it passed."""
         ran = msg.get("ran")
         if not isinstance(ran, dict):
@@ -458,10 +633,13 @@ class _Candidate:
             return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=f"{label}: {str(problem)[:250]}",
                               log=str(problem)[:1000])
         synchronize(self.task)
-        for view, original in shared:
-            if not same_values(view, original):
-                return EvalResult(compiled=True, stage=STAGE_CORRECTNESS,
-                                  error=f"{label}: the candidate modified its inputs")
+        self.judge.cap_self()
+        originals = _tensors(make())  # the same values as the worker was given
+        changed = len(originals) != len(views) or not all(map(same_values, views, originals))
+        del originals
+        if changed:
+            return EvalResult(compiled=True, stage=STAGE_CORRECTNESS,
+                              error=f"{label}: the candidate modified its inputs")
         try:
             out = decode_tree(ran.get("outputs"), lambda node: self._leaf(node, slots))
         except ExchangeError as e:
@@ -484,14 +662,6 @@ class _Candidate:
 def _add_line(result: EvalResult, line: str) -> None:
     """One more line at the end of a result's log (which keeps its tail when cut)."""
     result.log = excerpt(f"{result.log}\n{line}" if result.log else line)
-
-
-def _device_memory_start(device: str) -> int | None:
-    """The judge's device memory in use now, its peak counted from here (None off the GPU)."""
-    if device != "cuda":
-        return None
-    torch.cuda.reset_peak_memory_stats()
-    return torch.cuda.memory_allocated()
 
 
 def _release_cached(device: str, above_share: float = 0.0) -> None:
@@ -582,7 +752,8 @@ def main(argv: list[str] | None = None) -> None:
     if isinstance(worker_phases, dict):
         laps.update({f"worker_{k}": v for k, v in worker_phases.items() if isinstance(v, int | float)})
     hello["start_phases"] = laps
-    judge = Judge(backend, worker)
+    free = torch.cuda.mem_get_info()[0] if backend.device == "cuda" else 0
+    judge = Judge(backend, worker, free)
     collect()  # what start-up made is frozen: the collection after each candidate scans only its objects
     send({"hello": hello})
     for line in sys.stdin:

@@ -29,6 +29,7 @@ from stark_ray.eval.build_cache import cache_root, open_to_readers
 from stark_ray.eval.builds import serve_build
 from stark_ray.eval.hardware import usable_cpus
 from stark_ray.eval.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
+from stark_ray.eval.memory import OverBudget
 from stark_ray.eval.outcome import limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
@@ -208,7 +209,7 @@ class EvalService:
             error = result.error or "unknown failure"
             if "task_error" not in result.flags:
                 error = f"task {task.name}: reference {error}"
-            raise TaskError(error)
+            raise (OverBudget if "over_budget" in result.flags else TaskError)(error)
         return result
 
     def _build(self, task: Task, source: str, cfg: EvalConfig) -> tuple[EvalResult | None, float]:

@@ -9,10 +9,9 @@ from typing import Any
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all
+from stark_ray.eval.memory import LARGE_SET_BYTES
 from stark_ray.eval.tasks import TaskError, make_task_inputs
 from stark_ray.eval.timing import INPUT_SETS, make_input_sets
-
-LARGE_SET_BYTES = 1 << 30
 
 
 def on_device(model: Any, device: str) -> Any:
@@ -44,13 +43,21 @@ class TaskState:
     def get_inputs(self) -> list[Any]:
         return make_task_inputs(self.module, self.name)
 
-    def timing_sets(self) -> list[list[Any]]:
-        if self.input_sets is None:
-            first = make_input_sets(self.get_inputs, self.seed, self.device, count=1)
-            # a set larger than LARGE_SET_BYTES is far beyond any cache: two of them rotate as well as four do
+    def timing_sets(self, count: int | None = None) -> list[list[Any]]:
+        """The rotating timing input sets: ``count`` of them (the task's memory plan), else 4, or 2 for a set
+        larger than LARGE_SET_BYTES (far beyond any cache: two rotate as well as four)."""
+        if self.input_sets is not None and count in (None, len(self.input_sets)):
+            return self.input_sets
+        self.input_sets = None
+        first = make_input_sets(self.get_inputs, self.seed, self.device, count=1)
+        if count is None:
             count = INPUT_SETS if sum(nbytes_of(first[0])) <= LARGE_SET_BYTES else 2
-            self.input_sets = first + make_input_sets(self.get_inputs, self.seed + 1, self.device, count=count - 1)
+        self.input_sets = first + make_input_sets(self.get_inputs, self.seed + 1, self.device, count=count - 1)
         return self.input_sets
+
+    def release_sets(self) -> None:
+        """Forget the timing sets (made again when next needed: milliseconds on a GPU)."""
+        self.input_sets = None
 
     def baseline_compiled(self) -> Any:
         """torch.compile of the reference, compiled and warmed on the timing inputs once."""
@@ -60,7 +67,7 @@ class TaskState:
             compiled = torch.compile(self.model)
             try:
                 with torch.no_grad():
-                    compiled(*clone_all(self.timing_sets()[0]))
+                    compiled(*clone_all((self.input_sets or self.timing_sets(1))[0]))
             except Exception as e:
                 raise TaskError(f"task {self.name}: torch.compile baseline failed: {describe_exception(e)}") \
                     from None

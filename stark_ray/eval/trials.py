@@ -22,7 +22,6 @@ finite where it was, or raises, is left out, with a note in the log.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,10 +33,10 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.guards import nbytes_of
-from stark_ray.eval.inputs import clone_all, make_inputs, map_tensors, trial_scale
+from stark_ray.eval.inputs import clone_all, make_inputs, trial_scale
+from stark_ray.eval.memory import TRIAL_CACHE_BYTES, Footprint, Plan, param_bytes
 from stark_ray.eval.tasks import TaskError
 
-TRIAL_CACHE_BYTES = 2 << 30  # per task: the standard trials' inputs and reference outputs kept
 BLOCKS = 8
 BLOCK_SCALE_DECADES = 2.0  # block factors from 10^-2 to 1
 SENSITIVE_COUNTS = (2, 8, 64, 512)  # elements changed per floating input (the last one included)
@@ -46,14 +45,27 @@ SENSITIVE_MARGIN = 4.0  # the reference must move beyond this many times the tol
 STRONG_MARGIN = 32.0  # ... and beyond this many times where some level of the ladder does
 SAMPLE = 1 << 16  # elements looked at to tell whole-number inputs
 
+Inputs = list[Any]
+
 
 @dataclass
 class Trial:
+    """One trial: how to make its inputs, and the reference's outputs for them. The inputs are made when needed
+    (``make`` gives fresh tensors with the same values every time: milliseconds on a GPU), so that a large task's
+    trial holds only its outputs between the moments its inputs are used."""
+
     label: str
-    inputs: list[Any]
+    make: Callable[[], Inputs]
     ref: Any
     seed: int
-    then: tuple[list[Any], Any] | None = None  # same-address: the second contents, and the reference's output
+    then: Callable[[], Trial] | None = None  # same-address: the second contents (the same tensors), made when needed
+    held: int = 0  # bytes it holds (inputs and outputs) where it keeps its inputs: what a cache would keep
+    input_bytes: int = 0
+
+    @property
+    def inputs(self) -> Inputs:
+        """Fresh inputs (the caller's own)."""
+        return self.make()
 
 
 class TrialCache:
@@ -64,14 +76,26 @@ class TrialCache:
         self.used = 0
         self.entries: dict[tuple[int, int, int], Trial] = {}
 
-    def get(self, key: tuple[int, int, int], make: Callable[[], Trial]) -> Trial:
+    def room(self, size: int) -> bool:
+        return self.used + size <= self.max_bytes
+
+    def limit(self, max_bytes: int) -> None:
+        """A new limit (the task's memory plan); everything kept goes where it is exceeded."""
+        self.max_bytes = max_bytes
+        if self.used > max_bytes:
+            self.entries.clear()
+            self.used = 0
+
+    def holds(self, trial: Trial) -> bool:
+        return any(kept is trial for kept in self.entries.values())
+
+    def get(self, key: tuple[int, int, int], build: Callable[[], Trial]) -> Trial:
         found = self.entries.get(key)
         if found is None:
-            found = make()
-            size = sum(nbytes_of(found.inputs)) + sum(nbytes_of(found.ref))
-            if self.used + size <= self.max_bytes:
+            found = build()
+            if found.held and self.room(found.held):
                 self.entries[key] = found
-                self.used += size
+                self.used += found.held
         return found
 
 
@@ -89,6 +113,9 @@ class JudgeTask:
     # where the ladder of counts and factors moved the reference last time, and whether that was a strong move
     sensitivity: tuple[int, int, bool] = (0, 0, True)
     input_bytes: int = 0  # of one trial's inputs
+    footprint: Footprint | None = None  # measured on its first trial (eval/memory.py)
+    plan: Plan | None = None
+    planned_for: int = 0  # the budget the plan was made for
 
     def get_inputs(self) -> list[Any]:
         from stark_ray.eval.tasks import make_task_inputs
@@ -96,19 +123,15 @@ class JudgeTask:
         return make_task_inputs(self.module, self.name)
 
     def held_bytes(self) -> int:
-        held = self.cache.used
-        params = getattr(self.model, "parameters", None)
-        if callable(params):
-            with contextlib.suppress(Exception):  # a reference with an odd parameters(): counted as none
-                held += sum(p.numel() * p.element_size() for p in params())
-        return held
+        return self.cache.used + param_bytes(self.model)
 
-    def run(self, inputs: list[Any], seed: int) -> Any:
-        """The reference's output for ``inputs`` (on a copy: a reference that works in place keeps them)."""
+    def run(self, inputs: list[Any], seed: int, in_place: bool = False) -> Any:
+        """The reference's output for ``inputs``: on a copy, or (``in_place``: the inputs are the caller's own and
+        not needed after) on the inputs themselves, which a reference that works in place may change."""
         torch.manual_seed(seed)
         try:
             with torch.no_grad():
-                out = self.model(*clone_all(inputs))
+                out = self.model(*(inputs if in_place else clone_all(inputs)))
                 if self.device == "cuda":
                     torch.cuda.synchronize()
                 return out
@@ -125,12 +148,22 @@ def trial_label(trial: int, trials: int) -> str:
 
 def standard_trial(task: JudgeTask, cfg: EvalConfig, trial: int) -> Trial:
     seed = cfg.seed + trial
+    scale = trial_scale(trial, cfg.trials)
 
-    def make() -> Trial:
-        inputs = make_inputs(task.get_inputs, seed, trial_scale(trial, cfg.trials), task.device)
-        return Trial(trial_label(trial, cfg.trials), inputs, task.run(inputs, seed), seed)
+    def make() -> Inputs:
+        return make_inputs(task.get_inputs, seed, scale, task.device)
 
-    return task.cache.get((cfg.seed, trial, cfg.trials), make)
+    def build() -> Trial:
+        inputs = make()
+        size = sum(nbytes_of(inputs))
+        label = trial_label(trial, cfg.trials)
+        if task.cache.room(2 * size):  # likely kept: the reference runs on a copy, the inputs stay for next time
+            ref = task.run(inputs, seed)
+            return Trial(label, lambda: clone_all(inputs), ref, seed, held=size + sum(nbytes_of(ref)),
+                         input_bytes=size)
+        return Trial(label, make, task.run(inputs, seed, in_place=True), seed, input_bytes=size)
+
+    return task.cache.get((cfg.seed, trial, cfg.trials), build)
 
 
 def random_source(device: str) -> torch.Generator:
@@ -149,29 +182,55 @@ def perturbable(t: torch.Tensor) -> bool:
     return not bool(torch.equal(sample, sample.round()))
 
 
-def _rebuilt(t: torch.Tensor, change: Callable[[torch.Tensor], None]) -> torch.Tensor:
-    """A copy of ``t`` (same strides) whose flat (contiguous) values ``change`` altered in place."""
-    if t.is_contiguous():  # one copy, changed in place
-        flat = t.detach().clone().reshape(-1)
-        change(flat)
-        return flat.view(t.shape)
-    flat = t.detach().contiguous().reshape(-1).clone()
-    change(flat)
-    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    out.copy_(flat.view(t.shape))
-    return out
+Change = Callable[[int, torch.Tensor], None]  # (the input's number among those changed, its flat values)
 
 
-def _changed_inputs(inputs: list[Any], change: Callable[[torch.Tensor], None]) -> tuple[list[Any], int]:
-    count = [0]
+def change_in_place(inputs: Inputs, change: Change) -> int:
+    """``change`` the flat (contiguous order) values of every perturbable floating input of ``inputs`` (fresh
+    tensors of the caller's own: changed in place, strides kept); how many were changed."""
+    count = 0
+    for _, t in flatten_outputs(inputs, "input"):
+        if not isinstance(t, torch.Tensor) or not perturbable(t):
+            continue
+        if t.is_contiguous():
+            change(count, t.detach().view(-1))
+        else:
+            flat = t.detach().contiguous().reshape(-1)
+            change(count, flat)
+            t.detach().copy_(flat.view(t.shape))
+        count += 1
+    return count
 
-    def one(t: torch.Tensor) -> torch.Tensor:
-        if not perturbable(t):
-            return t.clone()
-        count[0] += 1
-        return _rebuilt(t, change)
 
-    return list(map_tensors(inputs, one)), count[0]
+class _Blocks:
+    """Each floating input scaled block by block: cuts and factors drawn once per input (the same every time the
+    trial's inputs are made)."""
+
+    def __init__(self, gen: torch.Generator) -> None:
+        self.gen = gen
+        self.drawn: dict[int, tuple[list[int], list[float]]] = {}
+
+    def __call__(self, index: int, flat: torch.Tensor) -> None:
+        if index not in self.drawn:
+            gen, n = self.gen, flat.numel()
+            blocks = min(BLOCKS, n)
+            cuts = torch.randint(1, n, (blocks - 1,), generator=gen, device=gen.device).unique() if n > 1 else None
+            edges = [0, *cuts.tolist(), n] if cuts is not None else [0, n]
+            factors = torch.pow(10.0, -BLOCK_SCALE_DECADES * torch.rand(len(edges) - 1, generator=gen,
+                                                                        device=gen.device)).tolist()
+            self.drawn[index] = (edges, factors)
+        edges, factors = self.drawn[index]
+        for a, b, f in zip(edges, edges[1:], factors, strict=False):
+            flat[a:b].mul_(f)
+
+
+def _changed(make: Callable[[], Inputs], change: Change) -> Callable[[], Inputs]:
+    def changed() -> Inputs:
+        inputs = make()
+        change_in_place(inputs, change)
+        return inputs
+
+    return changed
 
 
 def finite_where(out: Any, base: Any) -> bool:
@@ -186,28 +245,19 @@ def finite_where(out: Any, base: Any) -> bool:
 
 def blocks_trial(task: JudgeTask, base: Trial, gen: torch.Generator) -> tuple[Trial | None, str]:
     """Floating inputs scaled block by block (random cuts and factors): a (trial, note)."""
-
-    def scale_blocks(flat: torch.Tensor) -> None:
-        n = flat.numel()
-        blocks = min(BLOCKS, n)
-        cuts = torch.randint(1, n, (blocks - 1,), generator=gen, device=gen.device).unique() if n > 1 else None
-        edges = [0, *cuts.tolist(), n] if cuts is not None else [0, n]
-        factors = torch.pow(10.0, -BLOCK_SCALE_DECADES * torch.rand(len(edges) - 1, generator=gen,
-                                                                    device=gen.device)).tolist()
-        for a, b, f in zip(edges, edges[1:], factors, strict=False):
-            flat[a:b].mul_(f)
-
-    inputs, changed = _changed_inputs(base.inputs, scale_blocks)
-    if not changed:
+    blocks = _Blocks(gen)
+    inputs = base.make()
+    if not change_in_place(inputs, blocks):
         return None, "blocks trial left out: no floating input to scale"
     label = "blocks trial (inputs scaled block by block, by 0.01 to 1)"
     try:
-        ref = task.run(inputs, base.seed)
+        ref = task.run(inputs, base.seed, in_place=True)
     except TaskError as e:
         return None, f"blocks trial left out: the reference fails on it ({e})"
+    del inputs
     if not finite_where(ref, base.ref):
         return None, "blocks trial left out: the reference is not finite on it"
-    return Trial(label, inputs, ref, base.seed), ""
+    return Trial(label, _changed(base.make, blocks), ref, base.seed, input_bytes=base.input_bytes), ""
 
 
 class _Perturbation:
@@ -226,23 +276,19 @@ class _Perturbation:
         share = (0.5 + 0.5 * torch.rand(where.numel(), generator=gen, device=gen.device)).to(device)
         return where, share
 
-    def apply(self, inputs: list[Any], factor: float) -> tuple[list[Any], int]:
-        index = 0
-
-        def multiply(flat: torch.Tensor) -> None:
-            nonlocal index
+    def by(self, factor: float) -> Change:
+        def multiply(index: int, flat: torch.Tensor) -> None:
             if index not in self.picks:
                 self.picks[index] = self._positions(flat.numel(), flat.device)
             where, share = self.picks[index]
-            index += 1
             flat[where] = flat[where] * (share * factor).to(flat.dtype)
 
-        return _changed_inputs(inputs, multiply)
+        return multiply
 
 
-def _sensitive(change: _Perturbation, factor: float, inputs: list[Any], ref: Any, base: Trial) -> Trial:
-    return Trial(f"sensitivity trial ({change.count} elements of each floating input x{factor:g})", inputs, ref,
-                 base.seed)
+def _sensitive(change: _Perturbation, factor: float, ref: Any, base: Trial) -> Trial:
+    return Trial(f"sensitivity trial ({change.count} elements of each floating input x{factor:g})",
+                 _changed(base.make, change.by(factor)), ref, base.seed, input_bytes=base.input_bytes)
 
 
 def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: Tolerances
@@ -253,7 +299,8 @@ def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: T
     for a kernel that samples its input: its estimate of a small move errs by a fraction of that move, which at
     4x the tolerance could stay within it. A 1/16 strided mean of an MSE passed 2 in 60 such trials of 8 elements
     at 4x, 1 in 100 at 32x, and none of 100 with 2 elements at 32x: it misses both, or weighs one 16-fold, and
-    errs by about the whole move."""
+    errs by about the whole move. Each level's inputs are made afresh and changed in place (a large task's inputs
+    are GBs: one set at a time)."""
     weak, strong = tol.widened(SENSITIVE_MARGIN), tol.widened(STRONG_MARGIN)
     start_count, start_factor, want_strong = task.sensitivity  # no strong level last time: the weak one will do
     fallback: tuple[int, int, _Perturbation] | None = None  # its level (made again: a large task's inputs are GBs)
@@ -261,54 +308,66 @@ def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: T
         change = _Perturbation(SENSITIVE_COUNTS[ci], gen)
         for fi in range(start_factor if ci == start_count else 0, len(SENSITIVE_FACTORS)):
             factor = SENSITIVE_FACTORS[fi]
-            inputs, changed = change.apply(base.inputs, factor)
-            if not changed:
+            inputs = base.make()
+            if not change_in_place(inputs, change.by(factor)):
                 return None, "sensitivity trial left out: no floating input to change"
             try:
-                ref = task.run(inputs, base.seed)
+                ref = task.run(inputs, base.seed, in_place=True)
             except TaskError:
                 break
+            del inputs
             if not finite_where(ref, base.ref):
+                del ref
                 break  # larger factors overflow too: try more elements instead
             if compare_outputs(base.ref, ref, weak).ok:  # a candidate ignoring this change might pass
+                del ref  # before the next level's inputs and outputs are made
                 continue
             if not want_strong or not compare_outputs(base.ref, ref, strong).ok:
                 task.sensitivity = (ci, fi, want_strong)
-                return _sensitive(change, factor, inputs, ref, base), ""
+                return _sensitive(change, factor, ref, base), ""
             if fallback is None:
                 fallback = (ci, fi, change)
-            del inputs, ref
+            del ref
     if fallback is not None:
         ci, fi, change = fallback
         task.sensitivity = (ci, fi, False)
-        inputs, _ = change.apply(base.inputs, SENSITIVE_FACTORS[fi])  # the same positions
-        return _sensitive(change, SENSITIVE_FACTORS[fi], inputs, task.run(inputs, base.seed), base), ""
+        inputs = base.make()  # the same positions
+        change_in_place(inputs, change.by(SENSITIVE_FACTORS[fi]))
+        ref = task.run(inputs, base.seed, in_place=True)
+        del inputs
+        return _sensitive(change, SENSITIVE_FACTORS[fi], ref, base), ""
     task.sensitivity = (0, 0, True)
     return None, "sensitivity trial left out: no change of a few input elements moves the reference's output"
 
 
-def same_address_trial(a: Trial, b: Trial) -> Trial:
-    """``a``'s inputs, then ``b``'s written into the same tensors."""
-    return Trial("same-address trial (new contents in the same input tensors)", a.inputs, a.ref, a.seed,
-                 then=(b.inputs, b.ref))
+def same_address_trial(a: Trial, b: Callable[[], Trial]) -> Trial:
+    """``a``'s inputs, then ``b``'s (made when needed) written into the same tensors."""
+    return Trial("same-address trial (new contents in the same input tensors)", a.make, a.ref, a.seed, then=b,
+                 input_bytes=a.input_bytes)
 
 
 def all_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> Iterator[tuple[Trial | None, str]]:
     """Every trial of one evaluation, made one at a time (a large task's trial holds gigabytes: only the one in
-    progress is kept): the standard ones, then blocks, sensitivity and same address; a special trial left out
-    comes as (None, why)."""
+    progress is kept, and nothing here holds one across a yield): the standard ones, then blocks, sensitivity and
+    same address; a special trial left out comes as (None, why)."""
     for t in range(cfg.trials):
         yield standard_trial(task, cfg, t), ""
     gen = random_source(task.device)
     yield blocks_trial(task, standard_trial(task, cfg, 0), gen)
     yield sensitivity_trial(task, standard_trial(task, cfg, 0), gen, tol)
-    first = standard_trial(task, cfg, 0)
+    yield same_address_trial(standard_trial(task, cfg, 0), lambda: _second(task, cfg)), ""
+
+
+def _second(task: JudgeTask, cfg: EvalConfig) -> Trial:
+    """The same-address trial's second contents: the second standard trial's, or fresh ones with one trial."""
     if cfg.trials > 1:
-        second = standard_trial(task, cfg, 1)
-    else:
-        inputs = make_inputs(task.get_inputs, cfg.seed + 1, 1.0, task.device)
-        second = Trial("", inputs, task.run(inputs, cfg.seed + 1), cfg.seed + 1)
-    yield same_address_trial(first, second), ""
+        return standard_trial(task, cfg, 1)
+    seed = cfg.seed + 1
+
+    def make() -> Inputs:
+        return make_inputs(task.get_inputs, seed, 1.0, task.device)
+
+    return Trial("", make, task.run(make(), seed, in_place=True), seed)
 
 
 def special_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> tuple[list[Trial], list[str]]:

@@ -1,0 +1,97 @@
+"""The device memory budget (stark_ray/eval/memory.py): what an evaluation needs, what it keeps, and the one line
+for a task that cannot fit. The GPU tests run KernelBench's own 19_ReLU (one 6.4 GB input) under a budget."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.memory import (
+    CONTEXTS_BYTES,
+    GB,
+    TRANSIENT_BYTES,
+    Footprint,
+    OverBudget,
+    check_fits,
+    plan_for,
+    resolve_budget,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELBENCH = Path(os.environ.get("STARK_KERNELBENCH") or ROOT.parent / "shared" / "kernelbench" / "KernelBench")
+RELU = Footprint(inputs=6_442_450_944, outputs=6_442_450_944, work=6_442_450_944, params=0)  # level1/19_ReLU
+
+
+def test_an_evaluation_needs_four_input_sized_buffers_at_once_for_an_elementwise_task() -> None:
+    phases = RELU.phases()
+    assert max(phases.values()) == 4 * RELU.inputs  # sharing, checking, running and timing all reach it
+    assert RELU.needs() == 4 * RELU.inputs + CONTEXTS_BYTES + TRANSIENT_BYTES
+    reduction = Footprint(inputs=17_179_869_184, outputs=141_705_216, work=141_705_216, params=0)  # 45_Avg_Pool_2D
+    assert 2 * reduction.inputs < reduction.needs() < 40 * GB
+
+
+def test_the_plan_keeps_what_the_budget_leaves_room_for() -> None:
+    small = Footprint(inputs=4 << 20, outputs=4 << 20, work=8 << 20, params=1 << 20)
+    roomy = plan_for(small, 40 * 10**9)
+    assert roomy.timing_sets == 4 and roomy.keep_sets and roomy.trial_cache > 0
+    at_40 = plan_for(RELU, 40 * 10**9)  # 28 GB needed: one more set fits while timing, not kept beside the trials
+    assert at_40.timing_sets == 2 and not at_40.keep_sets
+    at_80 = plan_for(RELU, 80 * 10**9)
+    assert at_80.timing_sets == 2 and at_80.keep_sets  # a set of 6 GB: two rotate as well as four
+    tight = plan_for(RELU, int(RELU.needs() * 1.02))
+    assert tight.timing_sets == 1 and not tight.keep_sets and tight.trial_cache == 0 and tight.kept_others == 0
+
+
+def test_a_task_that_cannot_fit_is_one_line_naming_its_need_and_the_budget() -> None:
+    check_fits("level1/19_ReLU", RELU, 40 * 10**9, measured=True)
+    with pytest.raises(OverBudget) as e:
+        check_fits("level1/19_ReLU", RELU, 20 * 10**9, measured=True)
+    line = str(e.value)
+    assert line.startswith("task level1/19_ReLU needs 28.3 GB; budget 20.0 GB") and "\n" not in line
+    with pytest.raises(OverBudget, match="needs at least"):
+        check_fits("level1/19_ReLU", RELU, 20 * 10**9, measured=False)
+
+
+def test_the_budget_is_the_users_or_a_share_of_the_free_memory() -> None:
+    assert resolve_budget(40.0, free=100 * 10**9, total=140 * 10**9) == 40 * 10**9
+    assert resolve_budget(400.0, free=100 * 10**9, total=140 * 10**9) == 140 * 10**9  # never above the device
+    assert resolve_budget(None, free=100 * 10**9, total=140 * 10**9) == 90 * 10**9
+    for bad in (0, -1, True, "40"):
+        with pytest.raises(ValueError, match="memory_budget_gb"):
+            EvalConfig(memory_budget_gb=bad)  # type: ignore[arg-type]
+
+
+# -- on the GPU -----------------------------------------------------------------------------------------------
+def _relu_task():  # type: ignore[no-untyped-def]
+    from stark_ray.eval import kernelbench
+
+    path = KERNELBENCH / "level1" / "19_ReLU.py"
+    if not path.exists():
+        pytest.skip(f"no KernelBench data at {KERNELBENCH} (set STARK_KERNELBENCH)")
+    return kernelbench.load([kernelbench.TaskRef(1, 19, "19_ReLU", path)])[0]
+
+
+CANDIDATE = "\n\nclass ModelNew(Model):\n    pass\n"
+
+
+@pytest.mark.gpu
+def test_a_6_gb_task_evaluates_within_40_gb_and_says_what_it_needs_under_20() -> None:
+    from stark_ray.eval.service import EvalService
+
+    task = _relu_task()
+    with EvalService(EvalConfig(backend="cuda", memory_budget_gb=40)) as service:
+        reference = service.reference(task)
+        assert reference.ok and reference.peak_memory_gb is not None and reference.peak_memory_gb <= 40
+        result = service.evaluate(task, task.source + CANDIDATE)
+        assert result.correct and "no_kernel" in result.flags, result.error
+        assert result.peak_memory_gb is not None and 4 * RELU.inputs / GB - 1 < result.peak_memory_gb <= 40
+        tight = EvalConfig(backend="cuda", memory_budget_gb=20)
+        with pytest.raises(OverBudget, match=r"needs (at least )?2\d\.\d GB; budget 20\.0 GB"):
+            service.reference(task, tight)
+        over = service.evaluate(task, task.source + CANDIDATE, tight)
+        assert "over_budget" in over.flags and "budget 20.0 GB" in (over.error or "")
+        again = service.evaluate(task, task.source + CANDIDATE)  # the 40 GB budget again: judged as before
+        assert again.correct and "no_kernel" in again.flags, again.error
