@@ -1,0 +1,221 @@
+"""Every KernelBench task (levels 1-3) through the evaluator at its real sizes, under a device memory budget.
+
+For each task and budget, one service (``cuda`` backend, isolation as by default) loads the task and times its
+reference (``--baseline compile``: also torch.compile's), then evaluates one candidate that exercises every phase
+of the evaluator: the reference's own forward as ``ModelNew``, which must come out correct and flagged
+``no_kernel``. One CSV row per (task, budget), appended as soon as it is known, so a sweep spans several runs:
+rows already in the CSV are skipped (``--stop-after`` ends a run cleanly before a device call's limit).
+
+    python benchmarks/kernelbench_sweep.py --kernelbench ../shared/kernelbench --budget 40 --levels 1
+    python benchmarks/kernelbench_sweep.py --summary            # the CSV, summed up per budget
+
+Columns: the task; ``budget`` (GB, or ``default``); ``status`` (``ok``: correct and flagged ``no_kernel`` as
+expected; ``over_budget``: the task cannot fit, ``error`` says what it needs; else where it stopped); seconds of
+the reference's set-up and timing (``reference_s``), of the candidate (``candidate_s``: the service's wall time)
+and of its phases (build/import, checks, timing, from the result's log); the reference's runtime (eager and
+compiled); the candidate's timed calls; ``overhead_s`` = candidate_s - its own runtime x its timed calls (what
+the evaluator costs beyond the kernel); ``peak_gb`` (the evaluation's peak as the evaluator reports it: both
+processes' allocators and the shared buffers, each at its peak, added) and ``smi_peak_gb`` (the device's memory
+in use at its highest while the task ran, sampled by nvidia-smi every 100 ms: CUDA contexts included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CSV = ROOT / "benchmarks" / "results" / "kernelbench_sweep.csv"
+COLUMNS = ["level", "id", "name", "budget", "status", "error", "reference_s", "ref_ms", "ref_compile_ms",
+           "candidate_s", "build_s", "checks_s", "timing_s", "timed_calls", "overhead_s", "runtime_ms", "flags",
+           "peak_gb", "smi_peak_gb", "recorded"]
+CANDIDATE = "\n\nclass ModelNew(Model):  # the reference's own forward: correct, and no kernel of its own\n    pass\n"
+
+
+class SmiSampler:
+    """The device's memory in use (MiB, all processes), sampled by ``nvidia-smi -lms``; its highest since mark()."""
+
+    def __init__(self, index: int = 0) -> None:
+        self.high = 0.0
+        self.proc: subprocess.Popen[str] | None = None
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "-i", str(index), "--query-gpu=memory.used",
+                                          "--format=csv,noheader,nounits", "-lms", "100"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.high = max(self.high, float(line.strip()))
+            except ValueError:
+                continue
+
+    def mark(self) -> None:
+        self.high = 0.0
+
+    def peak_gb(self) -> float | None:
+        return round(self.high * 2**20 / 1e9, 2) if self.proc is not None and self.high else None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+
+
+def done_rows(path: Path) -> set[tuple[str, str]]:
+    if not path.exists():
+        return set()
+    with path.open() as f:
+        return {(f"level{r['level']}/{r['name']}", r["budget"]) for r in csv.DictReader(f)}
+
+
+def laps(log: str) -> dict[str, float]:
+    m = re.search(r"evaluator time: ([^\n]*)", log or "")
+    out: dict[str, float] = {}
+    for name, secs in re.findall(r"([a-z/]+) ([0-9.]+) s", m.group(1) if m else ""):
+        out[name] = float(secs)
+    return out
+
+
+def timed_calls(log: str) -> int | None:
+    m = re.search(r"candidate: median [^\n]*?, n (\d+)", log or "")
+    return int(m.group(1)) if m else None
+
+
+def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> dict[str, Any]:
+    from stark_ray.eval import kernelbench
+    from stark_ray.eval.memory import OverBudget
+    from stark_ray.eval.tasks import TaskError
+    from stark_ray.records import one_line
+
+    task = kernelbench.load([ref])[0]
+    row: dict[str, Any] = {"level": ref.level, "id": ref.id, "name": ref.name, "budget": budget}
+    smi.mark()
+    started = time.perf_counter()
+    try:
+        reference = service.reference(task, cfg)
+    except OverBudget as e:
+        return row | {"status": "over_budget", "error": one_line(str(e), 800), "smi_peak_gb": smi.peak_gb()}
+    except TaskError as e:
+        return row | {"status": "reference_failed", "error": one_line(str(e), 800), "smi_peak_gb": smi.peak_gb()}
+    row |= {"reference_s": round(time.perf_counter() - started, 3), "ref_ms": reference.runtime_ms,
+            "ref_compile_ms": reference.ref_compile_runtime_ms}
+    result = service.evaluate(task, task.source + CANDIDATE, cfg)
+    phases = laps(result.log)
+    calls = timed_calls(result.log)
+    overhead = None
+    if result.eval_s is not None and result.runtime_ms is not None and calls:
+        overhead = round(result.eval_s - result.runtime_ms * calls / 1e3, 3)
+    expected = result.correct and "no_kernel" in result.flags
+    status = "ok" if expected else (result.stage if not result.correct else "not_flagged")
+    return row | {"status": status, "error": one_line(result.error or "", 800) if not expected else "",
+                  "candidate_s": result.eval_s and round(result.eval_s, 3), "build_s": phases.get("build/import"),
+                  "checks_s": phases.get("checks"), "timing_s": phases.get("timing"), "timed_calls": calls,
+                  "overhead_s": overhead, "runtime_ms": result.runtime_ms, "flags": ",".join(result.flags),
+                  "peak_gb": result.peak_memory_gb, "smi_peak_gb": smi.peak_gb()}
+
+
+def sweep(args: argparse.Namespace) -> None:
+    from stark_ray.config import EvalConfig
+    from stark_ray.eval.kernelbench import scan
+    from stark_ray.eval.service import EvalService
+
+    refs = [r for r in scan(args.kernelbench) if r.level in args.levels
+            and (args.first is None or r.id >= args.first) and (args.last is None or r.id <= args.last)]
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
+    new_file = not args.csv.exists()
+    started = time.monotonic()
+    smi = SmiSampler()
+    with args.csv.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        if new_file:
+            writer.writeheader()
+        for budget in args.budget:
+            done = done_rows(args.csv)
+            todo = [r for r in refs if (r.qualified, budget) not in done]
+            print(f"budget {budget}: {len(todo)} of {len(refs)} tasks to run", flush=True)
+            if not todo:
+                continue
+            cfg = EvalConfig(backend=args.backend, baseline=args.baseline, isolate=args.isolate,
+                             memory_budget_gb=None if budget == "default" else float(budget))
+            with EvalService(cfg) as service:
+                for ref in todo:
+                    if args.stop_after and time.monotonic() - started > args.stop_after:
+                        print(f"stopped after {time.monotonic() - started:.0f} s (--stop-after); run again to "
+                              "go on", flush=True)
+                        smi.close()
+                        return
+                    row = one_task(service, ref, budget, cfg, smi)
+                    row["recorded"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+                    writer.writerow(row)
+                    f.flush()
+                    print(f"{ref.qualified:60s} {budget:>7s} {row['status']:16s} cand {row.get('candidate_s')} s "
+                          f"peak {row.get('peak_gb')} GB smi {row.get('smi_peak_gb')} GB {row.get('error') or ''}"
+                          [:240], flush=True)
+    smi.close()
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(path: Path) -> None:
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    for budget in sorted({r["budget"] for r in rows}):
+        mine = [r for r in rows if r["budget"] == budget]
+        by_status: dict[str, list[dict[str, str]]] = {}
+        for r in mine:
+            by_status.setdefault(r["status"], []).append(r)
+        counts = ", ".join(f"{k} {len(v)}" for k, v in sorted(by_status.items()))
+        print(f"budget {budget}: {len(mine)} tasks; {counts}")
+        for what in ("candidate_s", "overhead_s", "reference_s", "peak_gb", "smi_peak_gb"):
+            values = [float(r[what]) for r in mine if r.get(what)]
+            if values:
+                print(f"  {what}: median {statistics.median(values):.2f}, p95 {_quantile(values, 0.95):.2f}, "
+                      f"max {max(values):.2f} (n {len(values)})")
+        for status, items in sorted(by_status.items()):
+            if status == "ok":
+                continue
+            for r in items:
+                print(f"  {status}: level{r['level']}/{r['name']}: {r['error']}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kernelbench", default=str(ROOT.parent / "shared" / "kernelbench"))
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--first", type=int, default=None, help="the first task id of each level")
+    p.add_argument("--last", type=int, default=None, help="the last task id of each level")
+    p.add_argument("--budget", nargs="+", default=["40"], help="GB, or 'default' (several: one after another)")
+    p.add_argument("--baseline", default="eager", choices=("eager", "compile"))
+    p.add_argument("--backend", default="cuda")
+    p.add_argument("--isolate", default="auto")
+    p.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    p.add_argument("--stop-after", type=float, default=0.0, help="seconds: start no task after this")
+    p.add_argument("--summary", action="store_true", help="sum up the CSV and exit")
+    args = p.parse_args(argv)
+    if args.summary:
+        summary(args.csv)
+        return
+    import torch
+
+    if args.backend != "cpu_cpp" and not torch.cuda.is_available():
+        sys.exit("error: no CUDA GPU visible; run this on the GPU machine")
+    sweep(args)
+
+
+if __name__ == "__main__":
+    main()
