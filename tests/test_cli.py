@@ -92,6 +92,11 @@ def test_bad_settings_are_one_line(tmp_path: Path, cassette: str) -> None:
     assert "isolate" in one_error_line(stark("optimize", task, "--cassette", cassette, "--isolate", "maybe"))
     assert "isolate" in one_error_line(stark("eval", task, str(ROOT / "examples" / "candidates" /
                                                               "1_LeakyReluScale_fast.py"), "--isolate", "yes"))
+    assert "memory_budget_gb" in one_error_line(stark("eval", task, str(ROOT / "examples" / "candidates" /
+                                                                       "1_LeakyReluScale_fast.py"),
+                                                      "--memory-budget", "0"))
+    assert "memory_budget_gb" in one_error_line(stark("optimize", task, "--cassette", cassette, "--memory-budget",
+                                                      "-4"))
 
 
 def test_malformed_cassette_names_the_line(tmp_path: Path) -> None:

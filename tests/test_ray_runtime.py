@@ -290,3 +290,32 @@ def test_many_tasks_through_the_pipelined_driver_spend_every_budget_once(ray_clu
         best = trees[t.name].best()
         if best is not None:
             assert (run_dir / "tasks" / t.name / "best_kernel.py").read_text() == best.source
+
+
+def test_a_campaign_skips_a_task_that_does_not_fit_the_memory_budget_in_one_line(
+        ray_cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """A task whose reference cannot fit the evaluator's memory budget is one line, and the campaign goes on without
+    it (not in run.json, no rows); alone, it is the run's error."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import json
+
+    import orchestration
+
+    from stark_ray.eval.memory import OverBudget
+
+    tasks = orchestration.write_tasks(tmp_path / "tasks", 3)
+    big = replace(tasks[1], name="t001_Big")
+    run = RayRun([tasks[0], big, tasks[2]], SearchConfig(budget=2, seed=0), AgentConfig(), EvalConfig(),
+                 tmp_path / "runs", run_id="skip", client_factory=orchestration.scripted_client,
+                 evaluator_cls=orchestration.OverBudgetEvaluator)
+    summaries = run_ray(run)
+    assert sorted(s.task for s in summaries) == sorted([tasks[0].name, tasks[2].name])
+    assert all(s.status == "finished" for s in summaries)
+    assert "stark: skipped: task t001_Big needs 52.0 GB; budget 40.0 GB" in capfd.readouterr().err
+    run_dir = tmp_path / "runs" / "skip"
+    assert [t["name"] for t in json.loads((run_dir / "run.json").read_text())["tasks"]] == [tasks[0].name,
+                                                                                          tasks[2].name]
+    assert {r["task"] for r in attempt_rows(run_dir)} == {tasks[0].name, tasks[2].name}
+    alone = replace(run, tasks=[big], run_id="alone")
+    with pytest.raises(OverBudget, match=r"needs 52\.0 GB"):
+        run_ray(alone)

@@ -116,7 +116,7 @@ def test_where_no_level_moves_the_reference_strongly_the_first_clear_move_serves
     first = t.sensitivity
     calls = []
     run = t.run
-    t.run = lambda inputs, seed, in_place=False: calls.append(1) or run(inputs, seed, in_place)  # type: ignore[method-assign]
+    t.run = lambda inputs, seed: calls.append(1) or run(inputs, seed)  # type: ignore[method-assign]
     again, _ = sensitivity_trial(t, base, gen, TOL)
     assert again is not None and t.sensitivity == first and len(calls) == 1  # no climb
 
@@ -189,8 +189,8 @@ class Census(nn.Module):
 
 
 def test_making_the_trials_holds_at_most_the_base_output_and_one_set_of_inputs() -> None:
-    """A 6 GB task's trials are made one set at a time: while the reference runs on a trial's inputs, only the base
-    trial's output lives beside them (not the last level's output, nor a copy of the inputs). 33 rows: a size no
+    """A 6 GB task's trials are made one set at a time: while the reference runs on a copy of a trial's inputs, only
+    the base trial's output lives beside them (not the last level's output, nor another set). 33 x 97: a size no
     other tensor of the test run has."""
     shape = (33, 97)
     model = Census(33 * 97)
@@ -202,5 +202,6 @@ def test_making_the_trials_holds_at_most_the_base_output_and_one_set_of_inputs()
             if trial.then is not None:
                 trial.then()
     assert len(model.seen) > 9  # the standard trials, blocks, the sensitivity ladder's levels, same address
-    # the call's two inputs, and at most one output of an earlier call (the base trial's)
-    assert max(model.seen) <= 3, model.seen
+    # the call's two inputs (a copy), the two they were copied from, and at most one output of an earlier call
+    # (the base trial's)
+    assert max(model.seen) <= 5, model.seen

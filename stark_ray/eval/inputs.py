@@ -60,8 +60,11 @@ def make_inputs(get_inputs: Callable[[], Any], seed: int, scale: float = 1.0,
         try:
             with torch.device(device):
                 return to_device(scale_floats(list(get_inputs()), scale), device)
-        except Exception:  # made on the CPU instead (its error, if any, comes again below)
-            pass
+        except torch.OutOfMemoryError:
+            raise  # the device is full: made on the CPU, the values would differ from those made here before
+        except Exception as e:  # made on the CPU instead (its error, if any, comes again below)
+            if isinstance(e.__cause__, torch.OutOfMemoryError) or "out of memory" in str(e):
+                raise
     torch.manual_seed(seed)
     return to_device(scale_floats(list(get_inputs()), scale), device)
 
@@ -69,17 +72,19 @@ def make_inputs(get_inputs: Callable[[], Any], seed: int, scale: float = 1.0,
 SAME_CHUNK = 1 << 26  # elements compared at a time: the comparison's temporaries stay small beside a 6 GB input
 
 
+def _equal(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return bool(torch.equal(x, y)) or (x.is_floating_point() and bool(torch.allclose(x, y, 0, 0, True)))
+
+
 def same_values(a: Any, b: Any) -> bool:
     """Exact equality of two (nested) inputs, NaNs equal to NaNs: was an input modified? Compared in chunks."""
     if isinstance(a, torch.Tensor):
         if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
             return False
-        fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
-        for i in range(0, fa.numel(), SAME_CHUNK):
-            x, y = fa[i:i + SAME_CHUNK], fb[i:i + SAME_CHUNK]
-            if not (torch.equal(x, y) or (x.is_floating_point() and bool(torch.allclose(x, y, 0, 0, True)))):
-                return False
-        return True
+        if a.dim() == 0 or a.numel() == 0:
+            return _equal(a, b)
+        rows = max(1, SAME_CHUNK // max(1, a.numel() // a.shape[0]))  # slices of the first dimension: views
+        return all(_equal(a[i:i + rows], b[i:i + rows]) for i in range(0, a.shape[0], rows))
     if isinstance(a, list | tuple):
         return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same_values, a, b))
     return True  # non-tensor inputs are passed by value

@@ -48,7 +48,7 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.exchange import ExchangeError, Outbox, reset_shared_peak, shared_bytes, shared_peak
 from stark_ray.eval.garbage import collect, collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
-from stark_ray.eval.inputs import same_values
+from stark_ray.eval.inputs import clone_all, same_values
 from stark_ray.eval.lifetime import become_subreaper, die_with_parent
 from stark_ray.eval.memory import (
     CONTEXTS_BYTES,
@@ -132,10 +132,15 @@ class Judge:
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         self.budget = resolve_budget(cfg.memory_budget_gb, self.free_at_start, total)
 
-    def cap_self(self) -> None:
-        """This process's allocator capped at the budget less the worker's memory and the shared buffers."""
+    def worker_held(self) -> int:
+        """The worker's device memory as it last said (none once it is gone)."""
+        return self.worker_reserved if self.worker.alive else 0
+
+    def cap_self(self, coming: int = 0) -> None:
+        """This process's allocator capped at the budget less the worker's memory, the shared buffers and the
+        shared buffers ``coming`` next."""
         if self.budget:
-            apply_cap(self.budget - CONTEXTS_BYTES - self.worker_reserved - shared_bytes())
+            apply_cap(self.budget - CONTEXTS_BYTES - self.worker_held() - shared_bytes() - coming)
 
     def worker_cap(self) -> int:
         """What the worker may take now: the budget less the judge's memory (cached blocks given back first)."""
@@ -152,10 +157,11 @@ class Judge:
         """The worker's memory as its answer says: held now, and at its peak during the step (beside what the judge
         held when it sent the step)."""
         mem = msg.get("memory")
-        if isinstance(mem, dict):
-            with contextlib.suppress(TypeError, ValueError):
-                self.worker_reserved = max(0, int(mem.get("reserved", 0)))
-                self.peak = max(self.peak, self.judge_then + max(0, int(mem.get("peak", 0))))
+        if isinstance(mem, dict) and self.backend.device == "cuda":
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            with contextlib.suppress(TypeError, ValueError, OverflowError):  # the worker's word: only numbers count
+                self.worker_reserved = min(max(0, int(mem.get("reserved", 0))), total)
+                self.peak = max(self.peak, self.judge_then + min(max(0, int(mem.get("peak", 0))), total))
 
     def close_interval(self) -> None:
         """The judge's own work since the last step (its allocator and the shared buffers at their peaks), beside
@@ -181,7 +187,7 @@ class Judge:
         outside torch's allocator, which the caps hold)."""
         if not self.budget:
             return
-        held = CONTEXTS_BYTES + torch.cuda.memory_reserved() + shared_bytes() + self.worker_reserved
+        held = CONTEXTS_BYTES + torch.cuda.memory_reserved() + shared_bytes() + self.worker_held()
         if held + nbytes > self.budget:
             raise torch.OutOfMemoryError(f"the trial's shared buffers ({nbytes / GB:.2f} GB) do not fit in the memory "
                                          f"budget of {self.budget / GB:.1f} GB ({held / GB:.2f} GB held)")
@@ -200,7 +206,10 @@ class Judge:
             collect_all()
         _release_cached(self.backend.device)
         if clock is not None and self.worker.alive:
-            self._step(OP_RELEASE, {"keep": allowance}, clock)
+            try:
+                self._step(OP_RELEASE, {"keep": allowance}, clock)
+            except Decided:  # it died or misbehaved: a fresh one holds nothing
+                self.worker.kill()
 
     # -- tasks ------------------------------------------------------------------------------------------------
     def task(self, req: WorkerRequest, cfg: EvalConfig, clock: PhaseClock | None = None) -> JudgeTask:
@@ -239,14 +248,19 @@ class Judge:
             what = odd[0] if odd else type(first.ref).__name__
             raise TaskError(f"task {name}: the reference returns {what}, which cannot be compared (a tensor, or a "
                             "tuple, list or dict of tensors and numbers)")
-        if before is not None:  # the first trial: its inputs made, the reference run on them
-            work = torch.cuda.max_memory_allocated() - before - first.input_bytes
+        if before is not None:  # the first trial: its inputs made, the reference run on a copy of them
+            work = torch.cuda.max_memory_allocated() - before - 2 * first.input_bytes
             outputs = sum(nbytes_of(first.ref))
             task.footprint = Footprint(first.input_bytes, outputs, max(work, outputs), param_bytes(model))
             check_fits(name, task.footprint, self.budget, measured=True)
             self._plan(task)
+        made = first.make()
+        if not all(map(same_values, _tensors(made), _tensors(first.make()))):
+            raise TaskError(f"task {name}: get_inputs() is not deterministic under a seed (two calls differ); its "
+                            "inputs must come from torch's seeded generators")
         with torch.no_grad():  # no reseeding: a forward that draws random numbers gives other outputs
-            again = model(*first.make())
+            again = model(*clone_all(made))
+        del made
         same = compare_outputs(again, first.ref, Tolerances.of(cfg))
         del again
         if not same.ok:
@@ -417,7 +431,8 @@ class Judge:
         """One step of the worker's: its answer, checked; a Decided when it died, timed out, tampered, or the
         candidate raised (``label`` says where)."""
         fields = self.memory_fields(op)
-        self.close_interval()
+        if op != OP_PING:  # a ping measures the bare round trip
+            self.close_interval()
         reply = self.worker.converse({"op": op, **payload, **fields}, clock, fds or ())
         for fd in fds or ():
             with contextlib.suppress(OSError):
@@ -548,6 +563,7 @@ class _Candidate:
             flags.append("large_speedup")
         rejected: list[str] = [n.removeprefix("worker: ") for n in worker_log if "no kernel of its own" in n]
         if speedup > CONFIRM_ABOVE:
+            self.judge.cap_self()
             batch = WorkerBatch(self)
             try:
                 confirmation = confirm(self.task, standard_trial(self.task, self.cfg, 0).inputs, speedup, new_ms,
@@ -576,10 +592,11 @@ class _Candidate:
         """One trial: its inputs made and copied into shared buffers (the judge keeps no other copy: it makes them
         again to see whether the candidate changed them), the worker's call, the verdict; a same-address trial's
         second contents made once the first call is judged."""
-        self.judge.cap_self()
+        coming = trial.input_bytes + sum(nbytes_of(trial.ref))  # the shared copy of the inputs and the slots
+        self.judge.cap_self(coming)
         if trial.input_bytes > LARGE_TRIAL_BYTES:  # the shared buffers come from the device itself
             _release_cached(self.task.device)
-        self.judge.room_for_shared(trial.input_bytes + sum(nbytes_of(trial.ref)))
+        self.judge.room_for_shared(coming + trial.input_bytes)  # and the inputs made to be copied
         box = Outbox()
         try:
             views: list[torch.Tensor] = []  # the worker's copy of each input tensor

@@ -50,9 +50,9 @@ class Footprint:
         timing set, no trial kept), both processes and what they share counted."""
         i, o, w = self.inputs, self.outputs, max(self.work, self.outputs)
         return {
-            # the judge makes a trial: a derived trial's inputs and its reference run in place, beside the base
+            # the judge makes a trial: a derived trial's inputs and the copy its reference runs on, beside the base
             # trial's reference output
-            "making a trial": i + w + o,
+            "making a trial": 2 * i + o + w,
             # a trial's inputs made (then dropped) beside their shared copy, the reference output and the slots
             "sharing a trial": 2 * i + 2 * o,
             # the worker's call on the shared inputs, beside the judge's reference output and the slots
@@ -109,7 +109,9 @@ def plan_for(fp: Footprint, budget: int) -> Plan:
         sets -= 1
     kept = sets * fp.inputs
     keep = 2 * kept <= spare  # held through the judge's trials too: only with room to spare
-    left = spare - (kept if keep else 0)
+    # what stays held while the worker times (the sets beyond the first, or all of them when kept) is not left
+    left = max(0, spare - (kept if keep else (sets - 1) * fp.inputs))
+    # the judge's trials and the other tasks of both processes: together at most three quarters of what is left
     return Plan(timing_sets=sets, keep_sets=keep, trial_cache=min(TRIAL_CACHE_BYTES, left // 4),
                 kept_others=int(min(KEPT_SHARE * budget, left // 4)))
 

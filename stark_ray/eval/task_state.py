@@ -67,7 +67,8 @@ class TaskState:
             compiled = torch.compile(self.model)
             try:
                 with torch.no_grad():
-                    compiled(*clone_all((self.input_sets or self.timing_sets(1))[0]))
+                    sample = self.input_sets or make_input_sets(self.get_inputs, self.seed, self.device, count=1)
+                    compiled(*clone_all(sample[0]))
             except Exception as e:
                 raise TaskError(f"task {self.name}: torch.compile baseline failed: {describe_exception(e)}") \
                     from None

@@ -143,6 +143,8 @@ def make_task_inputs(module: ModuleType, task_name: str) -> list[Any]:
     try:
         inputs = module.get_inputs()
     except Exception as e:
+        if type(e).__name__ == "OutOfMemoryError":  # the device is full: not the task's fault
+            raise
         raise TaskError(f"task {task_name}: get_inputs() failed: {describe_exception(e)}") from None
     if not isinstance(inputs, list | tuple):
         raise TaskError(f"task {task_name}: get_inputs() must return a list, got {type(inputs).__name__}")

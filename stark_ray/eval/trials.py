@@ -125,13 +125,12 @@ class JudgeTask:
     def held_bytes(self) -> int:
         return self.cache.used + param_bytes(self.model)
 
-    def run(self, inputs: list[Any], seed: int, in_place: bool = False) -> Any:
-        """The reference's output for ``inputs``: on a copy, or (``in_place``: the inputs are the caller's own and
-        not needed after) on the inputs themselves, which a reference that works in place may change."""
+    def run(self, inputs: list[Any], seed: int) -> Any:
+        """The reference's output for ``inputs`` (on a copy: a reference that works in place keeps them)."""
         torch.manual_seed(seed)
         try:
             with torch.no_grad():
-                out = self.model(*(inputs if in_place else clone_all(inputs)))
+                out = self.model(*clone_all(inputs))
                 if self.device == "cuda":
                     torch.cuda.synchronize()
                 return out
@@ -156,12 +155,12 @@ def standard_trial(task: JudgeTask, cfg: EvalConfig, trial: int) -> Trial:
     def build() -> Trial:
         inputs = make()
         size = sum(nbytes_of(inputs))
+        ref = task.run(inputs, seed)  # on a copy: what make() gives is never changed (it may be the task's own)
         label = trial_label(trial, cfg.trials)
-        if task.cache.room(2 * size):  # likely kept: the reference runs on a copy, the inputs stay for next time
-            ref = task.run(inputs, seed)
-            return Trial(label, lambda: clone_all(inputs), ref, seed, held=size + sum(nbytes_of(ref)),
-                         input_bytes=size)
-        return Trial(label, make, task.run(inputs, seed, in_place=True), seed, input_bytes=size)
+        held = size + sum(nbytes_of(ref))
+        if task.cache.room(held):  # kept for the next candidate: its inputs stay
+            return Trial(label, lambda: clone_all(inputs), ref, seed, held=held, input_bytes=size)
+        return Trial(label, make, ref, seed, input_bytes=size)
 
     return task.cache.get((cfg.seed, trial, cfg.trials), build)
 
@@ -224,11 +223,16 @@ class _Blocks:
             flat[a:b].mul_(f)
 
 
+def changed_copy(make: Callable[[], Inputs], change: Change) -> tuple[Inputs, int]:
+    """A private copy of ``make()``'s inputs (never changed itself: it may be the task's own tensors), changed in
+    place; how many inputs were changed."""
+    inputs = clone_all(make())
+    return inputs, change_in_place(inputs, change)
+
+
 def _changed(make: Callable[[], Inputs], change: Change) -> Callable[[], Inputs]:
     def changed() -> Inputs:
-        inputs = make()
-        change_in_place(inputs, change)
-        return inputs
+        return changed_copy(make, change)[0]
 
     return changed
 
@@ -246,15 +250,16 @@ def finite_where(out: Any, base: Any) -> bool:
 def blocks_trial(task: JudgeTask, base: Trial, gen: torch.Generator) -> tuple[Trial | None, str]:
     """Floating inputs scaled block by block (random cuts and factors): a (trial, note)."""
     blocks = _Blocks(gen)
-    inputs = base.make()
-    if not change_in_place(inputs, blocks):
+    inputs, changed = changed_copy(base.make, blocks)
+    if not changed:
         return None, "blocks trial left out: no floating input to scale"
     label = "blocks trial (inputs scaled block by block, by 0.01 to 1)"
     try:
-        ref = task.run(inputs, base.seed, in_place=True)
+        ref = task.run(inputs, base.seed)
     except TaskError as e:
         return None, f"blocks trial left out: the reference fails on it ({e})"
-    del inputs
+    finally:
+        del inputs
     if not finite_where(ref, base.ref):
         return None, "blocks trial left out: the reference is not finite on it"
     return Trial(label, _changed(base.make, blocks), ref, base.seed, input_bytes=base.input_bytes), ""
@@ -272,8 +277,9 @@ class _Perturbation:
     def _positions(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         gen = self.gen
         where = torch.randint(0, n, (max(self.count - 1, 0),), generator=gen, device=gen.device)
-        where = torch.cat([where, torch.tensor([n - 1], device=gen.device)]).to(device)
+        where = torch.cat([where, torch.tensor([n - 1], device=gen.device)]).unique()  # each once: made alike
         share = (0.5 + 0.5 * torch.rand(where.numel(), generator=gen, device=gen.device)).to(device)
+        where = where.to(device)
         return where, share
 
     def by(self, factor: float) -> Change:
@@ -308,14 +314,15 @@ def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: T
         change = _Perturbation(SENSITIVE_COUNTS[ci], gen)
         for fi in range(start_factor if ci == start_count else 0, len(SENSITIVE_FACTORS)):
             factor = SENSITIVE_FACTORS[fi]
-            inputs = base.make()
-            if not change_in_place(inputs, change.by(factor)):
+            inputs, changed = changed_copy(base.make, change.by(factor))
+            if not changed:
                 return None, "sensitivity trial left out: no floating input to change"
             try:
-                ref = task.run(inputs, base.seed, in_place=True)
+                ref = task.run(inputs, base.seed)
             except TaskError:
                 break
-            del inputs
+            finally:
+                del inputs
             if not finite_where(ref, base.ref):
                 del ref
                 break  # larger factors overflow too: try more elements instead
@@ -331,9 +338,8 @@ def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: T
     if fallback is not None:
         ci, fi, change = fallback
         task.sensitivity = (ci, fi, False)
-        inputs = base.make()  # the same positions
-        change_in_place(inputs, change.by(SENSITIVE_FACTORS[fi]))
-        ref = task.run(inputs, base.seed, in_place=True)
+        inputs, _ = changed_copy(base.make, change.by(SENSITIVE_FACTORS[fi]))  # the same positions
+        ref = task.run(inputs, base.seed)
         del inputs
         return _sensitive(change, SENSITIVE_FACTORS[fi], ref, base), ""
     task.sensitivity = (0, 0, True)
@@ -367,7 +373,7 @@ def _second(task: JudgeTask, cfg: EvalConfig) -> Trial:
     def make() -> Inputs:
         return make_inputs(task.get_inputs, seed, 1.0, task.device)
 
-    return Trial("", make, task.run(make(), seed, in_place=True), seed)
+    return Trial("", make, task.run(make(), seed), seed)
 
 
 def special_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> tuple[list[Trial], list[str]]:
