@@ -9,6 +9,10 @@ rows already in the CSV are skipped (``--stop-after`` ends a run cleanly before 
     python benchmarks/kernelbench_sweep.py --kernelbench ../shared/kernelbench --budget 40 --levels 1
     python benchmarks/kernelbench_sweep.py --summary            # the CSV, summed up per budget
 
+On the device machine (which does not see ../shared), carry the data in the checkout (``--kernelbench .kb``) and
+write the CSV under ``$OUT`` starting from the repository's copy (``cp benchmarks/results/kernelbench_sweep.csv
+$OUT/ && ... --csv $OUT/kernelbench_sweep.csv``); copy it back into benchmarks/results/ after each call.
+
 Columns: the task; ``budget`` (GB, or ``default``); ``status`` (``ok``: correct and flagged ``no_kernel`` as
 expected; ``over_budget``: the task cannot fit, ``error`` says what it needs; else where it stopped); seconds of
 the reference's set-up and timing (``reference_s``), of the candidate (``candidate_s``: the service's wall time)
