@@ -140,9 +140,8 @@ def reference_result() -> EvalResult:
                       stage=STAGE_OK, runtime_cv=0.01, ref_runtime_cv=0.01)
 
 
-@ray.remote
-class InstantEvaluator:
-    """EvaluatorActor's methods without the GPU work. No resources here: the driver sets them (.options)."""
+class _Instant:
+    """EvaluatorActor's methods without the GPU work."""
 
     def __init__(self, cfg: EvalConfig) -> None:
         self.cfg = cfg
@@ -158,6 +157,23 @@ class InstantEvaluator:
 
     def close(self) -> None:
         pass
+
+
+@ray.remote
+class InstantEvaluator(_Instant):
+    """EvaluatorActor's methods without the GPU work. No resources here: the driver sets them (.options)."""
+
+
+@ray.remote
+class OverBudgetEvaluator(_Instant):
+    """The stand-in evaluator, for which a task whose name holds ``_Big`` does not fit the memory budget."""
+
+    def reference(self, task: Task) -> EvalResult:
+        if "_Big" in task.name:
+            from stark_ray.eval.memory import OverBudget
+
+            raise OverBudget(f"task {task.name} needs 52.0 GB; budget 40.0 GB (inputs 17.18 GB, ...)")
+        return reference_result()
 
 
 @ray.remote
@@ -839,26 +855,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-@ray.remote
-class OverBudgetEvaluator:
-    """The stand-in evaluator, for which a task whose name holds ``_Big`` does not fit the memory budget."""
-
-    def __init__(self, cfg: EvalConfig) -> None:
-        self.cfg = cfg
-
-    def reference(self, task: Task) -> EvalResult:
-        if "_Big" in task.name:
-            from stark_ray.eval.memory import OverBudget
-
-            raise OverBudget(f"task {task.name} needs 52.0 GB; budget 40.0 GB (inputs 17.18 GB, ...)")
-        return reference_result()
-
-    def evaluate(self, task: Task, source: str) -> EvalResult:
-        return instant_result(source)
-
-    def hardware(self) -> dict[str, Any]:
-        return {"description": HARDWARE, "class": HARDWARE, "start_phases": {}}
-
-    def close(self) -> None:
-        pass

@@ -41,7 +41,7 @@ from stark_ray.eval.garbage import collect_after, collect_all, in_use
 from stark_ray.eval.guards import Fingerprint, nbytes_of, output_problem, poison
 from stark_ray.eval.kernel_sources import KernelSources, own_kernel_names, python_kernel_names
 from stark_ray.eval.loader import import_source
-from stark_ray.eval.memory import KEPT_SHARE, Plan, apply_cap
+from stark_ray.eval.memory import KEPT_SHARE, Plan, apply_cap, give_back_cached
 from stark_ray.eval.protocol import (
     OP_END,
     OP_GO,
@@ -76,7 +76,6 @@ from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_OK, STAGE_
 Send = Callable[[dict[str, Any]], None]
 KEPT_TASKS = 32  # task references a worker keeps at most (a campaign worker moves from task to task) ...
 KEPT_CPU_BYTES = 4 << 30  # ... while what they hold stays under this on the CPU, and on a GPU under the plan's
-CACHED_SLACK = 256 << 20  # cached blocks beyond this go back to the device after a step (the judge's turn next)
 PROFILE_SPIN_US = 2000.0  # the spin ahead of a profiled call: longer than the host needs to launch it
 
 
@@ -134,20 +133,24 @@ class CandidateHost:
         self.evict(key)
         return state
 
-    def evict(self, keep: str) -> None:
-        """Forget the least recently used tasks beyond KEPT_TASKS or the memory they may hold (never ``keep``)."""
-        budget = self._kept_budget()
-        while len(self.tasks) > 1:
+    def evict(self, keep: str | None, limit: int | None = None) -> int:
+        """Forget the least recently used tasks beyond KEPT_TASKS or the memory they may hold (``limit``, by default
+        the kept budget), never ``keep``; how many went."""
+        budget = self._kept_budget() if limit is None else limit
+        dropped = 0
+        while self.tasks:
             held = sum(s.held_bytes() for s in self.tasks.values())
             if len(self.tasks) <= KEPT_TASKS and held <= budget:
-                return
+                break
             oldest = next(iter(self.tasks))
             if oldest == keep:
-                return
+                break
             del self.tasks[oldest]
+            dropped += 1
             collect_all()  # what of its state is a cycle was frozen: thawed and collected
             if self.backend.device == "cuda":
                 torch.cuda.empty_cache()  # what it held goes back to the device, for the judge and the next task
+        return dropped
 
     def _kept_budget(self) -> int:
         if self.backend.device != "cuda":
@@ -163,13 +166,8 @@ class CandidateHost:
             return
         if isinstance(mem.get("cap"), int):
             apply_cap(int(mem["cap"]))
-        plan = mem.get("plan")
-        if isinstance(plan, dict):
-            try:
-                self.plan = Plan(int(plan["timing_sets"]), bool(plan["keep_sets"]), int(plan["trial_cache"]),
-                                 int(plan["kept_others"]))
-            except (KeyError, TypeError, ValueError):
-                self.plan = None
+        if "plan" in mem:
+            self.plan = Plan.from_json(mem["plan"])
 
     def _sets(self, state: TaskState) -> list[list[Any]]:
         return state.timing_sets(self.plan.timing_sets if self.plan is not None else None)
@@ -181,8 +179,7 @@ class CandidateHost:
             torch.cuda.empty_cache()
 
     def _memory_report(self) -> dict[str, int]:
-        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > CACHED_SLACK:
-            torch.cuda.empty_cache()
+        give_back_cached()  # the judge's turn next
         return {"reserved": torch.cuda.memory_reserved(), "peak": torch.cuda.max_memory_reserved()}
 
     # -- steps ------------------------------------------------------------------------------------------------
@@ -417,13 +414,7 @@ class CandidateHost:
     def release(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         """Before the judge makes a new task's first trial: the states of the tasks kept here down to ``keep`` bytes
         (least recently used first), and what they held back to the device."""
-        keep = int(msg.get("keep", 0))
-        dropped = 0
-        while self.tasks and sum(s.held_bytes() for s in self.tasks.values()) > keep:
-            del self.tasks[next(iter(self.tasks))]
-            dropped += 1
-        if dropped:
-            collect_all()
+        dropped = self.evict(None, int(msg.get("keep", 0)))
         if self.backend.device == "cuda":
             torch.cuda.empty_cache()
         return {"released": dropped}

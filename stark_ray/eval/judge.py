@@ -45,22 +45,20 @@ from stark_ray.eval.builds import serve_build
 from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.confirmation import CONFIRM_ABOVE, confirm
 from stark_ray.eval.diagnostics import describe_exception
-from stark_ray.eval.exchange import ExchangeError, Outbox, reset_shared_peak, shared_bytes, shared_peak
+from stark_ray.eval.exchange import ExchangeError, Outbox
 from stark_ray.eval.garbage import collect, collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all, same_values
+from stark_ray.eval.judge_memory import JudgeMemory
 from stark_ray.eval.lifetime import become_subreaper, die_with_parent
 from stark_ray.eval.memory import (
-    CONTEXTS_BYTES,
     KEPT_SHARE,
     Footprint,
     OverBudget,
-    apply_cap,
     check_fits,
     meta_footprint,
     param_bytes,
     plan_for,
-    resolve_budget,
 )
 from stark_ray.eval.outcome import limits_for, lost_result
 from stark_ray.eval.protocol import (
@@ -73,7 +71,6 @@ from stark_ray.eval.protocol import (
     OP_REFERENCE,
     OP_RELEASE,
     OP_RUN,
-    OP_STAGE,
     OP_TIME,
     PHASE_CHECK,
     PHASE_TIME,
@@ -94,7 +91,6 @@ LARGE_SPEEDUP = 10.0  # flagged (informational) above this
 WORKER_FLAGS = ("no_kernel", "extra_stream", "unordered_stream")  # what the worker's profile may report
 KEPT_TASKS = 32  # task references the judge keeps, as the worker does
 KEPT_CPU_BYTES = 4 << 30
-CACHED_SLACK = 256 << 20  # cached blocks beyond this go back to the device before the other process's turn
 RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
 LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial's inputs this large, cached blocks go back to the device
 _ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
@@ -117,93 +113,12 @@ class Judge:
         self.tasks: OrderedDict[str, JudgeTask] = OrderedDict()
         self.round_trip_s = 0.0  # the worker's least message round trip (measure_round_trip) ...
         self.round_trip_of = -1  # ... for the process of this start (WorkerProcess.starts)
-        self.free_at_start = free_at_start  # the device's free memory when the judge started (the default budget)
-        self.budget = 0  # bytes, for the request in progress (0: none, off the GPU)
-        self.worker_reserved = 0  # the worker's device memory, as its last answer said
-        self.peak = 0  # the request's device memory at its peak, judge and worker together
-        self.own_peak = 0  # the judge's own allocations at their peak over the request
-        self.judge_then = 0  # the judge's memory while the worker does a step
-        self.plan_message: dict[str, Any] = {}  # what the worker is told of the budget with each step
-
-    # -- memory -----------------------------------------------------------------------------------------------
-    def set_budget(self, cfg: EvalConfig) -> None:
-        if self.backend.device != "cuda":
-            return
-        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        self.budget = resolve_budget(cfg.memory_budget_gb, self.free_at_start, total)
-
-    def worker_held(self) -> int:
-        """The worker's device memory as it last said (none once it is gone)."""
-        return self.worker_reserved if self.worker.alive else 0
-
-    def cap_self(self, coming: int = 0) -> None:
-        """This process's allocator capped at the budget less the worker's memory, the shared buffers and the
-        shared buffers ``coming`` next."""
-        if self.budget:
-            apply_cap(self.budget - CONTEXTS_BYTES - self.worker_held() - shared_bytes() - coming)
-
-    def worker_cap(self) -> int:
-        """What the worker may take now: the budget less the judge's memory (cached blocks given back first)."""
-        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > CACHED_SLACK:
-            torch.cuda.empty_cache()
-        return self.budget - CONTEXTS_BYTES - torch.cuda.memory_reserved() - shared_bytes()
-
-    def memory_fields(self, op: str) -> dict[str, Any]:
-        if not self.budget or op not in (OP_LOAD, OP_RUN, OP_TIME, OP_REFERENCE, OP_STAGE):
-            return {}
-        return {"memory": {"cap": self.worker_cap(), **self.plan_message}}
-
-    def note_worker_memory(self, msg: dict[str, Any]) -> None:
-        """The worker's memory as its answer says: held now, and at its peak during the step (beside what the judge
-        held when it sent the step)."""
-        mem = msg.get("memory")
-        if isinstance(mem, dict) and self.backend.device == "cuda":
-            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-            with contextlib.suppress(TypeError, ValueError, OverflowError):  # the worker's word: only numbers count
-                self.worker_reserved = min(max(0, int(mem.get("reserved", 0))), total)
-                self.peak = max(self.peak, self.judge_then + min(max(0, int(mem.get("peak", 0))), total))
-
-    def close_interval(self) -> None:
-        """The judge's own work since the last step (its allocator and the shared buffers at their peaks), beside
-        the worker's memory as it last said: folded into the request's peak; the counters start again."""
-        if self.backend.device != "cuda":
-            return
-        self.own_peak = max(self.own_peak, torch.cuda.max_memory_allocated())
-        self.peak = max(self.peak, torch.cuda.max_memory_reserved() + shared_peak() + self.worker_reserved)
-        torch.cuda.reset_peak_memory_stats()
-        reset_shared_peak()
-        self.judge_then = torch.cuda.memory_reserved() + shared_bytes()
-
-    def peak_bytes(self) -> int | None:
-        """The request's device memory at its peak, judge and worker together (their allocators and the shared
-        buffers; the CUDA contexts not counted)."""
-        if self.backend.device != "cuda":
-            return None
-        self.close_interval()
-        return self.peak
-
-    def room_for_shared(self, nbytes: int) -> None:
-        """torch.OutOfMemoryError where ``nbytes`` more of shared buffers would not fit in the budget (they are made
-        outside torch's allocator, which the caps hold)."""
-        if not self.budget:
-            return
-        held = CONTEXTS_BYTES + torch.cuda.memory_reserved() + shared_bytes() + self.worker_held()
-        if held + nbytes > self.budget:
-            raise torch.OutOfMemoryError(f"the trial's shared buffers ({nbytes / GB:.2f} GB) do not fit in the memory "
-                                         f"budget of {self.budget / GB:.1f} GB ({held / GB:.2f} GB held)")
-
-    def reset_peaks(self) -> None:
-        self.peak = self.own_peak = self.judge_then = 0
-        if self.backend.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-            reset_shared_peak()
+        self.memory = JudgeMemory(backend.device, free_at_start, worker)
 
     def release_others(self, allowance: int, clock: PhaseClock | None) -> None:
         """Before a new task's first trial: the other tasks' states down to ``allowance`` bytes, here and in the
         worker, and their memory back to the device."""
-        while self.tasks and sum(t.held_bytes() for t in self.tasks.values()) > allowance:
-            del self.tasks[next(iter(self.tasks))]
-            collect_all()
+        self._drop_oldest(allowance, None)
         _release_cached(self.backend.device)
         if clock is not None and self.worker.alive:
             try:
@@ -215,32 +130,32 @@ class Judge:
     def task(self, req: WorkerRequest, cfg: EvalConfig, clock: PhaseClock | None = None) -> JudgeTask:
         """The task's reference, checked once: forward runs, returns something comparable, and is deterministic;
         its footprint measured and the memory plan chosen (a task that cannot fit the budget: OverBudget)."""
-        self.set_budget(cfg)
+        self.memory.set_budget(cfg)
         key = task_key(req.task_source, cfg.seed)
         task = self.tasks.get(key)
         if task is not None:
             self.tasks.move_to_end(key)
-            if task.footprint is not None and task.plan is not None and self.budget != task.planned_for:
-                check_fits(task.name, task.footprint, self.budget, measured=True)  # another request's budget
+            if task.footprint is not None and task.plan is not None and self.memory.budget != task.planned_for:
+                check_fits(task.name, task.footprint, self.memory.budget, measured=True)  # another request's budget
                 self._plan(task)
             self._tell_plan(task)
             return task
         name, device = req.task_name, self.backend.device
-        self.cap_self()
+        self.memory.cap_self()
         try:
             module, model, init_inputs = load_reference(name, req.task_source, cfg.seed, device)
             task = JudgeTask(name, module, model, init_inputs, device, cfg.seed)
-            if self.budget:  # room for it first: what other tasks keep, here and in the worker
+            if self.memory.budget:  # room for it first: what other tasks keep, here and in the worker
                 shapes = self._check_shapes(task)
-                self.release_others(plan_for(shapes, self.budget).kept_others if shapes else 0, clock)
-                self.cap_self()
+                self.release_others(plan_for(shapes, self.memory.budget).kept_others if shapes else 0, clock)
+                self.memory.cap_self()
             before = self._measure_start()
             first = standard_trial(task, cfg, 0)
         except torch.OutOfMemoryError:
-            if not self.budget:
+            if not self.memory.budget:
                 raise
-            raise OverBudget(f"task {name} needs more than its budget of {self.budget / GB:.1f} GB: its reference "
-                             "ran out of memory on its first trial") from None
+            raise OverBudget(f"task {name} needs more than its budget of {self.memory.budget / GB:.1f} GB: its "
+                             "reference ran out of memory on its first trial") from None
         task.input_bytes = first.input_bytes
         leaves = flatten_outputs(first.ref)
         odd = [type(v).__name__ for _, v in leaves if not isinstance(v, _ALLOWED_LEAVES)]
@@ -252,7 +167,7 @@ class Judge:
             work = torch.cuda.max_memory_allocated() - before - 2 * first.input_bytes
             outputs = sum(nbytes_of(first.ref))
             task.footprint = Footprint(first.input_bytes, outputs, max(work, outputs), param_bytes(model))
-            check_fits(name, task.footprint, self.budget, measured=True)
+            check_fits(name, task.footprint, self.memory.budget, measured=True)
             self._plan(task)
         made = first.make()
         if not all(map(same_values, _tensors(made), _tensors(first.make()))):
@@ -273,8 +188,8 @@ class Judge:
 
     def _plan(self, task: JudgeTask) -> None:
         assert task.footprint is not None
-        task.plan = plan_for(task.footprint, self.budget)
-        task.planned_for = self.budget
+        task.plan = plan_for(task.footprint, self.memory.budget)
+        task.planned_for = self.memory.budget
         task.cache.limit(task.plan.trial_cache)
 
     def _check_shapes(self, task: JudgeTask) -> Footprint | None:
@@ -284,29 +199,32 @@ class Judge:
             shapes = meta_footprint(task.module, task.init_inputs, task.get_inputs)
         except Exception:  # measured on its first trial instead
             return None
-        check_fits(task.name, shapes, self.budget, measured=False)
+        check_fits(task.name, shapes, self.memory.budget, measured=False)
         return shapes
 
     def _measure_start(self) -> int | None:
         if self.backend.device != "cuda":
             return None
-        self.close_interval()
+        self.memory.close_interval()
         return torch.cuda.memory_allocated()
 
     def _tell_plan(self, task: JudgeTask) -> None:
-        self.plan_message = ({"plan": task.plan.to_json(), "footprint": task.footprint.to_json()}
-                             if task.plan is not None and task.footprint is not None else {})
+        self.memory.plan = {"plan": task.plan.to_json()} if task.plan is not None else {}
 
     def _evict(self, keep: str) -> None:
         current = self.tasks[keep]
         if self.backend.device != "cuda":
-            budget = KEPT_CPU_BYTES
+            limit = KEPT_CPU_BYTES
         elif current.plan is not None:  # the others' share of the budget, beside this task's own
-            budget = current.held_bytes() + current.plan.kept_others
+            limit = current.held_bytes() + current.plan.kept_others
         else:
-            budget = int(KEPT_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-        while len(self.tasks) > 1:
-            if len(self.tasks) <= KEPT_TASKS and sum(t.held_bytes() for t in self.tasks.values()) <= budget:
+            limit = int(KEPT_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        self._drop_oldest(limit, keep)
+
+    def _drop_oldest(self, limit: int, keep: str | None) -> None:
+        """Forget the least recently used tasks beyond KEPT_TASKS or ``limit`` bytes held, never ``keep``."""
+        while self.tasks:
+            if len(self.tasks) <= KEPT_TASKS and sum(t.held_bytes() for t in self.tasks.values()) <= limit:
                 return
             oldest = next(iter(self.tasks))
             if oldest == keep:
@@ -320,7 +238,7 @@ class Judge:
         """The answer to one request of the service (the result, and what the worker went through)."""
         cfg = EvalConfig(**req.cfg)
         extra: dict[str, Any] = {}
-        self.reset_peaks()
+        self.memory.reset()
         try:
             if req.mode == MODE_REFERENCE:
                 result = self.reference(req, cfg, send)
@@ -350,7 +268,7 @@ class Judge:
             self.worker.kill()
             result = EvalResult.failed(STAGE_RUNTIME, f"the judge failed: {describe_exception(e)}",
                                        traceback.format_exc())
-        peak = self.peak_bytes()
+        peak = self.memory.peak_bytes()
         if peak is not None:
             result.peak_memory_gb = round(peak / GB, 3)
         left = self.worker.sweep()
@@ -364,7 +282,6 @@ class Judge:
 
     def _out_of_memory(self, req: WorkerRequest, e: BaseException) -> EvalResult:
         self.worker.kill()  # what the worker holds goes back (a candidate may be what filled the device)
-        self.worker_reserved = 0
         _release_cached(self.backend.device)
         return EvalResult(compiled=req.mode == MODE_CANDIDATE, stage=STAGE_RUNTIME, flags=["out_of_memory"],
                           error=f"the device ran out of memory while the judge ran the trials "
@@ -407,10 +324,10 @@ class Judge:
         clock.close()
         collect_after(self.backend.device, held, task.input_bytes)  # a cycle holding a trial's gigabytes, say
         if held is not None:  # what this candidate cost the judge's device memory, and what it kept before
-            self.close_interval()
-            _add_line(result, f"judge device memory: peak {self.own_peak / GB:.2f} GB, "
+            self.memory.close_interval()
+            _add_line(result, f"judge device memory: peak {self.memory.own_peak / GB:.2f} GB, "
                               f"{held / GB:.2f} GB held before, {torch.cuda.memory_allocated() / GB:.2f} GB after; "
-                              f"judge and worker together at most {self.peak / GB:.2f} GB")
+                              f"judge and worker together at most {self.memory.peak / GB:.2f} GB")
         _release_cached(self.backend.device, RESERVED_SHARE)  # a large task's trials, freed: back to the device
         result.eval_s = time.perf_counter() - started
         return result
@@ -430,9 +347,9 @@ class Judge:
               label: str = "") -> dict[str, Any]:
         """One step of the worker's: its answer, checked; a Decided when it died, timed out, tampered, or the
         candidate raised (``label`` says where)."""
-        fields = self.memory_fields(op)
+        fields = self.memory.fields(op)
         if op != OP_PING:  # a ping measures the bare round trip
-            self.close_interval()
+            self.memory.close_interval()
         reply = self.worker.converse({"op": op, **payload, **fields}, clock, fds or ())
         for fd in fds or ():
             with contextlib.suppress(OSError):
@@ -443,7 +360,7 @@ class Judge:
         if reply.msg is None:
             raise Decided(lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit()))
         msg = reply.msg
-        self.note_worker_memory(msg)
+        self.memory.note(msg)
         changed = msg.get("tampered")
         if not isinstance(changed, list) or "healthy" not in msg:
             raise Decided(protocol_broken("an answer without its fingerprint"), recycle=True)
@@ -498,7 +415,6 @@ class _Candidate:
         worker = self.judge.worker
         if not worker.alive:
             worker.start()
-            self.judge.worker_reserved = 0
         if self.judge.round_trip_of != worker.starts:  # a fresh process: before it imports any candidate
             self.judge.measure_round_trip(self.clock)
         worker.mark_log()
@@ -563,7 +479,7 @@ class _Candidate:
             flags.append("large_speedup")
         rejected: list[str] = [n.removeprefix("worker: ") for n in worker_log if "no kernel of its own" in n]
         if speedup > CONFIRM_ABOVE:
-            self.judge.cap_self()
+            self.judge.memory.cap_self()
             batch = WorkerBatch(self)
             try:
                 confirmation = confirm(self.task, standard_trial(self.task, self.cfg, 0).inputs, speedup, new_ms,
@@ -593,10 +509,10 @@ class _Candidate:
         again to see whether the candidate changed them), the worker's call, the verdict; a same-address trial's
         second contents made once the first call is judged."""
         coming = trial.input_bytes + sum(nbytes_of(trial.ref))  # the shared copy of the inputs and the slots
-        self.judge.cap_self(coming)
+        self.judge.memory.cap_self(coming)
         if trial.input_bytes > LARGE_TRIAL_BYTES:  # the shared buffers come from the device itself
             _release_cached(self.task.device)
-        self.judge.room_for_shared(coming + trial.input_bytes)  # and the inputs made to be copied
+        self.judge.memory.room_for_shared(coming + trial.input_bytes)  # and the inputs made to be copied
         box = Outbox()
         try:
             views: list[torch.Tensor] = []  # the worker's copy of each input tensor
@@ -650,7 +566,7 @@ class _Candidate:
             return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=f"{label}: {str(problem)[:250]}",
                               log=str(problem)[:1000])
         synchronize(self.task)
-        self.judge.cap_self()
+        self.judge.memory.cap_self()
         originals = _tensors(make())  # the same values as the worker was given
         changed = len(originals) != len(views) or not all(map(same_values, views, originals))
         del originals

@@ -29,6 +29,7 @@ MAX_TIMING_SETS = 4  # rotating timing input sets where they fit ...
 LARGE_SET_BYTES = 1 << 30  # ... and 2 for a set larger than this: far beyond any cache, two rotate as well as four
 TRIAL_CACHE_BYTES = 2 << 30  # the judge keeps at most this of a task's standard trials (inputs and outputs)
 KEPT_SHARE = 0.25  # the states of other tasks kept warm: at most this share of the budget
+CACHED_SLACK = 256 << 20  # cached blocks beyond this go back to the device before the other process's turn
 MARGIN = 0.1  # of the budget, left free by what is kept (fragmentation, the allocators' rounding)
 
 
@@ -72,18 +73,6 @@ class Footprint:
         return (f"inputs {self.inputs / GB:.2f} GB, outputs {self.outputs / GB:.2f} GB, reference forward "
                 f"{self.work / GB:.2f} GB, parameters {self.params / GB:.2f} GB")
 
-    def to_json(self) -> dict[str, int]:
-        return {"inputs": self.inputs, "outputs": self.outputs, "work": self.work, "params": self.params}
-
-    @staticmethod
-    def from_json(d: Any) -> Footprint | None:
-        if not isinstance(d, dict):
-            return None
-        try:
-            return Footprint(*(max(0, int(d[k])) for k in ("inputs", "outputs", "work", "params")))
-        except (KeyError, TypeError, ValueError):
-            return None
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -97,6 +86,13 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return {"timing_sets": self.timing_sets, "keep_sets": self.keep_sets, "trial_cache": self.trial_cache,
                 "kept_others": self.kept_others}
+
+    @staticmethod
+    def from_json(d: Any) -> Plan | None:
+        try:
+            return Plan(int(d["timing_sets"]), bool(d["keep_sets"]), int(d["trial_cache"]), int(d["kept_others"]))
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 def plan_for(fp: Footprint, budget: int) -> Plan:
@@ -139,6 +135,15 @@ def apply_cap(cap: int) -> None:
 
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, max(cap, MIN_CAP_BYTES) / total))
+
+
+def give_back_cached() -> None:
+    """The CUDA caching allocator's unused blocks back to the device where they are more than CACHED_SLACK: before
+    the other process's turn, so that what this one reserves is what it holds."""
+    import torch
+
+    if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > CACHED_SLACK:
+        torch.cuda.empty_cache()
 
 
 def meta_footprint(module: Any, init_inputs: list[Any], get_inputs: Any) -> Footprint:

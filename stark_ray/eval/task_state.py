@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all
-from stark_ray.eval.memory import LARGE_SET_BYTES
+from stark_ray.eval.memory import LARGE_SET_BYTES, param_bytes
 from stark_ray.eval.tasks import TaskError, make_task_inputs
 from stark_ray.eval.timing import INPUT_SETS, make_input_sets
 
@@ -33,12 +32,7 @@ class TaskState:
 
     def held_bytes(self) -> int:
         """Device (or host) memory this state keeps alive: the parameters and the timing input sets."""
-        held = sum(sum(nbytes_of(s)) for s in self.input_sets or [])
-        params = getattr(self.model, "parameters", None)
-        if callable(params):
-            with contextlib.suppress(Exception):  # a reference with an odd parameters(): counted as none
-                held += sum(p.numel() * p.element_size() for p in params())
-        return held
+        return sum(sum(nbytes_of(s)) for s in self.input_sets or []) + param_bytes(self.model)
 
     def get_inputs(self) -> list[Any]:
         return make_task_inputs(self.module, self.name)
