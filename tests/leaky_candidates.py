@@ -27,8 +27,9 @@ class ModelNew(torch.nn.Module):
 
 @contextlib.contextmanager
 def quick_service(build_dir: str, isolate: str = "off") -> Iterator[EvalService]:
-    """A cpu_cpp service with few timing rounds (these tests judge correctness and what is left behind), unisolated
+    """A cpu_cpp service with few timing rounds (these tests judge correctness and what is left behind; with 3, noise
+    on a busy host made an honest candidate of speedup 1 look 2-3x faster and fail its confirmation), unisolated
     by default: its candidates write down what they did where the test reads it."""
-    with EvalService(EvalConfig(backend="cpu_cpp", build_dir=build_dir, timing_trials=3, warmup=1,
+    with EvalService(EvalConfig(backend="cpu_cpp", build_dir=build_dir, timing_trials=11, warmup=2,
                                 isolate=isolate)) as s:
         yield s
