@@ -20,7 +20,8 @@ and of its phases (build/import, checks, timing, from the result's log); the ref
 compiled); the candidate's timed calls; ``overhead_s`` = candidate_s - its own runtime x its timed calls (what
 the evaluator costs beyond the kernel); ``peak_gb`` (the evaluation's peak as the evaluator reports it: both
 processes' allocators and the shared buffers, each at its peak, added) and ``smi_peak_gb`` (the device's memory
-in use at its highest while the task ran, sampled by nvidia-smi every 100 ms: CUDA contexts included).
+in use at its highest while the task ran, sampled by nvidia-smi every 100 ms: CUDA contexts included) and
+``smi_apps_gb`` (each process's own highest in that time, largest first: the judge, its worker, a spare worker).
 """
 
 from __future__ import annotations
@@ -40,41 +41,59 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "benchmarks" / "results" / "kernelbench_sweep.csv"
 COLUMNS = ["level", "id", "name", "budget", "status", "error", "reference_s", "ref_ms", "ref_compile_ms",
            "candidate_s", "build_s", "checks_s", "timing_s", "timed_calls", "overhead_s", "runtime_ms", "flags",
-           "peak_gb", "smi_peak_gb", "recorded"]
+           "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb"]
 CANDIDATE = "\n\nclass ModelNew(Model):  # the reference's own forward: correct, and no kernel of its own\n    pass\n"
 
 
 class SmiSampler:
-    """The device's memory in use (MiB, all processes), sampled by ``nvidia-smi -lms``; its highest since mark()."""
+    """The device's memory in use (MiB, all processes), sampled by ``nvidia-smi -lms``, its highest since mark();
+    and each process's own highest (``--query-compute-apps``), to tell which process went beyond its account."""
 
     def __init__(self, index: int = 0) -> None:
         self.high = 0.0
-        self.proc: subprocess.Popen[str] | None = None
-        try:
-            self.proc = subprocess.Popen(["nvidia-smi", "-i", str(index), "--query-gpu=memory.used",
-                                          "--format=csv,noheader,nounits", "-lms", "100"],
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        except OSError:
-            return
-        threading.Thread(target=self._read, daemon=True).start()
+        self.apps: dict[str, float] = {}  # pid -> MiB at its highest since mark()
+        self.procs: list[subprocess.Popen[str]] = []
+        for query, read in (("--query-gpu=memory.used", self._read_total),
+                            ("--query-compute-apps=pid,used_memory", self._read_apps)):
+            try:
+                proc = subprocess.Popen(["nvidia-smi", "-i", str(index), query, "--format=csv,noheader,nounits",
+                                         "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                return
+            self.procs.append(proc)
+            threading.Thread(target=read, args=(proc,), daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
+    def _read_total(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
             try:
                 self.high = max(self.high, float(line.strip()))
             except ValueError:
                 continue
 
+    def _read_apps(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            pid, _, used = line.partition(",")
+            try:
+                self.apps[pid.strip()] = max(self.apps.get(pid.strip(), 0.0), float(used.strip()))
+            except ValueError:
+                continue
+
     def mark(self) -> None:
         self.high = 0.0
+        self.apps = {}
 
     def peak_gb(self) -> float | None:
-        return round(self.high * 2**20 / 1e9, 2) if self.proc is not None and self.high else None
+        return round(self.high * 2**20 / 1e9, 2) if self.procs and self.high else None
+
+    def apps_gb(self) -> str:
+        """Each process's highest, largest first (GB, joined by '+')."""
+        return "+".join(f"{v * 2**20 / 1e9:.2f}" for v in sorted(self.apps.values(), reverse=True))
 
     def close(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
+        for proc in self.procs:
+            proc.kill()
 
 
 def done_rows(path: Path) -> set[tuple[str, str]]:
@@ -127,7 +146,7 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
                   "candidate_s": result.eval_s and round(result.eval_s, 3), "build_s": phases.get("build/import"),
                   "checks_s": phases.get("checks"), "timing_s": phases.get("timing"), "timed_calls": calls,
                   "overhead_s": overhead, "runtime_ms": result.runtime_ms, "flags": ",".join(result.flags),
-                  "peak_gb": result.peak_memory_gb, "smi_peak_gb": smi.peak_gb()}
+                  "peak_gb": result.peak_memory_gb, "smi_peak_gb": smi.peak_gb(), "smi_apps_gb": smi.apps_gb()}
 
 
 def sweep(args: argparse.Namespace) -> None:
@@ -165,7 +184,8 @@ def sweep(args: argparse.Namespace) -> None:
                     writer.writerow(row)
                     f.flush()
                     print(f"{ref.qualified:60s} {budget:>7s} {row['status']:16s} cand {row.get('candidate_s')} s "
-                          f"peak {row.get('peak_gb')} GB smi {row.get('smi_peak_gb')} GB {row.get('error') or ''}"
+                          f"peak {row.get('peak_gb')} GB smi {row.get('smi_peak_gb')} GB ({row.get('smi_apps_gb')}) "
+                          f"{row.get('error') or ''}"
                           [:240], flush=True)
     smi.close()
 

@@ -544,6 +544,7 @@ class _Candidate:
             return self._verdict(msg, f"{trial.label}, second call", second.ref, slots, views, second.make)
         finally:
             box.release()
+            self.judge.memory.cap_self()  # the shared buffers gone: the next trial is made under the new cap
 
     def _slots(self, box: Outbox, ref: Any) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
         slots: dict[str, torch.Tensor] = {}

@@ -83,6 +83,7 @@ class JudgeMemory:
             self.worker_reserved = min(max(0, int(mem.get("reserved", 0))), total)
             self.reported_by = self.worker.starts
             self.peak = max(self.peak, self.judge_then + min(max(0, int(mem.get("peak", 0))), total))
+        self.cap_self()  # the judge's turn again: its cap follows what the worker holds now
 
     def close_interval(self) -> None:
         """The judge's own turn since the last step (its allocator and the shared buffers at their peaks), beside
