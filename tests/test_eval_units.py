@@ -24,7 +24,7 @@ from stark_ray.eval.guards import Fingerprint, output_problem, poison
 from stark_ray.eval.inputs import make_inputs, same_values, scale_floats, trial_scale
 from stark_ray.eval.isolation import resolve_isolation
 from stark_ray.eval.kernel_sources import KernelSources, cuda_kernel_names, own_kernel_names, python_kernel_names
-from stark_ray.eval.sandbox_env import PACKAGE_ROOT, is_secret, worker_env
+from stark_ray.eval.sandbox_env import ALLOCATOR_SETTINGS, PACKAGE_ROOT, is_secret, worker_env
 from stark_ray.eval.streams import Launch, classify
 from stark_ray.eval.timing import (
     MIN_TIMED_ROUNDS,
@@ -249,6 +249,14 @@ def test_worker_env_has_no_credentials() -> None:
     assert all(env[k] == v for k, v in needed.items()) and env["OMP_NUM_THREADS"] == "2"
     assert env["TMPDIR"] == "/tmp/w"
     assert env["PYTHONPATH"].split(":")[0] == str(PACKAGE_ROOT)
+
+
+def test_evaluator_processes_allocate_in_unsplit_large_blocks_unless_the_user_chose() -> None:
+    assert worker_env(Path("/w"), 1, {})["PYTORCH_CUDA_ALLOC_CONF"] == ALLOCATOR_SETTINGS
+    assert (worker_env(Path("/w"), 1, {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.8"})
+            ["PYTORCH_CUDA_ALLOC_CONF"] == f"garbage_collection_threshold:0.8,{ALLOCATOR_SETTINGS}")
+    for own in ("max_split_size_mb:128", "expandable_segments:True"):
+        assert worker_env(Path("/w"), 1, {"PYTORCH_CUDA_ALLOC_CONF": own})["PYTORCH_CUDA_ALLOC_CONF"] == own
 
 
 def test_hidden_paths_are_home_working_directory_and_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

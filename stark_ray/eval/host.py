@@ -303,6 +303,11 @@ class CandidateHost:
             problem = output_problem(raw, cur.inputs, cur.state.device)
             tree = _fill_slots(raw, cur.slots)
             self.backend.synchronize()
+        del raw
+        if not msg.get("keep"):  # no second call on these tensors: the judge's buffers are its own again (a
+            # mapping kept here would keep their memory from the device after the judge let them go)
+            self._release(cur.buffers)
+            cur.inputs, cur.slots, cur.buffers = [], {}, []
         return {"ran": {"outputs": tree, "problem": problem}}
 
     def time(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:

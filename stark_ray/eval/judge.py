@@ -525,8 +525,8 @@ class _Candidate:
             tree = encode_tree(trial.make(), on_input, prefix="input")  # made, copied, dropped
             slots, slot_specs = self._slots(box, trial.ref)
             fds = box.fds()
-            msg = self.step(OP_RUN, {"inputs": tree, "slots": slot_specs, "fds": len(fds), "seed": trial.seed}, fds,
-                            trial.label)
+            msg = self.step(OP_RUN, {"inputs": tree, "slots": slot_specs, "fds": len(fds), "seed": trial.seed,
+                                     "keep": trial.then is not None}, fds, trial.label)
             failure = self._verdict(msg, trial.label, trial.ref, slots, views, trial.make)
             if failure is not None or trial.then is None:
                 return failure

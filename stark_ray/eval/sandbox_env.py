@@ -25,6 +25,14 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding star
 # steady (like the CUDA caching allocator on a GPU: after warm-up, allocations cost next to nothing).
 MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
 
+# The CUDA caching allocator of the judge and the worker, which run under a cap (eval/memory.py): a cached block
+# larger than this is never split to serve a smaller request. Without it the comparisons' chunk temporaries
+# (256-512 MB) were carved out of a task's freed 6 GB blocks, which then could neither serve the next 6 GB tensor
+# nor go back to the device: a worker holding 24 GB of tensors under a 36 GB cap ran out of memory while timing.
+# Blocks that are never split can all be given back when the cap is reached. A user's own setting of either kind
+# is kept.
+ALLOCATOR_SETTINGS = "max_split_size_mb:512"
+
 
 PASSED_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM",  # the basics (getpass, locale)
@@ -57,6 +65,9 @@ def worker_env(workdir: Path, threads: int, base: Mapping[str, str] | None = Non
     # torch.compile builds in this process, not in a pool of its own: the judge kills every process a request
     # leaves running below the worker (eval/lifetime.py)
     env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "max_split_size_mb" not in conf and "expandable_segments:true" not in conf.lower():
+        env["PYTORCH_CUDA_ALLOC_CONF"] = f"{conf},{ALLOCATOR_SETTINGS}" if conf else ALLOCATOR_SETTINGS
     tunables = env.get("GLIBC_TUNABLES")
     env["GLIBC_TUNABLES"] = f"{tunables}:{MALLOC_TUNABLES}" if tunables else MALLOC_TUNABLES
     return env
