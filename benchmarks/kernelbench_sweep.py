@@ -15,13 +15,15 @@ $OUT/ && ... --csv $OUT/kernelbench_sweep.csv``); copy it back into benchmarks/r
 
 Columns: the task; ``budget`` (GB, or ``default``); ``status`` (``ok``: correct and flagged ``no_kernel`` as
 expected; ``over_budget``: the task cannot fit, ``error`` says what it needs; else where it stopped); seconds of
-the reference's set-up and timing (``reference_s``), of the candidate (``candidate_s``: the service's wall time)
-and of its phases (build/import, checks, timing, from the result's log); the reference's runtime (eager and
-compiled); the candidate's timed calls; ``overhead_s`` = candidate_s - its own runtime x its timed calls (what
-the evaluator costs beyond the kernel); ``peak_gb`` (the evaluation's peak as the evaluator reports it: both
-processes' allocators and the shared buffers, each at its peak, added) and ``smi_peak_gb`` (the device's memory
-in use at its highest while the task ran, sampled by nvidia-smi every 100 ms: CUDA contexts included) and
-``smi_apps_gb`` (each process's own highest in that time, largest first: the judge, its worker, a spare worker).
+the reference's set-up and timing (``reference_s``), of the candidate (``candidate_s``: the service's wall time,
+``judge_s``: the judge's share of it) and of its phases (build/import, checks, timing, from the result's log);
+the reference's runtime (eager and compiled); the candidate's timed calls; ``overhead_s`` = candidate_s - its
+own runtime x its timed calls (what the evaluator costs beyond the kernel); ``peak_gb`` (the evaluation's peak
+as the evaluator reports it: both processes' allocators and the shared buffers, each at its peak in one turn of
+the judge or step of the worker, added) and ``smi_peak_gb`` (the device's memory in use at its highest while the
+task ran, sampled by nvidia-smi every 100 ms: CUDA contexts included) and ``smi_apps_gb`` (each process's own
+highest in that time, largest first: the judge, its worker, a spare worker; a buffer shared by two processes
+counts in both); ``task_s``: the row's wall time, loading the task included.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "benchmarks" / "results" / "kernelbench_sweep.csv"
 COLUMNS = ["level", "id", "name", "budget", "status", "error", "reference_s", "ref_ms", "ref_compile_ms",
            "candidate_s", "build_s", "checks_s", "timing_s", "timed_calls", "overhead_s", "runtime_ms", "flags",
-           "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb"]
+           "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb", "judge_s", "task_s"]
 CANDIDATE = "\n\nclass ModelNew(Model):  # the reference's own forward: correct, and no kernel of its own\n    pass\n"
 
 
@@ -134,16 +136,19 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
         return row | {"status": "reference_failed", "error": one_line(str(e), 800), "smi_peak_gb": smi.peak_gb()}
     row |= {"reference_s": round(time.perf_counter() - started, 3), "ref_ms": reference.runtime_ms,
             "ref_compile_ms": reference.ref_compile_runtime_ms}
+    asked = time.perf_counter()
     result = service.evaluate(task, task.source + CANDIDATE, cfg)
+    wall = time.perf_counter() - asked  # what the caller waits: the build process and the judge's round trip too
     phases = laps(result.log)
     calls = timed_calls(result.log)
     overhead = None
-    if result.eval_s is not None and result.runtime_ms is not None and calls:
-        overhead = round(result.eval_s - result.runtime_ms * calls / 1e3, 3)
+    if result.runtime_ms is not None and calls:
+        overhead = round(wall - result.runtime_ms * calls / 1e3, 3)
     expected = result.correct and "no_kernel" in result.flags
     status = "ok" if expected else (result.stage if not result.correct else "not_flagged")
     return row | {"status": status, "error": one_line(result.error or "", 800) if not expected else "",
-                  "candidate_s": result.eval_s and round(result.eval_s, 3), "build_s": phases.get("build/import"),
+                  "candidate_s": round(wall, 3), "judge_s": result.eval_s and round(result.eval_s, 3),
+                  "build_s": phases.get("build/import"),
                   "checks_s": phases.get("checks"), "timing_s": phases.get("timing"), "timed_calls": calls,
                   "overhead_s": overhead, "runtime_ms": result.runtime_ms, "flags": ",".join(result.flags),
                   "peak_gb": result.peak_memory_gb, "smi_peak_gb": smi.peak_gb(), "smi_apps_gb": smi.apps_gb()}
@@ -179,7 +184,9 @@ def sweep(args: argparse.Namespace) -> None:
                               "go on", flush=True)
                         smi.close()
                         return
+                    began = time.perf_counter()
                     row = one_task(service, ref, budget, cfg, smi)
+                    row["task_s"] = round(time.perf_counter() - began, 3)
                     row["recorded"] = time.strftime("%Y-%m-%dT%H:%M:%S")
                     writer.writerow(row)
                     f.flush()
@@ -205,7 +212,11 @@ def summary(path: Path) -> None:
             by_status.setdefault(r["status"], []).append(r)
         counts = ", ".join(f"{k} {len(v)}" for k, v in sorted(by_status.items()))
         print(f"budget {budget}: {len(mine)} tasks; {counts}")
-        for what in ("candidate_s", "overhead_s", "reference_s", "peak_gb", "smi_peak_gb"):
+        if budget != "default":
+            above = [r for r in mine if r.get("smi_peak_gb") and float(r["smi_peak_gb"]) > float(budget)]
+            print(f"  device memory above the budget (nvidia-smi, contexts included): {len(above)} tasks"
+                  + "".join(f"\n    level{r['level']}/{r['name']}: {r['smi_peak_gb']} GB" for r in above))
+        for what in ("candidate_s", "judge_s", "overhead_s", "reference_s", "task_s", "peak_gb", "smi_peak_gb"):
             values = [float(r[what]) for r in mine if r.get(what)]
             if values:
                 print(f"  {what}: median {statistics.median(values):.2f}, p95 {_quantile(values, 0.95):.2f}, "

@@ -509,6 +509,7 @@ class _Candidate:
         again to see whether the candidate changed them), the worker's call, the verdict; a same-address trial's
         second contents made once the first call is judged."""
         coming = trial.input_bytes + sum(nbytes_of(trial.ref))  # the shared copy of the inputs and the slots
+        self.judge.memory.close_interval()  # the peak of making the trial apart from that of sharing it
         self.judge.memory.cap_self(coming)
         if trial.input_bytes > LARGE_TRIAL_BYTES:  # the shared buffers come from the device itself
             _release_cached(self.task.device)
@@ -543,6 +544,7 @@ class _Candidate:
             msg = self.step(OP_RUN, {"same": True, "seed": trial.seed}, label=f"{trial.label}, second call")
             return self._verdict(msg, f"{trial.label}, second call", second.ref, slots, views, second.make)
         finally:
+            self.judge.memory.close_interval()
             box.release()
             self.judge.memory.cap_self()  # the shared buffers gone: the next trial is made under the new cap
 
