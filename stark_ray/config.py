@@ -131,6 +131,9 @@ class EvalConfig:
     # the evaluator starts. What is kept (timing sets, trials, other tasks) is chosen to fit; a task that cannot
     # fit is one line and no evaluation (stark_ray/eval/memory.py). No effect on the CPU backends.
     memory_budget_gb: float | None = None
+    # a speedup above this is measured again by the judge's own wall clock before it counts
+    # (stark_ray/eval/confirmation.py); 0: every candidate's (benchmarks/kernelbench_sweep.py --confirm)
+    confirm_above: float = 2.0
 
     def hiding(self, *paths: object) -> EvalConfig:
         """This configuration with ``paths`` (a run directory: a path or a filesystem URI, which needs none) hidden
@@ -163,6 +166,9 @@ class EvalConfig:
                                                       and not isinstance(self.memory_budget_gb, bool)
                                                       and self.memory_budget_gb > 0):
             raise ValueError(f"memory_budget_gb must be a number of GB > 0, got {self.memory_budget_gb!r}")
+        if isinstance(self.confirm_above, bool) or not (isinstance(self.confirm_above, int | float)
+                                                       and 0 <= self.confirm_above < float("inf")):
+            raise ValueError(f"confirm_above must be a speedup >= 0, got {self.confirm_above!r}")
         for name in ("compile_timeout_s", "check_timeout_s", "timing_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")

@@ -72,8 +72,8 @@ class EvalResult:
     runtime_cv: float | None = None  # std / mean of the candidate's timed calls
     ref_runtime_cv: float | None = None
     device: str | None = None  # where it was evaluated: "<host>:gpu<index>" (the physical GPU) or "<host>:cpu"
-    # the evaluation's device memory at its peak (GB): the judge's and the worker's allocators and the buffers they
-    # share, each at its own peak, added (an upper bound; CUDA contexts not counted). None off the GPU.
+    # the device's memory in use at its highest during the evaluation (GB), sampled by the judge every 5 ms: every
+    # process on the device, CUDA contexts included (what nvidia-smi shows). None off the GPU.
     peak_memory_gb: float | None = None
 
     @property

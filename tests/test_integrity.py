@@ -340,6 +340,18 @@ def test_an_honest_candidate_of_the_same_speed_is_timed_as_such(service: EvalSer
     assert r.ok and r.speedup is not None and 0.5 < r.speedup < 2, (r.error, r.speedup)
 
 
+def test_confirm_above_zero_sends_a_candidate_of_the_same_speed_through_the_wall_clock(
+        service: EvalService, tasks: dict[str, Task]) -> None:
+    """``confirm_above=0`` (the KernelBench sweep's ``--confirm``): every candidate's speedup is measured again by
+    the judge, whatever it is, so that the confirmation's memory and time are exercised on every task."""
+    cfg = replace(service.cfg, confirm_above=0.0)
+    r = service.evaluate(tasks["matmul"], matmul("return x @ self.w"), cfg)
+    assert r.correct, r.error
+    assert "judge's wall clock" in (r.log or ""), r.log  # confirmed or not (a busy box), it was measured
+    with pytest.raises(ValueError, match="confirm_above"):
+        replace(service.cfg, confirm_above=-1.0)
+
+
 def test_a_reference_with_random_numbers_in_forward_is_refused(tmp_path: Path, service: EvalService) -> None:
     path = tmp_path / "3_Noisy.py"
     path.write_text(AFFINE_TASK.replace("return x * self.s + self.t", "return x * self.s + torch.rand_like(x)"))

@@ -2,7 +2,7 @@
 
 The worker's figures (CUDA events, or ``time.perf_counter`` on the CPU) are taken in the process that imported the
 candidate, which can patch them, hide work on other streams or answer from a cache. So a speedup above
-CONFIRM_ABOVE is measured again by the judge:
+``EvalConfig.confirm_above`` (2 by default) is measured again by the judge:
 
 - K input sets, K chosen so that the candidate's batch lasts BATCH_TARGET_MS by its own claimed time (a claim too
   fast only makes the batch longer; at most MAX_SETS, and as many as the judge makes in half a second), within a
@@ -50,7 +50,6 @@ from stark_ray.eval.inputs import clone_all, make_inputs, map_tensors, same_valu
 from stark_ray.eval.timing import capture_graph
 from stark_ray.eval.trials import JudgeTask, synchronize
 
-CONFIRM_ABOVE = 2.0  # speedups above this are measured again by the judge
 AGREEMENT = 0.5  # confirmed when the judge's batch speedup is at least this share of the worker's ...
 CONFIRMED_BY_ITSELF = 10.0  # ... or this large by itself
 BATCH_TARGET_MS = 10.0  # the candidate's batch lasts about this long, by its own claim
@@ -75,9 +74,9 @@ class CandidateSide(Protocol):
 
     round_trip_s: float  # the least time of a message to the worker and back, measured before it loaded a candidate
 
-    def stage(self, template: list[Any], k: int, graph: bool) -> bool:
-        """Share K input sets (filled with ``template``) and their slots; with ``graph``, ask for a captured
-        batch. Whether the worker captured one."""
+    def stage(self, template: list[Any], like: Any, k: int, graph: bool) -> bool:
+        """Share K input sets (filled with ``template``) and their slots (shaped as the outputs ``like``); with
+        ``graph``, ask for a captured batch. Whether the worker captured one."""
         ...
 
     def run(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
@@ -86,16 +85,20 @@ class CandidateSide(Protocol):
         ...
 
 
-def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out: Any, make_s: float = 0.0) -> int:
+def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out: Any, make_s: float = 0.0,
+              room: int | None = None) -> int:
     """Input sets per batch: the candidate's claimed time times this is about BATCH_TARGET_MS, within the memory
-    budget, and few enough that making a round's fresh sets (``make_s`` each) takes at most MAKE_BUDGET_S."""
+    budget (``room``: what the evaluation's budget leaves; else a share of the device), and few enough that making
+    a round's fresh sets (``make_s`` each) takes at most MAKE_BUDGET_S."""
     wanted = math.ceil(BATCH_TARGET_MS / max(claimed_ms, 1e-3))
     if make_s > 0:
         wanted = min(wanted, max(1, int(MAKE_BUDGET_S / make_s)))
     # inputs: the fresh set, each side's buffers and staging; outputs: the reference's buffers and the slots, the
     # copies of both read back, the reference's output
     per_set = 5 * sum(nbytes_of(sample)) + 5 * sum(nbytes_of(sample_out))
-    if task.device == "cuda":
+    if room is not None:  # less what the batch holds beside its sets (the template, an output of each side)
+        budget = room - 2 * (sum(nbytes_of(sample)) + sum(nbytes_of(sample_out)))
+    elif task.device == "cuda":
         budget = int(CUDA_BUDGET_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     else:
         budget = CPU_BUDGET_BYTES
@@ -227,13 +230,14 @@ class ReferenceSide:
 
 
 def confirm(task: JudgeTask, template: list[Any], event_speedup: float, claimed_ms: float, tol: Tolerances,
-            candidate: CandidateSide) -> Confirmation:
-    """Measure the candidate's speedup with the judge's own clock (see the module's docstring)."""
+            candidate: CandidateSide, room: int | None = None) -> Confirmation:
+    """Measure the candidate's speedup with the judge's own clock (see the module's docstring); ``room``: the bytes
+    the memory budget leaves it (None: a share of the device)."""
     started = time.perf_counter()
     make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device)
     synchronize(task)
     make_s = time.perf_counter() - started
-    k = set_count(task, claimed_ms, template, task.run(template, task.seed), make_s)
+    k = set_count(task, claimed_ms, template, task.run(template, task.seed), make_s, room)
     ref = ReferenceSide(task, template, k, want_graph=True)
     try:
         return _rounds(task, event_speedup, tol, candidate, ref, k)
@@ -243,7 +247,7 @@ def confirm(task: JudgeTask, template: list[Any], event_speedup: float, claimed_
 
 def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: CandidateSide, ref: ReferenceSide,
             k: int) -> Confirmation:
-    graph = candidate.stage(ref.inputs[0], k, graph=ref.graph is not None)
+    graph = candidate.stage(ref.inputs[0], ref.like, k, graph=ref.graph is not None)
     if ref.graph is not None and not graph:  # the same way on both sides
         ref.graph = None
     ref_walls: list[float] = []

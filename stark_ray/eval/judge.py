@@ -43,7 +43,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend, get_backend
 from stark_ray.eval.builds import serve_build
 from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
-from stark_ray.eval.confirmation import CONFIRM_ABOVE, confirm
+from stark_ray.eval.confirmation import confirm
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.exchange import ExchangeError, Outbox
 from stark_ray.eval.garbage import collect, collect_after, collect_all
@@ -478,12 +478,12 @@ class _Candidate:
         if speedup > LARGE_SPEEDUP:
             flags.append("large_speedup")
         rejected: list[str] = [n.removeprefix("worker: ") for n in worker_log if "no kernel of its own" in n]
-        if speedup > CONFIRM_ABOVE:
+        if speedup > self.cfg.confirm_above:
             self.judge.memory.cap_self()
             batch = WorkerBatch(self)
             try:
                 confirmation = confirm(self.task, standard_trial(self.task, self.cfg, 0).inputs, speedup, new_ms,
-                                       self.tol, batch)
+                                       self.tol, batch, self.judge.memory.room())
             finally:
                 batch.release()
             self.lap("confirmation")
@@ -533,16 +533,21 @@ class _Candidate:
                 return failure
             trial.ref = None  # judged: not held while the second contents and their outputs are made
             second = trial.then()  # the same tensors, new contents
-            contents = _tensors(second.make())
+            made = second.make()
+            contents = _tensors(made)
             if len(contents) != len(views):
                 raise TaskError(f"task {self.task.name}: get_inputs() gave two structures for one task")
             for view, t in zip(views, contents, strict=True):
                 view.copy_(t)
             del contents
+            # the reference on the judge's own set, never on the shared tensors (the candidate's process can write
+            # them); it may change that set: the shared copy was written first
+            second_ref = second.reference(self.task, made)
+            del made
             box.poison_slots()
             synchronize(self.task)
             msg = self.step(OP_RUN, {"same": True, "seed": trial.seed}, label=f"{trial.label}, second call")
-            return self._verdict(msg, f"{trial.label}, second call", second.ref, slots, views, second.make)
+            return self._verdict(msg, f"{trial.label}, second call", second_ref, slots, views, second.make)
         finally:
             self.judge.memory.close_interval()
             box.release()

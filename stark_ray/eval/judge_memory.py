@@ -7,11 +7,17 @@ with each step, the budget less what the judge holds then (:meth:`JudgeMemory.fi
 largest of the judge's turns (its own peak beside what the worker holds) and the worker's steps (the worker's peak
 in the step beside what the judge held when it sent it). What the worker says is its own word: it only moves its
 cap and the recorded peak, clamped to the device. See :mod:`stark_ray.eval.memory` for the budget and the plan.
+
+That account adds peaks of different moments, so it can exceed what was ever in use at once (46 GB for a 40 GB
+budget on a 6 GB task, while nvidia-smi saw 35 GB): the figure a result records is measured instead, by
+:class:`DeviceSampler`, and the account stays in the result's log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from typing import Any
 
 import torch
@@ -23,6 +29,43 @@ from stark_ray.eval.protocol import OP_LOAD, OP_REFERENCE, OP_RUN, OP_STAGE, OP_
 from stark_ray.eval.runner import WorkerProcess
 
 CAPPED_STEPS = (OP_LOAD, OP_RUN, OP_TIME, OP_REFERENCE, OP_STAGE)  # the steps in which the worker allocates
+SAMPLE_S = 0.005  # the device's memory in use is read this often during a request
+
+
+class DeviceSampler:
+    """The device's memory in use (every process on it, CUDA contexts included: what nvidia-smi shows), read by a
+    thread of the judge every SAMPLE_S while a request runs; its highest. A peak shorter than the interval can be
+    missed; on a device shared with other work, theirs counts too."""
+
+    def __init__(self) -> None:
+        self.high = 0
+        self.active = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.high = self._used()
+        self.active.set()
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="device-sampler", daemon=True)
+            self.thread.start()
+
+    def stop(self) -> int:
+        """The highest since start()."""
+        self.active.clear()
+        self.high = max(self.high, self._used())
+        return self.high
+
+    def _run(self) -> None:
+        while True:
+            self.active.wait()
+            with contextlib.suppress(RuntimeError):  # a device error: the worker's answer says it
+                self.high = max(self.high, self._used())
+            time.sleep(SAMPLE_S)
+
+    @staticmethod
+    def _used() -> int:
+        free, total = torch.cuda.mem_get_info()
+        return int(total - free)
 
 
 class JudgeMemory:
@@ -37,6 +80,7 @@ class JudgeMemory:
         self.own_peak = 0  # the judge's own allocations at their peak over the request
         self.judge_then = 0  # the judge's memory while the worker does a step
         self.plan: dict[str, Any] = {}  # the task's plan, sent to the worker with each step
+        self.sampler = DeviceSampler() if self.on_gpu else None
 
     def set_budget(self, cfg: EvalConfig) -> None:
         if self.on_gpu:
@@ -53,6 +97,14 @@ class JudgeMemory:
         shared buffers ``coming`` next."""
         if self.budget:
             apply_cap(self.budget - CONTEXTS_BYTES - self.worker_held() - shared_bytes() - coming)
+
+    def room(self) -> int | None:
+        """What the budget leaves now beside the contexts, the worker, the shared buffers and this process's own
+        memory (None without a budget)."""
+        if not self.budget:
+            return None
+        held = CONTEXTS_BYTES + torch.cuda.memory_reserved() + shared_bytes() + self.worker_held()
+        return max(0, self.budget - held)
 
     def room_for_shared(self, nbytes: int) -> None:
         """torch.OutOfMemoryError where ``nbytes`` more of shared buffers would not fit in the budget (they are made
@@ -97,12 +149,12 @@ class JudgeMemory:
         self.judge_then = torch.cuda.memory_reserved() + shared_bytes()
 
     def peak_bytes(self) -> int | None:
-        """The request's device memory at its peak, judge and worker together (their allocators and the shared
-        buffers; the CUDA contexts not counted)."""
-        if not self.on_gpu:
+        """The device's memory in use at its highest during the request, as measured (:class:`DeviceSampler`);
+        the account (:attr:`peak`) closed too."""
+        if self.sampler is None:
             return None
         self.close_interval()
-        return self.peak
+        return self.sampler.stop()
 
     def reset(self) -> None:
         """A new request."""
@@ -110,3 +162,5 @@ class JudgeMemory:
         if self.on_gpu:
             torch.cuda.reset_peak_memory_stats()
             reset_shared_peak()
+        if self.sampler is not None:
+            self.sampler.start()

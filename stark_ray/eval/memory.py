@@ -51,11 +51,14 @@ class Footprint:
         timing set, no trial kept), both processes and what they share counted."""
         i, o, w = self.inputs, self.outputs, max(self.work, self.outputs)
         return {
-            # the judge makes a trial: a derived trial's inputs and the copy its reference runs on, beside the base
-            # trial's reference output
-            "making a trial": 2 * i + o + w,
+            # the judge makes a trial: a standard trial's inputs and the copy its reference runs on, or a derived
+            # trial's changed inputs (run on without a copy) beside the base trial's reference output
+            "making a trial": max(2 * i + w, i + o + w),
             # a trial's inputs made (then dropped) beside their shared copy, the reference output and the slots
             "sharing a trial": 2 * i + 2 * o,
+            # the same-address trial's second contents: made and written into the shared copy (beside the slots),
+            # the reference run on them
+            "second contents": 2 * i + o + w,
             # the worker's call on the shared inputs, beside the judge's reference output and the slots
             "running a trial": i + 2 * o + w,
             # the judge's check of the inputs: the shared copy and the inputs made again

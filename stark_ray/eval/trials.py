@@ -58,7 +58,7 @@ class Trial:
     make: Callable[[], Inputs]
     ref: Any
     seed: int
-    then: Callable[[], Trial] | None = None  # same-address: the second contents (the same tensors), made when needed
+    then: Callable[[], Contents] | None = None  # same-address: the second contents (the same tensors), when needed
     held: int = 0  # bytes it holds (inputs and outputs) where it keeps its inputs: what a cache would keep
     input_bytes: int = 0
 
@@ -66,6 +66,23 @@ class Trial:
     def inputs(self) -> Inputs:
         """Fresh inputs (the caller's own)."""
         return self.make()
+
+
+@dataclass
+class Contents:
+    """The same-address trial's second contents: how to make them and their seed, and the reference's outputs where
+    a kept trial already knows them (else :meth:`reference` runs it on a set made for it alone)."""
+
+    make: Callable[[], Inputs]
+    seed: int
+    ref: Any = None
+
+    def reference(self, task: JudgeTask, made: Inputs | None = None) -> Any:
+        """The reference's outputs for these contents: run on ``made`` (a set of these contents that is the
+        caller's to lose: it may come back changed) or on a set made here."""
+        if self.ref is not None:
+            return self.ref
+        return task.run(self.make() if made is None else made, self.seed, private=True)
 
 
 class TrialCache:
@@ -125,12 +142,13 @@ class JudgeTask:
     def held_bytes(self) -> int:
         return self.cache.used + param_bytes(self.model)
 
-    def run(self, inputs: list[Any], seed: int) -> Any:
-        """The reference's output for ``inputs`` (on a copy: a reference that works in place keeps them)."""
+    def run(self, inputs: list[Any], seed: int, private: bool = False) -> Any:
+        """The reference's output for ``inputs``: on a copy (a reference that works in place keeps them), or on
+        ``inputs`` themselves where they are ``private`` (the caller's to lose: one input's worth less memory)."""
         torch.manual_seed(seed)
         try:
             with torch.no_grad():
-                out = self.model(*clone_all(inputs))
+                out = self.model(*(inputs if private else clone_all(inputs)))
                 if self.device == "cuda":
                     torch.cuda.synchronize()
                 return out
@@ -145,12 +163,17 @@ def trial_label(trial: int, trials: int) -> str:
     return f"trial {trial + 1}/{trials}" + ("" if scale == 1.0 else f" (inputs x{scale:g})")
 
 
+def _maker(task: JudgeTask, seed: int, scale: float) -> Callable[[], Inputs]:
+    def make() -> Inputs:
+        return make_inputs(task.get_inputs, seed, scale, task.device)
+
+    return make
+
+
 def standard_trial(task: JudgeTask, cfg: EvalConfig, trial: int) -> Trial:
     seed = cfg.seed + trial
     scale = trial_scale(trial, cfg.trials)
-
-    def make() -> Inputs:
-        return make_inputs(task.get_inputs, seed, scale, task.device)
+    make = _maker(task, seed, scale)
 
     def build() -> Trial:
         inputs = make()
@@ -255,7 +278,7 @@ def blocks_trial(task: JudgeTask, base: Trial, gen: torch.Generator) -> tuple[Tr
         return None, "blocks trial left out: no floating input to scale"
     label = "blocks trial (inputs scaled block by block, by 0.01 to 1)"
     try:
-        ref = task.run(inputs, base.seed)
+        ref = task.run(inputs, base.seed, private=True)  # a changed copy of its own
     except TaskError as e:
         return None, f"blocks trial left out: the reference fails on it ({e})"
     finally:
@@ -318,7 +341,7 @@ def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: T
             if not changed:
                 return None, "sensitivity trial left out: no floating input to change"
             try:
-                ref = task.run(inputs, base.seed)
+                ref = task.run(inputs, base.seed, private=True)
             except TaskError:
                 break
             finally:
@@ -339,15 +362,15 @@ def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: T
         ci, fi, change = fallback
         task.sensitivity = (ci, fi, False)
         inputs, _ = changed_copy(base.make, change.by(SENSITIVE_FACTORS[fi]))  # the same positions
-        ref = task.run(inputs, base.seed)
+        ref = task.run(inputs, base.seed, private=True)
         del inputs
         return _sensitive(change, SENSITIVE_FACTORS[fi], ref, base), ""
     task.sensitivity = (0, 0, True)
     return None, "sensitivity trial left out: no change of a few input elements moves the reference's output"
 
 
-def same_address_trial(a: Trial, b: Callable[[], Trial]) -> Trial:
-    """``a``'s inputs, then ``b``'s (made when needed) written into the same tensors."""
+def same_address_trial(a: Trial, b: Callable[[], Contents]) -> Trial:
+    """``a``'s inputs, then ``b``'s contents (made when needed) written into the same tensors."""
     return Trial("same-address trial (new contents in the same input tensors)", a.make, a.ref, a.seed, then=b,
                  input_bytes=a.input_bytes)
 
@@ -364,16 +387,18 @@ def all_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> Iterator[tu
     yield same_address_trial(standard_trial(task, cfg, 0), lambda: _second(task, cfg)), ""
 
 
-def _second(task: JudgeTask, cfg: EvalConfig) -> Trial:
-    """The same-address trial's second contents: the second standard trial's, or fresh ones with one trial."""
-    if cfg.trials > 1:
-        return standard_trial(task, cfg, 1)
+def _second(task: JudgeTask, cfg: EvalConfig) -> Contents:
+    """The same-address trial's second contents: the second standard trial's (its outputs too where it is kept),
+    or fresh ones with one trial. Their reference outputs are computed once their values are in the shared tensors,
+    from a set of the judge's own: beside the shared copy, a task's evaluation then holds one input set and the
+    forward's memory, not two sets."""
     seed = cfg.seed + 1
-
-    def make() -> Inputs:
-        return make_inputs(task.get_inputs, seed, 1.0, task.device)
-
-    return Trial("", make, task.run(make(), seed), seed)
+    if cfg.trials > 1:
+        kept = task.cache.entries.get((cfg.seed, 1, cfg.trials))
+        if kept is not None:
+            return Contents(kept.make, kept.seed, kept.ref)
+        return Contents(_maker(task, seed, trial_scale(1, cfg.trials)), seed)
+    return Contents(_maker(task, seed, 1.0), seed)
 
 
 def special_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> tuple[list[Trial], list[str]]:

@@ -16,7 +16,7 @@ from stark_ray.eval.confirmation import PackedSets, packed_slots
 from stark_ray.eval.exchange import Outbox, TensorSpec, digests
 from stark_ray.eval.protocol import OP_STAGE
 from stark_ray.eval.trees import encode_tree
-from stark_ray.eval.trials import JudgeTask, standard_trial, synchronize
+from stark_ray.eval.trials import JudgeTask, synchronize
 from stark_ray.eval.verdicts import Decided, protocol_broken
 from stark_ray.records import STAGE_OK, EvalResult
 
@@ -49,9 +49,8 @@ class WorkerBatch:
         self.slots: list[dict[str, torch.Tensor]] = []
         self.like: Any = None
 
-    def stage(self, template: list[Any], k: int, graph: bool) -> bool:
-        task, cfg = self.talk.task, self.talk.cfg
-        self.like = standard_trial(task, cfg, 0).ref  # the structure of the outputs
+    def stage(self, template: list[Any], like: Any, k: int, graph: bool) -> bool:
+        self.like = like  # the structure of the outputs
         self.packed = packed = PackedSets(self.box, template, k)
         trees = [encode_tree(template, _spec_feeder(specs), prefix="input") for specs in packed.specs]
         groups: list[list[dict[str, Any]]] = []
