@@ -27,6 +27,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import get_backend
 from stark_ray.eval.build_cache import cache_root, open_to_readers
 from stark_ray.eval.builds import serve_build
+from stark_ray.eval.compile_pool import CompilePool
 from stark_ray.eval.hardware import usable_cpus
 from stark_ray.eval.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
 from stark_ray.eval.memory import OverBudget
@@ -46,7 +47,6 @@ from stark_ray.eval.runner import (
     WorkerProcess,
     WorkerSpec,
     WorkerStartError,
-    run_once,
     visible_device,
 )
 from stark_ray.eval.tasks import Task, TaskError
@@ -143,7 +143,7 @@ class EvalService:
         self.worker_start_phases: dict[str, Any] = {}  # where the current worker's start went
         self.worker_spare_ready = False  # a spare waited, its imports done, at the end of the last request
         self._device_lock = threading.Lock()
-        self._compile_slots = threading.BoundedSemaphore(self.compile_workers)
+        self._compilers = CompilePool(self.compile_workers)  # each build in a fresh process, started ahead
         self._hello: dict[str, Any] | None = None
         self._arch: str | None = None
         self._visible = visible_device(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -202,6 +202,8 @@ class EvalService:
         """Validate the task in the judge (build, forward, comparable outputs, determinism) and time the reference
         alone; TaskError (one line) when it cannot serve as a reference."""
         cfg = cfg or self.cfg
+        if self.backend.precompile:  # the candidates' compile process and its spare start while this runs
+            self._compilers.prestart(self._compile_spec(cfg))
         outcome = self._on_device(self._request(MODE_REFERENCE, task, cfg), cfg)
         result = outcome_to_result(outcome, judge_limits(cfg), "judge")
         result.device = self.device_label
@@ -216,15 +218,14 @@ class EvalService:
         """Build in a compile process: (a result when that already decides the candidate — a build error, a
         crash or a hang at import — else None, the seconds the build took)."""
         self._warm_toolchain()
-        spec = WorkerSpec(cfg.backend, str(self.build_dir), max(1, self.threads // self.compile_workers),
-                          compile_only=True, arch=self._build_arch(), isolate=self.isolated, hidden=self.hidden)
+        spec = self._compile_spec(cfg)
         limits = {PHASE_SETUP: cfg.compile_timeout_s, PHASE_COMPILE: cfg.compile_timeout_s}
         def on_build(request: dict[str, Any], seconds: float) -> dict[str, Any]:
             return serve_build(request, spec, self.build_dir, seconds)
 
-        with self._compile_slots:  # isolated, it cannot write the cache: its builds are made outside (eval/builds.py)
-            outcome = run_once(spec, self._request(MODE_COMPILE, task, cfg, source), limits,
-                               on_build if self.isolated else None)
+        # isolated, it cannot write the cache: its builds are made outside (eval/builds.py)
+        outcome = self._compilers.run(spec, self._request(MODE_COMPILE, task, cfg, source), limits,
+                                      on_build if self.isolated else None)
         result = outcome_to_result(outcome, limits)
         build_s = outcome.phase_s.get(PHASE_COMPILE, 0.0)
         if outcome.phase == PHASE_START and outcome.result is None:
@@ -235,6 +236,10 @@ class EvalService:
         if outcome.result is None:  # the build hung or crashed: it would do the same on the device worker
             return result, build_s
         return None, build_s  # built (or failed for a reason the device worker should see for itself)
+
+    def _compile_spec(self, cfg: EvalConfig) -> WorkerSpec:
+        return WorkerSpec(cfg.backend, str(self.build_dir), max(1, self.threads // self.compile_workers),
+                          compile_only=True, arch=self._build_arch(), isolate=self.isolated, hidden=self.hidden)
 
     def _build_arch(self) -> str | None:
         """The device's architecture for the compile pool: the worker's own word once it has said hello; before
@@ -298,6 +303,7 @@ class EvalService:
             self.hello()
 
     def close(self) -> None:
+        self._compilers.close()
         with self._device_lock:
             self.judge.close()
 

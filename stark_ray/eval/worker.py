@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
             set_requester(_asking(send))
         lap("imports_s")
         if args.spare:  # a hot spare: nothing on the device until the parent promotes it (its timings go on)
-            preload()  # CPU only: what the host imports (torch._dynamo: seconds)
+            if not args.compile_only:  # a compile process never hosts a candidate's run
+                preload()  # CPU only: what the host imports (torch._dynamo: seconds)
             lap("preload_s")
             send({"waiting": True})
             if sys.stdin.readline().strip() != "go":
