@@ -7,6 +7,7 @@ of the evaluator: the reference's own forward as ``ModelNew``, which must come o
 rows already in the CSV are skipped (``--stop-after`` ends a run cleanly before a device call's limit).
 
     python benchmarks/kernelbench_sweep.py --kernelbench ../shared/kernelbench --budget 40 --levels 1
+    python benchmarks/kernelbench_sweep.py --budget 80 default --only-failed-at 40   # what 40 GB could not hold
     python benchmarks/kernelbench_sweep.py --summary            # the CSV, summed up per budget
 
 On the device machine (which does not see ../shared), carry the data in the checkout (``--kernelbench .kb``) and
@@ -23,7 +24,9 @@ as the evaluator reports it: both processes' allocators and the shared buffers, 
 the judge or step of the worker, added) and ``smi_peak_gb`` (the device's memory in use at its highest while the
 task ran, sampled by nvidia-smi every 100 ms: CUDA contexts included) and ``smi_apps_gb`` (each process's own
 highest in that time, largest first: the judge, its worker, a spare worker; a buffer shared by two processes
-counts in both); ``task_s``: the row's wall time, loading the task included.
+counts in both); ``task_s``: the row's wall time, loading the task included; ``confirm_s``: the judge's wall-clock
+confirmation of the speedup (with ``--confirm``, which sends every candidate through it: the reference's own
+forward has no speedup to confirm otherwise). A sweep with ``--confirm`` is best written to a CSV of its own.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "benchmarks" / "results" / "kernelbench_sweep.csv"
 COLUMNS = ["level", "id", "name", "budget", "status", "error", "reference_s", "ref_ms", "ref_compile_ms",
            "candidate_s", "build_s", "checks_s", "timing_s", "timed_calls", "overhead_s", "runtime_ms", "flags",
-           "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb", "judge_s", "task_s"]
+           "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb", "judge_s", "task_s", "confirm_s"]
 CANDIDATE = "\n\nclass ModelNew(Model):  # the reference's own forward: correct, and no kernel of its own\n    pass\n"
 
 
@@ -99,10 +102,15 @@ class SmiSampler:
 
 
 def done_rows(path: Path) -> set[tuple[str, str]]:
+    return set(statuses(path))
+
+
+def statuses(path: Path) -> dict[tuple[str, str], str]:
+    """(task, budget) -> status, for the rows of the CSV."""
     if not path.exists():
-        return set()
+        return {}
     with path.open() as f:
-        return {(f"level{r['level']}/{r['name']}", r["budget"]) for r in csv.DictReader(f)}
+        return {(f"level{r['level']}/{r['name']}", r["budget"]): r["status"] for r in csv.DictReader(f)}
 
 
 def laps(log: str) -> dict[str, float]:
@@ -148,7 +156,7 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
     status = "ok" if expected else (result.stage if not result.correct else "not_flagged")
     return row | {"status": status, "error": one_line(result.error or "", 800) if not expected else "",
                   "candidate_s": round(wall, 3), "judge_s": result.eval_s and round(result.eval_s, 3),
-                  "build_s": phases.get("build/import"),
+                  "build_s": phases.get("build/import"), "confirm_s": phases.get("confirmation"),
                   "checks_s": phases.get("checks"), "timing_s": phases.get("timing"), "timed_calls": calls,
                   "overhead_s": overhead, "runtime_ms": result.runtime_ms, "flags": ",".join(result.flags),
                   "peak_gb": result.peak_memory_gb, "smi_peak_gb": smi.peak_gb(), "smi_apps_gb": smi.apps_gb()}
@@ -161,6 +169,9 @@ def sweep(args: argparse.Namespace) -> None:
 
     refs = [r for r in scan(args.kernelbench) if r.level in args.levels
             and (args.first is None or r.id >= args.first) and (args.last is None or r.id <= args.last)]
+    if args.only_failed_at:  # the tasks that did not come out ok at that budget (over it, or out of memory)
+        known = statuses(args.csv)
+        refs = [r for r in refs if known.get((r.qualified, args.only_failed_at), "ok") != "ok"]
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     new_file = not args.csv.exists()
     started = time.monotonic()
@@ -176,7 +187,8 @@ def sweep(args: argparse.Namespace) -> None:
             if not todo:
                 continue
             cfg = EvalConfig(backend=args.backend, baseline=args.baseline, isolate=args.isolate,
-                             memory_budget_gb=None if budget == "default" else float(budget))
+                             memory_budget_gb=None if budget == "default" else float(budget),
+                             confirm_above=0.0 if args.confirm else EvalConfig.confirm_above)
             with EvalService(cfg) as service:
                 for ref in todo:
                     if args.stop_after and time.monotonic() - started > args.stop_after:
@@ -236,6 +248,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--last", type=int, default=None, help="the last task id of each level")
     p.add_argument("--budget", nargs="+", default=["40"], help="GB, or 'default' (several: one after another)")
     p.add_argument("--baseline", default="eager", choices=("eager", "compile"))
+    p.add_argument("--only-failed-at", default=None, metavar="BUDGET",
+                   help="only the tasks whose row at this budget is not ok (e.g. 80 GB for those over 40)")
+    p.add_argument("--confirm", action="store_true",
+                   help="every candidate through the judge's wall-clock confirmation (else only a speedup above 2x)")
     p.add_argument("--backend", default="cuda")
     p.add_argument("--isolate", default="auto")
     p.add_argument("--csv", type=Path, default=DEFAULT_CSV)
