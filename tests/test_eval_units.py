@@ -256,7 +256,11 @@ def test_evaluator_processes_allocate_in_unsplit_large_blocks_unless_the_user_ch
     assert (worker_env(Path("/w"), 1, {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.8"})
             ["PYTORCH_CUDA_ALLOC_CONF"] == f"garbage_collection_threshold:0.8,{ALLOCATOR_SETTINGS}")
     for own in ("max_split_size_mb:128", "expandable_segments:True"):
-        assert worker_env(Path("/w"), 1, {"PYTORCH_CUDA_ALLOC_CONF": own})["PYTORCH_CUDA_ALLOC_CONF"] == own
+        for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):  # torch's newer name, and the older one
+            env = worker_env(Path("/w"), 1, {name: own})
+            assert env[name] == own and set(env) & {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} == {name}
+    assert worker_env(Path("/w"), 1, {"PYTORCH_ALLOC_CONF": "roundup_power2_divisions:4"})["PYTORCH_ALLOC_CONF"] \
+        == f"roundup_power2_divisions:4,{ALLOCATOR_SETTINGS}"
 
 
 def test_hidden_paths_are_home_working_directory_and_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -522,3 +526,39 @@ def test_isolate_modes_and_what_auto_does_where_namespaces_are_refused(monkeypat
             resolve_isolation("on")
     finally:
         isolation.isolation_prefix.cache_clear()
+
+
+def test_the_confirmation_sides_share_one_staging_and_the_reference_side_is_compared_in_place() -> None:
+    """A large task's confirmation batch holds one private staging copy of the inputs for both sides (their buffers
+    have one layout), and the reference side's outputs are compared in its own buffers, not in copies."""
+    from stark_ray.eval.confirmation import PackedSets, ReferenceSide
+    from stark_ray.eval.exchange import Outbox
+    from stark_ray.eval.trials import JudgeTask
+
+    template = [torch.randn(3, 5), torch.randn(4, 5).t(), 2.0]  # a transposed input: layouts kept
+    mine, theirs = Outbox(), Outbox()
+    try:
+        ref_sets = PackedSets(mine, template, 2)
+        cand_sets = PackedSets(theirs, ref_sets.sets[0], 2, staging=ref_sets)
+        assert [s.data_ptr() for _, s in cand_sets.pairs.values()] == [s.data_ptr() for _, s in ref_sets.pairs.values()]
+        fresh = [[torch.randn(3, 5), torch.randn(4, 5).t(), 2.0] for _ in range(2)]
+        ref_sets.load(fresh)  # once, for both
+        ref_sets.write()
+        cand_sets.write()
+        assert not ref_sets.changed(fresh) and not cand_sets.changed(fresh)
+    finally:
+        mine.release()
+        theirs.release()
+
+    class Affine(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor, s: float) -> torch.Tensor:
+            return x @ y * s
+
+    task = JudgeTask("t", None, Affine(), [], "cpu", 0)
+    side = ReferenceSide(task, template, 2, want_graph=False)
+    try:
+        _, outs = side.run(fresh)
+        assert all(out.data_ptr() == buf.data_ptr() for out, (buf,) in zip(outs, side.outputs, strict=True))
+        assert all(torch.allclose(out, x @ y * s) for out, (x, y, s) in zip(outs, fresh, strict=True))
+    finally:
+        side.release()

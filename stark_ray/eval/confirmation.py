@@ -16,11 +16,11 @@ candidate, which can patch them, hide work on other streams or answer from a cac
   which the worker's timing leaves out by design, stays out of this figure too. Where either side cannot be
   captured, both run the batch call by call;
 - then three rounds, each with fresh input sets (seeds no one knew), the two sides taking turns to go first. The
-  fresh values go first into a private staging copy of each side's buffers; a round starts the judge's clock,
-  copies the staging into the input buffers (one copy per buffer; so nothing could be computed before), runs the
-  batch (the candidate's: ``go`` to the worker) and ends when a byte sum of each buffer of outputs
-  has been read back: the worker's answer carries its sums, which must equal the judge's own over the slots, so
-  it cannot come before the outputs exist;
+  fresh values go first into a private staging copy of the buffers (one for both sides: their buffers have the
+  same layout); a round starts the judge's clock, copies the staging into the input buffers (one copy per buffer;
+  so nothing could be computed before), runs the batch (the candidate's: ``go`` to the worker) and ends when a
+  byte sum of each buffer of outputs has been read back: the worker's answer carries its sums, which must equal
+  the judge's own over the slots, so it cannot come before the outputs exist;
 - the outputs must match the reference's at tolerance, and the inputs must be unchanged;
 - writing the inputs, copying the outputs into their buffers and summing them cost both sides the same: the judge
   measures that on its own buffers and takes it off both (leaving at least a fifth of either); the candidate's
@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -74,9 +75,10 @@ class CandidateSide(Protocol):
 
     round_trip_s: float  # the least time of a message to the worker and back, measured before it loaded a candidate
 
-    def stage(self, template: list[Any], like: Any, k: int, graph: bool) -> bool:
-        """Share K input sets (filled with ``template``) and their slots (shaped as the outputs ``like``); with
-        ``graph``, ask for a captured batch. Whether the worker captured one."""
+    def stage(self, sets: PackedSets, like: Any, k: int, graph: bool) -> bool:
+        """Share K input sets (laid out and filled as the reference side's ``sets``, whose staging they share) and
+        their slots (shaped as the outputs ``like``); with ``graph``, ask for a captured batch. Whether the worker
+        captured one."""
         ...
 
     def run(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
@@ -93,9 +95,9 @@ def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out:
     wanted = math.ceil(BATCH_TARGET_MS / max(claimed_ms, 1e-3))
     if make_s > 0:
         wanted = min(wanted, max(1, int(MAKE_BUDGET_S / make_s)))
-    # inputs: the fresh set, each side's buffers and staging; outputs: the reference's buffers and the slots, the
-    # copies of both read back, the reference's output
-    per_set = 5 * sum(nbytes_of(sample)) + 5 * sum(nbytes_of(sample_out))
+    # inputs: the fresh set, each side's buffers, the staging; outputs: the reference side's buffers, the slots and
+    # the copy of them read back (the reference's are compared where they are)
+    per_set = 4 * sum(nbytes_of(sample)) + 3 * sum(nbytes_of(sample_out))
     if room is not None:  # less what the batch holds beside its sets (the template, an output of each side)
         budget = room - 2 * (sum(nbytes_of(sample)) + sum(nbytes_of(sample_out)))
     elif task.device == "cuda":
@@ -114,12 +116,19 @@ class PackedSets:
     layout: a round's fresh values go into the staging before the clock starts (where no other process can see
     them), and into the buffers by one copy per buffer inside it, the same few copies on both sides."""
 
-    def __init__(self, box: Outbox, template: list[Any], k: int) -> None:
+    def __init__(self, box: Outbox, template: list[Any], k: int, staging: PackedSets | None = None) -> None:
+        """``staging``: the other side's sets of the same layout, whose private staging these share (both sides
+        are given the same fresh values each round: one staging copy of the batch's inputs, not two)."""
         leaves = _tensors(template)
         placed = box.pack([t for _ in range(k) for t in leaves])
         # buffer number -> (the shared buffer, a private staging of its bytes)
-        self.pairs = {i: (box.buffers[i], torch.empty_like(box.buffers[i].data))
-                      for i in sorted({spec.buffer for spec, _ in placed})}
+        numbers = sorted({spec.buffer for spec, _ in placed})
+        theirs = [t for _, t in staging.pairs.values()] if staging is not None else []
+        self.pairs = {}
+        for j, i in enumerate(numbers):
+            data = box.buffers[i].data
+            same = j < len(theirs) and theirs[j].shape == data.shape and theirs[j].device == data.device
+            self.pairs[i] = (box.buffers[i], theirs[j] if same else torch.empty_like(data))
         n = len(leaves)
         self.specs = [[spec for spec, _ in placed[i * n:(i + 1) * n]] for i in range(k)]
         self.sets = [_rebuilt(template, [view for _, view in placed[i * n:(i + 1) * n]]) for i in range(k)]
@@ -179,7 +188,8 @@ class ReferenceSide:
         self.outputs = [[view for _, _, view in slots] for slots in packed_slots(self.box, self.like, k)]
         for b in self.box.buffers:
             touch(b.data)
-        self.graph = capture_graph(self._body) if want_graph and task.device == "cuda" else None
+        # the judge's own batch: its memory sampler's thread may read the device meanwhile (judge_memory.py)
+        self.graph = capture_graph(self._body, "thread_local") if want_graph and task.device == "cuda" else None
 
     def release(self) -> None:
         self.graph = None
@@ -223,22 +233,27 @@ class ReferenceSide:
         return time.perf_counter() - started
 
     def _outputs(self, i: int) -> Any:
+        """Set ``i``'s outputs, in this side's own buffers (private to the judge; written again only by this side's
+        next run, after this round's comparison)."""
         paths = [p for p, t in flatten_outputs(self.like) if isinstance(t, torch.Tensor)]
-        return rebuild_outputs(self.like, {p: b.clone() for p, b in zip(paths, self.outputs[i], strict=True)})
+        return rebuild_outputs(self.like, dict(zip(paths, self.outputs[i], strict=True)))
 
 
 
 
-def confirm(task: JudgeTask, template: list[Any], event_speedup: float, claimed_ms: float, tol: Tolerances,
-            candidate: CandidateSide, room: int | None = None) -> Confirmation:
-    """Measure the candidate's speedup with the judge's own clock (see the module's docstring); ``room``: the bytes
-    the memory budget leaves it (None: a share of the device)."""
+def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speedup: float, claimed_ms: float,
+            tol: Tolerances, candidate: CandidateSide, room: int | None = None) -> Confirmation:
+    """Measure the candidate's speedup with the judge's own clock (see the module's docstring): the batch's sets
+    filled first with ``make_template()``'s values; ``room``: the bytes the memory budget leaves it (None: a share
+    of the device)."""
     started = time.perf_counter()
     make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device)
     synchronize(task)
     make_s = time.perf_counter() - started
+    template = make_template()
     k = set_count(task, claimed_ms, template, task.run(template, task.seed), make_s, room)
     ref = ReferenceSide(task, template, k, want_graph=True)
+    del template  # the sets hold its values: not a copy more through the rounds
     try:
         return _rounds(task, event_speedup, tol, candidate, ref, k)
     finally:
@@ -247,7 +262,7 @@ def confirm(task: JudgeTask, template: list[Any], event_speedup: float, claimed_
 
 def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: CandidateSide, ref: ReferenceSide,
             k: int) -> Confirmation:
-    graph = candidate.stage(ref.inputs[0], ref.like, k, graph=ref.graph is not None)
+    graph = candidate.stage(ref.packed, ref.like, k, graph=ref.graph is not None)
     if ref.graph is not None and not graph:  # the same way on both sides
         ref.graph = None
     ref_walls: list[float] = []
@@ -261,7 +276,6 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
             if side == "ref":
                 wall, refs = ref.run(sets)
                 ref_walls.append(wall)
-                overheads.append(ref.overhead(sets))
             else:
                 wall, outs, problem = candidate.run(sets)
                 if problem:
@@ -273,6 +287,8 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
             if not c.ok:
                 problem = f"confirmation batch, set {i + 1}: {c.problem}"
                 return Confirmation(False, problem, problem=problem)
+        del refs  # views of the reference side's buffers, which overhead() writes
+        overheads.append(ref.overhead(sets))
     overhead = min(overheads)
     trip = max(0.0, candidate.round_trip_s)  # only the candidate's rounds carry a message to the worker and back
     ref_s = max(min(ref_walls) - overhead, OVERHEAD_FLOOR * min(ref_walls))

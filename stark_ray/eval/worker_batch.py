@@ -49,9 +49,10 @@ class WorkerBatch:
         self.slots: list[dict[str, torch.Tensor]] = []
         self.like: Any = None
 
-    def stage(self, template: list[Any], like: Any, k: int, graph: bool) -> bool:
+    def stage(self, sets: PackedSets, like: Any, k: int, graph: bool) -> bool:
         self.like = like  # the structure of the outputs
-        self.packed = packed = PackedSets(self.box, template, k)
+        template = sets.sets[0]
+        self.packed = packed = PackedSets(self.box, template, k, staging=sets)
         trees = [encode_tree(template, _spec_feeder(specs), prefix="input") for specs in packed.specs]
         groups: list[list[dict[str, Any]]] = []
         for slots in packed_slots(self.box, self.like, k):
