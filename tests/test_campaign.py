@@ -81,13 +81,19 @@ def _report_sql_and_notebook_agree(run_dir: Path, tmp_path: Path) -> None:
             else:
                 os.environ[k] = v
     found = json.loads(result_file.read_text())
-    assert found["tasks"] == 3 and found["attempts"] == 12 and found["correct"] == 12
-    assert found["llm_calls"] == calls
     from stark_ray.analysis import connect
     from stark_ray.analysis.metrics import fast_p
     from stark_ray.analysis.views import task_rows
 
-    tasks = task_rows(connect(run_dir))
+    con = connect(run_dir)
+    judged_ok, flagged = con.sql("SELECT count(*) FILTER (WHERE ok), count(*) FILTER (WHERE NOT ok AND "
+                                 "failure = 'rejected: suspicious') FROM judged WHERE seq > 0").fetchall()[0]
+    # every attempt passed the checks; on a busy box the worker can time the reference's own code at 2-4x, which
+    # the judge's clock then flags suspicious (not ok): the notebook must count what the package counts
+    assert judged_ok + flagged == 12
+    assert found["tasks"] == 3 and found["attempts"] == 12 and found["correct"] == judged_ok
+    assert found["llm_calls"] == calls
+    tasks = task_rows(con)
     for p, value in found["fast_p"].items():  # the notebook's hand-made fast_p is the package's
         assert value == pytest.approx(fast_p(tasks, float(p)))
 

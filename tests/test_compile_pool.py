@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -35,3 +36,20 @@ def test_each_build_runs_in_a_fresh_process_that_waited_as_a_spare(tmp_path: Pat
     pids = marks.read_text().split()
     assert len(pids) == 4 and len(set(pids)) == 4  # nothing of one candidate's import is seen by the next
     assert pool.promoted >= 3  # every build after the first was served by a process that had started ahead
+    assert not _running(str(tmp_path / "builds"))  # closed: the spare that waited for a sixth build is gone too
+
+
+def _running(marker: str, wait_s: float = 10.0) -> list[str]:
+    """Processes whose command line holds ``marker``, once those ending have had ``wait_s`` to go."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(entry.name)
+            except OSError:
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)

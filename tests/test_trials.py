@@ -196,6 +196,7 @@ def test_making_the_trials_holds_at_most_the_base_output_and_one_set_of_inputs()
     model = Census(33 * 97)
     t = task(model, Module(shape))
     t.cache.limit(0)  # as for a large task: nothing kept
+    t.fresh_inputs = True  # as the judge finds for these inputs: the second contents' reference runs on them
     for trial, _ in all_trials(t, CFG, TOL):  # as the judge takes them: each one's output dropped once judged
         if trial is not None:
             trial.ref = None
@@ -206,3 +207,45 @@ def test_making_the_trials_holds_at_most_the_base_output_and_one_set_of_inputs()
     # changed inputs (its own: no copy) and the base trial's output; the same-address trial's second contents: one
     # set alone (their first call's output dropped once judged)
     assert max(model.seen) <= 4 and 3 in model.seen and model.seen[-1] == 2, model.seen
+
+
+class InPlaceDouble(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a.mul_(2.0) + b  # changes its first input
+
+
+class SameTensors(Module):
+    """A get_inputs that hands out the same tensors every call (seeded once: deterministic)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__(shape)
+        self.made: list[Any] | None = None
+
+    def get_inputs(self) -> list[Any]:
+        if self.made is None:
+            self.made = super().get_inputs()
+        return self.made
+
+
+def test_the_second_contents_reference_never_runs_on_the_tasks_own_tensors() -> None:
+    """Where get_inputs hands out the task's own tensors (the judge finds so once per task: fresh_inputs False),
+    the same-address trial's reference runs on a copy: an in-place reference must not change what the next trial
+    (and the next candidate) is given."""
+    module = SameTensors((16, 16))
+    t = task(InPlaceDouble(), module)
+    t.cache.limit(0)  # as for a large task: the second contents are made again, not kept
+    pair = special_trials(t, CFG, TOL)[0][-1]
+    assert pair.then is not None and module.made is not None
+    before = [x.clone() for x in module.made]
+    second = pair.then()
+    second.reference(t, second.make())
+    assert all(torch.equal(x, y) for x, y in zip(module.made, before, strict=True))
+    fresh = task(InPlaceDouble(), Module((16, 16)))
+    fresh.fresh_inputs = True  # new tensors every call: run on the set made for it, no copy
+    fresh.cache.limit(0)
+    then = special_trials(fresh, CFG, TOL)[0][-1].then
+    assert then is not None
+    contents = then()
+    inputs = contents.make()
+    contents.reference(fresh, inputs)
+    assert torch.equal(inputs[0], 2 * contents.make()[0])  # the reference ran on the set itself

@@ -2,15 +2,17 @@
 
 Each candidate is built in a fresh process that ends with its build (nothing one candidate's import leaves behind
 reaches the next), as :func:`runner.run_once` does. Started on demand, that process cost every candidate an
-interpreter start and torch's import — 4 s of a 7.5 s evaluation of a KernelBench task on an H200, more than the
-checks. Here each slot keeps a spare beside it (:class:`runner.WorkerProcess` with ``spare=True``): a process that
-has done its imports and waits, touching nothing, for the build it will serve; when one build ends, the spare is
-promoted and the next spare starts behind it while the candidate is checked and timed.
+interpreter start and torch's import — 4 s of an 8 s evaluation of a KernelBench task on an H200, more than the
+checks. Here the first MAX_SPARES slots keep a spare (:class:`runner.WorkerProcess` with ``spare=True``): a process
+that has done its imports and waits, touching nothing, for the build it will serve. A build promotes its slot's
+spare (a 'go', then its hello: a fraction of a second) and a new spare starts behind it, importing while that build
+and the candidate's checks and timing run. The service starts the first one while its reference is timed
+(:meth:`CompilePool.prestart`). Further slots, used only when builds run side by side, start their process on
+demand, as before: an idle interpreter with torch imported holds ~0.4 GB of host memory.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,15 +21,17 @@ from stark_ray.eval.protocol import PHASE_START, WorkerRequest
 from stark_ray.eval.runner import WorkerOutcome, WorkerProcess, WorkerSpec, WorkerStartError
 
 OnBuild = Callable[[dict[str, Any], float], dict[str, Any]]
+MAX_SPARES = 2  # slots that keep a started spare
 
 
 class CompilePool:
-    """``slots`` compile processes at a time, each with a started spare. Thread-safe."""
+    """``slots`` compile processes at a time (the first MAX_SPARES with a started spare). Thread-safe."""
 
     def __init__(self, slots: int) -> None:
         self._gate = threading.Semaphore(max(1, slots))
-        self._idle: queue.LifoQueue[WorkerProcess] = queue.LifoQueue()
         self._lock = threading.Lock()
+        self._idle: list[WorkerProcess] = []
+        self._spares = 0  # slots made with a spare, idle or serving
         self._closed = False
         self.promoted = 0  # builds served by a spare that was waiting, its imports done
 
@@ -65,7 +69,8 @@ class CompilePool:
                         worker.start()
                 except WorkerStartError:
                     worker.kill()  # the first build says why
-                self._give(worker)
+                finally:
+                    self._give(worker)
             finally:
                 self._gate.release()
 
@@ -75,26 +80,31 @@ class CompilePool:
         """End the idle slots' processes and spares now, those serving a build when it ends."""
         with self._lock:
             self._closed = True
-        while True:
-            try:
-                self._idle.get_nowait().close()
-            except queue.Empty:
-                return
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            self._end(worker)
 
     def _take(self, spec: WorkerSpec) -> WorkerProcess:
-        try:
-            worker = self._idle.get_nowait()
-        except queue.Empty:
-            worker = None
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
         if worker is not None and worker.spec != spec:  # another backend or architecture: started afresh
-            worker.close()
+            self._end(worker)
             worker = None
-        return worker or WorkerProcess(spec, max_requests=1, spare=True)
+        if worker is None:
+            with self._lock:
+                spare = self._spares < MAX_SPARES
+                self._spares += spare
+            worker = WorkerProcess(spec, max_requests=1, spare=spare)
+        return worker
 
     def _give(self, worker: WorkerProcess) -> None:
         with self._lock:
-            closed = self._closed
-        if closed:
-            worker.close()
-        else:
-            self._idle.put(worker)
+            if not self._closed:
+                self._idle.append(worker)
+                return
+        self._end(worker)
+
+    def _end(self, worker: WorkerProcess) -> None:
+        worker.close()
+        with self._lock:
+            self._spares -= worker.use_spare

@@ -297,17 +297,19 @@ class CandidateHost:
                                                               cur.buffers)
         poison([t.numel() * t.element_size() for t in cur.slots.values()], cur.state.device)  # unwritten: NaN
         torch.manual_seed(int(msg.get("seed", cur.cfg.seed)))
-        with torch.no_grad():
-            raw = cur.model(*cur.inputs)
-            self.backend.synchronize()
-            problem = output_problem(raw, cur.inputs, cur.state.device)
-            tree = _fill_slots(raw, cur.slots)
-            self.backend.synchronize()
-        del raw
-        if not msg.get("keep"):  # no second call on these tensors: the judge's buffers are its own again (a
-            # mapping kept here would keep their memory from the device after the judge let them go)
-            self._release(cur.buffers)
-            cur.inputs, cur.slots, cur.buffers = [], {}, []
+        try:
+            with torch.no_grad():
+                raw = cur.model(*cur.inputs)
+                self.backend.synchronize()
+                problem = output_problem(raw, cur.inputs, cur.state.device)
+                tree = _fill_slots(raw, cur.slots)
+                self.backend.synchronize()
+            del raw
+        finally:
+            if not msg.get("keep"):  # no second call on these tensors (or the call raised): the judge's buffers are
+                # its own again (a mapping kept here would keep their memory after the judge let them go)
+                self._release(cur.buffers)
+                cur.inputs, cur.slots, cur.buffers = [], {}, []
         return {"ran": {"outputs": tree, "problem": problem}}
 
     def time(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:

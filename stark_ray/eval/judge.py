@@ -48,7 +48,7 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.exchange import ExchangeError, Outbox
 from stark_ray.eval.garbage import collect, collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
-from stark_ray.eval.inputs import clone_all, same_values
+from stark_ray.eval.inputs import clone_all, make_inputs, same_values
 from stark_ray.eval.judge_memory import JudgeMemory
 from stark_ray.eval.lifetime import become_subreaper, die_with_parent
 from stark_ray.eval.memory import (
@@ -169,10 +169,14 @@ class Judge:
             task.footprint = Footprint(first.input_bytes, outputs, max(work, outputs), param_bytes(model))
             check_fits(name, task.footprint, self.memory.budget, measured=True)
             self._plan(task)
-        made = first.make()
-        if not all(map(same_values, _tensors(made), _tensors(first.make()))):
+        made = make_inputs(task.get_inputs, first.seed, 1.0, device)  # get_inputs itself, not a kept trial's copy
+        other = make_inputs(task.get_inputs, first.seed, 1.0, device)
+        if not all(map(same_values, _tensors(made), _tensors(other))):
             raise TaskError(f"task {name}: get_inputs() is not deterministic under a seed (two calls differ); its "
                             "inputs must come from torch's seeded generators")
+        # a get_inputs that hands out the same tensors every time: the reference never runs on them themselves
+        task.fresh_inputs = not _share_storage(_tensors(made), _tensors(other))
+        del other
         with torch.no_grad():  # no reseeding: a forward that draws random numbers gives other outputs
             again = model(*clone_all(made))
         del made
@@ -482,8 +486,8 @@ class _Candidate:
             self.judge.memory.cap_self()
             batch = WorkerBatch(self)
             try:
-                confirmation = confirm(self.task, standard_trial(self.task, self.cfg, 0).inputs, speedup, new_ms,
-                                       self.tol, batch, self.judge.memory.room())
+                confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
+                                       new_ms, self.tol, batch, self.judge.memory.room())
             finally:
                 batch.release()
             self.lap("confirmation")
@@ -612,6 +616,13 @@ def _release_cached(device: str, above_share: float = 0.0) -> None:
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > above_share * total:
         torch.cuda.empty_cache()
+
+
+def _share_storage(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    def storages(ts: list[torch.Tensor]) -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in ts if t.untyped_storage().nbytes()}
+
+    return bool(storages(a) & storages(b))
 
 
 def _tensors(values: Any) -> list[torch.Tensor]:

@@ -39,11 +39,15 @@ class DeviceSampler:
 
     def __init__(self) -> None:
         self.high = 0
+        self.request = 0  # which request the samples are for: one read before start() never counts after it
+        self.lock = threading.Lock()
         self.active = threading.Event()
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.high = self._used()
+        with self.lock:
+            self.request += 1
+            self.high = self._used()
         self.active.set()
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="device-sampler", daemon=True)
@@ -52,19 +56,29 @@ class DeviceSampler:
     def stop(self) -> int:
         """The highest since start()."""
         self.active.clear()
-        self.high = max(self.high, self._used())
+        self._sample(self.request)
         return self.high
 
     def _run(self) -> None:
         while True:
             self.active.wait()
-            with contextlib.suppress(RuntimeError):  # a device error: the worker's answer says it
-                self.high = max(self.high, self._used())
+            self._sample(self.request)
             time.sleep(SAMPLE_S)
+
+    def _sample(self, request: int) -> None:
+        used = self._used()
+        with self.lock:
+            if request == self.request:
+                self.high = max(self.high, used)
 
     @staticmethod
     def _used() -> int:
-        free, total = torch.cuda.mem_get_info()
+        """The device's memory in use, or 0 where the device cannot say (a sticky error: the request's answer
+        says what happened; the judge must still give one)."""
+        try:
+            free, total = torch.cuda.mem_get_info()
+        except RuntimeError:
+            return 0
         return int(total - free)
 
 

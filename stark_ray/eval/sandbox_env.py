@@ -32,6 +32,7 @@ MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=429496729
 # Blocks that are never split can all be given back when the cap is reached. A user's own setting of either kind
 # is kept.
 ALLOCATOR_SETTINGS = "max_split_size_mb:512"
+ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 
 PASSED_NAMES = frozenset({
@@ -65,9 +66,12 @@ def worker_env(workdir: Path, threads: int, base: Mapping[str, str] | None = Non
     # torch.compile builds in this process, not in a pool of its own: the judge kills every process a request
     # leaves running below the worker (eval/lifetime.py)
     env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-    conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    # the allocator's settings under either of torch's names (PYTORCH_ALLOC_CONF is the newer): ours are added to
+    # the one the user set, unless the user chose a block policy already
+    name = next((n for n in ALLOCATOR_VARIABLES if env.get(n)), ALLOCATOR_VARIABLES[-1])
+    conf = env.get(name, "")
     if "max_split_size_mb" not in conf and "expandable_segments:true" not in conf.lower():
-        env["PYTORCH_CUDA_ALLOC_CONF"] = f"{conf},{ALLOCATOR_SETTINGS}" if conf else ALLOCATOR_SETTINGS
+        env[name] = f"{conf},{ALLOCATOR_SETTINGS}" if conf else ALLOCATOR_SETTINGS
     tunables = env.get("GLIBC_TUNABLES")
     env["GLIBC_TUNABLES"] = f"{tunables}:{MALLOC_TUNABLES}" if tunables else MALLOC_TUNABLES
     return env

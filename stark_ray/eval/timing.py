@@ -279,9 +279,11 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
     return [Timing(Stats.of(m), Stats.of(s), head) for m, s in zip(ms, synced, strict=True)]
 
 
-def capture_graph(body: Callable[[], None]) -> torch.cuda.CUDAGraph | None:
+def capture_graph(body: Callable[[], None], mode: str = "global") -> torch.cuda.CUDAGraph | None:
     """``body`` (its kernels) as a CUDA graph, after a warm-up run on a side stream; None when it cannot be captured
-    (a host sync inside, an allocation outside torch's allocator, a kernel on an unordered stream, ...)."""
+    (a host sync inside, an allocation outside torch's allocator, a kernel on an unordered stream, ...). ``mode``:
+    the capture's error mode; "thread_local" lets the process's other threads call CUDA meanwhile (the judge's
+    device memory sampler), "global" makes any thread's unsafe call fail the capture (a candidate's process)."""
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -289,7 +291,7 @@ def capture_graph(body: Callable[[], None]) -> torch.cuda.CUDAGraph | None:
             body()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode=mode):  # type: ignore[arg-type]
             body()
         graph.replay()
         torch.cuda.synchronize()

@@ -79,10 +79,11 @@ class Contents:
 
     def reference(self, task: JudgeTask, made: Inputs | None = None) -> Any:
         """The reference's outputs for these contents: run on ``made`` (a set of these contents that is the
-        caller's to lose: it may come back changed) or on a set made here."""
+        caller's to lose: it may come back changed) or on a set made here; on a copy where ``get_inputs`` hands out
+        the task's own tensors (``JudgeTask.fresh_inputs`` is False)."""
         if self.ref is not None:
             return self.ref
-        return task.run(self.make() if made is None else made, self.seed, private=True)
+        return task.run(self.make() if made is None else made, self.seed, private=task.fresh_inputs)
 
 
 class TrialCache:
@@ -133,6 +134,7 @@ class JudgeTask:
     footprint: Footprint | None = None  # measured on its first trial (eval/memory.py)
     plan: Plan | None = None
     planned_for: int = 0  # the budget the plan was made for
+    fresh_inputs: bool = False  # get_inputs() makes new tensors each call (the judge checks once per task)
 
     def get_inputs(self) -> list[Any]:
         from stark_ray.eval.tasks import make_task_inputs

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # and what a candidate detaches stays below us (eval/lifetime.py)
     become_subreaper()
     args = _args(argv)
+    if args.compile_only:
+        os.nice(10)  # builds (and a spare's imports) yield the CPU to the device worker, which launches and times
     ctrl = _control_channel()
     faulthandler.enable(all_threads=True)
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)  # the parent asks for a stack before a kill
@@ -99,7 +101,6 @@ def main(argv: list[str] | None = None) -> None:
             lap("spare_wait_s")
         host: CandidateHost | None = None
         if args.compile_only:
-            os.nice(10)  # builds yield the CPU to the device worker, which launches and times kernels
             backend.prepare_compiler(build_dir, args.threads, args.arch)
         else:
             backend.prepare_worker(build_dir, args.threads)
