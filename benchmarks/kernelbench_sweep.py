@@ -24,7 +24,8 @@ as the evaluator reports it: both processes' allocators and the shared buffers, 
 the judge or step of the worker, added) and ``smi_peak_gb`` (the device's memory in use at its highest while the
 task ran, sampled by nvidia-smi every 100 ms: CUDA contexts included) and ``smi_apps_gb`` (each process's own
 highest in that time, largest first: the judge, its worker, a spare worker; a buffer shared by two processes
-counts in both); ``task_s``: the row's wall time, loading the task included; ``confirm_s``: the judge's wall-clock
+counts in both); ``needs_gb``: the least the evaluation needs by the task's measured footprint (the budget's
+check); ``task_s``: the row's wall time, loading the task included; ``confirm_s``: the judge's wall-clock
 confirmation of the speedup (with ``--confirm``, which sends every candidate through it: the reference's own
 forward has no speedup to confirm otherwise). A sweep with ``--confirm`` is best written to a CSV of its own.
 """
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "benchmarks" / "results" / "kernelbench_sweep.csv"
 COLUMNS = ["level", "id", "name", "budget", "status", "error", "reference_s", "ref_ms", "ref_compile_ms",
            "candidate_s", "build_s", "checks_s", "timing_s", "timed_calls", "overhead_s", "runtime_ms", "flags",
-           "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb", "judge_s", "task_s", "confirm_s"]
+           "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb", "judge_s", "task_s", "confirm_s", "needs_gb"]
 CANDIDATE = "\n\nclass ModelNew(Model):  # the reference's own forward: correct, and no kernel of its own\n    pass\n"
 
 
@@ -142,8 +143,9 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
         return row | {"status": "over_budget", "error": one_line(str(e), 800), "smi_peak_gb": smi.peak_gb()}
     except TaskError as e:
         return row | {"status": "reference_failed", "error": one_line(str(e), 800), "smi_peak_gb": smi.peak_gb()}
+    needs = re.search(r"device memory: needs ([0-9.]+) GB", reference.log or "")
     row |= {"reference_s": round(time.perf_counter() - started, 3), "ref_ms": reference.runtime_ms,
-            "ref_compile_ms": reference.ref_compile_runtime_ms}
+            "ref_compile_ms": reference.ref_compile_runtime_ms, "needs_gb": needs and float(needs.group(1))}
     asked = time.perf_counter()
     result = service.evaluate(task, task.source + CANDIDATE, cfg)
     wall = time.perf_counter() - asked  # what the caller waits: the build process and the judge's round trip too
@@ -237,7 +239,8 @@ def summary(path: Path) -> None:
             if status == "ok":
                 continue
             for r in items:
-                print(f"  {status}: level{r['level']}/{r['name']}: {r['error']}")
+                needs = f" (needs {r['needs_gb']} GB)" if r.get("needs_gb") else ""
+                print(f"  {status}: level{r['level']}/{r['name']}{needs}: {r['error']}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,6 +39,7 @@ def test_the_plan_keeps_what_the_budget_leaves_room_for() -> None:
     assert roomy.timing_sets == 4 and roomy.keep_sets and roomy.trial_cache > 0
     at_40 = plan_for(RELU, 40 * 10**9)  # 28 GB needed: one more set fits while timing, not kept beside the trials
     assert at_40.timing_sets == 2 and not at_40.keep_sets
+    assert at_40.describe().startswith("2 timing set(s), trials kept up to ")
     at_80 = plan_for(RELU, 80 * 10**9)
     assert at_80.timing_sets == 2 and at_80.keep_sets  # a set of 6 GB: two rotate as well as four
     tight = plan_for(RELU, int(RELU.needs() * 1.02))
@@ -85,6 +86,7 @@ def test_a_6_gb_task_evaluates_within_40_gb_and_says_what_it_needs_under_20() ->
     with EvalService(EvalConfig(backend="cuda", memory_budget_gb=40)) as service:
         reference = service.reference(task)
         assert reference.ok and reference.peak_memory_gb is not None and reference.peak_memory_gb <= 40
+        assert "device memory: needs 28.3 GB of a budget of 40.0 GB" in reference.log, reference.log
         result = service.evaluate(task, task.source + CANDIDATE)
         assert result.correct and "no_kernel" in result.flags, result.error
         assert result.peak_memory_gb is not None and 4 * RELU.inputs / GB - 1 < result.peak_memory_gb <= 40

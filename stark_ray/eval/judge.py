@@ -296,14 +296,19 @@ class Judge:
 
     def reference(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
         clock = self._clock(cfg, send)
-        self.task(req, cfg, clock)
+        task = self.task(req, cfg, clock)
         try:
             msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source,
                                             "cfg": req.cfg}, clock, label="while timing the reference")
             if "failed" in msg:
                 failed = result_from_message(msg["failed"])
                 raise TaskError(failed.error or "the reference could not be timed")
-            return result_from_message(msg["result"])
+            result = result_from_message(msg["result"])
+            if task.footprint is not None and task.plan is not None:  # what the budget was measured against
+                _add_line(result, f"device memory: needs {task.footprint.needs() / GB:.1f} GB of a budget of "
+                                  f"{task.planned_for / GB:.1f} GB ({task.footprint.describe()}); "
+                                  f"{task.plan.describe()}")
+            return result
         except Decided as stop:
             if stop.recycle:
                 self.worker.kill()

@@ -86,6 +86,10 @@ class Plan:
     trial_cache: int  # bytes of standard trials the judge may keep
     kept_others: int  # bytes the states of other tasks may hold (in each process)
 
+    def describe(self) -> str:
+        return (f"{self.timing_sets} timing set(s){' kept' if self.keep_sets else ''}, trials kept up to "
+                f"{self.trial_cache / GB:.1f} GB, other tasks up to {self.kept_others / GB:.1f} GB")
+
     def to_json(self) -> dict[str, Any]:
         return {"timing_sets": self.timing_sets, "keep_sets": self.keep_sets, "trial_cache": self.trial_cache,
                 "kept_others": self.kept_others}
