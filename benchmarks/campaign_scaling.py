@@ -12,6 +12,12 @@ ratio of wall times. Goal: two GPUs >= 1.8x faster than one.
 Run (GPU machine):  python benchmarks/campaign_scaling.py [--gpus 1 2] [--budget 8] [--parallel 2]
                     [--backend cuda_nvrtc] [--tasks examples/tasks/*.py] [--keep DIR] [--json F]
 ``--keep DIR`` keeps each campaign directory under DIR (for ``stark report``).
+
+KernelBench at its own sizes (issue 15's real campaign): ``--kernelbench DIR --subset representative --levels 1
+--memory-budget 40 --backend cuda --report`` runs the representative level-1 tasks (named ``level1/...``, as
+``stark campaign --kernelbench`` names them; a task that cannot fit the budget is skipped with one line), with the
+same scripted replies (a task without a hand-written kernel gets its reference as ``ModelNew``: built, checked,
+timed, flagged ``no_kernel``), prints the evaluator's time per candidate and times ``stark report`` on the run.
 """
 
 from __future__ import annotations
@@ -67,7 +73,12 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     from stark_ray.ray_executor import RayRun, run_ray
     from stark_ray.store.read import attempt_rows
 
-    tasks = [load_task(Path(p)) for p in args.tasks]
+    if args.kernelbench:  # named level{N}/..., as `stark campaign --kernelbench` names them
+        from stark_ray.eval import kernelbench
+
+        tasks = kernelbench.load(kernelbench.select(args.kernelbench, levels=args.levels, subset=args.subset))
+    else:
+        tasks = [load_task(Path(p)) for p in args.tasks]
     path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
     phases: dict[str, float] = {"imports_s": time.monotonic() - t0}
     t_ray = time.monotonic()
@@ -91,7 +102,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         dirs.append(run_dir)
 
     summaries = run_ray(RayRun(tasks, SearchConfig(budget=args.budget, seed=args.seed, parallel=args.parallel),
-                               AgentConfig(), EvalConfig(backend=args.backend), Path(args.out),
+                               AgentConfig(), EvalConfig(backend=args.backend, memory_budget_gb=args.memory_budget),
+                               Path(args.out),
                                run_id=f"campaign-{args.one}gpu", evaluators=args.one,
                                client_factory=partial(kernel_client, args.backend)),
                         on_started=on_started)
@@ -112,6 +124,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "gpus": args.one, "wall_s": end - t0, "loop_s": end - started[0], "start_s": started[0] - t0,
         "attempts": sum(s.attempts for s in summaries), "tasks": len(summaries),
         "correct": sum(1 for r in rows if r["seq"] > 0 and r["correct"]),
+        "candidate_s": sorted(r["eval_s"] for r in rows if r["seq"] > 0 and r["eval_s"] is not None),
         "finished": all(s.status == "finished" for s in summaries),
         "best": {s.task: s.best_speedup for s in summaries},
         "devices": dict(per_device), "run_dir": str(dirs[0]), "phases": phases, "driver_log": started_log,
@@ -126,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="cuda_nvrtc")
     ap.add_argument("--tasks", nargs="+", default=sorted(str(p) for p in (REPO / "examples" / "tasks").glob("*.py")))
+    ap.add_argument("--kernelbench", default=None, help="a KernelBench checkout: its tasks instead of --tasks")
+    ap.add_argument("--subset", default="all", help="all | representative (with --kernelbench)")
+    ap.add_argument("--levels", type=int, nargs="+", default=None, help="KernelBench levels (with --kernelbench)")
+    ap.add_argument("--memory-budget", type=float, default=None, help="GB for one evaluation (EvalConfig)")
+    ap.add_argument("--report", action="store_true", help="`stark report` on each run, timed")
     ap.add_argument("--keep", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child: run one configuration
@@ -142,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tempfile.mkdtemp(prefix=f"stark-scaling-{n}-"))
         cmd = [sys.executable, __file__, "--one", str(n), "--out", str(out), "--budget", str(args.budget),
                "--parallel", str(args.parallel), "--seed", str(args.seed), "--backend", args.backend,
-               "--tasks", *args.tasks]
+               "--tasks", *args.tasks, "--subset", args.subset]
+        if args.kernelbench:
+            cmd += ["--kernelbench", args.kernelbench, *(["--levels", *map(str, args.levels)] if args.levels else [])]
+        if args.memory_budget is not None:
+            cmd += ["--memory-budget", str(args.memory_budget)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
@@ -154,6 +176,17 @@ def main(argv: list[str] | None = None) -> int:
               f" s), {res['attempts']} attempts over {res['tasks']} tasks, {res['correct']} correct, "
               f"finished={res['finished']}", flush=True)
         print(f"    start: {res['phases']}; {'; '.join(res['driver_log'])}", flush=True)
+        cand = res["candidate_s"]
+        if cand:
+            print(f"    per candidate (the evaluator's eval_s): median {cand[len(cand) // 2]:.2f} s, p95 "
+                  f"{cand[min(len(cand) - 1, int(0.95 * len(cand)))]:.2f} s, max {cand[-1]:.2f} s", flush=True)
+        if args.report:
+            began = time.monotonic()
+            rep = subprocess.run([sys.executable, "-m", "stark_ray.cli", "report", res["run_dir"]],
+                                 capture_output=True, text=True)
+            res["report_s"] = time.monotonic() - began
+            print(f"    stark report: exit {rep.returncode} in {res['report_s']:.1f} s "
+                  f"{(rep.stdout or rep.stderr).strip().splitlines()[-1:] }", flush=True)
         for dev, d in sorted(res["devices"].items()):
             print(f"    {dev}: {int(d['evaluations'])} evaluations, busy {d['busy_s']:.1f} s "
                   f"({d['busy_s'] / res['loop_s']:.0%} of the loop); idle {d['idle_head_s']:.1f} s before the first, "
