@@ -128,7 +128,8 @@ class PackedSets:
         for j, i in enumerate(numbers):
             data = box.buffers[i].data
             same = j < len(theirs) and theirs[j].shape == data.shape and theirs[j].device == data.device
-            self.pairs[i] = (box.buffers[i], theirs[j] if same else torch.empty_like(data))
+            # zeros: the gaps between packed tensors reach the worker's buffers too, never the judge's old memory
+            self.pairs[i] = (box.buffers[i], theirs[j] if same else torch.zeros_like(data))
         n = len(leaves)
         self.specs = [[spec for spec, _ in placed[i * n:(i + 1) * n]] for i in range(k)]
         self.sets = [_rebuilt(template, [view for _, view in placed[i * n:(i + 1) * n]]) for i in range(k)]
@@ -206,7 +207,8 @@ class ReferenceSide:
         digests(self.box.slot_buffers)
 
     def run(self, sets: list[list[Any]]) -> tuple[float, list[Any]]:
-        """(wall seconds, the outputs per set, copies)."""
+        """(wall seconds, the outputs per set: views of this side's own buffers, valid until its next run or
+        :meth:`overhead`)."""
         self.packed.load(sets)
         synchronize(self.task)
         started = time.perf_counter()
@@ -260,6 +262,15 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
         ref.release()
 
 
+def _compare_round(outs: list[Any], refs: list[Any], tol: Tolerances) -> Confirmation | None:
+    for i, (out, expected) in enumerate(zip(outs, refs, strict=True)):
+        c = compare_outputs(out, expected, tol)
+        if not c.ok:
+            problem = f"confirmation batch, set {i + 1}: {c.problem}"
+            return Confirmation(False, problem, problem=problem)
+    return None
+
+
 def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: CandidateSide, ref: ReferenceSide,
             k: int) -> Confirmation:
     graph = candidate.stage(ref.packed, ref.like, k, graph=ref.graph is not None)
@@ -270,6 +281,10 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
     overheads: list[float] = []
     for r in range(ROUNDS):
         sets = [make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device) for _ in range(k)]
+        # first in the round (it writes the reference side's output buffers, which its run below writes again);
+        # the first round's comes before any call of the candidate's, and the least of the three counts: work a
+        # worker leaves running after an answer can only slow a later sample
+        overheads.append(ref.overhead(sets))
         refs: list[Any] = []
         outs: list[Any] = []
         for side in ("ref", "cand") if r % 2 == 0 else ("cand", "ref"):
@@ -282,13 +297,10 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
                     problem = f"confirmation batch: {problem}"
                     return Confirmation(False, problem, problem=problem)
                 cand_walls.append(wall)
-        for i, (out, expected) in enumerate(zip(outs, refs, strict=True)):
-            c = compare_outputs(out, expected, tol)
-            if not c.ok:
-                problem = f"confirmation batch, set {i + 1}: {c.problem}"
-                return Confirmation(False, problem, problem=problem)
-        del refs  # views of the reference side's buffers, which overhead() writes
-        overheads.append(ref.overhead(sets))
+        failed = _compare_round(outs, refs, tol)
+        if failed is not None:
+            return failed
+        del sets, refs, outs  # before the next round's sets are made (set_count counts one round's)
     overhead = min(overheads)
     trip = max(0.0, candidate.round_trip_s)  # only the candidate's rounds carry a message to the worker and back
     ref_s = max(min(ref_walls) - overhead, OVERHEAD_FLOOR * min(ref_walls))
