@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from stark_ray.eval.protocol import PHASE_START, WorkerRequest
-from stark_ray.eval.runner import WorkerOutcome, WorkerProcess, WorkerSpec, WorkerStartError
+from stark_ray.eval.protocol import WorkerRequest
+from stark_ray.eval.runner import WorkerOutcome, WorkerProcess, WorkerSpec, WorkerStartError, serve_once
 
 OnBuild = Callable[[dict[str, Any], float], dict[str, Any]]
 MAX_SPARES = 2  # slots that keep a started spare
@@ -40,21 +40,12 @@ class CompilePool:
         """One request in a fresh process that ends with it (the spare of a slot, where one waits)."""
         with self._gate:
             worker = self._take(spec)
-            worker.on_build = on_build
+            before = worker.promotions
             try:
-                before = worker.promotions
-                try:
-                    if not worker.alive:
-                        worker.start()
-                except WorkerStartError as e:
-                    return WorkerOutcome(None, PHASE_START, None, False, str(e), 0.0, {}, False)
-                finally:
-                    with self._lock:
-                        self.promoted += worker.promotions - before
-                return worker.request(request, limits)
+                return serve_once(worker, request, limits, on_build)  # its spare stays
             finally:
-                worker.kill()  # the process that served ends with its request; the spare stays
-                worker.on_build = None
+                with self._lock:
+                    self.promoted += worker.promotions - before
                 self._give(worker)
 
     def prestart(self, spec: WorkerSpec) -> None:

@@ -76,6 +76,14 @@ def _equal(x: torch.Tensor, y: torch.Tensor) -> bool:
     return bool(torch.equal(x, y)) or (x.is_floating_point() and bool(torch.allclose(x, y, 0, 0, True)))
 
 
+def share_storage(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    """Whether a tensor of ``a`` and one of ``b`` share memory (a ``get_inputs`` that hands out its own tensors)."""
+    def storages(ts: list[torch.Tensor]) -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in ts if t.untyped_storage().nbytes()}
+
+    return bool(storages(a) & storages(b))
+
+
 def same_values(a: Any, b: Any) -> bool:
     """Exact equality of two (nested) inputs, NaNs equal to NaNs: was an input modified? Compared in chunks."""
     if isinstance(a, torch.Tensor):

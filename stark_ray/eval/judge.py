@@ -48,7 +48,7 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.exchange import ExchangeError, Outbox
 from stark_ray.eval.garbage import collect, collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
-from stark_ray.eval.inputs import clone_all, make_inputs, same_values
+from stark_ray.eval.inputs import clone_all, make_inputs, same_values, share_storage
 from stark_ray.eval.judge_memory import JudgeMemory
 from stark_ray.eval.lifetime import become_subreaper, die_with_parent
 from stark_ray.eval.memory import (
@@ -175,7 +175,7 @@ class Judge:
             raise TaskError(f"task {name}: get_inputs() is not deterministic under a seed (two calls differ); its "
                             "inputs must come from torch's seeded generators")
         # a get_inputs that hands out the same tensors every time: the reference never runs on them themselves
-        task.fresh_inputs = not _share_storage(_tensors(made), _tensors(other))
+        task.fresh_inputs = not share_storage(_tensors(made), _tensors(other))
         del other
         with torch.no_grad():  # no reseeding: a forward that draws random numbers gives other outputs
             again = model(*clone_all(made))
@@ -488,7 +488,6 @@ class _Candidate:
             flags.append("large_speedup")
         rejected: list[str] = [n.removeprefix("worker: ") for n in worker_log if "no kernel of its own" in n]
         if speedup > self.cfg.confirm_above:
-            self.judge.memory.cap_self()
             batch = WorkerBatch(self)
             try:
                 confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
@@ -583,8 +582,7 @@ class _Candidate:
             return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=f"{label}: {str(problem)[:250]}",
                               log=str(problem)[:1000])
         synchronize(self.task)
-        self.judge.memory.cap_self()
-        originals = _tensors(make())  # the same values as the worker was given
+        originals = _tensors(make())  # the same values as the worker was given (under the cap its answer set)
         changed = len(originals) != len(views) or not all(map(same_values, views, originals))
         del originals
         if changed:
@@ -621,13 +619,6 @@ def _release_cached(device: str, above_share: float = 0.0) -> None:
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > above_share * total:
         torch.cuda.empty_cache()
-
-
-def _share_storage(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    def storages(ts: list[torch.Tensor]) -> set[int]:
-        return {t.untyped_storage().data_ptr() for t in ts if t.untyped_storage().nbytes()}
-
-    return bool(storages(a) & storages(b))
 
 
 def _tensors(values: Any) -> list[torch.Tensor]:

@@ -112,20 +112,20 @@ class JudgeMemory:
         if self.budget:
             apply_cap(self.budget - CONTEXTS_BYTES - self.worker_held() - shared_bytes() - coming)
 
+    def _held(self) -> int:
+        """The contexts, this process's memory, the shared buffers and the worker's, now."""
+        return CONTEXTS_BYTES + torch.cuda.memory_reserved() + shared_bytes() + self.worker_held()
+
     def room(self) -> int | None:
-        """What the budget leaves now beside the contexts, the worker, the shared buffers and this process's own
-        memory (None without a budget)."""
-        if not self.budget:
-            return None
-        held = CONTEXTS_BYTES + torch.cuda.memory_reserved() + shared_bytes() + self.worker_held()
-        return max(0, self.budget - held)
+        """What the budget leaves now beside what is held (None without a budget)."""
+        return max(0, self.budget - self._held()) if self.budget else None
 
     def room_for_shared(self, nbytes: int) -> None:
         """torch.OutOfMemoryError where ``nbytes`` more of shared buffers would not fit in the budget (they are made
         outside torch's allocator, which the caps hold)."""
         if not self.budget:
             return
-        held = CONTEXTS_BYTES + torch.cuda.memory_reserved() + shared_bytes() + self.worker_held()
+        held = self._held()
         if held + nbytes > self.budget:
             raise torch.OutOfMemoryError(f"the trial's shared buffers ({nbytes / GB:.2f} GB) do not fit in the memory "
                                          f"budget of {self.budget / GB:.1f} GB ({held / GB:.2f} GB held)")

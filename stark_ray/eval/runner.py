@@ -592,12 +592,21 @@ def run_once(spec: WorkerSpec, request: WorkerRequest, timeouts: dict[str, float
     """One request in a fresh worker that ends with it (the compile pool's way, and the safest); the builds it
     asks for served by ``on_build``. A builder's claim is in the outcome's ``extra["claims"]``."""
     worker = WorkerProcess(spec, start_timeout_s=timeouts.get(PHASE_START, START_TIMEOUT_S), max_requests=1)
+    return serve_once(worker, request, timeouts, on_build)
+
+
+def serve_once(worker: WorkerProcess, request: WorkerRequest, timeouts: dict[str, float],
+               on_build: Callable[[dict[str, Any], float], dict[str, Any]] | None = None) -> WorkerOutcome:
+    """One request on ``worker`` (started first where its process is not: its spare, if one waits), whose serving
+    process ends with the request; the builds it asks for served by ``on_build``."""
     worker.on_build = on_build
     try:
         try:
-            worker.start()
+            if not worker.alive:
+                worker.start()
         except WorkerStartError as e:
             return WorkerOutcome(None, PHASE_START, None, False, str(e), 0.0, {}, False)
         return worker.request(request, timeouts)
     finally:
         worker.kill()
+        worker.on_build = None
