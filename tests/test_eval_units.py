@@ -18,12 +18,15 @@ from stark_ray.eval.diagnostics import (
     crash_location,
     describe_exception,
     first_compiler_error,
+    forward_location,
 )
 from stark_ray.eval.evaluator import precheck
 from stark_ray.eval.guards import Fingerprint, output_problem, poison
 from stark_ray.eval.inputs import make_inputs, same_values, scale_floats, trial_scale
 from stark_ray.eval.isolation import resolve_isolation
 from stark_ray.eval.kernel_sources import KernelSources, cuda_kernel_names, own_kernel_names, python_kernel_names
+from stark_ray.eval.outcome import lost_result
+from stark_ray.eval.protocol import PHASE_CHECK, PHASE_COMPILE
 from stark_ray.eval.sandbox_env import ALLOCATOR_SETTINGS, PACKAGE_ROOT, is_secret, worker_env
 from stark_ray.eval.streams import Launch, classify
 from stark_ray.eval.timing import (
@@ -233,6 +236,19 @@ def test_crash_location_and_one_line() -> None:
     assert "Extension modules" not in clean_log(dump) and "/tmp/stark-eval-x" not in clean_log(dump)
     assert describe_exception(RuntimeError("first\nsecond")) == "RuntimeError: first"
     assert describe_exception(SystemExit()) == "SystemExit"
+
+
+def test_a_crash_whose_dump_was_cut_short_names_the_candidates_forward() -> None:
+    # two threads of a kernel fault at once: the second ends the process while the first one's dump is written
+    cut = "Fatal Python error: Segmentation fault\n\nThread 0x00007f (most recent call first):\n"
+    source = "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    assert crash_location(cut) is None and forward_location(source) == "candidate.py:5 in forward"
+    r = lost_result(PHASE_CHECK, False, -11, cut, 10.0, source=source)
+    assert r.error == ("worker crashed (SIGSEGV) while running the correctness trials in the candidate's forward "
+                       "(candidate.py:5 in forward; its stack dump was cut short)")
+    assert lost_result(PHASE_COMPILE, False, -11, cut, 10.0, source=source).error == (
+        "worker crashed (SIGSEGV) while importing (building) the candidate")  # its forward was not running
+    assert forward_location("def (") is None and forward_location("class Model:\n    pass\n") is None
 
 
 def test_worker_env_has_no_credentials() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 
 from stark_ray.records import LOG_LIMIT, excerpt
@@ -82,3 +83,20 @@ def crash_location(log: str) -> str | None:
         return None
     m = _CANDIDATE_FRAME.search(log, start.start())
     return f"candidate.py:{m.group('line')} in {m.group('fn')}" if m else None
+
+
+def forward_location(source: str) -> str | None:
+    """``candidate.py:LINE in forward``: where ``ModelNew.forward`` begins in a candidate's source, if it parses.
+
+    The fallback for a crash whose dump names no candidate line: when two threads of a kernel fault at once, the
+    second ends the process while faulthandler is still writing the first one's dump."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "ModelNew":
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward":
+                    return f"candidate.py:{item.lineno} in forward"
+    return None

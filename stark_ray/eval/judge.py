@@ -114,6 +114,7 @@ class Judge:
         self.round_trip_s = 0.0  # the worker's least message round trip (measure_round_trip) ...
         self.round_trip_of = -1  # ... for the process of this start (WorkerProcess.starts)
         self.memory = JudgeMemory(backend.device, free_at_start, worker)
+        self.candidate_source: str | None = None  # the candidate being served, for a crash's location
 
     def release_others(self, allowance: int, clock: PhaseClock | None) -> None:
         """Before a new task's first trial: the other tasks' states down to ``allowance`` bytes, here and in the
@@ -322,6 +323,7 @@ class Judge:
         task = self.task(req, cfg, clock)
         started = time.perf_counter()
         held = torch.cuda.memory_allocated() if self.backend.device == "cuda" else None
+        self.candidate_source = req.candidate_source
         try:
             result = _Candidate(self, task, req, cfg, clock).evaluate()
             if self.worker.alive:  # it forgets the candidate; its fingerprint is checked once more
@@ -330,6 +332,8 @@ class Judge:
             if stop.recycle:
                 self.worker.kill()
             result = stop.result
+        finally:
+            self.candidate_source = None
         clock.close()
         collect_after(self.backend.device, held, task.input_bytes)  # a cycle holding a trial's gigabytes, say
         if held is not None:  # what this candidate cost the judge's device memory, and what it kept before
@@ -367,7 +371,8 @@ class Judge:
 
     def answer(self, reply: Reply, clock: PhaseClock, label: str) -> dict[str, Any]:
         if reply.msg is None:
-            raise Decided(lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit()))
+            raise Decided(lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit(),
+                                      source=self.candidate_source))
         msg = reply.msg
         self.memory.note(msg)
         changed = msg.get("tampered")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.diagnostics import clean_log, crash_location
+from stark_ray.eval.diagnostics import clean_log, crash_location, forward_location
 from stark_ray.eval.protocol import PHASE_CHECK, PHASE_COMPILE, PHASE_SETUP, PHASE_START, PHASE_TIME
 from stark_ray.records import STAGE_CRASH, STAGE_TIMEOUT, EvalResult, excerpt
 
@@ -47,10 +47,14 @@ def describe_exit(returncode: int | None) -> str:
 
 
 def lost_result(phase: str, timed_out: bool, returncode: int | None, log: str, limit_s: float,
-                who: str = "worker") -> EvalResult:
-    """The failed result of a candidate whose process died (``returncode``) or ran out of time in ``phase``."""
+                who: str = "worker", source: str | None = None) -> EvalResult:
+    """The failed result of a candidate whose process died (``returncode``) or ran out of time in ``phase``;
+    ``source`` (the candidate's) names its forward when the process's stack dump names no line of it."""
     where = crash_location(log)
     at = f" at {where}" if where else ""
+    if not where and source is not None and phase in (PHASE_CHECK, PHASE_TIME):
+        entry = forward_location(source)
+        at = f" in the candidate's forward ({entry}; its stack dump was cut short)" if entry else ""
     if timed_out:
         stage, error = STAGE_TIMEOUT, f"timed out after {limit_s:g} s while "
     else:
