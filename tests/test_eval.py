@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from eval_helpers import passed
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval import Evaluator, Task, TaskError, load_task
@@ -246,7 +247,7 @@ def test_same_extension_name_never_collides(results: dict[str, EvalResult], buil
 def test_second_evaluation_hits_the_build_cache(results: dict[str, EvalResult], cfg: EvalConfig) -> None:
     first = results["fast"]
     again = Evaluator(task(DEMO), cfg).evaluate((CANDIDATES / f"{DEMO}_fast.py").read_text())
-    assert again.ok, again.error
+    assert passed(again), again.error
     assert first.compile_s is not None and again.compile_s is not None
     assert again.compile_s < first.compile_s / 2
     assert again.compile_s < 5
@@ -298,7 +299,7 @@ def test_worker_environment_has_no_credentials(tmp_path: Path, cfg: EvalConfig,
              f"open({str(record)!r}, 'w'))\n")
     # unisolated, so that it can write down what it saw (the same allowlist applies isolated)
     r = Evaluator(task(DEMO), replace(cfg, isolate="off")).evaluate(eager(prelude=snoop))
-    assert r.ok, r.error
+    assert passed(r), r.error
     seen = json.loads(record.read_text())
     assert not [k for k in seen["env"] if is_secret(k)]
     assert "sk-do-not-leak" not in json.dumps(seen) and "do-not-leak" not in json.dumps(seen)
@@ -341,7 +342,7 @@ def test_an_isolated_worker_sees_no_other_process_and_no_network(tmp_path: Path,
         holder.kill()
         holder.wait()
         server.close()
-    assert exposed.ok and isolated.ok, (exposed.error, isolated.error)
+    assert passed(exposed) and passed(isolated), (exposed.error, isolated.error)
     assert seen_exposed["found"] and seen_exposed["connect"] == 0
 
 
@@ -356,7 +357,7 @@ def test_an_isolated_worker_that_crashes_or_hangs_is_judged_as_before(cfg: EvalC
     hung = Evaluator(task(DEMO), iso).evaluate(PY_CANDIDATES["py_hang_in_forward"])
     assert hung.stage == STAGE_TIMEOUT and hung.error is not None
     assert "at candidate.py:" in hung.error  # the stack dump reached the worker inside the namespace
-    assert Evaluator(task(DEMO), iso).evaluate(eager()).ok  # and a good one after both
+    assert passed(Evaluator(task(DEMO), iso).evaluate(eager()))  # and a good one after both
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -385,7 +386,7 @@ def test_build_timeout_kills_the_compiler_and_leaves_no_lock(results: dict[str, 
         time.sleep(0.1)
     assert not _processes_mentioning("killed_build_")  # the compiler went down with the worker
     again = Evaluator(task(DEMO), cfg).evaluate(source)  # the killed build's leftovers do not block this one
-    assert again.ok, again.error
+    assert passed(again), again.error
 
 
 def test_precompiled_header_serves_sources_that_include_torch_extension_themselves(
@@ -398,5 +399,5 @@ def test_precompiled_header_serves_sources_that_include_torch_extension_themselv
     assert source.count("#include <torch/extension.h>") == 1 and "fused_swish_own_include" in source
     assert list(Path(cfg.build_dir or "").glob("pch/*/torch/extension.h.gch"))
     result = Evaluator(task(DEMO), cfg).evaluate(source)
-    assert result.ok, result.log
+    assert passed(result), result.log
     assert "-Winvalid-pch" not in result.log

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from eval_helpers import passed
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.service import EvalService
@@ -119,11 +120,11 @@ def test_a_crash_or_a_hang_replaces_the_worker_and_the_next_candidate_is_judged(
     crash = service.evaluate(task, candidate("import ctypes; return ctypes.string_at(0)"))
     assert crash.stage == STAGE_CRASH and "SIGSEGV" in (crash.error or "")
     after_crash = service.evaluate(task, GOOD)
-    assert after_crash.ok and service.worker_starts == starts + 1
+    assert passed(after_crash) and service.worker_starts == starts + 1
     hang = service.evaluate(task, candidate("while True: pass"))
     assert hang.stage == STAGE_TIMEOUT and (hang.error or "").startswith("timed out after 10 s while running the "
                                                                           "correctness trials")
-    assert service.evaluate(task, GOOD).ok and service.worker_starts == starts + 2
+    assert passed(service.evaluate(task, GOOD)) and service.worker_starts == starts + 2
 
 
 @pytest.mark.parametrize(("body", "problem"), [
@@ -150,7 +151,7 @@ def test_a_candidate_that_patches_torch_is_rejected_and_its_worker_replaced(serv
     starts = service.worker_starts
     r = service.evaluate(task, cheat)
     assert not r.ok and "tampered" in r.flags and "torch.Tensor.__add__" in (r.error or "")
-    assert service.evaluate(task, GOOD).ok and service.worker_starts == starts + 1
+    assert passed(service.evaluate(task, GOOD)) and service.worker_starts == starts + 1
 
 
 def test_triton_kernels_run_in_the_interpreter_on_cpu(task: Task, shared_build_dir: str) -> None:
@@ -160,7 +161,7 @@ def test_triton_kernels_run_in_the_interpreter_on_cpu(task: Task, shared_build_d
         svc.reference(task)
         good = svc.evaluate(task, TRITON_GOOD)
         wrong = svc.evaluate(task, TRITON_GOOD.replace("x * s + t", "x * s - t"))
-    assert good.ok and good.speedup and good.runtime_ms, good.error
+    assert passed(good) and good.speedup and good.runtime_ms, good.error
     assert wrong.stage == STAGE_CORRECTNESS and "values differ" in (wrong.error or "")
 
 
@@ -171,7 +172,7 @@ def test_the_worker_has_a_fingerprint_that_is_not_fooled_by_torch_compile(task: 
     with EvalService(cfg) as svc:
         r = svc.evaluate(task, candidate("return _f(x, self.s, self.t)",
                                          prelude="_f = torch.compile(lambda x, s, t: x * s + t)"))
-    assert r.ok and "tampered" not in r.flags, r.error
+    assert passed(r) and "tampered" not in r.flags, r.error
 
 
 def test_service_reports_the_build_dir_and_hardware(service: EvalService) -> None:
@@ -261,21 +262,21 @@ def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, sh
     promotes it instead of starting a process from nothing, and a new spare waits behind it."""
     cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=3, check_timeout_s=10)
     with EvalService(cfg, spare=True, worker_max_requests=3) as svc:
-        assert svc.evaluate(task, GOOD).ok
+        assert passed(svc.evaluate(task, GOOD))
         fresh_s = svc.worker_start_phases["total_s"]
         assert svc.worker_promotions == 0
         for _ in range(60):  # until the spare has done its imports (a busy machine takes a while)
             if svc.worker_spare_ready:
                 break
             time.sleep(1)
-            assert svc.evaluate(task, GOOD).ok
+            assert passed(svc.evaluate(task, GOOD))
         assert svc.worker_spare_ready
         crash = svc.evaluate(task, candidate("import ctypes; return ctypes.string_at(0)"))
         assert crash.stage == STAGE_CRASH
-        assert svc.evaluate(task, GOOD).ok
+        assert passed(svc.evaluate(task, GOOD))
         assert svc.worker_promotions == 1  # the spare serves now
         phases = svc.worker_start_phases
         assert "spare_wait_s" in phases and phases["promoted_s"] < 0.5 * fresh_s, (phases, fresh_s)
         for _ in range(3):  # the third request on this process recycles it: the next one promotes the spare
-            assert svc.evaluate(task, GOOD).ok
+            assert passed(svc.evaluate(task, GOOD))
         assert svc.worker_promotions == 2 or not svc.worker_spare_ready

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from eval_helpers import passed
 from leaky_candidates import MODEL, TASK, quick_service
 
 from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
@@ -51,7 +52,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvalService]:
 
 def _after(service: EvalService) -> None:
     honest = service.evaluate(load_task(TASK), HONEST)
-    assert honest.ok, honest.error
+    assert passed(honest), honest.error
 
 
 def test_a_log_replaced_by_a_link_leaks_nothing(service: EvalService, tmp_path: Path) -> None:
@@ -131,6 +132,6 @@ except ImportError:
     pass
 """ + HONEST
     first = service.evaluate(load_task(TASK), plant)
-    assert first.ok, first.error
+    assert passed(first), first.error
     second = service.evaluate(load_task(TASK), probe)
-    assert second.ok, second.error
+    assert passed(second), second.error

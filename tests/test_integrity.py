@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from eval_helpers import passed
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.service import EvalService
@@ -283,7 +284,7 @@ def test_a_reduction_over_part_of_its_input_fails_and_the_whole_one_passes(servi
     strided = judged(service, task, mse_candidate(16, False))
     prefix = judged(service, task, mse_candidate(1, True))
     honest = judged(service, task, mse_candidate(1, False))
-    assert honest.ok, honest.error
+    assert passed(honest), honest.error
     for cheat in (strided, prefix):
         assert cheat.stage == STAGE_CORRECTNESS and not cheat.ok, cheat.error
         assert (cheat.error or "").startswith(("sensitivity trial", "blocks trial")), cheat.error
@@ -295,7 +296,7 @@ def test_an_output_cache_keyed_by_address_fails_the_same_address_trial(service: 
     r = judged(service, tasks["affine"], ADDRESS_CACHE)
     assert r.stage == STAGE_CORRECTNESS and not r.ok, r.error
     assert "values differ" in (r.error or ""), r.error  # a stale output, on whichever trial reused the address
-    assert judged(service, tasks["affine"], py(HONEST)).ok
+    assert passed(judged(service, tasks["affine"], py(HONEST)))
 
 
 @pytest.mark.parametrize(("name", "task", "source"), [
@@ -305,12 +306,12 @@ def test_an_output_cache_keyed_by_address_fails_the_same_address_trial(service: 
 ])
 def test_a_candidate_that_patches_the_process_is_rejected_as_tampering(
         service: EvalService, tasks: dict[str, Task], name: str, task: str, source: str) -> None:
-    assert judged(service, tasks["affine"], py(HONEST)).ok
+    assert passed(judged(service, tasks["affine"], py(HONEST)))
     starts = service.worker_starts
     r = judged(service, tasks[task], source)
     assert not r.ok and "tampered" in r.flags, (name, r.stage, r.error)
     after = judged(service, tasks["affine"], py(HONEST))
-    assert after.ok, after.error
+    assert passed(after), after.error
     assert service.worker_starts == starts + 1  # its worker was replaced
 
 
@@ -331,7 +332,7 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
         assert "suspicious" in r.flags and "judge's wall clock" in (r.error or ""), (name, r.flags, r.error)
         assert r.speedup is not None and r.speedup > 2  # what the patched clock made the worker believe
     after = judged(service, tasks["affine"], py(HONEST))
-    assert after.ok, after.error
+    assert passed(after), after.error
 
 
 def test_an_honest_candidate_of_the_same_speed_is_timed_as_such(service: EvalService,
@@ -381,7 +382,7 @@ def test_dict_outputs_are_compared_key_by_key(tmp_path: Path, service: EvalServi
     service.reference(task)
     good = judged(service, task, py("return {'n': x.shape[0], 'y': x * self.s + self.t}"))
     bad = judged(service, task, py("return {'y': x * self.s, 'n': x.shape[0]}"))
-    assert good.ok, good.error
+    assert passed(good), good.error
     assert bad.stage == STAGE_CORRECTNESS and (bad.error or "").startswith("trial 1/3: output['y']: values"), bad.error
 
 
@@ -394,7 +395,7 @@ def test_a_candidate_that_kills_the_judge_is_charged_with_it_and_the_next_one_is
         r = judged(unisolated, tasks["affine"], killer)
         assert r.stage == "crash" and not r.ok and "judge crashed (SIGKILL)" in (r.error or ""), r.error
         after = judged(unisolated, tasks["affine"], py(HONEST))
-        assert after.ok, after.error
+        assert passed(after), after.error
     if service.isolated:
         r = judged(service, tasks["affine"], killer)
-        assert r.ok, r.error
+        assert passed(r), r.error

@@ -1,0 +1,16 @@
+"""Verdict helpers for tests of the evaluator's machinery on a busy 2-core box."""
+
+from __future__ import annotations
+
+from stark_ray.records import EvalResult
+
+TIMING_NOISE_FLAGS = frozenset({"suspicious"})  # a speedup above 2x the judge's own clock could not confirm
+
+
+def passed(r: EvalResult) -> bool:
+    """Correct and timed, flagged for nothing but timing noise. A test of restarts, spares, isolation or guards
+    evaluates an honest candidate to see the machinery still works; on a loaded 2-core machine the worker's timing
+    can overstate its speedup past 2x and the judge's clock then flags it ``suspicious`` — rightly, and beside that
+    test's point. Tests about timing and its flags check ``ok`` and the flags themselves."""
+    return (r.compiled and r.correct and r.runtime_ms is not None
+            and set(r.flags) & {"no_kernel", "unordered_stream", "suspicious"} <= TIMING_NOISE_FLAGS)
