@@ -65,12 +65,12 @@ def idle(windows: list[tuple[float, float]], start: float, end: float) -> dict[s
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """One campaign in this process (called in a subprocess by :func:`main`)."""
     t0 = time.monotonic()
-    import ray
     from kernel_replies import kernel_client
 
     from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
     from stark_ray.eval.tasks import load_task
     from stark_ray.ray_executor import RayRun, run_ray
+    from stark_ray.ray_run import connect
     from stark_ray.store.read import attempt_rows
 
     if args.kernelbench:  # named level{N}/..., as `stark campaign --kernelbench` names them
@@ -82,8 +82,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
     phases: dict[str, float] = {"imports_s": time.monotonic() - t0}
     t_ray = time.monotonic()
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})  # what run_ray does for an embedded Ray, timed apart
+    connect(None, runtime_env={"env_vars": {"PYTHONPATH": path}})  # what run_ray does for an embedded Ray, timed apart
     phases["ray_init_s"] = time.monotonic() - t_ray
     started_log: list[str] = []
     handler = logging.Handler()

@@ -43,7 +43,6 @@ import contextlib
 import cProfile
 import hashlib
 import json
-import logging
 import os
 import platform
 import pstats
@@ -75,6 +74,7 @@ from stark_ray.eval.tasks import Task, load_task  # noqa: E402
 from stark_ray.llm.base import LLMRequest  # noqa: E402
 from stark_ray.llm.scripted import ScriptedClient  # noqa: E402
 from stark_ray.optimize import Reporter  # noqa: E402
+from stark_ray.ray_run import connect, disconnect  # noqa: E402
 from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, EvalResult, LLMUsage, Node  # noqa: E402
 from stark_ray.search.memory import TreeMemory, make_task_search  # noqa: E402
 from stark_ray.search.tree import Tree  # noqa: E402
@@ -753,12 +753,11 @@ def local_ray(cpus: int) -> Iterator[float]:
     """A local Ray whose workers can import stark_ray and this module; yields its start-up seconds."""
     path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    connect(None, runtime_env={"env_vars": {"PYTHONPATH": path}}, num_cpus=cpus)  # run_ray's private local Ray
     try:
         yield time.perf_counter() - t0
     finally:
-        ray.shutdown()
+        disconnect()
 
 
 def report(figures: dict[str, Any]) -> None:

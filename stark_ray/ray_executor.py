@@ -52,6 +52,7 @@ from stark_ray.ray_run import (
     RayRun,
     checked_get,
     connect,
+    disconnect,
     one_line,
     recorded_tasks,
     start_agents,
@@ -428,7 +429,7 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
         driver = _Driver(run, reporter, embedded=started)
     except BaseException:
         if started:
-            ray.shutdown()
+            disconnect()
         raise
     t0 = time.monotonic()
     try:
@@ -451,4 +452,4 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
         if callable(closing):
             closing()
         if started:
-            ray.shutdown()
+            disconnect()

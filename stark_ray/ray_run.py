@@ -21,6 +21,7 @@ from stark_ray.campaign import Caps
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import Task, TaskError
+from stark_ray.local_ray import LocalRay, RayStartError, quiet_error_broadcasts, start_local_ray
 from stark_ray.run_files import RunError
 from stark_ray.store.location import Location, locate
 from stark_ray.store.read import StoreError, load_trees
@@ -52,18 +53,46 @@ class RayRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def connect(address: str | None, runtime_env: dict[str, Any] | None = None) -> bool:
-    """Join the cluster at ``address``, or start an embedded local Ray (no dashboard, sized to the machine);
-    True when this call started it."""
+_local: LocalRay | None = None  # the private Ray this process started (connect), stopped by disconnect
+
+
+def connect(address: str | None, runtime_env: dict[str, Any] | None = None, num_cpus: int | None = None,
+            num_gpus: int | None = None) -> bool:
+    """Join the cluster at ``address``, or start a private local Ray (:mod:`stark_ray.local_ray`: no dashboard,
+    sized to the machine or to ``num_cpus``/``num_gpus``, nothing shared with another run); True when this call
+    started it (end it with :func:`disconnect`). RunError, one line, when a local Ray cannot start."""
+    global _local
     if ray.is_initialized():
         return False
     logging.getLogger("ray").setLevel(logging.ERROR)  # the CLI's stderr is for one clear line, not Ray's notes
+    address = address or os.environ.get("RAY_ADDRESS") or None  # what ray.init() alone would join
     if address:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=runtime_env)
+        quiet_error_broadcasts()
         return False
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env=runtime_env or same_code_env())
+    try:
+        _local = start_local_ray(num_cpus, num_gpus)
+    except RayStartError as e:
+        raise RunError(str(e)) from None
+    try:
+        # "auto" with the head's own directory: Ray then treats it as the local cluster it is and lets this
+        # driver use the token authentication that the head turned on (an explicit address would not)
+        ray.init(address="auto", _temp_dir=str(_local.temp_dir), logging_level="ERROR", log_to_driver=False,
+                 runtime_env=runtime_env or same_code_env())
+    except BaseException:
+        disconnect()
+        raise
+    quiet_error_broadcasts()
     return True
+
+
+def disconnect() -> None:
+    """Leave Ray, and end the private local Ray if :func:`connect` started one."""
+    global _local
+    ray.shutdown()
+    local, _local = _local, None
+    if local is not None:
+        local.stop()
 
 
 # what pyarrow's filesystems read from the environment: a run directory on one needs them in the one actor that

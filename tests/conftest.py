@@ -114,7 +114,10 @@ def ray_cluster() -> Iterator[str]:
     """One local Ray for the session: 2 CPUs and the machine's GPUs (a logical one where there is none); its
     workers import the tests' and benchmarks' helpers (the scripted replies). Yields the GCS address, for drivers
     started in subprocesses."""
-    ray = pytest.importorskip("ray")
+    import ray
+
+    from stark_ray.ray_run import connect, disconnect
+
     repo = Path(__file__).resolve().parents[1]
     path = os.pathsep.join([str(repo), str(repo / "tests"), str(repo / "benchmarks"), os.environ.get("PYTHONPATH", "")])
     gpus = _gpu_count() or 1
@@ -122,9 +125,8 @@ def ray_cluster() -> Iterator[str]:
     # directory on S3 works only if the driver forwards them to its TreeMemory actor, as on a real cluster
     hidden = {k: os.environ.pop(k) for k in S3_TEST_CREDENTIALS if k in os.environ}
     try:
-        ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+        connect(None, runtime_env={"env_vars": {"PYTHONPATH": path}}, num_cpus=2, num_gpus=gpus)
     finally:
         os.environ.update(hidden)
     yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    disconnect()

@@ -16,9 +16,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-pytest.importorskip("ray")
-
 from ray.exceptions import RayActorError, RayTaskError
 
 from stark_ray import ray_executor

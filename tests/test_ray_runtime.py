@@ -17,22 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
+import ray_replies
 
-ray = pytest.importorskip("ray")
-
-import ray_replies  # noqa: E402
-
-from stark_ray.actors.evaluator import EvaluatorActor  # noqa: E402
-from stark_ray.agents.base import TaskInfo  # noqa: E402
-from stark_ray.config import AgentConfig, EvalConfig, SearchConfig  # noqa: E402
-from stark_ray.eval.tasks import load_task  # noqa: E402
-from stark_ray.ray_executor import RayRun, run_ray  # noqa: E402
-from stark_ray.records import STAGE_CRASH  # noqa: E402
-from stark_ray.search.loop import search  # noqa: E402
-from stark_ray.search.memory import make_task_search  # noqa: E402
-from stark_ray.search.team import make_team  # noqa: E402
-from stark_ray.search.tree import Tree  # noqa: E402
-from stark_ray.store.read import attempt_rows, load_trees  # noqa: E402
+from stark_ray.actors.evaluator import EvaluatorActor
+from stark_ray.agents.base import TaskInfo
+from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+from stark_ray.eval.tasks import load_task
+from stark_ray.ray_executor import RayRun, run_ray
+from stark_ray.records import STAGE_CRASH
+from stark_ray.search.loop import search
+from stark_ray.search.memory import make_task_search
+from stark_ray.search.team import make_team
+from stark_ray.search.tree import Tree
+from stark_ray.store.read import attempt_rows, load_trees
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

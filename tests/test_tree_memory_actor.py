@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("ray")
-
 from stark_ray.actors.tree_memory import GroupCommit, TaskSpec, TreeMemoryActor
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.config import AgentConfig, SearchConfig

@@ -1,0 +1,154 @@
+"""The private local Ray of a run (stark_ray/local_ray.py): two at once, a killed driver, a start that fails.
+
+Everything is real: ``ray start`` heads, the reaper, ``stark optimize`` through its entry point."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from scripted_replies import SLOW
+
+from stark_ray.local_ray import SESSION_ENV, RayStartError, session_processes, start_failure, start_local_ray
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "examples" / "tasks" / "1_LeakyReluScale.py"
+LIVENESS_S = 120  # a generous bound on a busy box: what is gone is gone within seconds
+
+
+def marks() -> dict[int, str]:
+    """pid -> the local Ray it belongs to, for every process that carries a mark."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    for item in f.read().split(b"\0"):
+                        if item.startswith(f"{SESSION_ENV}=".encode()):
+                            out[int(entry)] = item.split(b"=", 1)[1].decode()
+            except OSError:
+                continue
+    return out
+
+
+def argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0")]
+    except OSError:
+        return []
+
+
+def test_two_runs_started_at_once_each_get_a_ray_of_their_own(tmp_path: Path) -> None:
+    """Two ``stark optimize`` at the same moment on one machine (a fixed dashboard-agent port made both die)."""
+    plan = ("Fuse it.\n\n```python\n" + TASK.read_text().rstrip("\n") + "\n# <<<IMPROVE BEGIN 1>>>\n"
+            "# <<<IMPROVE END 1>>>\n```\n\nINSTRUCTION 1: Fuse the chain.\n")
+    lines = [{"role": "plan", "prompt_sha256": "-", "reply": plan},
+             {"role": "code", "prompt_sha256": "-", "reply": f"Here.\n\n```python\n{SLOW}```\n"}] * 2
+    cassette = tmp_path / "c.jsonl"
+    cassette.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    procs = [subprocess.Popen([sys.executable, "-m", "stark_ray.cli", "optimize", str(TASK), "--cassette",
+                               str(cassette), "-B", "2", "--epsilon", "0", "--trials", "2", "--quiet", "--out",
+                               str(tmp_path / f"runs{i}")], cwd=ROOT, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    results = [p.communicate(timeout=900) for p in procs]
+    for p, (out, errs) in zip(procs, results, strict=True):
+        assert p.returncode == 0, errs
+        assert "finished, 2 attempts" in out and "Traceback" not in errs
+        assert "A worker died" not in out + errs  # the raylet's broadcasts go to the log, not the terminal
+
+
+DRIVER = """
+import subprocess, sys, time
+import ray
+from stark_ray.ray_run import connect
+
+connect(None)
+
+@ray.remote(num_cpus=0)
+class Builder:  # as the evaluator actor does: a long compile in a process of its own
+    def start(self):
+        self.proc = subprocess.Popen(["sleep", "600"])
+        return self.proc.pid
+
+b = Builder.remote()
+print(ray.get(b.start.remote()), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_driver_takes_its_ray_and_what_its_actors_started_with_it(tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    driver = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert driver.stdout is not None
+    compiler = int(driver.stdout.readline())
+    mark = marks()[compiler]  # the compiler carries its Ray's mark, as every process of that Ray does
+    ours = session_processes(mark)
+    assert compiler in ours and len(ours) >= 5  # ray start, GCS, raylet, agents, the actor, the compiler
+    assert Path(mark).is_dir()
+    driver.kill()
+    driver.wait()
+    killed = time.monotonic()
+    while session_processes(mark) and time.monotonic() - killed < LIVENESS_S:
+        time.sleep(0.2)
+    gone_s = time.monotonic() - killed
+    assert session_processes(mark) == [], f"still alive {gone_s:.0f} s after the driver's kill -9"
+    assert not Path(mark).exists()
+    print(f"every process of the killed driver's Ray was gone {gone_s:.1f} s after its kill -9")
+
+
+def test_a_start_that_fails_is_tried_again_and_then_said_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """A host too busy for Ray's agents, made on purpose: each start's dashboard agent is stopped (SIGSTOP) as it
+    appears, so the raylet gives up on it (Ray allows it about 15 s, hard-coded)."""
+    before = set(marks().values())
+    stop = threading.Event()
+    stopped: set[int] = set()
+
+    def freeze_agents() -> None:
+        while not stop.is_set():
+            for pid, mark in marks().items():
+                args = argv(pid)
+                if mark not in before and pid not in stopped and len(args) > 2 and args[2].endswith("agent.py"):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.add(pid)
+            time.sleep(0.05)
+
+    freezer = threading.Thread(target=freeze_agents, daemon=True)
+    freezer.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="stark_ray.local_ray"), pytest.raises(RayStartError) as e:
+            start_local_ray(tries=2)
+    finally:
+        stop.set()
+        freezer.join()
+    message = str(e.value)
+    assert message.startswith("Ray could not start on this machine (2 tries): ") and "\n" not in message
+    assert "gave up waiting for its" in message and "agent" in message, message
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "local Ray start 1 of 2 failed", "local Ray start 2 of 2 failed"]
+    assert len(stopped) >= 2
+    assert not [m for m in marks().values() if m not in before]  # both tries' processes are gone
+
+
+def test_the_cause_of_a_failed_start_is_read_from_the_raylets_log(tmp_path: Path) -> None:
+    logs = tmp_path / "session_1" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "raylet.err").write_text(
+        "[2026 C 1 1] (raylet) node_manager.cc:3576: An unexpected system state has occurred. Check failed: "
+        "x.has_value() Timed out waiting for file /tmp/s/session_1/metrics_agent_port_1ba1dba906\n")
+    assert start_failure(str(tmp_path), "Exception: timed out") == (
+        "Ray's raylet gave up waiting for its metrics agent to start (Ray allows it about 15 s; the host is too busy)")
+    (logs / "raylet.err").write_text("")
+    assert start_failure(str(tmp_path), "a\nException: The node timed out during startup.\n\n") == (
+        "Exception: The node timed out during startup.")
