@@ -60,7 +60,7 @@ from stark_ray.ray_run import (
     start_memory,
     stop_actors,
 )
-from stark_ray.records import STAGE_CRASH, EvalResult
+from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
 from stark_ray.run_files import RUN_FILE, RunError, recorded_usage, run_record, task_summary
 from stark_ray.run_mirror import RunMirror
 from stark_ray.search.memory import Ticket, no_candidate
@@ -70,6 +70,7 @@ from stark_ray.store.location import Location, locate
 log = logging.getLogger(__name__)
 _AGENT, _EVAL, _ADD, _NEXT, _BACK = "agent", "eval", "add", "next", "back"
 _UNSET: Any = object()  # a ref's value not fetched yet
+MAX_DEATHS = 3  # evaluator deaths a candidate may be in flight for before it is charged whatever the notes say
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
 
@@ -82,8 +83,8 @@ class _Work:
     step: AgentResult | None = None  # its agent step (eval, add)
     which: int = -1  # the agent worker (agent) or the evaluator (eval, back)
     limit: int = 0  # tickets asked for (add, next): room kept for them until they come back
-    deaths: int = 0  # eval: the evaluator's deaths already charged when this candidate was sent to it
-    resent: bool = False  # eval: sent again after its evaluator died of another candidate
+    deaths: int = 0  # eval: evaluator deaths this candidate was in flight for (sent again after each)
+    instance: str | None = None  # eval: the evaluator's actor process it was sent to
 
 
 class _Driver:
@@ -108,7 +109,10 @@ class _Driver:
         self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
         self.agents = start_agents(run)  # now: they start (and import) while the evaluators and references do
         self.agent_load = [0] * len(self.agents)  # calls outstanding on each
-        self.deaths: dict[int, int] = {}  # evaluator -> its deaths charged to a candidate
+        self.orphans: dict[int, list[_Work]] = {}  # evaluator -> its candidates in flight when it died
+        self.instances: dict[int, str | None] = {}  # evaluator -> the actor process it last answered from
+        self.dead: dict[int, str | None] = {}  # evaluator -> the process that died (until its restart answers)
+        self.notes: dict[int, str | None] = {}  # evaluator -> what its last restart said it died running
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -128,6 +132,7 @@ class _Driver:
         hardware = checked_get(hardware_refs)  # EvaluatorError: this host cannot evaluate (one line)
         self.phases["evaluators_s"] = time.monotonic() - t0
         self.worker_starts = [h["start_phases"] for h in hardware]  # where each device worker's start went
+        self.instances = {i: h.get("instance") for i, h in enumerate(hardware)}
         self.dispatch.share([h["class"] for h in hardware])
         specs = []
         self.infos: dict[str, TaskInfo] = {
@@ -181,7 +186,8 @@ class _Driver:
         hold work that no request has offered yet (``dirty``)."""
         while True:
             self._ask()
-            idle = all(w.kind == _BACK for w in self.pending.values()) and not self.dispatch.queue
+            idle = (all(w.kind == _BACK for w in self.pending.values()) and not self.dispatch.queue
+                    and not any(self.orphans.values()))
             self._progress(final=idle)
             if idle:  # nothing left but restarted evaluators to hear from: no candidate waits for them
                 return
@@ -297,28 +303,29 @@ class _Driver:
             self._send_evaluations()
             try:
                 result = ray.get(ref) if value is _UNSET else value
-            except RayActorError:
-                if work.deaths < self.deaths.get(work.which, 0) and not work.resent:
-                    # sent before a death already charged to the candidate that was running: it did not cause
-                    # it; it goes again (once) when an evaluator is back
-                    work.resent = True
-                    self.dispatch.put(work.ticket.task, work)
-                    self._send_evaluations()  # to a peer, if it has one
-                    return
-                self._died(work.which)
-                result = EvalResult.failed(STAGE_CRASH, "the evaluator actor died while evaluating this candidate "
-                                           "(it is restarted; this candidate is not run again)")
+            except RayActorError:  # its evaluator died: the restarted one says whom of its orphans to charge
+                self._orphaned(work)
+                return
             except RayError as e:
                 result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {one_line(e)}")
             self._add(work.ticket, work.step, result)
         elif work.kind == _BACK:
             try:
-                ray.get(ref) if value is _UNSET else value
+                where = ray.get(ref) if value is _UNSET else value
             except RayActorError:  # asked before Ray knew it had died, or still restarting: ask again
                 time.sleep(0.2)
                 self._await_restart(work.which)
                 return
+            info = where if isinstance(where, dict) else {}
+            instance = info.get("instance")
+            if instance is not None and instance == self.dead.get(work.which):  # the dying process answered
+                time.sleep(0.2)
+                self._await_restart(work.which)
+                return
             log.info("evaluator %d is back after a restart", work.which)
+            self.instances[work.which], self.notes[work.which] = instance, info.get("died_running")
+            self.dead.pop(work.which, None)
+            self._judge_orphans(self.orphans.pop(work.which, []), self.notes[work.which])
             self.dispatch.resume(work.which)
             self._send_evaluations()
         elif work.kind == _ADD:
@@ -347,15 +354,41 @@ class _Driver:
         for which, work in self.dispatch.ready():
             assert work.ticket is not None and work.step is not None
             ref = self.evaluators[which].evaluate.remote(self.tasks[work.ticket.task], work.step.source)
-            work.which, work.deaths = which, self.deaths.get(which, 0)
+            work.which, work.instance = which, self.instances.get(which)
             self.pending[ref] = work
 
-    def _died(self, which: int) -> None:
-        """Evaluator ``which`` died of the candidate it was running: Ray restarts it; nothing more is sent to it
-        until it answers again (a call sent now could reach the dead process and fail too)."""
-        self.deaths[which] = self.deaths.get(which, 0) + 1
-        self.dispatch.pause(which)
-        self._await_restart(which)
+    def _orphaned(self, work: _Work) -> None:
+        """``work``'s evaluator died while it was in flight (running, building, or queued behind the device). The
+        first orphan pauses the evaluator (a call sent now could reach the dead process and fail too) and waits
+        for its restart; every orphan is judged when it is back (:meth:`_judge_orphans`)."""
+        which = work.which
+        work.deaths += 1
+        if work.instance is not None and which not in self.dead and work.instance != self.instances.get(which):
+            # sent to a process whose death was judged already (its error came after the restart's answer)
+            self._judge_orphans([work], self.notes.get(which))
+            self._send_evaluations()
+            return
+        orphans = self.orphans.setdefault(which, [])
+        orphans.append(work)
+        if len(orphans) == 1:
+            self.dead[which] = work.instance
+            self.dispatch.pause(which)
+            self._await_restart(which)
+
+    def _judge_orphans(self, orphans: list[_Work], died_running: str | None) -> None:
+        """The candidate the dead evaluator was running (its note, ``died_running``) is charged; the others go
+        again, to any evaluator with room. Without a note (it died while they were built or queued, or came back
+        on another host) every one goes again, and one in flight for a second such death is charged."""
+        for work in orphans:
+            assert work.ticket is not None and work.step is not None
+            ran = died_running is not None and work.step.source is not None and (
+                source_digest(work.step.source) == died_running)
+            if ran or (died_running is None and work.deaths >= 2) or work.deaths >= MAX_DEATHS:
+                result = EvalResult.failed(STAGE_CRASH, "the evaluator actor died while evaluating this candidate "
+                                           "(it is restarted; this candidate is not run again)")
+                self._add(work.ticket, work.step, result)
+            else:
+                self.dispatch.put(work.ticket.task, work)
 
     def _await_restart(self, which: int) -> None:
         self.pending[self.evaluators[which].where.remote()] = _Work(_BACK, which=which)

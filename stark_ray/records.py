@@ -8,6 +8,7 @@ records become Parquet rows: :func:`attempt_schema` and :func:`llm_call_schema` 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -33,6 +34,11 @@ STAGE_CRASH = "crash"  # the worker process died (segfault, abort, OOM kill)
 REJECTING_FLAGS = ("suspicious", "no_kernel", "unordered_stream")
 
 LOG_LIMIT = 4000  # characters of log kept per attempt (for the debug agent and the Parquet row)
+
+
+def source_digest(source: str) -> str:
+    """A candidate's short name for bookkeeping (which one was running when an evaluator died)."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 def excerpt(text: str, limit: int = LOG_LIMIT) -> str:

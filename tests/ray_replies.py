@@ -23,6 +23,16 @@ KILLER = ("import os\nimport signal\n\nimport torch\nimport torch.nn as nn\n\n"
           "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        return x\n")
 
 
+# imported by the worker: writes the Evaluator actor's pid (the judge's parent) where the test waits for it, then
+# holds the worker for a minute: the test kills that actor from outside while this candidate is being evaluated
+HELD = ("import os\nimport time\n\nimport torch\nimport torch.nn as nn\n\n"
+        "_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
+        "_tmp = MARKER + '.tmp'\nopen(_tmp, 'w').write(_stat[_stat.rfind(')') + 2:].split()[1])\n"
+        "os.replace(_tmp, MARKER)\ntime.sleep(60)\n\n\nclass ModelNew(nn.Module):\n"
+        "    def __init__(self, negative_slope: float, scale: float):\n        super().__init__()\n\n"
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        return x\n")
+
+
 def _pick(request: LLMRequest, choices: tuple[str, ...]) -> str:
     """By the prompt without its numbers (measured runtimes and speedups differ from run to run, and with three
     significant digits a slow run's 102 ms has no decimal point)."""
@@ -30,25 +40,36 @@ def _pick(request: LLMRequest, choices: tuple[str, ...]) -> str:
     return choices[digest[0] % len(choices)]
 
 
-def reply(request: LLMRequest, killer_marker: str | None = None) -> str:
+def _first(marker: str) -> bool:
+    """True for the first caller over all processes (the marker file is made once)."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def reply(request: LLMRequest, killer_marker: str | None = None, held_marker: str | None = None) -> str:
     if request.role == "plan":
         return plan_reply(request)
-    if killer_marker is not None:
-        try:
-            fd = os.open(killer_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # the first code reply only
-            os.close(fd)
-            return code_reply(KILLER)(request)
-        except FileExistsError:
-            pass
+    if killer_marker is not None and _first(killer_marker):  # the first code reply only
+        return code_reply(KILLER)(request)
+    if held_marker is not None and _first(held_marker + ".asked"):
+        return code_reply(f"MARKER = {held_marker!r}\n" + HELD)(request)
     return code_reply(_pick(request, (SLOW, SLOWER, WRONG)))(request)
 
 
-def client(killer_marker: str | None = None) -> ScriptedClient:
-    return ScriptedClient({}, default=partial(reply, killer_marker=killer_marker))
+def client(killer_marker: str | None = None, held_marker: str | None = None) -> ScriptedClient:
+    return ScriptedClient({}, default=partial(reply, killer_marker=killer_marker, held_marker=held_marker))
 
 
 def killer_client_factory(marker: Path) -> partial[ScriptedClient]:
     return partial(client, str(marker))
+
+
+def held_client_factory(marker: Path) -> partial[ScriptedClient]:
+    """The first code reply is HELD (it writes the evaluator actor's pid to ``marker``), the rest as usual."""
+    return partial(client, None, str(marker))
 
 
 def echo_reply(request: LLMRequest) -> str:

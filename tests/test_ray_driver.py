@@ -26,7 +26,7 @@ from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import Task
 from stark_ray.llm.base import LLMError
 from stark_ray.optimize import Reporter
-from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, EvalResult, LLMUsage
+from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, EvalResult, LLMUsage, source_digest
 from stark_ray.run_files import RunError
 from stark_ray.search.tree import Tree
 from stark_ray.store.read import attempt_rows
@@ -149,13 +149,21 @@ def ok_reference() -> EvalResult:
 
 
 class DyingEvaluator(Evaluator):
-    """Dies of the candidate of the second agent call (Ray restarts it): until Ray knows that it died, every call
-    sent to it fails as well (its first ``where`` after the death too); afterwards it works again."""
+    """Dies while it evaluates the candidate of the second agent call (of it, or killed from outside at that moment:
+    ``note`` says whether its restart names that candidate, as the real actor's note does). Ray restarts it: until
+    Ray knows that it died, every call sent to it fails as well (its first ``where`` after the death too);
+    afterwards it works again."""
 
-    def __init__(self) -> None:
+    def __init__(self, note: bool = True) -> None:
         super().__init__()
+        self.note = note
         self.dead = self.killed = False
         self.unnoticed = 0  # calls that reach the dead process before Ray knows
+        self.died_running: str | None = None
+        self.instance = "first"
+
+    def hardware(self) -> dict[str, Any]:
+        return {"description": "fake", "class": "fake", "start_phases": {}, "instance": self.instance}
 
     def evaluate(self, task: Task, source: str) -> EvalResult:
         if self.dead:
@@ -163,6 +171,7 @@ class DyingEvaluator(Evaluator):
         if source.endswith("call 2") and not self.killed:
             self.dead = self.killed = True
             self.unnoticed = 1
+            self.died_running = source_digest(source) if self.note else None
             raise RayActorError()
         return super().evaluate(task, source)
 
@@ -170,8 +179,8 @@ class DyingEvaluator(Evaluator):
         if self.unnoticed:
             self.unnoticed -= 1
             raise RayActorError()
-        self.dead = False
-        return {"pid": 1}
+        self.dead, self.instance = False, "restarted"
+        return {"pid": 1, "instance": self.instance, "died_running": self.died_running}
 
 
 def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int = 3, budget: int = 7,
@@ -309,11 +318,14 @@ def test_a_task_stays_on_its_home_device_class(tmp_path: Path, monkeypatch: pyte
 
 
 @pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("parallel", [1, 3])
 def test_a_candidate_that_kills_its_evaluator_is_charged_alone(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
-    """Only the killer is charged: nothing is sent to the evaluator until it answers again after its restart."""
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, parallel: int) -> None:
+    """Only the killer (named by the restarted actor) is charged; the candidates in flight beside it, and those sent
+    before the driver knew, go again: nothing is sent to the evaluator until it answers after its restart."""
     evaluator = DyingEvaluator()
-    driver, memory = drive(tmp_path, monkeypatch, seed, tasks=1, budget=6, parallel=1, evaluators=[evaluator])
+    driver, memory = drive(tmp_path, monkeypatch, seed, tasks=1, budget=6, parallel=parallel,
+                           evaluators=[evaluator])
     driver.loop()
     assert evaluator.killed and not evaluator.dead
     tree = memory.memory["t0"].tree
@@ -321,4 +333,20 @@ def test_a_candidate_that_kills_its_evaluator_is_charged_alone(
     crashed = [n for n in tree if n.result.stage == "crash"]
     assert [n.source.endswith("call 2") for n in crashed] == [True], [n.result.error for n in crashed]
     assert "evaluator actor died" in (crashed[0].result.error or "")
-    assert len(evaluator.seen) == 4  # every later candidate was evaluated (one of six agent steps has no code)
+    with_code = [n for n in tree if n.id and n.source]
+    assert len(evaluator.seen) == len(with_code) - 1  # every other candidate was evaluated
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_evaluator_killed_from_outside_charges_no_candidate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Killed while it built or queued (no note: the restart names no candidate), every candidate in flight goes
+    again and is evaluated."""
+    evaluator = DyingEvaluator(note=False)
+    driver, memory = drive(tmp_path, monkeypatch, seed, tasks=2, budget=5, parallel=2, evaluators=[evaluator])
+    driver.loop()
+    assert evaluator.killed
+    for name in driver.tasks:
+        tree = memory.memory[name].tree
+        assert tree.evaluated == 5 and not [n for n in tree if n.result.stage == "crash"]
+    assert len(evaluator.seen) == sum(1 for name in driver.tasks for n in memory.memory[name].tree if n.id and n.source)

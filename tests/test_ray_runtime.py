@@ -133,6 +133,55 @@ def test_a_candidate_that_kills_its_evaluator_actor_is_recorded_and_the_run_goes
     assert later and any(n.result.compiled for n in later)  # the restarted actor evaluated the next ones
 
 
+def test_an_evaluator_killed_from_outside_costs_only_the_candidate_it_was_running(
+        ray_cluster: str, tmp_path: Path, shared_build_dir: str) -> None:
+    """The Evaluator actor's process is killed (as the OOM killer or a user would) while it evaluates a candidate,
+    with a second expansion in flight: that candidate alone is charged, every later one is evaluated by the
+    restarted actor, and the dead actor's judge and worker are gone."""
+    marker = tmp_path / "held"
+    run = ray_run(tmp_path, shared_build_dir, budget=6, parallel=2, isolate="off",
+                  client_factory=ray_replies.held_client_factory(marker), run_id="evaluator-kill")
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.setdefault("summary", run_ray(run)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert thread.is_alive() and time.monotonic() < deadline, "the held candidate was never evaluated"
+        time.sleep(0.1)
+    actor = int(marker.read_text())
+    below = _descendants(actor)
+    assert below, "the evaluator actor has no processes below it"
+    os.kill(actor, signal.SIGKILL)
+    thread.join(timeout=600)
+    assert not thread.is_alive()
+    [summary] = out["summary"]
+    assert summary.status == "finished" and summary.attempts == 6
+    tree = load_trees(Path(summary.run_dir))["1_LeakyReluScale"]
+    crashed = [n for n in tree if n.result.stage == STAGE_CRASH]
+    assert [("MARKER = " in n.source) for n in crashed] == [True], [(n.id, n.result.error) for n in crashed]
+    assert "evaluator actor died" in (crashed[0].result.error or "")
+    others = [n for n in tree if n.id not in (0, crashed[0].id) and n.source]
+    assert len(others) == 5 and all(n.result.compiled for n in others), [(n.id, n.result.error) for n in others]
+    gone_by = time.monotonic() + 60
+    while (alive := [p for p in below if _alive(p)]) and time.monotonic() < gone_by:
+        time.sleep(0.2)
+    assert not alive, f"the dead actor's processes {alive} outlived it"
+
+
+def _descendants(pid: int) -> list[int]:
+    from stark_ray.eval.process_tree import descendants
+
+    return list(descendants(pid))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _refusing_isolation() -> tuple[str, ...]:
     from stark_ray.eval.isolation import IsolationUnavailable
 

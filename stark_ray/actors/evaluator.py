@@ -5,14 +5,21 @@ The actor is threaded (``max_concurrency``): every evaluation sent to it runs at
 device lock, so a ``cuda`` candidate builds in the compile pool while the device checks and times the ones
 already built. Candidates run in the service's worker process, so a crashing kernel costs a worker, not the
 actor. Should the
-actor itself die (out of memory, a killed node), Ray restarts it (``max_restarts``) but never retries the call
-that was running (``max_task_retries=0``): a candidate that kills its evaluator is not run again; the driver
-records that attempt as failed and the search goes on.
+actor itself die (out of memory, a candidate that kills it, a user's ``kill -9``), Ray restarts it
+(``max_restarts``) but never retries a call (``max_task_retries=0``): the driver decides. While a candidate is on
+the device its digest is in a note of the actor's own (:func:`note_path`, on the actor's host); the restarted
+actor reads what the dead one left there and says, in :meth:`where`, which candidate it died running (None: it
+was building or waiting, or the actor came back on another host). The driver charges that candidate alone and
+sends the others in flight again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+import uuid
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -28,11 +35,15 @@ from stark_ray.records import EvalResult
 class EvaluatorActor:
     def __init__(self, cfg: EvalConfig) -> None:
         self.cfg = cfg
+        self.instance = uuid.uuid4().hex  # this process of the actor (a restart is another)
+        note = note_path(ray.get_runtime_context().get_actor_name() or f"evaluator-{os.getpid()}")
+        self.died_running = take_note(note)  # the candidate the previous process of this actor died running
         on_gpu = get_backend(cfg.backend).device == "cuda"
         self._service: EvalService | None = None
         self._error: EvaluatorError | None = None
         try:
             self._service = EvalService(cfg, device=0 if on_gpu else None)  # Ray set CUDA_VISIBLE_DEVICES: its GPU
+            self._service.running_note = note
         except EvaluatorError as e:  # every call raises it (an __init__ that raised would be ActorDiedError,
             self._error = e  # a traceback to the user instead of the reason in one line)
 
@@ -54,16 +65,37 @@ class EvaluatorActor:
         its worker's start went (starting the worker the first time). EvaluatorError when this host cannot
         evaluate."""
         return {"description": self.service.hardware_description(), "class": self.service.hardware_class(),
-                "start_phases": self.service.hello().get("start_phases", {})}
+                "start_phases": self.service.hello().get("start_phases", {}), "instance": self.instance}
 
     def where(self) -> dict[str, Any]:
-        """The actor's process and GPU (tests and logs)."""
-        return {"pid": os.getpid(), "gpus": [str(g) for g in ray.get_gpu_ids()],
+        """The actor's process (``instance``: which start of it) and GPU; ``died_running``: the digest of the
+        candidate that was on the device when its previous process died, if it was one."""
+        return {"pid": os.getpid(), "instance": self.instance, "died_running": self.died_running,
+                "gpus": [str(g) for g in ray.get_gpu_ids()],
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def close(self) -> None:
         if self._service is not None:
             self._service.close()
+
+
+def note_path(actor_name: str) -> Path:
+    """Where an Evaluator actor names the candidate on its device: in a directory of this user's alone on the
+    actor's host (the actor's processes come and go; its name stays)."""
+    folder = Path(tempfile.gettempdir()) / f"stark-ray-running-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder / actor_name
+
+
+def take_note(note: Path) -> str | None:
+    """What a dead process of this actor left in its note (and the note gone), or None."""
+    try:
+        digest = note.read_text().strip() or None
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        note.unlink()
+    return digest
 
 
 EVALUATOR_THREADS = 64  # evaluations one actor takes at once (they wait for the device; builds run meanwhile)

@@ -18,9 +18,10 @@ import socket
 import sys
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from stark_ray.config import EvalConfig
@@ -50,7 +51,7 @@ from stark_ray.eval.runner import (
     visible_device,
 )
 from stark_ray.eval.tasks import Task, TaskError
-from stark_ray.records import STAGE_COMPILE, EvalResult
+from stark_ray.records import STAGE_COMPILE, EvalResult, source_digest
 
 JUDGE_MARGIN_S = 60.0  # the judge enforces each phase's limit on its worker; the service allows it this more
 
@@ -102,6 +103,22 @@ def outcome_to_result(outcome: WorkerOutcome, limits: dict[str, float], who: str
     return result
 
 
+@contextlib.contextmanager
+def running_note(note: Path | None, source: str | None) -> Iterator[None]:
+    """While a candidate is on the device, ``note`` holds its digest (written whole, removed after)."""
+    if note is None or source is None:
+        yield
+        return
+    tmp = note.with_name(f"{note.name}.{os.getpid()}.tmp")
+    tmp.write_text(source_digest(source))
+    os.replace(tmp, note)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            note.unlink()
+
+
 def default_compile_workers(cpus: int) -> int:
     """One build per core but two: the device worker keeps a core to launch and time on (builds run niced)."""
     return max(1, cpus - 2)
@@ -143,6 +160,9 @@ class EvalService:
         self.worker_start_phases: dict[str, Any] = {}  # where the current worker's start went
         self.worker_spare_ready = False  # a spare waited, its imports done, at the end of the last request
         self._device_lock = threading.Lock()
+        # where the candidate on the device is named while it is there (the Evaluator actor's: a restarted actor
+        # reads it to tell which candidate its previous process died of); None: nowhere
+        self.running_note: Path | None = None
         self._compilers = CompilePool(self.compile_workers)  # each build in a fresh process, started ahead
         self._hello: dict[str, Any] | None = None
         self._arch: str | None = None
@@ -181,7 +201,8 @@ class EvalService:
         with self._device_lock:
             if not self.judge.alive:
                 self._start()
-            outcome = self.judge.request(request, judge_limits(cfg))
+            with running_note(self.running_note, request.candidate_source):
+                outcome = self.judge.request(request, judge_limits(cfg))
         stats = outcome.extra.get("worker")
         if isinstance(stats, dict):
             self.worker_starts = int(stats.get("starts", self.worker_starts))
