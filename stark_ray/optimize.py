@@ -8,7 +8,6 @@ interrupted or failed run still leaves both, with its status.
 from __future__ import annotations
 
 import json
-import random
 import time
 import uuid
 from collections import Counter
@@ -169,7 +168,7 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
         status = STATUS_FAILED
         reporter.start(task, search_cfg.budget, tree.root)
         try:
-            search(tree, policy, team, evaluator.evaluate, search_cfg.budget, random.Random(search_cfg.seed),
+            search(tree, policy, team, evaluator.evaluate, search_cfg.budget, search_cfg.seed,
                    on_attempt)
             status = STATUS_FINISHED
         except KeyboardInterrupt:

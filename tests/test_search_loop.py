@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -45,7 +44,7 @@ class Harness:
         policy = make_policy(cfg.policy, cfg.ablation, cfg.epsilon, cfg.n_root, cfg.n_child,
                              cfg.max_debug_chain, cfg.k)
         team = make_team(client, AgentConfig(), cfg, self.info)
-        search(tree, policy, team, self.evaluate, cfg.budget, random.Random(cfg.seed))
+        search(tree, policy, team, self.evaluate, cfg.budget, cfg.seed)
         return tree
 
 

@@ -24,7 +24,7 @@ from stark_ray.progress import RichReporter
 HERE = Path(__file__).parent
 TASK = HERE.parent / "tasks" / "2_FusedSwishScaleClamp.py"
 CASSETTE = HERE / "2_FusedSwishScaleClamp.jsonl"
-BUDGET, SEED = 5, 24  # the README's demo command uses the same
+BUDGET, SEED = 5, 7  # the README's demo command uses the same
 
 
 def replies(role: str) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 
 from stark_ray.agents.base import AgentResult
@@ -17,7 +16,7 @@ OnAttempt = Callable[[Node, AgentResult], None]
 
 
 def search(tree: Tree, policy: Policy, team: Team, evaluate: Evaluate, budget: int,
-           rng: random.Random, on_attempt: OnAttempt | None = None) -> Node | None:
+           seed: int, on_attempt: OnAttempt | None = None) -> Node | None:
     """Grow ``tree`` to ``budget`` evaluated attempts and return the best correct candidate (or None).
 
     A failed node that the policy selects goes to the debug agent (policies only offer failed nodes that are
@@ -25,7 +24,7 @@ def search(tree: Tree, policy: Policy, team: Team, evaluate: Evaluate, budget: i
     implements. An agent step that yields no candidate still costs one attempt, so a broken model cannot
     loop forever. One expansion at a time, in this process (the Ray executor runs the same TaskSearch).
     """
-    state = TaskSearch("task", tree, policy, team, budget, rng)
+    state = TaskSearch("task", tree, policy, team, budget, seed)
     while (ticket := state.next()) is not None:
         step = team.run(ticket.request)
         result = evaluate(step.source) if step.ok and step.source else no_candidate(step)

@@ -64,7 +64,7 @@ class TaskSearch:
     policy: Policy
     team: Team
     budget: int
-    rng: random.Random
+    seed: int
     parallel: int = 1
     in_flight: dict[int, Ticket] = field(default_factory=dict)
     # ticket ids start at a random offset: a memory restarted from its rows must not take a ticket still in flight
@@ -86,7 +86,8 @@ class TaskSearch:
         running, or nothing selectable until one of them comes back."""
         if self.tree.evaluated + len(self.in_flight) >= self.budget or len(self.in_flight) >= self.parallel:
             return None
-        node = self.policy.select(self.tree, self.rng, self.busy)
+        node = self.policy.select(self.tree, selection_rng(self.seed, self.tree.evaluated + len(self.in_flight)),
+                                  self.busy)
         if node is None:
             self._exhausted = not self.in_flight  # nothing selectable and nothing coming back: done
             return None
@@ -119,13 +120,19 @@ def _same_node(a: Node, b: Node) -> bool:
 
 def make_task_search(name: str, tree: Tree, search: SearchConfig, agents: AgentConfig, info: TaskInfo,
                      client: LLMClient | None = None) -> TaskSearch:
-    """A task's search as the run's settings say. A tree rebuilt from records (a resume, a restarted memory)
-    gets an RNG seeded by the seed and the tree's size: the same recorded tree always continues the same way."""
+    """A task's search as the run's settings say (a tree rebuilt from records, for a resume or a restarted memory,
+    continues as the uninterrupted search would: see :func:`selection_rng`)."""
     policy = make_policy(search.policy, search.ablation, search.epsilon, search.n_root, search.n_child,
                          search.max_debug_chain, search.k)
     team = make_team(client, agents, search, info)  # type: ignore[arg-type]  # no client: windows only
-    rng = random.Random(search.seed) if len(tree) == 1 else random.Random(f"{search.seed}/{len(tree)}")
-    return TaskSearch(name, tree, policy, team, search.budget, rng, search.parallel)
+    return TaskSearch(name, tree, policy, team, search.budget, search.seed, search.parallel)
+
+
+def selection_rng(seed: int, index: int) -> random.Random:
+    """The random state of a search's ``index``-th selection (attempts attached plus in flight when it is made):
+    a function of the seed and of what is recorded, never of the process's history. A run killed anywhere and
+    resumed, or a TreeMemory actor restarted from its rows, makes the selections the uninterrupted run makes."""
+    return random.Random(f"stark-select/{seed}/{index}")
 
 
 Sink = Callable[[str, Node, AgentResult], None]  # (task, new node, the step that made it)

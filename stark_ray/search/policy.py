@@ -102,7 +102,7 @@ class EpsilonGreedy:
         self.rules = rules or Rules()
 
     def select(self, tree: Tree, rng: random.Random, busy: Collection[int] = ()) -> Node | None:
-        # two draws every step, whatever the tree: the RNG stream is fixed by the seed alone
+        # two draws whatever the tree (each selection has a random state of its own: search.memory.selection_rng)
         explore, pick = rng.random() < self.epsilon, rng.random()
         leaves = self.rules.expandable_leaves(tree, busy)
         best = self.rules.best_correct(tree, busy)
