@@ -8,6 +8,7 @@ import os
 import re
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from scripted_replies import SLOW, SLOWER, WRONG, code_reply, last_user, plan_reply
 
@@ -86,3 +87,20 @@ def echo_reply(request: LLMRequest) -> str:
 
 def echo_client() -> ScriptedClient:
     return ScriptedClient({}, default=echo_reply)
+
+
+def paced_evaluator_cls() -> Any:
+    """The orchestration benchmark's instant evaluator (results from a hash of the source: the same in every run),
+    a quarter second per candidate so that a run can be killed between any two attempts."""
+    import time
+
+    import orchestration
+    import ray
+
+    @ray.remote
+    class PacedEvaluator(orchestration._Instant):  # type: ignore[misc]
+        def evaluate(self, task: Any, source: str) -> Any:
+            time.sleep(0.25)
+            return orchestration.instant_result(source)
+
+    return PacedEvaluator

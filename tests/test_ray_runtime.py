@@ -366,3 +366,67 @@ def test_a_campaign_skips_a_task_that_does_not_fit_the_memory_budget_in_one_line
     alone = replace(run, tasks=[big], run_id="alone")
     with pytest.raises(OverBudget, match=r"needs 52\.0 GB"):
         run_ray(alone)
+
+
+PACED_DRIVER = """
+import sys
+sys.path[:0] = {paths!r}
+from pathlib import Path
+import orchestration, ray_replies
+from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+from stark_ray.eval.tasks import load_task
+from stark_ray.ray_executor import RayRun, run_ray
+run = RayRun([load_task(Path({task!r}))], SearchConfig(budget={budget}, seed={seed}), AgentConfig(), EvalConfig(),
+             {out!r}, run_id={run_id!r}, address={address!r}, client_factory=orchestration.scripted_client,
+             evaluator_cls=ray_replies.paced_evaluator_cls(),
+             runtime_env={{"env_vars": {{"PYTHONPATH": {worker_path!r}}}}})
+run_ray(run)
+"""
+
+
+def test_a_run_killed_anywhere_and_resumed_grows_the_tree_of_the_uninterrupted_run(
+        ray_cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of the driver after 1, 4 and 8 of 12 attempts, then --resume: node for node (parent, agent, source,
+    result) the tree of the same seed and replies run without a stop. Replies and results are functions of the
+    prompt and the source (scripted replies, the paced stand-in evaluator)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import orchestration
+
+    from stark_ray.run_files import resume_settings
+
+    budget, seed = 12, 5
+    worker_path = os.pathsep.join([str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")])
+
+    def grown(run_id: str) -> list[tuple[Any, ...]]:
+        tree = load_trees(tmp_path / "runs" / run_id)["1_LeakyReluScale"]
+        return [(*s, n.result.stage, n.result.speedup) for s, n in zip(shape(tree), sorted(tree, key=lambda n: n.id),
+                                                                        strict=True)]
+
+    whole = RayRun([load_task(TASK)], SearchConfig(budget=budget, seed=seed), AgentConfig(), EvalConfig(),
+                   tmp_path / "runs", run_id="whole", client_factory=orchestration.scripted_client,
+                   evaluator_cls=ray_replies.paced_evaluator_cls())
+    [summary] = run_ray(whole)
+    assert summary.attempts == budget
+    expected = grown("whole")
+    assert len({row[2] for row in expected}) > 2  # the search took more than one kind of step
+    for kill_at in (1, 4, 8):
+        run_id = f"killed-{kill_at}"
+        script = tmp_path / f"{run_id}.py"
+        script.write_text(PACED_DRIVER.format(paths=[str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")],
+                                              task=str(TASK), budget=budget, seed=seed, out=str(tmp_path / "runs"),
+                                              run_id=run_id, address=ray_cluster, worker_path=worker_path))
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            _wait_for_rows(tmp_path / "runs" / run_id, kill_at + 1, proc=proc)  # the reference and kill_at attempts
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        recorded = len(attempt_rows(tmp_path / "runs" / run_id))
+        assert recorded < budget + 1, f"the run ended before its kill at {kill_at}"
+        resumed = RayRun([], SearchConfig(), AgentConfig(), EvalConfig(), tmp_path / "runs",
+                         resume=tmp_path / "runs" / run_id, client_factory=orchestration.scripted_client,
+                         evaluator_cls=ray_replies.paced_evaluator_cls())
+        resumed.tasks, resumed.search, resumed.agents, resumed.eval = resume_settings(tmp_path / "runs" / run_id)
+        [summary] = run_ray(resumed)
+        assert summary.attempts == budget
+        assert grown(run_id) == expected, f"killed after {recorded - 1} attempts"
