@@ -24,7 +24,7 @@ from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.local_ray import LocalRay, RayStartError, quiet_error_broadcasts, start_local_ray
 from stark_ray.run_files import RunError
 from stark_ray.store.location import Location, locate
-from stark_ray.store.read import StoreError, load_trees
+from stark_ray.store.read import StoreError, call_rows, load_trees
 from stark_ray.tasks.agents import AGENT_CPUS, AGENT_WORKERS, ClientFactory, agent_pool
 
 STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
@@ -157,7 +157,9 @@ def start_agents(run: RayRun) -> list[Any]:
     cpus = int(ray.cluster_resources().get("CPU", 1))
     n = max(1, min(AGENT_WORKERS, cpus - (run.evaluators or 1)))
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)  # the driver's
-    return agent_pool(n, -(-run.max_in_flight // n), run.agents, run.search, run.client_factory,
+    replayed = run.resume is not None and run.agents.provider == "replay"
+    consumed = replay_consumed(run.resume) if replayed else frozenset()  # type: ignore[arg-type]
+    return agent_pool(n, -(-run.max_in_flight // n), run.agents, run.search, run.client_factory, consumed,
                       scheduling_strategy=here)
 
 
@@ -189,6 +191,17 @@ def checked_get(ref: Any) -> Any:
         if isinstance(cause, TaskError | EvaluatorError):
             raise type(cause)(str(cause)) from None
         raise
+
+
+def replay_consumed(run_dir: str | Path | Location) -> frozenset[int]:
+    """The cassette lines that answered the calls a run recorded: a resumed replay does not serve them again."""
+    try:
+        rows = call_rows(run_dir)
+    except FileNotFoundError:
+        return frozenset()
+    except StoreError as e:
+        raise RunError(f"{run_dir}: {e}") from None
+    return frozenset(int(r["replay_entry"]) for r in rows if r.get("replay_entry") is not None)
 
 
 def recorded_tasks(run_dir: str | Path | Location) -> list[str]:

@@ -108,6 +108,7 @@ class LLMUsage:
     ok: bool = True
     error: str | None = None
     node_id: int | None = None  # the node this call produced (set once known)
+    replay_entry: int | None = None  # a replayed call: the cassette line (from 0) that answered it
 
     def to_record(self) -> dict[str, Any]:
         return asdict(self)
@@ -255,5 +256,6 @@ def llm_call_schema() -> Any:
             ("ok", pa.bool_()),
             ("error", pa.string()),
             ("node_id", pa.int64()),
+            ("replay_entry", pa.int64()),
         ]
     )

@@ -89,10 +89,12 @@ def echo_client() -> ScriptedClient:
     return ScriptedClient({}, default=echo_reply)
 
 
-def paced_evaluator_cls() -> Any:
+def paced_evaluator_cls(speedup: float | None = None) -> Any:
     """The orchestration benchmark's instant evaluator (results from a hash of the source: the same in every run),
-    a quarter second per candidate so that a run can be killed between any two attempts."""
+    a quarter second per candidate so that a run can be killed between any two attempts; with ``speedup``, every
+    candidate is correct at that speedup."""
     import time
+    from dataclasses import replace
 
     import orchestration
     import ray
@@ -101,6 +103,9 @@ def paced_evaluator_cls() -> Any:
     class PacedEvaluator(orchestration._Instant):  # type: ignore[misc]
         def evaluate(self, task: Any, source: str) -> Any:
             time.sleep(0.25)
-            return orchestration.instant_result(source)
+            if speedup is None:
+                return orchestration.instant_result(source)
+            ref = orchestration.reference_result()
+            return replace(ref, runtime_ms=ref.runtime_ms / speedup, speedup=speedup)
 
     return PacedEvaluator

@@ -76,6 +76,17 @@ def test_exact_replay(cassette: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert all(x.extra["exact"] for x in (a, b, c))
 
 
+def test_each_call_names_its_line_and_consumed_lines_are_not_served_again(cassette: Path) -> None:
+    first = ReplayClient(cassette)
+    assert [first.complete(r).usage.replay_entry for r in (PLAN_1, CODE_1)] == [0, 1]
+    resumed = ReplayClient(cassette, consumed={0, 1})  # what a killed run's rows show was served
+    assert resumed.remaining("plan") == 1 and resumed.remaining("code") == 0
+    again = resumed.complete(PLAN_1)  # the prompt of line 0, which was served: line 2 answers
+    assert again.text == "reply plan 2" and again.usage.replay_entry == 2
+    with pytest.raises(LLMError, match="no more 'code' replies"):
+        resumed.complete(CODE_1)
+
+
 def test_exact_match_wins_over_order(cassette: Path, caplog: pytest.LogCaptureFixture) -> None:
     rp = ReplayClient(cassette)
     with caplog.at_level(logging.WARNING, logger=LOGGER):

@@ -4,6 +4,7 @@ of each of its parts."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -376,9 +377,9 @@ import orchestration, ray_replies
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import load_task
 from stark_ray.ray_executor import RayRun, run_ray
-run = RayRun([load_task(Path({task!r}))], SearchConfig(budget={budget}, seed={seed}), AgentConfig(), EvalConfig(),
-             {out!r}, run_id={run_id!r}, address={address!r}, client_factory=orchestration.scripted_client,
-             evaluator_cls=ray_replies.paced_evaluator_cls(),
+run = RayRun([load_task(Path({task!r}))], SearchConfig(budget={budget}, seed={seed}, epsilon={epsilon}), {agents},
+             EvalConfig(), {out!r}, run_id={run_id!r}, address={address!r}, client_factory={client_factory},
+             evaluator_cls=ray_replies.paced_evaluator_cls({speedup}),
              runtime_env={{"env_vars": {{"PYTHONPATH": {worker_path!r}}}}})
 run_ray(run)
 """
@@ -414,6 +415,8 @@ def test_a_run_killed_anywhere_and_resumed_grows_the_tree_of_the_uninterrupted_r
         script = tmp_path / f"{run_id}.py"
         script.write_text(PACED_DRIVER.format(paths=[str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")],
                                               task=str(TASK), budget=budget, seed=seed, out=str(tmp_path / "runs"),
+                                              agents="AgentConfig()", client_factory="orchestration.scripted_client",
+                                              epsilon=SearchConfig.epsilon, speedup=None,
                                               run_id=run_id, address=ray_cluster, worker_path=worker_path))
         proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
@@ -430,3 +433,51 @@ def test_a_run_killed_anywhere_and_resumed_grows_the_tree_of_the_uninterrupted_r
         [summary] = run_ray(resumed)
         assert summary.attempts == budget
         assert grown(run_id) == expected, f"killed after {recorded - 1} attempts"
+
+
+def test_a_resumed_replay_serves_no_recorded_reply_twice(ray_cluster: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replayed run killed after 2 of 5 attempts and resumed: every reply of the cassette is served once (the
+    resumed run used to serve the first code reply again and then run out). Every candidate is correct and slower
+    than the reference (ε = 0): each plan is for the reference, as the recorded ones are."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from scripted_replies import SLOW
+
+    from stark_ray.run_files import resume_settings
+    from stark_ray.store.read import call_rows
+
+    cassette = tmp_path / "c.jsonl"
+    plan = ("Fuse it.\n\n```python\n" + TASK.read_text().rstrip("\n") + "\n# <<<IMPROVE BEGIN 1>>>\n"
+            "# <<<IMPROVE END 1>>>\n```\n\nINSTRUCTION 1: Fuse the chain.\n")
+    lines = []
+    for i in range(5):  # five distinct candidates, one per plan (the root takes at most five children)
+        lines += [{"role": "plan", "prompt_sha256": "-", "reply": plan},
+                  {"role": "code", "prompt_sha256": "-", "reply": f"Here.\n\n```python\n{SLOW}# take {i}\n```\n"}]
+    cassette.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    agents = f"AgentConfig(provider='replay', cassette={str(cassette)!r})"
+    worker_path = os.pathsep.join([str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")])
+    script = tmp_path / "driver.py"
+    script.write_text(PACED_DRIVER.format(paths=[str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")],
+                                          task=str(TASK), budget=5, seed=0, out=str(tmp_path / "runs"),
+                                          agents=agents, client_factory=None, run_id="replayed", epsilon=0.0,
+                                          speedup=0.8,
+                                          address=ray_cluster, worker_path=worker_path))
+    run_dir = tmp_path / "runs" / "replayed"
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for_rows(run_dir, 3, proc=proc)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert len(attempt_rows(run_dir)) < 6
+    resumed = RayRun([], SearchConfig(), AgentConfig(), EvalConfig(), tmp_path / "runs", resume=run_dir,
+                     evaluator_cls=ray_replies.paced_evaluator_cls(0.8))
+    resumed.tasks, resumed.search, resumed.agents, resumed.eval = resume_settings(run_dir)
+    [summary] = run_ray(resumed)
+    assert summary.status == "finished" and summary.attempts == 5
+    calls = [r for r in call_rows(run_dir) if r["ok"]]
+    served = [r["replay_entry"] for r in calls]
+    assert len(served) == 10 and sorted(served) == list(range(10)), served
+    takes = sorted(n.source.rsplit("# take ", 1)[1].strip() for n in load_trees(run_dir)["1_LeakyReluScale"]
+                   if n.id and n.source)
+    assert takes == [str(i) for i in range(5)]

@@ -27,8 +27,9 @@ def check_credentials(cfg: AgentConfig) -> None:
         raise ConfigError(f"unknown provider {cfg.provider!r}; choose one of {', '.join(PROVIDERS)}")
 
 
-def make_client(cfg: AgentConfig) -> LLMClient:
-    """The client for ``cfg.provider``, wrapped in a RecordingClient when ``cfg.record`` is set."""
+def make_client(cfg: AgentConfig, replay_consumed: frozenset[int] = frozenset()) -> LLMClient:
+    """The client for ``cfg.provider``, wrapped in a RecordingClient when ``cfg.record`` is set;
+    ``replay_consumed``: the cassette lines a resumed run already served (replay only)."""
     check_credentials(cfg)
     client: LLMClient
     if cfg.provider == "openai":
@@ -43,7 +44,7 @@ def make_client(cfg: AgentConfig) -> LLMClient:
         from stark_ray.llm.replay import ReplayClient
 
         assert cfg.cassette is not None  # checked above
-        client = ReplayClient(cfg.cassette, model=cfg.model, cfg=cfg)
+        client = ReplayClient(cfg.cassette, model=cfg.model, cfg=cfg, consumed=replay_consumed)
     if cfg.record:
         from stark_ray.llm.replay import RecordingClient
 

@@ -10,7 +10,9 @@ Replay serves each agent role from its own queue. An entry whose prompt hash equ
 different order; next an entry whose prompt differs only in numbers (runtimes and speedups are measured anew
 in every run, so a faithful replay never reproduces them digit for digit). Otherwise the next unused entry
 of that role is served anyway, with a warning and a count in ``ReplayClient.mismatches``: a changed prompt
-should not stop a replay, but it should be visible.
+should not stop a replay, but it should be visible. Every call's usage names the line that answered it
+(``replay_entry``); a resumed run passes the lines its rows show were served (``consumed``), which are not
+served again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +126,7 @@ class ReplayClient:
     """An :class:`~stark_ray.llm.base.LLMClient` that answers from a recorded cassette. Thread-safe."""
 
     def __init__(self, path: str | os.PathLike[str], *, provider: str = "replay", model: str | None = None,
-                 cfg: AgentConfig | None = None) -> None:
+                 cfg: AgentConfig | None = None, consumed: Iterable[int] = ()) -> None:
         self.path = Path(path)
         self.provider = provider
         self.cfg = cfg or AgentConfig()
@@ -131,9 +134,13 @@ class ReplayClient:
         entries = load_cassette(self.path)
         self.model = model or (cfg.model if cfg else None) or (entries[0].model if entries else "replay")
         self._queues: dict[str, list[CassetteEntry]] = {}
-        for e in entries:
+        self._lines: dict[str, list[int]] = {}  # per role: each entry's line in the cassette (from 0)
+        for line, e in enumerate(entries):
             self._queues.setdefault(e.role, []).append(e)
-        self._used: dict[str, list[bool]] = {r: [False] * len(q) for r, q in self._queues.items()}
+            self._lines.setdefault(e.role, []).append(line)
+        served = set(consumed)
+        self._used: dict[str, list[bool]] = {r: [line in served for line in lines]
+                                             for r, lines in self._lines.items()}
         self._lock = threading.Lock()
 
     def remaining(self, role: str) -> int:
@@ -142,7 +149,7 @@ class ReplayClient:
 
     def complete(self, request: LLMRequest) -> Completion:
         prompt = request.prompt_text()
-        entry, exact = self._take(request.role, prompt_sha256(prompt), prompt_shape(prompt))
+        entry, exact, line = self._take(request.role, prompt_sha256(prompt), prompt_shape(prompt))
         if exact == "shape":
             log.info("replay %s: %s prompt matches the recorded one up to measured numbers",
                      self.path.name, request.role)
@@ -153,12 +160,13 @@ class ReplayClient:
         model = entry.model or self.model
         usage = priced_usage(self.cfg, request.role, self.provider, model, entry.input_tokens,
                              entry.output_tokens)
+        usage.replay_entry = line
         return Completion(text=entry.reply, usage=usage, truncated=entry.truncated,
                           extra={"replayed": True, "exact": exact == "hash", "match": exact or "order"})
 
-    def _take(self, role: str, digest: str, shape: str) -> tuple[CassetteEntry, str | None]:
-        """The entry to serve and how it matched: "hash" (the same prompt), "shape" (the same prompt up to
-        numbers), or None (the next unused entry of the role, counted in ``mismatches``)."""
+    def _take(self, role: str, digest: str, shape: str) -> tuple[CassetteEntry, str | None, int]:
+        """The entry to serve, how it matched — "hash" (the same prompt), "shape" (the same prompt up to
+        numbers), or None (the next unused entry of the role, counted in ``mismatches``) — and its line."""
         with self._lock:
             queue, used = self._queues.get(role, []), self._used.get(role, [])
             free = [i for i, u in enumerate(used) if not u]
@@ -175,7 +183,7 @@ class ReplayClient:
                 how, i = None, free[0]
                 self.mismatches += 1
             used[i] = True
-            return queue[i], how
+            return queue[i], how, self._lines[role][i]
 
 
 class RecordingClient:

@@ -33,21 +33,22 @@ _CLIENTS: dict[str, LLMClient] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
-def _client(cfg: AgentConfig) -> LLMClient:
+def _client(cfg: AgentConfig, replay_consumed: frozenset[int] = frozenset()) -> LLMClient:
     """One client per worker process and configuration (its HTTP connections are reused)."""
-    key = repr(cfg)
+    key = repr((cfg, sorted(replay_consumed)))
     with _CLIENTS_LOCK:
         if key not in _CLIENTS:
             from stark_ray.llm.factory import make_client
 
-            _CLIENTS[key] = make_client(cfg)
+            _CLIENTS[key] = make_client(cfg, replay_consumed)
         return _CLIENTS[key]
 
 
 def run_request(request: Request, agents: AgentConfig, search: SearchConfig, info: TaskInfo,
-                client_factory: ClientFactory | None = None) -> AgentResult:
+                client_factory: ClientFactory | None = None,
+                replay_consumed: frozenset[int] = frozenset()) -> AgentResult:
     """What a Ray agent call runs (callable in-process too)."""
-    client = client_factory() if client_factory is not None else _client(agents)
+    client = client_factory() if client_factory is not None else _client(agents, replay_consumed)
     return make_team(client, agents, search, info).run(request)
 
 
@@ -57,17 +58,24 @@ class AgentWorker:
     """Agent calls in the threads of one warm process (a threaded actor: ``max_concurrency`` at once). The run's
     settings come once, with the actor; a call carries only its request and its task's facts."""
 
-    def __init__(self, agents: AgentConfig, search: SearchConfig, client_factory: ClientFactory | None = None) -> None:
+    def __init__(self, agents: AgentConfig, search: SearchConfig, client_factory: ClientFactory | None = None,
+                 replay_consumed: frozenset[int] = frozenset()) -> None:
         self.agents, self.search, self.client_factory = agents, search, client_factory
+        self.replay_consumed = replay_consumed
 
     def run(self, request: Request, info: TaskInfo) -> AgentResult:
-        return run_request(request, self.agents, self.search, info, self.client_factory)
+        return run_request(request, self.agents, self.search, info, self.client_factory, self.replay_consumed)
 
 
 def agent_pool(workers: int, concurrency: int, agents: AgentConfig, search: SearchConfig,
-               client_factory: ClientFactory | None = None, **options: Any) -> list[Any]:
+               client_factory: ClientFactory | None = None, replay_consumed: frozenset[int] = frozenset(),
+               **options: Any) -> list[Any]:
     """``workers`` AgentWorker actors, each running up to ``concurrency`` calls at once; restarted (and the calls
-    they held retried) when their process dies."""
+    they held retried) when their process dies. A replayed run gets one worker (its threads share one cassette:
+    a reply is served once) that skips the cassette lines in ``replay_consumed``."""
+    if agents.provider == "replay" and client_factory is None:
+        workers = 1
     return [AgentWorker.options(num_cpus=AGENT_CPUS, max_concurrency=max(1, concurrency),  # type: ignore[attr-defined]
-                                max_restarts=-1, max_task_retries=2, **options).remote(agents, search, client_factory)
+                                max_restarts=-1, max_task_retries=2, **options).remote(
+                                    agents, search, client_factory, replay_consumed)
             for _ in range(max(1, workers))]
