@@ -37,6 +37,7 @@ def _root() -> None:
 
 @app.command()
 def optimize(
+    ctx: typer.Context,
     task: Annotated[Path | None, typer.Argument(help="KernelBench-style task file (class Model, get_inputs, "
                                                      "get_init_inputs).", show_default=False)] = None,
     ref_path: Annotated[Path | None, typer.Option("--ref-path", "--ref_path", help="Same as TASK.")] = None,
@@ -101,7 +102,7 @@ def optimize(
     if evaluators is not None and evaluators < 1:
         fail("--evaluators must be >= 1")
     if resume is not None:
-        _resume(resume, executor, parallel, address, quiet, evaluators)
+        _resume(ctx, resume, executor, address, quiet, evaluators)
         return
     path = _one_task(task, ref_path)
     if cassette is not None and provider not in (None, "replay"):
@@ -180,28 +181,43 @@ def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
         fail("interrupted; everything recorded so far is in the run directory (--resume it)", 130)
 
 
-def _resume(resume: str, executor: str, parallel: int, address: str | None, quiet: bool,
-            evaluators: int | None = None) -> None:
-    """Continue a Ray run: its task(s) and settings come from its run.json; --parallel may change."""
-    from dataclasses import replace
+RESUME_OPTIONS = frozenset({"resume", "budget", "parallel", "address", "quiet", "evaluators", "executor"})
 
+
+def given_options(ctx: typer.Context) -> list[str]:
+    """The parameters the user set on the command line (or through the environment), not left at their default."""
+    sources = {name: ctx.get_parameter_source(name) for name in ctx.params}  # Typer's own click: compare names
+    return [name for name, source in sources.items()
+            if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")]
+
+
+def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None, quiet: bool,
+            evaluators: int | None = None) -> None:
+    """Continue a Ray run: its task(s) and settings come from its run.json; --budget and --parallel may change
+    (see stark_ray/resume.py), anything else given is refused; a finished run says so at once."""
     from stark_ray.cli_places import existing_dir
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
     from stark_ray.ray_executor import RayRun
-    from stark_ray.run_files import RunError, resume_settings
+    from stark_ray.resume import refuse_changes, resumed
+    from stark_ray.run_files import RunError
 
     if executor != "ray":
         fail("--resume continues a Ray run: it needs --executor ray")
+    given = given_options(ctx)
     run_dir = existing_dir(resume, "--resume", "run directory")
     try:
-        tasks, search_cfg, agent_cfg, eval_cfg = resume_settings(run_dir)
-        search_cfg = replace(search_cfg, parallel=parallel)
-        check_credentials(agent_cfg)
+        refuse_changes([("TASK" if g in ("task", "ref_path") else g) for g in given if g not in RESUME_OPTIONS])
+        run = resumed(run_dir, ctx.params["budget"] if "budget" in given else None,
+                      ctx.params["parallel"] if "parallel" in given else None)
+        if run.finished:
+            typer.echo(f"{run_dir}: finished, {run.describe()}; nothing to do (a larger --budget continues it)")
+            return
+        check_credentials(run.agents)
     except (RunError, ConfigError, ValueError, TypeError) as e:
         fail(f"--resume {run_dir}: {e}")
-    _run_on_ray(RayRun(tasks, search_cfg, agent_cfg, eval_cfg, run_dir.parent, resume=run_dir, address=address,
-                       evaluators=evaluators), _reporter(quiet))
+    _run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
+                       address=address, evaluators=evaluators), _reporter(quiet))
 
 
 class _QuietReporter:

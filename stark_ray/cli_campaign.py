@@ -60,7 +60,6 @@ def campaign(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view.")] = False,
 ) -> None:
     """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
-    from dataclasses import replace
 
     from stark_ray.campaign import CampaignError, Caps, load_config, select_tasks
     from stark_ray.cli import _reporter, _run_on_ray, fail
@@ -69,7 +68,8 @@ def campaign(
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
     from stark_ray.ray_executor import RayRun
-    from stark_ray.run_files import RunError, resume_settings
+    from stark_ray.resume import refuse_changes, resumed
+    from stark_ray.run_files import RunError
 
     cli: dict[str, dict[str, Any]] = {
         "tasks": {"files": tasks, "kernelbench": kernelbench, "levels": levels, "ids": ids, "names": names,
@@ -93,18 +93,22 @@ def campaign(
         fail(f"{config}: {e}" if config and isinstance(e, TypeError) else str(e))
     run_cfg = merged["run"]
     reporter = _reporter(True) if quiet else _campaign_reporter()
-    if resume is not None:
+    if resume is not None:  # the recorded campaign; --budget, --parallel, the caps, where it runs may change
         run_dir = existing_dir(resume, "--resume", "campaign directory")
+        fixed = {**cli["tasks"], **cli["agents"], **cli["eval"], "policy": policy, "ablation": ablation,
+                 "epsilon": epsilon, "out": out, "config": config}
         try:
-            picked, search_cfg, agent_cfg, eval_cfg = resume_settings(run_dir)
-            if parallel is not None:
-                search_cfg = replace(search_cfg, parallel=parallel)
-            check_credentials(agent_cfg)
+            refuse_changes([name for name, value in fixed.items() if value not in (None, [])])
+            run = resumed(run_dir, budget, parallel)
+            if run.finished:
+                typer.echo(f"{run_dir}: finished, {run.describe()}; nothing to do (a larger --budget continues it)")
+                return
+            check_credentials(run.agents)
         except (RunError, ConfigError, ValueError, TypeError) as e:
             fail(f"--resume {resume}: {e}")
-        _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, run_dir.parent, resume=run_dir,
-                           address=run_cfg.get("address"), caps=caps, evaluators=run_cfg.get("evaluators")),
-                    reporter)
+        _run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
+                           address=address, caps=caps,
+                           evaluators=evaluators), reporter)
         return
     sel = merged["tasks"]
     try:

@@ -61,6 +61,7 @@ from stark_ray.ray_run import (
     stop_actors,
 )
 from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
+from stark_ray.resume import record_changes
 from stark_ray.run_files import RUN_FILE, RunError, recorded_usage, run_record, task_summary
 from stark_ray.run_mirror import RunMirror
 from stark_ray.search.memory import Ticket, no_candidate
@@ -156,6 +157,7 @@ class _Driver:
         t1 = time.monotonic()
         if run.resume is not None:
             self.dir = locate(run.resume)
+            record_changes(self.dir, run.search)  # a raised budget or another --parallel: the next resume keeps it
         else:
             base = run.tasks[0].name if len(run.tasks) == 1 else "campaign"
             out = locate(run.out)
