@@ -179,6 +179,8 @@ def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
         fail(f"the LLM provider refused the call ({e.kind}): {e}; what was recorded is kept", 1)
     except KeyboardInterrupt:
         fail("interrupted; everything recorded so far is in the run directory (--resume it)", 130)
+    except OSError as e:  # a full disk or a vanished directory outside the store's own handling
+        fail(f"{e}; everything acknowledged so far is recorded (--resume the run directory)", 1)
 
 
 RESUME_OPTIONS = frozenset({"resume", "budget", "parallel", "address", "quiet", "evaluators", "executor"})

@@ -110,6 +110,7 @@ class _Driver:
         self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
         self.agents = start_agents(run)  # now: they start (and import) while the evaluators and references do
         self.agent_load = [0] * len(self.agents)  # calls outstanding on each
+        self.unwritten: str | None = None  # a summary the end of the run could not write (a full disk)
         self.orphans: dict[int, list[_Work]] = {}  # evaluator -> its candidates in flight when it died
         self.instances: dict[int, str | None] = {}  # evaluator -> the actor process it last answered from
         self.dead: dict[int, str | None] = {}  # evaluator -> the process that died (until its restart answers)
@@ -428,7 +429,10 @@ class _Driver:
                                    self.run.search, self.run.eval, self._usage_of(name))
             if capped:
                 summary.settings["stopped_by"] = self.capped[name]
-            self.view.write_summary(name, tree, summary)
+            try:
+                self.view.write_summary(name, tree, summary)
+            except OSError as e:  # said once the run has ended (it must not hide why the run stopped)
+                self.unwritten = self.unwritten or f"{name}'s summary could not be written ({one_line(e)})"
             self.reporter.finish(summary)
             summaries.append(summary)
         self.phases["finish_s"] = time.monotonic() - t0
@@ -480,6 +484,8 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
             raise
         finally:
             summaries = driver.finish(status, time.monotonic() - t0)
+        if driver.unwritten:
+            raise RunError(f"{driver.unwritten}; every attempt is recorded: write it again with --resume {driver.dir}")
         return summaries
     finally:
         driver.close()

@@ -31,11 +31,12 @@ class Resumed:
     agents: AgentConfig
     eval: EvalConfig
     attempts: dict[str, int]  # task -> attempts recorded
+    summaries: bool = True  # every task's summary.json is there (a full disk may have kept one from being written)
 
     @property
     def finished(self) -> bool:
-        """Every task has its whole budget recorded: nothing is left to do."""
-        return all(self.attempts.get(t.name, 0) >= self.search.budget for t in self.tasks)
+        """Every task has its whole budget recorded and its summary written: nothing is left to do."""
+        return self.summaries and all(self.attempts.get(t.name, 0) >= self.search.budget for t in self.tasks)
 
     def describe(self) -> str:
         done = sum(min(n, self.search.budget) for n in self.attempts.values())
@@ -74,7 +75,9 @@ def resumed(run_dir: str | Path | Location, budget: int | None = None, parallel:
         search = replace(search, **changes)  # SearchConfig checks the values
     except ValueError as e:
         raise RunError(str(e)) from None
-    return Resumed(tasks, search, agents, ev, attempts)
+    loc = locate(run_dir)
+    places = [loc] if len(tasks) == 1 else [loc / "tasks" / t.name for t in tasks]
+    return Resumed(tasks, search, agents, ev, attempts, all((p / "summary.json").is_file() for p in places))
 
 
 def record_changes(run_dir: str | Path | Location, search: SearchConfig) -> None:

@@ -8,6 +8,7 @@ Acknowledgements can reach the driver out of order (one group commit writes a no
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import asdict, replace
 from typing import Any
@@ -18,6 +19,8 @@ from stark_ray.optimize import RunSummary, write_atomic
 from stark_ray.records import Node
 from stark_ray.search.tree import Tree
 from stark_ray.store.location import Location, locate
+
+log = logging.getLogger(__name__)
 
 
 class RunMirror:
@@ -58,7 +61,10 @@ class RunMirror:
         best = min((n for n in attached if n.correct), key=lambda n: (n.score, n.id), default=None)
         if best is not None and (best_id is None or (best.score, best.id) < (tree[best_id].score, best_id)):
             self.best[name] = best.id
-            write_atomic(self.task_dir(name) / "best_kernel.py", best.source)
+            try:
+                write_atomic(self.task_dir(name) / "best_kernel.py", best.source)
+            except OSError as e:  # a full disk, say: the rows hold it; the end of the run writes it again
+                log.warning("task %s: best_kernel.py could not be written (%s)", name, e)
 
     def task_dir(self, name: str) -> Location:
         """Where a task's summary and best kernel go: the run directory itself for a one-task run, else

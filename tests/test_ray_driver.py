@@ -280,6 +280,53 @@ def test_a_store_that_stays_down_ends_the_run_in_one_line_and_loses_nothing_ackn
     assert acknowledged <= on_disk
 
 
+def test_a_full_disk_is_one_line_naming_resume_whatever_else_fails_after_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows' store fails for good (ENOSPC) while best_kernel.py and every summary.json fail too: the run stops
+    with the store's one line (the summaries' failures, in the run's ``finally``, used to replace it with a
+    traceback of their own)."""
+    import errno
+
+    from stark_ray import run_mirror
+
+    def full(path: Any, text: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_mirror, "write_atomic", full)
+    driver, memory = drive(tmp_path, monkeypatch, 0, budget=6)
+    flush, flushes = memory.store.flush, {"n": 0}
+
+    def failing_after_a_while() -> None:
+        flushes["n"] += 1
+        if flushes["n"] > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        flush()
+
+    memory.commit.flush, memory.commit.retry_delays = failing_after_a_while, (0.0,)
+    with pytest.raises(RunError, match=r"could not be written \(\[Errno 28\] No space left on device\).*--resume"):
+        try:
+            driver.loop()
+        finally:
+            driver.finish("failed", 1.0)  # what run_ray's finally does
+    assert driver.unwritten is not None and "summary could not be written" in driver.unwritten
+
+
+def test_a_summary_that_cannot_be_written_ends_a_finished_run_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from stark_ray import run_mirror
+
+    def full(path: Any, text: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_mirror, "write_atomic", full)
+    driver, _ = drive(tmp_path, monkeypatch, 0, tasks=1, budget=4)
+    driver.loop()  # best_kernel.py fails quietly during the run: the rows hold every node
+    driver.finish("finished", 1.0)
+    assert driver.unwritten == "t0's summary could not be written ([Errno 28] No space left on device)"
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_evaluators_of_one_device_class_share_every_tasks_candidates(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
