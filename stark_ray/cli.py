@@ -70,6 +70,9 @@ def optimize(
     isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
                                               "process visible, no network (auto: where the host allows it; "
                                               "on: an error where it does not).")] = EvalConfig.isolate,
+    compile_timeout: Annotated[float, typer.Option(
+        help="Seconds one candidate's build may take (a busy host's builds can take minutes).")] = (
+        EvalConfig.compile_timeout_s),
     memory_budget: Annotated[float | None, typer.Option(
         help="Device memory (GB) for one evaluation, judge and worker together (default: 90% of the GPU's free "
              "memory); what is kept is chosen to fit, a task that cannot is one line.", show_default=False)] = None,
@@ -118,7 +121,7 @@ def optimize(
                                 temperature_debug=temperature_debug, temperature_single=temperature_code)
         eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed, baseline=baseline, tolerance=tolerance,
                               build_dir=str(build_dir) if build_dir else None, isolate=isolate,
-                              memory_budget_gb=memory_budget)
+                              memory_budget_gb=memory_budget, compile_timeout_s=compile_timeout)
     except ValueError as e:
         fail(str(e))
     if backend not in available_backends():
@@ -255,6 +258,9 @@ def eval_candidate(
     isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
                                               "process visible, no network (auto: where the host allows it; "
                                               "on: an error where it does not).")] = EvalConfig.isolate,
+    compile_timeout: Annotated[float, typer.Option(
+        help="Seconds one candidate's build may take (a busy host's builds can take minutes).")] = (
+        EvalConfig.compile_timeout_s),
     memory_budget: Annotated[float | None, typer.Option(
         help="Device memory (GB) for one evaluation, judge and worker together (default: 90% of the GPU's free "
              "memory); what is kept is chosen to fit, a task that cannot is one line.", show_default=False)] = None,
@@ -271,6 +277,7 @@ def eval_candidate(
     try:
         cfg = EvalConfig(backend=backend, trials=trials, timing_trials=timing_trials, seed=seed, baseline=baseline,
                          timing_precision=timing_precision, isolate=isolate, memory_budget_gb=memory_budget,
+                         compile_timeout_s=compile_timeout,
                          tolerance=tolerance, build_dir=str(build_dir) if build_dir else None)
     except ValueError as e:
         fail(str(e))

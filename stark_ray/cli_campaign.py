@@ -43,6 +43,7 @@ def campaign(
     seed: Annotated[int | None, typer.Option(help="Seed [0].")] = None,
     isolate: Annotated[str | None, typer.Option(help="auto | on | off: generated code in namespaces of its own "
                                                      "(no other process visible, no network) [off].")] = None,
+    compile_timeout: Annotated[float | None, typer.Option(help="Seconds one candidate's build may take [300].")] = None,
     memory_budget: Annotated[float | None, typer.Option(help="Device memory (GB) for one evaluation [90% of the "
                                                             "GPU's free memory]; a task that cannot fit is skipped.",
                                                        show_default=False)] = None,
@@ -79,7 +80,7 @@ def campaign(
         "agents": {"provider": provider, "model": model, "base_url": base_url,
                    "cassette": str(cassette) if cassette else None},
         "eval": {"backend": backend, "baseline": baseline, "trials": trials, "seed": seed,
-                 "isolate": isolate, "memory_budget_gb": memory_budget},
+                 "isolate": isolate, "memory_budget_gb": memory_budget, "compile_timeout_s": compile_timeout},
         "caps": {"max_cost": max_cost, "max_tokens": max_tokens, "task_max_cost": task_max_cost,
                  "task_max_tokens": task_max_tokens},
         "run": {"out": out, "address": address, "evaluators": evaluators},

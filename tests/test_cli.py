@@ -97,6 +97,8 @@ def test_bad_settings_are_one_line(tmp_path: Path, cassette: str) -> None:
                                                       "--memory-budget", "0"))
     assert "memory_budget_gb" in one_error_line(stark("optimize", task, "--cassette", cassette, "--memory-budget",
                                                       "-4"))
+    assert "compile_timeout_s must be > 0" in one_error_line(stark("optimize", task, "--cassette", cassette,
+                                                                   "--compile-timeout", "0"))
 
 
 def test_malformed_cassette_names_the_line(tmp_path: Path) -> None:

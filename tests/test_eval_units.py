@@ -248,6 +248,8 @@ def test_a_crash_whose_dump_was_cut_short_names_the_candidates_forward() -> None
                        "(candidate.py:5 in forward; its stack dump was cut short)")
     assert lost_result(PHASE_COMPILE, False, -11, cut, 10.0, source=source).error == (
         "worker crashed (SIGSEGV) while importing (building) the candidate")  # its forward was not running
+    assert lost_result(PHASE_COMPILE, True, None, "", 300.0).error == (
+        "timed out after 300 s while importing (building) the candidate (the build's time limit: --compile-timeout)")
     assert forward_location("def (") is None and forward_location("class Model:\n    pass\n") is None
 
 

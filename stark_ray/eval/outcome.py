@@ -59,5 +59,7 @@ def lost_result(phase: str, timed_out: bool, returncode: int | None, log: str, l
         stage, error = STAGE_TIMEOUT, f"timed out after {limit_s:g} s while "
     else:
         stage, error = STAGE_CRASH, f"{who} {describe_exit(returncode)} while "
+    if timed_out and phase == PHASE_COMPILE:
+        at += " (the build's time limit: --compile-timeout)"
     return EvalResult(compiled=phase in (PHASE_CHECK, PHASE_TIME), stage=stage,
                       error=f"{error}{DOING.get(phase, phase)}{at}", log=excerpt(clean_log(log)))
