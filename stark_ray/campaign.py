@@ -28,8 +28,11 @@ or from a campaign TOML file holding the same settings as the command line::
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import sys
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,10 +149,75 @@ def select_tasks(files: list[str] | None = None, kernelbench: str | None = None,
 
 
 SECTIONS = {"tasks", "search", "agents", "eval", "caps", "run"}
+# the keys of the sections that are no settings dataclass: the task selection and where the campaign runs
+TASK_KEYS: dict[str, Any] = {"files": list[str], "kernelbench": str, "levels": list[int], "ids": list[int],
+                             "names": list[str], "subset": str}
+RUN_KEYS: dict[str, Any] = {"out": str, "address": str, "evaluators": int}
+NOT_IN_FILES = {"eval": {"hidden_paths"}}  # set by the run itself
+
+
+def section_types(name: str) -> dict[str, Any]:
+    """Each key a section may hold, and its type (the settings dataclass's annotations)."""
+    from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+
+    if name == "tasks":
+        return TASK_KEYS
+    if name == "run":
+        return RUN_KEYS
+    cls = {"search": SearchConfig, "agents": AgentConfig, "eval": EvalConfig, "caps": Caps}[name]
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name not in NOT_IN_FILES.get(name, set())}
+
+
+def type_name(kind: Any) -> str:
+    """What a TOML value of this type looks like, for an error message."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (types.UnionType, typing.Union):
+        return " or ".join(type_name(a) for a in args)
+    if typing.get_origin(kind) is list:
+        plural = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
+        return f"a list of {plural.get(args[0], type_name(args[0]))}" if args else "a list"
+    if typing.get_origin(kind) is dict:
+        return "a table"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(kind, str(kind))
+
+
+def fits(value: Any, kind: Any) -> bool:
+    """Whether a TOML value has the type (a bool is no number, an integer is a float)."""
+    origin = typing.get_origin(kind)
+    if origin in (types.UnionType, typing.Union):
+        return any(fits(value, a) for a in typing.get_args(kind) if a is not type(None))
+    if origin is list:
+        (item,) = typing.get_args(kind) or (Any,)
+        return isinstance(value, list) and all(item is Any or fits(v, item) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if origin is tuple:
+        return isinstance(value, list)
+    return isinstance(value, kind)
+
+
+def check_section(path: Path, name: str, section: dict[str, Any]) -> None:
+    """CampaignError naming the first key of ``[name]`` that is unknown or of the wrong type."""
+    known = section_types(name)
+    for key, value in section.items():
+        if key not in known:
+            raise CampaignError(f"{path}: [{name}] has no key {key!r}; its keys are {', '.join(sorted(known))}")
+        if not fits(value, known[key]):
+            raise CampaignError(f"{path}: [{name}] {key} must be {type_name(known[key])}, got {value!r}")
+    if name == "run" and section.get("evaluators") is not None and section["evaluators"] < 1:
+        raise CampaignError(f"{path}: [run] evaluators must be >= 1, got {section['evaluators']}")
 
 
 def load_config(path: Path) -> dict[str, dict[str, Any]]:
-    """A campaign TOML file as {section: {key: value}}; unknown sections are an error naming them."""
+    """A campaign TOML file as {section: {key: value}}: unknown sections and keys, and values of the wrong type,
+    are an error naming them (the settings' own checks, of ranges and choices, follow when they are built)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -162,4 +230,5 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
     for name, section in data.items():
         if not isinstance(section, dict):
             raise CampaignError(f"{path}: [{name}] must be a table")
+        check_section(path, name, section)
     return {name: dict(data.get(name, {})) for name in SECTIONS}

@@ -93,6 +93,8 @@ def campaign(
     except (CampaignError, TypeError) as e:
         fail(f"{config}: {e}" if config and isinstance(e, TypeError) else str(e))
     run_cfg = merged["run"]
+    if evaluators is not None and evaluators < 1:
+        fail("--evaluators must be >= 1")
     reporter = _reporter(True) if quiet else _campaign_reporter()
     if resume is not None:  # the recorded campaign; --budget, --parallel, the caps, where it runs may change
         run_dir = existing_dir(resume, "--resume", "campaign directory")

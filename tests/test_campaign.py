@@ -130,6 +130,16 @@ def test_campaign_command_mistakes_get_one_line(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[search]\nbudgett = 3\n[tasks]\nfiles = ["examples/tasks/1_LeakyReluScale.py"]\n')
     assert "budgett" in one_error_line(stark("campaign", "--config", str(cfg)))
+    files = '[tasks]\nfiles = ["examples/tasks/1_LeakyReluScale.py"]\n'
+    for text, said in (('[search]\nbudget = true\n' + files, "[search] budget must be an integer, got True"),
+                       ('[eval]\nisolate = "no"\n' + files, "unknown isolate mode 'no'"),
+                       ('[tasks]\nfiles = "x.py"\n', "[tasks] files must be a list of strings, got 'x.py'"),
+                       ('[run]\nevaluators = "two"\n' + files, "[run] evaluators must be an integer, got 'two'"),
+                       ('[run]\nevaluators = 0\n' + files, "[run] evaluators must be >= 1"),
+                       ('[caps]\nmax_cost = "5"\n' + files, "[caps] max_cost must be a number, got '5'"),
+                       ('[agents]\ntimeout_s = [1]\n' + files, "[agents] timeout_s must be a number")):
+        cfg.write_text(text)
+        assert said in one_error_line(stark("campaign", "--config", str(cfg))), text
     assert "no such campaign directory" in one_error_line(stark("campaign", "--resume", str(tmp_path / "x")))
 
 
