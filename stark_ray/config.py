@@ -68,7 +68,7 @@ class AgentConfig:
     temperature_single: float = 0.1
     max_tokens: int = 8192
     timeout_s: float = 180.0  # per call
-    max_retries: int = 4  # the SDKs' own retry with backoff on 429 / 5xx / timeouts
+    max_retries: int = 4  # retries of a transient failure (429, 5xx, timeouts), each try a row: llm/retry.py
     cassette: str | None = None  # replay provider: the JSONL to read
     record: str | None = None  # any provider: write a cassette here
     prices: dict[str, tuple[float, float]] = field(default_factory=dict)

@@ -40,6 +40,7 @@ class Behaviour:
     message: str = ""  # error message for error statuses
     no_choices: bool = False  # OpenAI: an empty choices list
     thinking: str | None = None  # Anthropic: a thinking block before the text
+    raw_body: str | None = None  # sent as is, with content-type application/json (e.g. a proxy's HTML page)
 
 
 def ok(text: str = "ok", **kw: Any) -> Behaviour:
@@ -66,6 +67,11 @@ def overloaded() -> Behaviour:
 
 def unauthorized() -> Behaviour:
     return error(401, "Incorrect API key provided", retry_after_ms=None)
+
+
+def not_json(status: int = 200) -> Behaviour:
+    """A body that is not JSON although it says so (a proxy's error page, a cut stream)."""
+    return Behaviour(status=status, raw_body="<html><body>502 Bad Gateway</body></html>")
 
 
 def slow(delay_s: float, text: str = "late") -> Behaviour:
@@ -203,7 +209,7 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             self._send(behaviour, payload)
 
         def _send(self, behaviour: Behaviour, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
+            data = (behaviour.raw_body if behaviour.raw_body is not None else json.dumps(payload)).encode()
             try:
                 self.send_response(behaviour.status)
                 self.send_header("content-type", "application/json")

@@ -77,21 +77,27 @@ TASK = TaskInfo(name="19_AddReLU", reference_source=REFERENCE, backend="cpu_cpp"
 
 @dataclass
 class ScriptedClient:
-    """Returns canned replies in order (an exception in the script is raised instead) and records requests."""
+    """Returns canned replies in order (an exception in the script is raised instead) and records requests; a
+    reply in ``cut`` comes back flagged as cut at the token limit, one in ``tries`` after that many failed tries."""
 
     script: list[str | BaseException]
     provider: str = "fake"
     model: str = "fake-1"
     requests: list[LLMRequest] = field(default_factory=list)
+    cut: set[int] = field(default_factory=set)  # indices of the script
+    tries: dict[int, int] = field(default_factory=dict)
 
     def complete(self, request: LLMRequest) -> Completion:
         self.requests.append(request)
+        index = len(self.requests) - 1
         item = self.script.pop(0)
         if isinstance(item, BaseException):
             raise item
         usage = LLMUsage(role=request.role, provider=self.provider, model=self.model,
                          input_tokens=len(request.prompt_text()) // 4, output_tokens=len(item) // 4)
-        return Completion(text=item, usage=usage)
+        failed = [LLMUsage(role=request.role, provider=self.provider, model=self.model, ok=False,
+                           error="rate_limit: HTTP 429 slow down") for _ in range(self.tries.get(index, 0))]
+        return Completion(text=item, usage=usage, truncated=index in self.cut, failed_tries=failed)
 
 
 def ok_result(ms: float) -> EvalResult:
@@ -205,6 +211,38 @@ def test_truncated_code_reply_is_an_error() -> None:
     client = ScriptedClient([plan_reply(REFERENCE), "```python\n" + CANDIDATE[:200]])
     res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
     assert res.source is None and "truncated" in (res.error or "")
+
+
+def test_a_reply_cut_at_the_token_limit_is_not_evaluated_even_when_its_code_parses() -> None:
+    client = ScriptedClient([plan_reply(REFERENCE), code_reply()], cut={1})
+    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+    assert res.source is None and res.error is not None
+    assert res.error.startswith("code: the reply hit the token limit") and "not evaluated" in res.error
+    client = ScriptedClient([code_reply()], cut={0})
+    res = debug_agent.debug(client, AgentConfig(), TASK, failed(), [failed(), root()], 8000)
+    assert res.source is None and "token limit" in (res.error or "")
+    client = ScriptedClient([plan_reply(REFERENCE)], cut={0})  # a plan whose instructions may be cut short
+    step = plan_agent.plan(client, AgentConfig(), TASK, root(), [root()], 8000)
+    assert not step.ok and "token limit" in (step.error or "") and step.asks == 1
+
+
+def test_every_failed_try_of_a_call_is_in_the_usage() -> None:
+    client = ScriptedClient([plan_reply(REFERENCE), code_reply()], tries={0: 2, 1: 1})
+    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+    assert res.ok
+    assert [(u.role, u.ok) for u in res.usage] == [("plan", False), ("plan", False), ("plan", True),
+                                                  ("code", False), ("code", True)]
+
+
+def test_the_reask_quotes_a_huge_rejected_reply_only_in_part() -> None:
+    huge = plan_reply(REFERENCE).replace("c = a + b", "c = a.add(b)") + "x" * 1_000_000
+    client = ScriptedClient([huge, plan_reply(REFERENCE)])
+    step = plan_agent.plan(client, AgentConfig(), TASK, root(), [root()], 8000)
+    assert step.ok, step.error
+    quoted = client.requests[1].messages[1].content
+    assert len(quoted) <= plan_agent.REASK_QUOTE_CHARS and "characters cut" in quoted
+    assert quoted.startswith(huge[:500])  # its head: the scaffold the error is about
+    assert len(client.requests[1].prompt_text()) < 60_000
 
 
 def test_debug_prompt_carries_log_error_and_intent() -> None:

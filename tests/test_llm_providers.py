@@ -14,6 +14,7 @@ from llm_server import (
     Behaviour,
     FakeLLMServer,
     error,
+    not_json,
     ok,
     overloaded,
     rate_limited,
@@ -137,8 +138,20 @@ def test_rate_limit_then_success(case: Case, server: FakeLLMServer) -> None:
     comp = _call(case, server, rate_limited(retry_after_ms=300), ok("second time"))
     assert comp.text == "second time"
     first, second = server.received(case.path)
-    assert second.at - first.at >= 0.25  # the SDK honoured retry-after-ms
-    assert second.headers.get("x-stainless-retry-count") == "1"
+    assert second.at - first.at >= 0.25  # retry-after-ms was honoured (llm/retry.py)
+    [failed] = comp.failed_tries  # the first try is on the record too
+    assert not failed.ok and failed.error is not None and failed.error.startswith("rate_limit: HTTP 429")
+    assert failed.role == "plan" and failed.provider == case.name
+
+
+def test_a_body_that_is_not_json_is_a_bad_response_tried_again(case: Case, server: FakeLLMServer) -> None:
+    comp = _call(case, server, not_json(), not_json(), ok("at last"))
+    assert comp.text == "at last" and len(server.received(case.path)) == 3
+    assert [u.error.split(":")[0] for u in comp.failed_tries if u.error] == ["bad_response", "bad_response"]
+    server.fallback(case.path, not_json())
+    err = _fail(case, server, max_retries=1)
+    assert (err.kind, err.transient) == ("bad_response", True)  # not JSONDecodeError
+    assert len(err.failed_tries) == 1 and err.usage is not None and not err.usage.ok
 
 
 def test_persistent_server_error_after_retries(case: Case, server: FakeLLMServer) -> None:
@@ -146,7 +159,7 @@ def test_persistent_server_error_after_retries(case: Case, server: FakeLLMServer
     err = _fail(case, server, max_retries=3)  # not the SDKs' default (2), so the setting must reach them
     assert (err.kind, err.transient) == ("server", True)
     assert len(server.received(case.path)) == 1 + 3
-    assert "500" in str(err)
+    assert "500" in str(err) and len(err.failed_tries) == 3  # every try a row
     assert err.usage is not None and err.usage.ok is False and err.usage.role == "plan"
 
 

@@ -17,6 +17,11 @@ class Reply:
     usage: LLMUsage | None
     error: str | None = None
     truncated: bool = False
+    tries: tuple[LLMUsage, ...] = ()  # the failed tries before this call's last one (each its own row)
+
+    def usages(self) -> list[LLMUsage]:
+        """Every try of this call: the failed ones, then the last."""
+        return [*self.tries, *([self.usage] if self.usage is not None else [])]
 
 
 def request(cfg: AgentConfig, role: str, system: str, messages: list[Message]) -> LLMRequest:
@@ -33,12 +38,13 @@ def ask(client: LLMClient, cfg: AgentConfig, role: str, system: str, messages: l
         if exc.fatal:
             raise
         error = f"{role}: LLM call failed ({exc.kind}): {one_line(str(exc))}"
-        return Reply(None, exc.usage or failed_usage(client, role, error), error)
+        return Reply(None, exc.usage or failed_usage(client, role, error), error, tries=tuple(exc.failed_tries))
     except Exception as exc:  # a provider bug must not end the search
         error = f"{role}: LLM call failed ({type(exc).__name__}): {one_line(str(exc))}"
         return Reply(None, failed_usage(client, role, error), error)
     text = completion.text if isinstance(completion.text, str) else ""
-    return Reply(text, completion.usage, None, bool(completion.truncated))
+    return Reply(text, completion.usage, None, bool(completion.truncated),
+                 tuple(getattr(completion, "failed_tries", ())))
 
 
 def failed_usage(client: LLMClient, role: str, error: str) -> LLMUsage:
@@ -54,4 +60,4 @@ def parse_error(role: str, error: str, reply: Reply) -> str:
 
 
 def usages(*replies: Reply) -> list[LLMUsage]:
-    return [r.usage for r in replies if r.usage is not None]
+    return [u for r in replies for u in r.usages()]

@@ -10,8 +10,13 @@ from stark_ray.prompts.parser import check_no_anchors, extract_code, source_defi
 def candidate_from(role: str, reply: Reply) -> tuple[str | None, str | None]:
     """(source, None) for a usable candidate; (None, error) otherwise.
 
-    Usable: the reply holds a Python module that parses, keeps no anchor marker and defines ``ModelNew``.
+    Usable: the reply holds a Python module that parses, keeps no anchor marker and defines ``ModelNew``, and
+    the reply was not cut at the token limit (a cut reply whose code still parses is missing its end: a kernel
+    or a function cut away, and nothing says so).
     """
+    if reply.truncated:
+        return None, (f"{role}: the reply hit the token limit (max_tokens) and was cut; its code is not "
+                      "evaluated")
     text = reply.text or ""
     outcome = extract_code(text)
     if outcome.code is None:

@@ -15,10 +15,18 @@ from stark_ray.config import AgentConfig
 from stark_ray.llm.base import LLMClient, Message
 from stark_ray.prompts.messages import plan_messages, plan_retry_message
 from stark_ray.prompts.parser import parse_plan
-from stark_ray.records import LLMUsage, Node
+from stark_ray.records import LLMUsage, Node, excerpt
 
 ROLE = "plan"
 MAX_ASKS = 2  # the first ask and one re-ask
+REASK_QUOTE_CHARS = 16_000  # of a rejected reply, quoted back with the re-ask (its head and tail): a valid plan
+# is the parent's code with anchors and instructions, so a reply far longer is mostly what was wrong
+
+
+def reask_quote(text: str, parent_source: str) -> str:
+    """The rejected reply as the re-ask quotes it: whole when it is about as long as a plan can be, else its head
+    and tail (a 1 MB reply made a 1 MB re-ask)."""
+    return excerpt(text, max(REASK_QUOTE_CHARS, 3 * len(parent_source)))
 
 
 @dataclass
@@ -52,17 +60,19 @@ def plan(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, window
     instructions: dict[int, str] = {}
     for asks in range(1, MAX_ASKS + 1):
         reply = ask(client, cfg, ROLE, system, messages)
-        if reply.usage is not None:
-            usage.append(reply.usage)
+        usage += reply.usages()
         if reply.error is not None or reply.text is None:
             return PlanStep(scaffold, instructions, usage, reply.error or "plan: empty reply", asks=asks)
+        if reply.truncated:  # instructions cut short read as complete ones: not a plan to act on
+            return PlanStep(None, {}, usage, "plan: the reply hit the token limit (max_tokens) and was cut",
+                            asks=asks)
         outcome = parse_plan(reply.text, node.source)
         if outcome.ok:
             return PlanStep(outcome.scaffold, outcome.instructions, usage, None, outcome.warnings, asks)
         scaffold, instructions = outcome.scaffold, outcome.instructions
         error = parse_error(ROLE, outcome.error or "invalid plan", reply)
         if asks < MAX_ASKS:
-            messages += [Message("assistant", reply.text),
+            messages += [Message("assistant", reask_quote(reply.text, node.source)),
                          Message("user", plan_retry_message(error.removeprefix(f"{ROLE}: "), node))]
     return PlanStep(scaffold, instructions, usage, f"{error} (still invalid after {MAX_ASKS} asks)",
                     asks=MAX_ASKS)

@@ -15,6 +15,7 @@ import anthropic
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import Completion, ConfigError, LLMRequest
 from stark_ray.llm.errors import empty_reply, from_sdk_error
+from stark_ray.llm.retry import with_retries
 from stark_ray.llm.usage import priced_usage
 
 KEY_ENV = "ANTHROPIC_API_KEY"
@@ -38,15 +39,18 @@ class AnthropicClient:
         self.cfg = cfg
         self.model = cfg.model
         self._client = anthropic.Anthropic(api_key=anthropic_api_key(cfg), base_url=cfg.base_url,
-                                           timeout=cfg.timeout_s, max_retries=cfg.max_retries)
+                                           timeout=cfg.timeout_s, max_retries=0)  # llm/retry.py retries
         self._send_temperature = True
 
     def complete(self, request: LLMRequest) -> Completion:
+        return with_retries(lambda: self._try(request), self.cfg.max_retries)
+
+    def _try(self, request: LLMRequest) -> Completion:
         label = f"anthropic {self.model}"
         start = time.monotonic()
         try:
             resp = self._create(request)
-        except anthropic.AnthropicError as exc:
+        except (anthropic.AnthropicError, ValueError) as exc:  # ValueError: a body that is not JSON
             usage = priced_usage(self.cfg, request.role, self.provider, self.model,
                                  latency_s=time.monotonic() - start)
             raise from_sdk_error(exc, anthropic, label, usage) from exc

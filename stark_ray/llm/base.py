@@ -2,7 +2,8 @@
 
 An agent builds an :class:`LLMRequest` (its role, a system prompt, the conversation so far, a temperature) and
 gets back a :class:`Completion` with the text and an :class:`~stark_ray.records.LLMUsage`. Providers raise
-:class:`LLMError` for failures that survive the SDK's own retries; agents turn that into a failed attempt.
+:class:`LLMError` for failures that survive the retries (``llm/retry.py``); agents turn that into a failed
+attempt.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Completion:
     usage: LLMUsage
     truncated: bool = False  # the reply hit max_tokens
     extra: dict[str, object] = field(default_factory=dict)
+    failed_tries: list[LLMUsage] = field(default_factory=list)  # tries before this one that failed (llm/retry.py)
 
 
 # Failures that no retry and no other prompt can fix: a run stops on them instead of spending its budget.
@@ -48,14 +50,16 @@ FATAL_KINDS = frozenset({"auth", "permission", "not_found", "billing"})
 
 
 class LLMError(Exception):
-    """A call that failed for good (after the SDK's retries). ``kind`` is a short machine-readable tag."""
+    """A call that failed for good (after its retries). ``kind`` is a short machine-readable tag."""
 
     def __init__(self, message: str, kind: str = "error", transient: bool = False,
-                 usage: LLMUsage | None = None) -> None:
+                 usage: LLMUsage | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.transient = transient
         self.usage = usage
+        self.retry_after = retry_after  # seconds the server asked to wait before another try
+        self.failed_tries: list[LLMUsage] = []  # the tries before this last one, all failed (llm/retry.py)
 
     @property
     def fatal(self) -> bool:

@@ -2,9 +2,10 @@
 
 Both official SDKs (``openai`` and ``anthropic``) share one exception layout: ``APITimeoutError`` is an
 ``APIConnectionError``; every HTTP failure is an ``APIStatusError`` carrying ``status_code`` and the decoded
-``body``. So one mapper serves both; the caller passes the SDK module. By the time an exception reaches us
-the SDK has already run its own retries (``max_retries``), so ``transient`` only tells the caller that trying
-again later could help.
+``body``. So one mapper serves both; the caller passes the SDK module. The SDKs do not retry (their clients are
+made with ``max_retries=0``): ``transient`` tells :mod:`stark_ray.llm.retry` that another try could help, and
+``retry_after`` how long the server asked it to wait. A body that is not the JSON it should be (an HTML error
+page from a proxy, a cut stream) is ``bad_response``, transient.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from stark_ray.llm.base import LLMError
+from stark_ray.llm.retry import retry_after
 from stark_ray.records import LLMUsage, one_line
 
 # HTTP status -> (kind, transient)
@@ -66,14 +68,18 @@ def from_sdk_error(exc: Exception, sdk: Any, label: str, usage: LLMUsage) -> LLM
         kind, transient = status_kind(status)
     elif isinstance(exc, sdk.APIResponseValidationError):
         kind, transient = "bad_response", False
+    elif isinstance(exc, ValueError):  # json.JSONDecodeError from the SDK's parse of a body that is not JSON
+        kind, transient = "bad_response", True
     else:
         kind, transient = "error", False
     detail = _body_message(getattr(exc, "body", None)) or str(exc) or type(exc).__name__
     where = f"HTTP {status} " if status is not None else ""
     message = f"{label}: {where}{kind}: {one_line(detail)}"
     usage.ok = False
-    usage.error = one_line(f"{kind}: {detail}", 200)
-    return LLMError(message, kind=kind, transient=transient, usage=usage)
+    usage.error = one_line(f"{kind}: {where}{detail}", 200)
+    response = getattr(exc, "response", None)
+    return LLMError(message, kind=kind, transient=transient, usage=usage,
+                    retry_after=retry_after(getattr(response, "headers", None)))
 
 
 def empty_reply(label: str, why: str, usage: LLMUsage) -> LLMError:
