@@ -41,6 +41,7 @@ SESSION_ENV = "STARK_RAY_SESSION"  # the mark every process of one local Ray car
 START_TRIES = 3
 START_TIMEOUT_S = 240.0  # one start: a busy 2-core host took 74-121 s to fail; a healthy start takes 5-30 s
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL for what is left
+STOP_DEADLINE_S = 30.0  # of SIGKILL rounds, for processes that appear while the session ends
 PORT_OPTIONS = ("--port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                 "--metrics-export-port", "--runtime-env-agent-port", "--ray-client-server-port")
 
@@ -66,7 +67,7 @@ class LocalRay:
             with contextlib.suppress(OSError):
                 self.reaper.stdin.close()
         try:
-            self.reaper.wait(timeout=4 * STOP_GRACE_S + 10)
+            self.reaper.wait(timeout=STOP_GRACE_S + STOP_DEADLINE_S + 10)
         except subprocess.TimeoutExpired:
             self.reaper.kill()
             end_session(str(self.temp_dir))
@@ -190,18 +191,24 @@ def session_processes(mark: str) -> list[int]:
 
 
 def end_session(mark: str) -> None:
-    """SIGTERM every process of the session, SIGKILL what is left after a grace period; remove its directory."""
-    for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, STOP_GRACE_S)):
+    """SIGTERM every process of the session, then SIGKILL whatever is left or appears (a dying head can still
+    start one), until a scan finds none twice in a row; remove its directory."""
+    pids = session_processes(mark)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    graceful = time.monotonic() + STOP_GRACE_S
+    while pids and time.monotonic() < graceful:
+        time.sleep(0.05)
         pids = session_processes(mark)
+    deadline, empty = time.monotonic() + STOP_DEADLINE_S, 0
+    while empty < 2 and time.monotonic() < deadline:
+        pids = session_processes(mark)
+        empty = 0 if pids else empty + 1
         for pid in pids:
             with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.05)
-            pids = session_processes(mark)
-        if not pids:
-            break
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
     if mark.startswith(tempfile.gettempdir()) or mark.startswith("/tmp/"):
         shutil.rmtree(mark, ignore_errors=True)
 
