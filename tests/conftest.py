@@ -12,6 +12,11 @@ import pytest
 # helpers shared by test modules (search_helpers, llm_server, ...) live beside the tests
 sys.path.insert(0, str(Path(__file__).parent))
 
+# Every C++ candidate of the suite has the same flags, and the suite builds a few dozen of them into one cache:
+# the precompiled torch/extension.h pays from the first build on (on 2 cores a build took 67 s without it and
+# 29 s with it; the header, once, about 75 s). A run keeps the default (eval/pch.py: after three builds).
+os.environ.setdefault("STARK_RAY_PCH_AFTER", "0")
+
 
 @pytest.fixture(scope="session")
 def shared_build_dir() -> Iterator[str]:
