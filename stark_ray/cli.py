@@ -174,16 +174,18 @@ def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
     from stark_ray.run_files import RunError
 
     signal.signal(signal.SIGTERM, _interrupt)
+    started: list[object] = []  # the run directory, once it exists
     try:
-        run_ray(run, reporter)
+        run_ray(run, reporter, on_started=started.append)
     except (TaskError, EvaluatorError, RunError) as e:
         fail(str(e))
     except LLMError as e:
         fail(f"the LLM provider refused the call ({e.kind}): {e}; what was recorded is kept", 1)
     except KeyboardInterrupt:
         fail("interrupted; everything recorded so far is in the run directory (--resume it)", 130)
-    except OSError as e:  # a full disk or a vanished directory outside the store's own handling
-        fail(f"{e}; everything acknowledged so far is recorded (--resume the run directory)", 1)
+    except OSError as e:  # a full disk, a vanished directory, a cluster that cannot be reached
+        kept = f"; everything acknowledged so far is recorded: continue with --resume {started[0]}" if started else ""
+        fail(f"{type(e).__name__}: {e}{kept}", 1)
 
 
 RESUME_OPTIONS = frozenset({"resume", "budget", "parallel", "address", "quiet", "evaluators", "executor"})
@@ -212,7 +214,8 @@ def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None,
     given = given_options(ctx)
     run_dir = existing_dir(resume, "--resume", "run directory")
     try:
-        refuse_changes([("TASK" if g in ("task", "ref_path") else g) for g in given if g not in RESUME_OPTIONS])
+        refuse_changes(["TASK" if g in ("task", "ref_path") else "--" + g.replace("_", "-")
+                        for g in given if g not in RESUME_OPTIONS])
         run = resumed(run_dir, ctx.params["budget"] if "budget" in given else None,
                       ctx.params["parallel"] if "parallel" in given else None)
         if run.finished:

@@ -98,10 +98,15 @@ def campaign(
     reporter = _reporter(True) if quiet else _campaign_reporter()
     if resume is not None:  # the recorded campaign; --budget, --parallel, the caps, where it runs may change
         run_dir = existing_dir(resume, "--resume", "campaign directory")
-        fixed = {**cli["tasks"], **cli["agents"], **cli["eval"], "policy": policy, "ablation": ablation,
-                 "epsilon": epsilon, "out": out, "config": config}
+        fixed = {"--tasks": tasks, "--kernelbench": kernelbench, "--levels": levels, "--ids": ids, "--names": names,
+                 "--subset": subset, "--provider": provider, "--model": model, "--base-url": base_url,
+                 "--cassette": cassette, "--backend": backend, "--baseline": baseline, "--trials": trials,
+                 "--seed": seed, "--isolate": isolate, "--memory-budget": memory_budget,
+                 "--compile-timeout": compile_timeout, "--policy": policy, "--ablation": ablation,
+                 "--epsilon": epsilon, "--out": out, "--config": config}
         try:
-            refuse_changes([name for name, value in fixed.items() if value not in (None, [])])
+            refuse_changes([option for option, value in fixed.items() if value not in (None, [])],
+                           "--budget, --parallel, the spending caps, --address and --evaluators")
             run = resumed(run_dir, budget, parallel)
             if run.finished:
                 typer.echo(f"{run_dir}: finished, {run.describe()}; nothing to do (a larger --budget continues it)")

@@ -170,5 +170,5 @@ class EvalConfig:
                                                        and 0 <= self.confirm_above < float("inf")):
             raise ValueError(f"confirm_above must be a speedup >= 0, got {self.confirm_above!r}")
         for name in ("compile_timeout_s", "check_timeout_s", "timing_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0")
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be > 0 seconds and finite")

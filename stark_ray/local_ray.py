@@ -133,11 +133,17 @@ def start_local_ray(num_cpus: int | None = None, num_gpus: int | None = None, en
         head_env = {**os.environ, **(env or {}), SESSION_ENV: temp_dir, "RAY_USAGE_STATS_ENABLED": "0"}
         head_env.pop("RAY_ADDRESS", None)
         out_path = Path(temp_dir) / "ray-start.log"
-        with out_path.open("wb") as out:
-            head = subprocess.Popen(head_command(temp_dir, free_ports(len(PORT_OPTIONS)), num_cpus, num_gpus),
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=head_env,
-                                    start_new_session=True)  # a Ctrl-C is the driver's to handle, in order
-        address = _await_address(temp_dir, head, timeout_s)
+        try:
+            with out_path.open("wb") as out:
+                head = subprocess.Popen(head_command(temp_dir, free_ports(len(PORT_OPTIONS)), num_cpus, num_gpus),
+                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        env=head_env, start_new_session=True)  # a Ctrl-C is the driver's
+            address = _await_address(temp_dir, head, timeout_s)
+        except BaseException:  # a Ctrl-C while it starts: nothing of it stays
+            if reaper.stdin is not None:
+                reaper.stdin.close()
+            reaper.wait()
+            raise
         if address is not None:
             return LocalRay(Path(temp_dir), address, head, reaper)
         output = out_path.read_text(errors="replace") if out_path.exists() else ""

@@ -71,6 +71,8 @@ from stark_ray.store.location import Location, locate
 log = logging.getLogger(__name__)
 _AGENT, _EVAL, _ADD, _NEXT, _BACK = "agent", "eval", "add", "next", "back"
 _UNSET: Any = object()  # a ref's value not fetched yet
+RESTART_WAIT_S = 900.0  # an evaluator that died and gives no answer for this long is not coming back
+ALIVE_AFTER_S = 10.0  # the same process answering for this long after an error was never dead
 MAX_DEATHS = 3  # evaluator deaths a candidate may be in flight for before it is charged whatever the notes say
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
@@ -115,6 +117,7 @@ class _Driver:
         self.instances: dict[int, str | None] = {}  # evaluator -> the actor process it last answered from
         self.dead: dict[int, str | None] = {}  # evaluator -> the process that died (until its restart answers)
         self.notes: dict[int, str | None] = {}  # evaluator -> what its last restart said it died running
+        self.waiting_since: dict[int, float] = {}  # evaluator -> when its first orphan came back
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -313,24 +316,7 @@ class _Driver:
                 result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {one_line(e)}")
             self._add(work.ticket, work.step, result)
         elif work.kind == _BACK:
-            try:
-                where = ray.get(ref) if value is _UNSET else value
-            except RayActorError:  # asked before Ray knew it had died, or still restarting: ask again
-                time.sleep(0.2)
-                self._await_restart(work.which)
-                return
-            info = where if isinstance(where, dict) else {}
-            instance = info.get("instance")
-            if instance is not None and instance == self.dead.get(work.which):  # the dying process answered
-                time.sleep(0.2)
-                self._await_restart(work.which)
-                return
-            log.info("evaluator %d is back after a restart", work.which)
-            self.instances[work.which], self.notes[work.which] = instance, info.get("died_running")
-            self.dead.pop(work.which, None)
-            self._judge_orphans(self.orphans.pop(work.which, []), self.notes[work.which])
-            self.dispatch.resume(work.which)
-            self._send_evaluations()
+            self._heard_back(work.which, ref, value)
         elif work.kind == _ADD:
             assert work.ticket is not None and work.step is not None
             try:
@@ -375,13 +361,52 @@ class _Driver:
         orphans.append(work)
         if len(orphans) == 1:
             self.dead[which] = work.instance
+            self.waiting_since[which] = time.monotonic()
             self.dispatch.pause(which)
             self._await_restart(which)
+
+    def _heard_back(self, which: int, ref: Any, value: Any) -> None:
+        """The answer to a ``where`` sent to evaluator ``which`` after one of its calls failed as if it had died.
+        A new process: it is back, its orphans are judged by its note. The same process, for ALIVE_AFTER_S: it
+        never died (Ray's ActorUnavailableError: unreachable for a while), so its orphans go again uncharged. No
+        answer for RESTART_WAIT_S: it is not coming back, and the run stops in one line."""
+        since = self.waiting_since.setdefault(which, time.monotonic())
+        waited = time.monotonic() - since
+        try:
+            where = ray.get(ref) if value is _UNSET else value
+        except RayActorError:  # asked before Ray knew it had died, or still restarting: ask again
+            if waited > RESTART_WAIT_S:
+                raise RunError(f"evaluator {which} died and did not come back within {RESTART_WAIT_S:.0f} s; "
+                               f"every attempt acknowledged is recorded: continue with --resume {self.dir}") from None
+            time.sleep(0.2)
+            self._await_restart(which)
+            return
+        info = where if isinstance(where, dict) else {}
+        instance = info.get("instance")
+        alive = instance is not None and instance == self.dead.get(which)
+        if alive and waited < ALIVE_AFTER_S:  # the dying process answered, or a blip: ask again a little later
+            time.sleep(0.2)
+            self._await_restart(which)
+            return
+        self.dead.pop(which, None)
+        self.waiting_since.pop(which, None)
+        orphans = self.orphans.pop(which, [])
+        if alive:
+            log.info("evaluator %d was unreachable, not dead: its %d candidate(s) go again", which, len(orphans))
+            for orphan in orphans:
+                orphan.deaths -= 1
+            self._judge_orphans(orphans, None)
+        else:
+            log.info("evaluator %d is back after a restart", which)
+            self.instances[which], self.notes[which] = instance, info.get("died_running")
+            self._judge_orphans(orphans, self.notes[which])
+        self.dispatch.resume(which)
+        self._send_evaluations()
 
     def _judge_orphans(self, orphans: list[_Work], died_running: str | None) -> None:
         """The candidate the dead evaluator was running (its note, ``died_running``) is charged; the others go
         again, to any evaluator with room. Without a note (it died while they were built or queued, or came back
-        on another host) every one goes again, and one in flight for a second such death is charged."""
+        on another host) every one goes again, and one that was in flight at two deaths is charged."""
         for work in orphans:
             assert work.ticket is not None and work.step is not None
             ran = died_running is not None and work.step.source is not None and (
@@ -488,9 +513,11 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
             raise RunError(f"{driver.unwritten}; every attempt is recorded: write it again with --resume {driver.dir}")
         return summaries
     finally:
-        driver.close()
-        closing = getattr(reporter, "close", None)
-        if callable(closing):
-            closing()
-        if started:
-            disconnect()
+        try:
+            driver.close()
+        finally:
+            closing = getattr(reporter, "close", None)
+            if callable(closing):
+                closing()
+            if started:
+                disconnect()

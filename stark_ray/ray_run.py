@@ -156,6 +156,8 @@ def start_agents(run: RayRun) -> list[Any]:
     AGENT_WORKERS), each taking its share of ``max_in_flight`` calls at once."""
     cpus = int(ray.cluster_resources().get("CPU", 1))
     n = max(1, min(AGENT_WORKERS, cpus - (run.evaluators or 1)))
+    if run.agents.provider == "replay" and run.client_factory is None:
+        n = 1  # one cassette: its threads share it (agent_pool)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)  # the driver's
     replayed = run.resume is not None and run.agents.provider == "replay"
     consumed = replay_consumed(run.resume) if replayed else frozenset()  # type: ignore[arg-type]
@@ -194,14 +196,18 @@ def checked_get(ref: Any) -> Any:
 
 
 def replay_consumed(run_dir: str | Path | Location) -> frozenset[int]:
-    """The cassette lines that answered the calls a run recorded: a resumed replay does not serve them again."""
+    """The cassette entries that answered the calls of the attempts a run recorded: a resumed replay does not
+    serve them again. The calls of an attempt whose own row was lost (written apart from it, or dropped after a
+    gap) do not count: that attempt is made again and gets the same entries."""
     try:
         rows = call_rows(run_dir)
+        trees = load_trees(run_dir)
     except FileNotFoundError:
         return frozenset()
     except StoreError as e:
         raise RunError(f"{run_dir}: {e}") from None
-    return frozenset(int(r["replay_entry"]) for r in rows if r.get("replay_entry") is not None)
+    return frozenset(int(r["replay_entry"]) for r in rows if r.get("replay_entry") is not None
+                     and r["task"] in trees and r["seq"] in trees[r["task"]].nodes)
 
 
 def recorded_tasks(run_dir: str | Path | Location) -> list[str]:

@@ -108,7 +108,7 @@ class LLMUsage:
     ok: bool = True
     error: str | None = None
     node_id: int | None = None  # the node this call produced (set once known)
-    replay_entry: int | None = None  # a replayed call: the cassette line (from 0) that answered it
+    replay_entry: int | None = None  # a replayed call: the cassette entry that answered it (its index, from 0)
 
     def to_record(self) -> dict[str, Any]:
         return asdict(self)

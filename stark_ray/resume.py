@@ -44,12 +44,12 @@ class Resumed:
                 f"(budget {self.search.budget} per task)")
 
 
-def refuse_changes(given: list[str]) -> None:
-    """RunError naming the settings given with --resume that a resume cannot change."""
-    if given:
-        names = ", ".join(g if g.isupper() else f"--{g.replace('_', '-')}" for g in given)
-        raise RunError(f"--resume continues the recorded search with its own settings; {names} cannot change "
-                       f"(only {' and '.join('--' + c for c in CHANGEABLE)} can)")
+def refuse_changes(options: list[str], allowed: str = "--budget and --parallel") -> None:
+    """RunError naming the options (as the user typed them: ``--seed``, ``TASK``) given with --resume that a
+    resume cannot change; ``allowed`` says what it can."""
+    if options:
+        raise RunError(f"--resume continues the recorded search with its own settings; {', '.join(options)} "
+                       f"cannot change (only {allowed} can)")
 
 
 def resumed(run_dir: str | Path | Location, budget: int | None = None, parallel: int | None = None) -> Resumed:

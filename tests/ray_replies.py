@@ -89,20 +89,27 @@ def echo_client() -> ScriptedClient:
     return ScriptedClient({}, default=echo_reply)
 
 
-def paced_evaluator_cls(speedup: float | None = None) -> Any:
+def paced_evaluator_cls(speedup: float | None = None, hold: str | None = None, hold_after: int = 0) -> Any:
     """The orchestration benchmark's instant evaluator (results from a hash of the source: the same in every run),
-    a quarter second per candidate so that a run can be killed between any two attempts; with ``speedup``, every
-    candidate is correct at that speedup."""
+    a quarter second per candidate; with ``speedup``, every candidate is correct at that speedup. With ``hold`` (a
+    path), every evaluation after the first ``hold_after`` waits while that file exists: a test kills the run
+    there, at a known attempt, whatever the machine's load."""
     import time
     from dataclasses import replace
+    from pathlib import Path
 
     import orchestration
     import ray
 
     @ray.remote
     class PacedEvaluator(orchestration._Instant):  # type: ignore[misc]
+        evaluated = 0
+
         def evaluate(self, task: Any, source: str) -> Any:
+            self.evaluated += 1
             time.sleep(0.25)
+            while hold is not None and self.evaluated > hold_after and Path(hold).exists():
+                time.sleep(0.1)
             if speedup is None:
                 return orchestration.instant_result(source)
             ref = orchestration.reference_result()

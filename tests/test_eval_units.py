@@ -580,3 +580,36 @@ def test_the_confirmation_sides_share_one_staging_and_the_reference_side_is_comp
         assert all(torch.allclose(out, x @ y * s) for out, (x, y, s) in zip(outs, fresh, strict=True))
     finally:
         side.release()
+
+
+def test_the_running_note_names_the_candidate_only_while_it_runs_and_never_fails_it(tmp_path: Path) -> None:
+    from stark_ray.eval.service import running_note
+    from stark_ray.records import source_digest
+
+    note = tmp_path / "stark-eval-x-0"
+    with running_note(note, "class ModelNew: ..."):
+        assert note.read_text() == source_digest("class ModelNew: ...")
+    assert not note.exists()
+    (tmp_path / "elsewhere").write_text("precious")
+    gone = tmp_path / "gone" / "note"  # a directory that vanished: the evaluation goes on without a note
+    with running_note(gone, "class ModelNew: ..."):
+        pass
+    assert (tmp_path / "elsewhere").read_text() == "precious"
+
+
+def test_the_note_directory_must_be_this_users_own_and_private(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from stark_ray.actors.evaluator import note_path, take_note
+
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    path = note_path("stark-eval-abc-0")
+    assert path is not None and path.parent.stat().st_mode & 0o777 == 0o700
+    path.write_text("0123abcd")
+    assert take_note(path) == "0123abcd" and not path.exists() and take_note(path) is None
+    path.parent.chmod(0o755)  # made readable by others (or by another user first): no note at all
+    assert note_path("stark-eval-abc-0") is None
+    os.rmdir(path.parent)
+    path.parent.write_text("a file where the directory should be")
+    assert note_path("stark-eval-abc-0") is None

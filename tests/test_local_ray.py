@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -112,16 +113,29 @@ def test_a_killed_driver_takes_its_ray_and_what_its_actors_started_with_it(tmp_p
 
 def test_a_start_that_fails_is_tried_again_and_then_said_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
     """A host too busy for Ray's agents, made on purpose: each start's dashboard agent is stopped (SIGSTOP) as it
-    appears, so the raylet gives up on it (Ray allows it about 15 s, hard-coded)."""
-    before = set(marks().values())
+    appears, so the raylet gives up on it (Ray allows it about 15 s, hard-coded). Only this test's Ray is touched:
+    its processes carry a token of the test's in their environment."""
+    token = f"STARK_TEST_TOKEN={uuid.uuid4().hex}".encode()
     stop = threading.Event()
     stopped: set[int] = set()
 
+    def carrying_the_token() -> list[int]:
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/environ", "rb") as f:
+                        if token in f.read().split(b"\0"):
+                            out.append(int(entry))
+                except OSError:
+                    continue
+        return out
+
     def freeze_agents() -> None:
         while not stop.is_set():
-            for pid, mark in marks().items():
+            for pid in carrying_the_token():
                 args = argv(pid)
-                if mark not in before and pid not in stopped and len(args) > 2 and args[2].endswith("agent.py"):
+                if pid not in stopped and len(args) > 2 and args[2].endswith("agent.py"):
                     os.kill(pid, signal.SIGSTOP)
                     stopped.add(pid)
             time.sleep(0.05)
@@ -130,7 +144,7 @@ def test_a_start_that_fails_is_tried_again_and_then_said_in_one_line(caplog: pyt
     freezer.start()
     try:
         with caplog.at_level(logging.WARNING, logger="stark_ray.local_ray"), pytest.raises(RayStartError) as e:
-            start_local_ray(tries=2)
+            start_local_ray(env={"STARK_TEST_TOKEN": token.split(b"=")[1].decode()}, tries=2)
     finally:
         stop.set()
         freezer.join()
@@ -140,7 +154,7 @@ def test_a_start_that_fails_is_tried_again_and_then_said_in_one_line(caplog: pyt
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         "local Ray start 1 of 2 failed", "local Ray start 2 of 2 failed"]
     assert len(stopped) >= 2
-    assert not [m for m in marks().values() if m not in before]  # both tries' processes are gone
+    assert carrying_the_token() == []  # both tries' processes are gone
 
 
 def test_the_cause_of_a_failed_start_is_read_from_the_raylets_log(tmp_path: Path) -> None:
@@ -154,3 +168,34 @@ def test_the_cause_of_a_failed_start_is_read_from_the_raylets_log(tmp_path: Path
     (logs / "raylet.err").write_text("")
     assert start_failure(str(tmp_path), "a\nException: The node timed out during startup.\n\n") == (
         "Exception: The node timed out during startup.")
+
+
+BROADCAST_DRIVER = """
+import os, signal, time
+import ray
+from stark_ray.ray_run import connect, disconnect
+
+connect(None)
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Doomed:
+    def pid(self):
+        return os.getpid()
+
+d = Doomed.remote()
+os.kill(ray.get(d.pid.remote()), signal.SIGKILL)  # the raylet tells every driver that a worker died
+time.sleep(8)
+print("driver done", flush=True)
+disconnect()
+"""
+
+
+def test_the_raylets_broadcasts_stay_off_the_terminal(tmp_path: Path) -> None:
+    """Ray prints "A worker died or was killed ..." on the driver's stdout whatever log_to_driver says; a run's
+    live view and ``--json`` must not get it."""
+    script = tmp_path / "driver.py"
+    script.write_text(BROADCAST_DRIVER)
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "driver done", proc.stdout
+    assert "worker died" not in (proc.stdout + proc.stderr).lower()

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from stark_ray import ray_executor
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
@@ -278,6 +278,54 @@ def test_a_store_that_stays_down_ends_the_run_in_one_line_and_loses_nothing_ackn
     on_disk = {(r["task"], r["seq"]) for r in attempt_rows(tmp_path / "run")}
     acknowledged = {(n, node.id) for n, tree in driver.view.trees.items() for node in tree}
     assert acknowledged <= on_disk
+
+
+class UnreachableEvaluator(Evaluator):
+    """Unreachable for one call (Ray's ActorUnavailableError: the process lives on); its where() always answers
+    from the same process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blipped = False
+
+    def hardware(self) -> dict[str, Any]:
+        return {"description": "fake", "class": "fake", "start_phases": {}, "instance": "only"}
+
+    def evaluate(self, task: Task, source: str) -> EvalResult:
+        if source.endswith("call 2") and not self.blipped:
+            self.blipped = True
+            raise ActorUnavailableError("the actor is temporarily unavailable", None)
+        return super().evaluate(task, source)
+
+    def where(self) -> dict[str, Any]:
+        return {"pid": 1, "instance": "only", "died_running": None}
+
+
+def test_an_evaluator_that_was_only_unreachable_charges_nothing_and_the_run_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same process answering after an error was never dead: its candidates go again, nothing is charged
+    (the driver used to ask it forever)."""
+    monkeypatch.setattr(ray_executor, "ALIVE_AFTER_S", 0.3)
+    evaluator = UnreachableEvaluator()
+    driver, memory = drive(tmp_path, monkeypatch, 0, tasks=1, budget=5, parallel=2, evaluators=[evaluator])
+    driver.loop()
+    tree = memory.memory["t0"].tree
+    assert evaluator.blipped and tree.evaluated == 5 and not [n for n in tree if n.result.stage == "crash"]
+
+
+def test_an_evaluator_that_never_comes_back_ends_the_run_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Gone(Evaluator):
+        def evaluate(self, task: Task, source: str) -> EvalResult:
+            raise RayActorError()
+
+        def where(self) -> dict[str, Any]:
+            raise RayActorError()
+
+    monkeypatch.setattr(ray_executor, "RESTART_WAIT_S", 0.5)
+    driver, _ = drive(tmp_path, monkeypatch, 0, tasks=1, budget=3, evaluators=[Gone()])
+    with pytest.raises(RunError, match=r"evaluator 0 died and did not come back within 0 s.*--resume"):
+        driver.loop()
 
 
 def test_a_full_disk_is_one_line_naming_resume_whatever_else_fails_after_it(

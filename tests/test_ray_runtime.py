@@ -379,7 +379,7 @@ from stark_ray.eval.tasks import load_task
 from stark_ray.ray_executor import RayRun, run_ray
 run = RayRun([load_task(Path({task!r}))], SearchConfig(budget={budget}, seed={seed}, epsilon={epsilon}), {agents},
              EvalConfig(), {out!r}, run_id={run_id!r}, address={address!r}, client_factory={client_factory},
-             evaluator_cls=ray_replies.paced_evaluator_cls({speedup}),
+             evaluator_cls=ray_replies.paced_evaluator_cls({speedup}, {hold!r}, {hold_after}),
              runtime_env={{"env_vars": {{"PYTHONPATH": {worker_path!r}}}}})
 run_ray(run)
 """
@@ -417,7 +417,9 @@ def test_a_run_killed_anywhere_and_resumed_grows_the_tree_of_the_uninterrupted_r
                                               task=str(TASK), budget=budget, seed=seed, out=str(tmp_path / "runs"),
                                               agents="AgentConfig()", client_factory="orchestration.scripted_client",
                                               epsilon=SearchConfig.epsilon, speedup=None,
+                                              hold=str(tmp_path / f"{run_id}.hold"), hold_after=kill_at,
                                               run_id=run_id, address=ray_cluster, worker_path=worker_path))
+        (tmp_path / f"{run_id}.hold").touch()  # evaluations after kill_at wait: the kill lands there
         proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             _wait_for_rows(tmp_path / "runs" / run_id, kill_at + 1, proc=proc)  # the reference and kill_at attempts
@@ -425,7 +427,7 @@ def test_a_run_killed_anywhere_and_resumed_grows_the_tree_of_the_uninterrupted_r
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
         recorded = len(attempt_rows(tmp_path / "runs" / run_id))
-        assert recorded < budget + 1, f"the run ended before its kill at {kill_at}"
+        assert kill_at + 1 <= recorded < budget + 1, f"{recorded - 1} attempts recorded at the kill after {kill_at}"
         resumed = RayRun([], SearchConfig(), AgentConfig(), EvalConfig(), tmp_path / "runs",
                          resume=tmp_path / "runs" / run_id, client_factory=orchestration.scripted_client,
                          evaluator_cls=ray_replies.paced_evaluator_cls())
@@ -460,16 +462,17 @@ def test_a_resumed_replay_serves_no_recorded_reply_twice(ray_cluster: str, tmp_p
     script.write_text(PACED_DRIVER.format(paths=[str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")],
                                           task=str(TASK), budget=5, seed=0, out=str(tmp_path / "runs"),
                                           agents=agents, client_factory=None, run_id="replayed", epsilon=0.0,
-                                          speedup=0.8,
+                                          speedup=0.8, hold=str(tmp_path / "hold"), hold_after=2,
                                           address=ray_cluster, worker_path=worker_path))
     run_dir = tmp_path / "runs" / "replayed"
+    (tmp_path / "hold").touch()  # the third evaluation waits: the kill lands after two attempts
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_for_rows(run_dir, 3, proc=proc)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert len(attempt_rows(run_dir)) < 6
+    assert len(attempt_rows(run_dir)) == 3
     resumed = RayRun([], SearchConfig(), AgentConfig(), EvalConfig(), tmp_path / "runs", resume=run_dir,
                      evaluator_cls=ray_replies.paced_evaluator_cls(0.8))
     resumed.tasks, resumed.search, resumed.agents, resumed.eval = resume_settings(run_dir)

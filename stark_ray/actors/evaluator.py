@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 import uuid
 from pathlib import Path
@@ -37,6 +38,7 @@ class EvaluatorActor:
         self.cfg = cfg
         self.instance = uuid.uuid4().hex  # this process of the actor (a restart is another)
         note = note_path(ray.get_runtime_context().get_actor_name() or f"evaluator-{os.getpid()}")
+        self._note = note
         self.died_running = take_note(note)  # the candidate the previous process of this actor died running
         on_gpu = get_backend(cfg.backend).device == "cuda"
         self._service: EvalService | None = None
@@ -77,20 +79,31 @@ class EvaluatorActor:
     def close(self) -> None:
         if self._service is not None:
             self._service.close()
+        take_note(self._note)  # a run that ends leaves no note behind
 
 
-def note_path(actor_name: str) -> Path:
+def note_path(actor_name: str) -> Path | None:
     """Where an Evaluator actor names the candidate on its device: in a directory of this user's alone on the
-    actor's host (the actor's processes come and go; its name stays)."""
+    actor's host (the actor's processes come and go; its name stays). None where that directory is not this
+    user's own and private (another user made it first, say): then there is no note, and a death with candidates
+    in flight sends them all again (the driver's rule without a note)."""
     folder = Path(tempfile.gettempdir()) / f"stark-ray-running-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = folder.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
     return folder / actor_name
 
 
-def take_note(note: Path) -> str | None:
+def take_note(note: Path | None) -> str | None:
     """What a dead process of this actor left in its note (and the note gone), or None."""
+    if note is None:
+        return None
     try:
-        digest = note.read_text().strip() or None
+        digest = note.read_text().strip()[:64] or None
     except OSError:
         return None
     with contextlib.suppress(OSError):

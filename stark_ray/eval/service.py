@@ -105,18 +105,28 @@ def outcome_to_result(outcome: WorkerOutcome, limits: dict[str, float], who: str
 
 @contextlib.contextmanager
 def running_note(note: Path | None, source: str | None) -> Iterator[None]:
-    """While a candidate is on the device, ``note`` holds its digest (written whole, removed after)."""
+    """While a candidate is on the device, ``note`` holds its digest (written whole through a file of its own,
+    never through a link; removed after). Bookkeeping only: a note that cannot be written fails nothing."""
     if note is None or source is None:
         yield
         return
-    tmp = note.with_name(f"{note.name}.{os.getpid()}.tmp")
-    tmp.write_text(source_digest(source))
-    os.replace(tmp, note)
+    written = False
+    tmp = note.with_name(f"{note.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(source_digest(source))
+        os.replace(tmp, note)
+        written = True
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):
-            note.unlink()
+        if written:
+            with contextlib.suppress(OSError):
+                note.unlink()
 
 
 def default_compile_workers(cpus: int) -> int:

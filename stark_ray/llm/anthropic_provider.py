@@ -6,6 +6,7 @@ answers 400 about temperature gets requests without it from then on.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -50,7 +51,7 @@ class AnthropicClient:
         start = time.monotonic()
         try:
             resp = self._create(request)
-        except (anthropic.AnthropicError, ValueError) as exc:  # ValueError: a body that is not JSON
+        except (anthropic.AnthropicError, json.JSONDecodeError) as exc:  # a body that is not JSON
             usage = priced_usage(self.cfg, request.role, self.provider, self.model,
                                  latency_s=time.monotonic() - start)
             raise from_sdk_error(exc, anthropic, label, usage) from exc

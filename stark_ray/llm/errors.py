@@ -10,6 +10,7 @@ page from a proxy, a cut stream) is ``bad_response``, transient.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from stark_ray.llm.base import LLMError
@@ -68,7 +69,7 @@ def from_sdk_error(exc: Exception, sdk: Any, label: str, usage: LLMUsage) -> LLM
         kind, transient = status_kind(status)
     elif isinstance(exc, sdk.APIResponseValidationError):
         kind, transient = "bad_response", False
-    elif isinstance(exc, ValueError):  # json.JSONDecodeError from the SDK's parse of a body that is not JSON
+    elif isinstance(exc, json.JSONDecodeError):  # the SDK's parse of a body that is not JSON
         kind, transient = "bad_response", True
     else:
         kind, transient = "error", False

@@ -7,6 +7,7 @@ is not.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -56,7 +57,7 @@ class OpenAIClient:
         start = time.monotonic()
         try:
             resp = self._create(request)
-        except (openai.OpenAIError, ValueError) as exc:  # ValueError: a body that is not JSON
+        except (openai.OpenAIError, json.JSONDecodeError) as exc:  # a body that is not JSON
             usage = priced_usage(self.cfg, request.role, self.provider, self.model,
                                  latency_s=time.monotonic() - start)
             raise from_sdk_error(exc, openai, label, usage) from exc

@@ -10,9 +10,9 @@ Replay serves each agent role from its own queue. An entry whose prompt hash equ
 different order; next an entry whose prompt differs only in numbers (runtimes and speedups are measured anew
 in every run, so a faithful replay never reproduces them digit for digit). Otherwise the next unused entry
 of that role is served anyway, with a warning and a count in ``ReplayClient.mismatches``: a changed prompt
-should not stop a replay, but it should be visible. Every call's usage names the line that answered it
-(``replay_entry``); a resumed run passes the lines its rows show were served (``consumed``), which are not
-served again.
+should not stop a replay, but it should be visible. Every call's usage names the entry that answered it
+(``replay_entry``: its index among the cassette's entries, blank lines not counted); a resumed run passes the
+entries its rows show were served (``consumed``), which are not served again.
 """
 
 from __future__ import annotations

@@ -130,8 +130,10 @@ def make_task_search(name: str, tree: Tree, search: SearchConfig, agents: AgentC
 
 def selection_rng(seed: int, index: int) -> random.Random:
     """The random state of a search's ``index``-th selection (attempts attached plus in flight when it is made):
-    a function of the seed and of what is recorded, never of the process's history. A run killed anywhere and
-    resumed, or a TreeMemory actor restarted from its rows, makes the selections the uninterrupted run makes."""
+    a function of the seed and of what is recorded, never of the process's history. With one expansion in flight
+    (``parallel`` 1, the paper's search) a run killed anywhere and resumed, or a TreeMemory actor restarted from
+    its rows, makes the selections the uninterrupted run makes; with more, the order results come back in already
+    shapes the tree, and a resume continues it with the same rule."""
     return random.Random(f"stark-select/{seed}/{index}")
 
 
