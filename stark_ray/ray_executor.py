@@ -29,6 +29,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
+from stark_ray import evaluator_deaths
 from stark_ray.actors.tree_memory import TaskSpec
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.campaign import CapTracker
@@ -36,6 +37,7 @@ from stark_ray.dispatch import EvalDispatch
 from stark_ray.eval.backends import get_backend
 from stark_ray.eval.memory import OverBudget
 from stark_ray.eval.tasks import TaskError
+from stark_ray.evaluator_deaths import EvaluatorDeaths, Verdict
 from stark_ray.llm.base import LLMError
 from stark_ray.llm.usage import UsageTotals
 from stark_ray.optimize import (
@@ -60,7 +62,7 @@ from stark_ray.ray_run import (
     start_memory,
     stop_actors,
 )
-from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
+from stark_ray.records import STAGE_CRASH, EvalResult
 from stark_ray.resume import record_changes
 from stark_ray.run_files import RUN_FILE, RunError, recorded_usage, run_record, task_summary
 from stark_ray.run_mirror import RunMirror
@@ -71,9 +73,6 @@ from stark_ray.store.location import Location, locate
 log = logging.getLogger(__name__)
 _AGENT, _EVAL, _ADD, _NEXT, _BACK = "agent", "eval", "add", "next", "back"
 _UNSET: Any = object()  # a ref's value not fetched yet
-RESTART_WAIT_S = 900.0  # an evaluator that died and gives no answer for this long is not coming back
-ALIVE_AFTER_S = 10.0  # the same process answering for this long after an error was never dead
-MAX_DEATHS = 3  # evaluator deaths a candidate may be in flight for before it is charged whatever the notes say
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
 
@@ -113,11 +112,7 @@ class _Driver:
         self.agents = start_agents(run)  # now: they start (and import) while the evaluators and references do
         self.agent_load = [0] * len(self.agents)  # calls outstanding on each
         self.unwritten: str | None = None  # a summary the end of the run could not write (a full disk)
-        self.orphans: dict[int, list[_Work]] = {}  # evaluator -> its candidates in flight when it died
-        self.instances: dict[int, str | None] = {}  # evaluator -> the actor process it last answered from
-        self.dead: dict[int, str | None] = {}  # evaluator -> the process that died (until its restart answers)
-        self.notes: dict[int, str | None] = {}  # evaluator -> what its last restart said it died running
-        self.waiting_since: dict[int, float] = {}  # evaluator -> when its first orphan came back
+        self.deaths: EvaluatorDeaths[_Work] = EvaluatorDeaths(lambda w: w.step.source if w.step else None)
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -137,7 +132,7 @@ class _Driver:
         hardware = checked_get(hardware_refs)  # EvaluatorError: this host cannot evaluate (one line)
         self.phases["evaluators_s"] = time.monotonic() - t0
         self.worker_starts = [h["start_phases"] for h in hardware]  # where each device worker's start went
-        self.instances = {i: h.get("instance") for i, h in enumerate(hardware)}
+        self.deaths.instances = {i: h.get("instance") for i, h in enumerate(hardware)}
         self.dispatch.share([h["class"] for h in hardware])
         specs = []
         self.infos: dict[str, TaskInfo] = {
@@ -193,7 +188,7 @@ class _Driver:
         while True:
             self._ask()
             idle = (all(w.kind == _BACK for w in self.pending.values()) and not self.dispatch.queue
-                    and not any(self.orphans.values()))
+                    and not self.deaths.waiting)
             self._progress(final=idle)
             if idle:  # nothing left but restarted evaluators to hear from: no candidate waits for them
                 return
@@ -310,13 +305,18 @@ class _Driver:
             try:
                 result = ray.get(ref) if value is _UNSET else value
             except RayActorError:  # its evaluator died: the restarted one says whom of its orphans to charge
-                self._orphaned(work)
+                self._act(work.which, self.deaths.lost(work.which, work, time.monotonic()))
                 return
             except RayError as e:
                 result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {one_line(e)}")
             self._add(work.ticket, work.step, result)
         elif work.kind == _BACK:
-            self._heard_back(work.which, ref, value)
+            try:
+                where = ray.get(ref) if value is _UNSET else value
+            except RayActorError:  # asked before Ray knew it had died, or still restarting
+                where = None
+            answer = (where if isinstance(where, dict) else {}) if where is not None else None
+            self._act(work.which, self.deaths.answered(work.which, answer, time.monotonic()))
         elif work.kind == _ADD:
             assert work.ticket is not None and work.step is not None
             try:
@@ -343,80 +343,34 @@ class _Driver:
         for which, work in self.dispatch.ready():
             assert work.ticket is not None and work.step is not None
             ref = self.evaluators[which].evaluate.remote(self.tasks[work.ticket.task], work.step.source)
-            work.which, work.instance = which, self.instances.get(which)
+            work.which, work.instance = which, self.deaths.instances.get(which)
             self.pending[ref] = work
 
-    def _orphaned(self, work: _Work) -> None:
-        """``work``'s evaluator died while it was in flight (running, building, or queued behind the device). The
-        first orphan pauses the evaluator (a call sent now could reach the dead process and fail too) and waits
-        for its restart; every orphan is judged when it is back (:meth:`_judge_orphans`)."""
-        which = work.which
-        work.deaths += 1
-        if work.instance is not None and which not in self.dead and work.instance != self.instances.get(which):
-            # sent to a process whose death was judged already (its error came after the restart's answer)
-            self._judge_orphans([work], self.notes.get(which))
-            self._send_evaluations()
-            return
-        orphans = self.orphans.setdefault(which, [])
-        orphans.append(work)
-        if len(orphans) == 1:
-            self.dead[which] = work.instance
-            self.waiting_since[which] = time.monotonic()
+    def _act(self, which: int, verdict: Verdict[_Work]) -> None:
+        """Carry out what :mod:`stark_ray.evaluator_deaths` decided about evaluator ``which``."""
+        if verdict.gone:
+            raise RunError(f"evaluator {which} died and did not come back within "
+                           f"{evaluator_deaths.RESTART_WAIT_S:.0f} s; every "
+                           f"attempt acknowledged is recorded: continue with --resume {self.dir}")
+        if verdict.pause:
             self.dispatch.pause(which)
             self._await_restart(which)
-
-    def _heard_back(self, which: int, ref: Any, value: Any) -> None:
-        """The answer to a ``where`` sent to evaluator ``which`` after one of its calls failed as if it had died.
-        A new process: it is back, its orphans are judged by its note. The same process, for ALIVE_AFTER_S: it
-        never died (Ray's ActorUnavailableError: unreachable for a while), so its orphans go again uncharged. No
-        answer for RESTART_WAIT_S: it is not coming back, and the run stops in one line."""
-        since = self.waiting_since.setdefault(which, time.monotonic())
-        waited = time.monotonic() - since
-        try:
-            where = ray.get(ref) if value is _UNSET else value
-        except RayActorError:  # asked before Ray knew it had died, or still restarting: ask again
-            if waited > RESTART_WAIT_S:
-                raise RunError(f"evaluator {which} died and did not come back within {RESTART_WAIT_S:.0f} s; "
-                               f"every attempt acknowledged is recorded: continue with --resume {self.dir}") from None
+        if verdict.ask_again:
             time.sleep(0.2)
             self._await_restart(which)
-            return
-        info = where if isinstance(where, dict) else {}
-        instance = info.get("instance")
-        alive = instance is not None and instance == self.dead.get(which)
-        if alive and waited < ALIVE_AFTER_S:  # the dying process answered, or a blip: ask again a little later
-            time.sleep(0.2)
-            self._await_restart(which)
-            return
-        self.dead.pop(which, None)
-        self.waiting_since.pop(which, None)
-        orphans = self.orphans.pop(which, [])
-        if alive:
-            log.info("evaluator %d was unreachable, not dead: its %d candidate(s) go again", which, len(orphans))
-            for orphan in orphans:
-                orphan.deaths -= 1
-            self._judge_orphans(orphans, None)
-        else:
-            log.info("evaluator %d is back after a restart", which)
-            self.instances[which], self.notes[which] = instance, info.get("died_running")
-            self._judge_orphans(orphans, self.notes[which])
-        self.dispatch.resume(which)
-        self._send_evaluations()
-
-    def _judge_orphans(self, orphans: list[_Work], died_running: str | None) -> None:
-        """The candidate the dead evaluator was running (its note, ``died_running``) is charged; the others go
-        again, to any evaluator with room. Without a note (it died while they were built or queued, or came back
-        on another host) every one goes again, and one that was in flight at two deaths is charged."""
-        for work in orphans:
+        for work in verdict.charge:
             assert work.ticket is not None and work.step is not None
-            ran = died_running is not None and work.step.source is not None and (
-                source_digest(work.step.source) == died_running)
-            if ran or (died_running is None and work.deaths >= 2) or work.deaths >= MAX_DEATHS:
-                result = EvalResult.failed(STAGE_CRASH, "the evaluator actor died while evaluating this candidate "
-                                           "(it is restarted; this candidate is not run again)")
-                self._add(work.ticket, work.step, result)
-            else:
-                self.dispatch.put(work.ticket.task, work)
+            self._add(work.ticket, work.step, EvalResult.failed(
+                STAGE_CRASH, "the evaluator actor died while evaluating this candidate (it is restarted; this "
+                "candidate is not run again)"))
+        for work in verdict.resend:
+            assert work.ticket is not None
+            self.dispatch.put(work.ticket.task, work)
+        if verdict.resume:
+            log.info("evaluator %d answers again", which)
+            self.dispatch.resume(which)
+        if verdict.resend or verdict.resume:
+            self._send_evaluations()
 
     def _await_restart(self, which: int) -> None:
         self.pending[self.evaluators[which].where.remote()] = _Work(_BACK, which=which)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from stark_ray import ray_executor
+from stark_ray import evaluator_deaths, ray_executor
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.campaign import Caps
@@ -305,7 +305,7 @@ def test_an_evaluator_that_was_only_unreachable_charges_nothing_and_the_run_ends
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same process answering after an error was never dead: its candidates go again, nothing is charged
     (the driver used to ask it forever)."""
-    monkeypatch.setattr(ray_executor, "ALIVE_AFTER_S", 0.3)
+    monkeypatch.setattr(evaluator_deaths, "ALIVE_AFTER_S", 0.3)
     evaluator = UnreachableEvaluator()
     driver, memory = drive(tmp_path, monkeypatch, 0, tasks=1, budget=5, parallel=2, evaluators=[evaluator])
     driver.loop()
@@ -322,7 +322,7 @@ def test_an_evaluator_that_never_comes_back_ends_the_run_in_one_line(
         def where(self) -> dict[str, Any]:
             raise RayActorError()
 
-    monkeypatch.setattr(ray_executor, "RESTART_WAIT_S", 0.5)
+    monkeypatch.setattr(evaluator_deaths, "RESTART_WAIT_S", 0.5)
     driver, _ = drive(tmp_path, monkeypatch, 0, tasks=1, budget=3, evaluators=[Gone()])
     with pytest.raises(RunError, match=r"evaluator 0 died and did not come back within 0 s.*--resume"):
         driver.loop()

@@ -1,0 +1,111 @@
+"""Which candidates a dead evaluator costs: the Ray driver's bookkeeping of evaluator deaths (no Ray here).
+
+A call to an Evaluator actor that fails as if the actor died leaves its candidate an *orphan* of that evaluator.
+The first orphan pauses the evaluator (a call sent now could reach the dead process too) and the driver asks it
+``where`` until it answers:
+
+- **a new process**: it is back; its answer names the candidate its dead process was running (the actor's note,
+  ``died_running``). That candidate is charged; the other orphans go again. Without a note (it died while they
+  were built or queued, or came back on another host) every orphan goes again, and one that was in flight at
+  two deaths is charged; any that was at :data:`MAX_DEATHS` is charged whatever the notes say.
+- **the same process**, for :data:`ALIVE_AFTER_S`: it never died (Ray's ``ActorUnavailableError``: unreachable
+  for a while); its orphans go again, uncharged.
+- **no answer** for :data:`RESTART_WAIT_S`: it is not coming back; the run stops.
+
+An orphan whose call was sent to a process whose death was judged already (its error came after the restart's
+answer) is judged at once by that restart's note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from stark_ray.records import source_digest
+
+RESTART_WAIT_S = 900.0  # an evaluator that died and gives no answer for this long is not coming back
+ALIVE_AFTER_S = 10.0  # the same process answering for this long after an error was never dead
+MAX_DEATHS = 3  # evaluator deaths a candidate may be in flight for before it is charged whatever the notes say
+
+
+class Orphan(Protocol):
+    deaths: int  # evaluator deaths this candidate was in flight for
+    instance: str | None  # the evaluator's process it was sent to
+
+
+W = TypeVar("W", bound=Orphan)
+
+
+@dataclass
+class Verdict(Generic[W]):
+    """What the driver does now about one evaluator."""
+
+    pause: bool = False  # stop sending to it, and ask it ``where``
+    ask_again: bool = False  # ask it ``where`` again, a little later
+    gone: bool = False  # it is not coming back
+    charge: list[W] = field(default_factory=list)  # recorded as crashed: the evaluator died of them
+    resend: list[W] = field(default_factory=list)  # sent again, to any evaluator with room
+    resume: bool = False  # send to it again
+
+
+class EvaluatorDeaths(Generic[W]):
+    """The deaths of a run's evaluators and the candidates they left behind."""
+
+    def __init__(self, source_of: Callable[[W], str | None]) -> None:
+        self.source_of = source_of  # a candidate's source, to match a note
+        self.instances: dict[int, str | None] = {}  # evaluator -> the process it last answered from
+        self.notes: dict[int, str | None] = {}  # evaluator -> what its last restart said it died running
+        self.dead: dict[int, str | None] = {}  # evaluator -> the process that died (until an answer)
+        self.orphans: dict[int, list[W]] = {}
+        self.since: dict[int, float] = {}  # evaluator -> when its first orphan came back
+
+    @property
+    def waiting(self) -> bool:
+        """Some candidate waits for its evaluator's answer."""
+        return any(self.orphans.values())
+
+    def lost(self, which: int, work: W, now: float) -> Verdict[W]:
+        """``work``'s call to evaluator ``which`` failed as if the actor died."""
+        work.deaths += 1
+        if work.instance is not None and which not in self.dead and work.instance != self.instances.get(which):
+            return self._judge([work], self.notes.get(which))  # a death judged already
+        orphans = self.orphans.setdefault(which, [])
+        orphans.append(work)
+        if len(orphans) > 1:
+            return Verdict()
+        self.dead[which], self.since[which] = work.instance, now
+        return Verdict(pause=True)
+
+    def answered(self, which: int, where: dict[str, Any] | None, now: float) -> Verdict[W]:
+        """Evaluator ``which`` answered ``where`` (None: the call failed too)."""
+        waited = now - self.since.setdefault(which, now)
+        if where is None:
+            return Verdict(gone=True) if waited > RESTART_WAIT_S else Verdict(ask_again=True)
+        instance = where.get("instance")
+        alive = instance is not None and instance == self.dead.get(which)
+        if alive and waited < ALIVE_AFTER_S:  # the dying process answered, or a blip: ask again a little later
+            return Verdict(ask_again=True)
+        self.dead.pop(which, None)
+        self.since.pop(which, None)
+        orphans = self.orphans.pop(which, [])
+        if alive:  # never dead: nothing of it is charged
+            for orphan in orphans:
+                orphan.deaths -= 1
+            verdict = self._judge(orphans, None)
+        else:
+            self.instances[which], self.notes[which] = instance, where.get("died_running")
+            verdict = self._judge(orphans, self.notes[which])
+        verdict.resume = True
+        return verdict
+
+    def _judge(self, orphans: list[W], died_running: str | None) -> Verdict[W]:
+        verdict: Verdict[W] = Verdict()
+        for work in orphans:
+            source = self.source_of(work)
+            ran = died_running is not None and source is not None and source_digest(source) == died_running
+            if ran or (died_running is None and work.deaths >= 2) or work.deaths >= MAX_DEATHS:
+                verdict.charge.append(work)
+            else:
+                verdict.resend.append(work)
+        return verdict
