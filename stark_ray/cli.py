@@ -219,7 +219,7 @@ def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None,
         run = resumed(run_dir, ctx.params["budget"] if "budget" in given else None,
                       ctx.params["parallel"] if "parallel" in given else None)
         if run.finished:
-            typer.echo(f"{run_dir}: finished, {run.describe()}; nothing to do (a larger --budget continues it)")
+            typer.echo(run.finished_line(run_dir))
             return
         check_credentials(run.agents)
     except (RunError, ConfigError, ValueError, TypeError) as e:

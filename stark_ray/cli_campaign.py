@@ -109,7 +109,7 @@ def campaign(
                            "--budget, --parallel, the spending caps, --address and --evaluators")
             run = resumed(run_dir, budget, parallel)
             if run.finished:
-                typer.echo(f"{run_dir}: finished, {run.describe()}; nothing to do (a larger --budget continues it)")
+                typer.echo(run.finished_line(run_dir))
                 return
             check_credentials(run.agents)
         except (RunError, ConfigError, ValueError, TypeError) as e:

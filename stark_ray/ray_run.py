@@ -156,11 +156,12 @@ def start_agents(run: RayRun) -> list[Any]:
     AGENT_WORKERS), each taking its share of ``max_in_flight`` calls at once."""
     cpus = int(ray.cluster_resources().get("CPU", 1))
     n = max(1, min(AGENT_WORKERS, cpus - (run.evaluators or 1)))
+    consumed: frozenset[int] = frozenset()
     if run.agents.provider == "replay" and run.client_factory is None:
-        n = 1  # one cassette: its threads share it (agent_pool)
+        n = 1  # one cassette, served once: one worker, whose threads share it
+        if run.resume is not None:
+            consumed = replay_consumed(run.resume)  # what the rows show was served
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)  # the driver's
-    replayed = run.resume is not None and run.agents.provider == "replay"
-    consumed = replay_consumed(run.resume) if replayed else frozenset()  # type: ignore[arg-type]
     return agent_pool(n, -(-run.max_in_flight // n), run.agents, run.search, run.client_factory, consumed,
                       scheduling_strategy=here)
 

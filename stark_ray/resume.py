@@ -43,6 +43,10 @@ class Resumed:
         return (f"{len(self.tasks)} task(s), {done} of {len(self.tasks) * self.search.budget} attempts recorded "
                 f"(budget {self.search.budget} per task)")
 
+    def finished_line(self, run_dir: object) -> str:
+        """What ``--resume`` of a finished run says."""
+        return f"{run_dir}: finished, {self.describe()}; nothing to do (a larger --budget continues it)"
+
 
 def refuse_changes(options: list[str], allowed: str = "--budget and --parallel") -> None:
     """RunError naming the options (as the user typed them: ``--seed``, ``TASK``) given with --resume that a

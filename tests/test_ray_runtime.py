@@ -274,27 +274,35 @@ def test_kill_9_of_the_driver_then_resume_loses_and_doubles_nothing(ray_cluster:
                                                                     shared_build_dir: str) -> None:
     script = driver_script(tmp_path, str(tmp_path / "runs"), "killed", ray_cluster, shared_build_dir)
     run_dir = tmp_path / "runs" / "killed"
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _wait_for_rows(run_dir, 4, proc=proc)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_driver_once_recorded(script, run_dir, 4)
     before = rows_by_seq(run_dir)
     recorded = load_trees(run_dir)["1_LeakyReluScale"]
     assert 4 <= len(before) < 11
-    resumed = RayRun([], SearchConfig(), AgentConfig(), EvalConfig(), tmp_path / "runs", resume=run_dir,
-                     client_factory=ray_replies.client)
-    from stark_ray.run_files import resume_settings
-
-    resumed.tasks, resumed.search, resumed.agents, resumed.eval = resume_settings(run_dir)
-    [summary] = run_ray(resumed)
+    [summary] = run_ray(resume_of(run_dir, client_factory=ray_replies.client))
     after = rows_by_seq(run_dir)  # raises on a node written twice
     assert summary.status == "finished" and summary.attempts == 10 and len(after) == 11
     for seq, row in before.items():  # nothing recorded before the kill was lost or changed
         assert after[seq] == row
     final = load_trees(run_dir)["1_LeakyReluScale"]
     assert final.to_records()[: len(recorded)] == recorded.to_records()
+
+
+def kill_driver_once_recorded(script: Path, run_dir: Path, rows: int) -> None:
+    """Run a driver script in a process of its own and kill -9 it once ``rows`` attempts rows are on disk."""
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for_rows(run_dir, rows, proc=proc)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def resume_of(run_dir: Path, **kw: Any) -> RayRun:
+    """The RayRun that continues ``run_dir`` with its recorded tasks and settings (what --resume builds)."""
+    from stark_ray.resume import resumed
+
+    r = resumed(run_dir)
+    return RayRun(r.tasks, r.search, r.agents, r.eval, run_dir.parent, resume=run_dir, **kw)
 
 
 def _wait_for_rows(run_dir: Path, n: int, thread: threading.Thread | None = None,
@@ -393,7 +401,6 @@ def test_a_run_killed_anywhere_and_resumed_grows_the_tree_of_the_uninterrupted_r
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import orchestration
 
-    from stark_ray.run_files import resume_settings
 
     budget, seed = 12, 5
     worker_path = os.pathsep.join([str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")])
@@ -420,19 +427,11 @@ def test_a_run_killed_anywhere_and_resumed_grows_the_tree_of_the_uninterrupted_r
                                               hold=str(tmp_path / f"{run_id}.hold"), hold_after=kill_at,
                                               run_id=run_id, address=ray_cluster, worker_path=worker_path))
         (tmp_path / f"{run_id}.hold").touch()  # evaluations after kill_at wait: the kill lands there
-        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            _wait_for_rows(tmp_path / "runs" / run_id, kill_at + 1, proc=proc)  # the reference and kill_at attempts
-        finally:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_driver_once_recorded(script, tmp_path / "runs" / run_id, kill_at + 1)  # the reference, kill_at attempts
         recorded = len(attempt_rows(tmp_path / "runs" / run_id))
         assert kill_at + 1 <= recorded < budget + 1, f"{recorded - 1} attempts recorded at the kill after {kill_at}"
-        resumed = RayRun([], SearchConfig(), AgentConfig(), EvalConfig(), tmp_path / "runs",
-                         resume=tmp_path / "runs" / run_id, client_factory=orchestration.scripted_client,
-                         evaluator_cls=ray_replies.paced_evaluator_cls())
-        resumed.tasks, resumed.search, resumed.agents, resumed.eval = resume_settings(tmp_path / "runs" / run_id)
-        [summary] = run_ray(resumed)
+        [summary] = run_ray(resume_of(tmp_path / "runs" / run_id, client_factory=orchestration.scripted_client,
+                                      evaluator_cls=ray_replies.paced_evaluator_cls()))
         assert summary.attempts == budget
         assert grown(run_id) == expected, f"killed after {recorded - 1} attempts"
 
@@ -445,7 +444,6 @@ def test_a_resumed_replay_serves_no_recorded_reply_twice(ray_cluster: str, tmp_p
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     from scripted_replies import SLOW
 
-    from stark_ray.run_files import resume_settings
     from stark_ray.store.read import call_rows
 
     cassette = tmp_path / "c.jsonl"
@@ -466,17 +464,9 @@ def test_a_resumed_replay_serves_no_recorded_reply_twice(ray_cluster: str, tmp_p
                                           address=ray_cluster, worker_path=worker_path))
     run_dir = tmp_path / "runs" / "replayed"
     (tmp_path / "hold").touch()  # the third evaluation waits: the kill lands after two attempts
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _wait_for_rows(run_dir, 3, proc=proc)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_driver_once_recorded(script, run_dir, 3)
     assert len(attempt_rows(run_dir)) == 3
-    resumed = RayRun([], SearchConfig(), AgentConfig(), EvalConfig(), tmp_path / "runs", resume=run_dir,
-                     evaluator_cls=ray_replies.paced_evaluator_cls(0.8))
-    resumed.tasks, resumed.search, resumed.agents, resumed.eval = resume_settings(run_dir)
-    [summary] = run_ray(resumed)
+    [summary] = run_ray(resume_of(run_dir, evaluator_cls=ray_replies.paced_evaluator_cls(0.8)))
     assert summary.status == "finished" and summary.attempts == 5
     calls = [r for r in call_rows(run_dir) if r["ok"]]
     served = [r["replay_entry"] for r in calls]

@@ -71,12 +71,9 @@ def agent_pool(workers: int, concurrency: int, agents: AgentConfig, search: Sear
                client_factory: ClientFactory | None = None, replay_consumed: frozenset[int] = frozenset(),
                **options: Any) -> list[Any]:
     """``workers`` AgentWorker actors, each running up to ``concurrency`` calls at once; restarted (and the calls
-    they held retried) when their process dies. A replayed run gets one worker (its threads share one cassette:
-    a reply is served once) that skips the cassette entries in ``replay_consumed`` (those a resumed run's rows
-    show were served; a worker restarted within a run starts from the same set, so it may serve again what its
-    dead process served since the run began)."""
-    if agents.provider == "replay" and client_factory is None:
-        workers = 1
+    they held retried) when their process dies. A replayed run's worker skips the cassette entries in
+    ``replay_consumed`` (those a resumed run's rows show were served; a worker restarted within a run starts from
+    the same set, so it may serve again what its dead process served since the run began)."""
     return [AgentWorker.options(num_cpus=AGENT_CPUS, max_concurrency=max(1, concurrency),  # type: ignore[attr-defined]
                                 max_restarts=-1, max_task_retries=2, **options).remote(
                                     agents, search, client_factory, replay_consumed)
