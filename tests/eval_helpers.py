@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stark_ray.records import EvalResult
+from stark_ray.records import REJECTING_FLAGS, EvalResult
 
 TIMING_NOISE_FLAGS = frozenset({"suspicious"})  # a speedup above 2x the judge's own clock could not confirm
 
@@ -13,4 +13,4 @@ def passed(r: EvalResult) -> bool:
     can overstate its speedup past 2x and the judge's clock then flags it ``suspicious`` — rightly, and beside that
     test's point. Tests about timing and its flags check ``ok`` and the flags themselves."""
     return (r.compiled and r.correct and r.runtime_ms is not None
-            and set(r.flags) & {"no_kernel", "unordered_stream", "suspicious"} <= TIMING_NOISE_FLAGS)
+            and set(r.flags) & set(REJECTING_FLAGS) <= TIMING_NOISE_FLAGS)
