@@ -353,12 +353,41 @@ def test_confirm_above_zero_sends_a_candidate_of_the_same_speed_through_the_wall
         replace(service.cfg, confirm_above=-1.0)
 
 
-def test_a_reference_with_random_numbers_in_forward_is_refused(tmp_path: Path, service: EvalService) -> None:
+NOISY = "return x * self.s + torch.rand_like(x)"  # a dropout in training mode draws like this (level2/66)
+
+
+def test_a_reference_that_draws_random_numbers_is_judged_under_each_trials_seed(tmp_path: Path,
+                                                                               service: EvalService) -> None:
+    """Every call of the reference and of the candidate comes after the same seed (the trial's; the same-address
+    trial's second call after its second contents' own): a candidate drawing as the reference does matches on every
+    trial, one that leaves the draw out (or draws once per candidate) does not."""
     path = tmp_path / "3_Noisy.py"
-    path.write_text(AFFINE_TASK.replace("return x * self.s + self.t", "return x * self.s + torch.rand_like(x)"))
+    path.write_text(AFFINE_TASK.replace("return x * self.s + self.t", NOISY))
+    task = load_task(path)
+    assert service.reference(task).ok
+    drawn = AFFINE_PY.format(body=NOISY, prelude="")
+    r = service.evaluate(task, drawn)
+    assert r.correct, r.error
+    assert "same address" in (r.log or ""), r.log  # the second call was judged too
+    assert "every timed call of both sides comes after the same seed" in (r.log or ""), r.log
+    confirmed = service.evaluate(task, drawn, replace(service.cfg, confirm_above=0.0))
+    assert confirmed.correct, confirmed.error
+    assert "outputs not compared: the reference draws random numbers" in (confirmed.log or ""), confirmed.log
+    once = ("self.__dict__.setdefault('noise', torch.rand_like(x))\n"  # one draw, at the first call, reused
+            "        return x * self.s + self.noise")
+    for body in ("return x * self.s + 0.5", once):
+        bad = service.evaluate(task, AFFINE_PY.format(body=body, prelude=""))
+        assert bad.stage == STAGE_CORRECTNESS and not bad.correct, (body, bad.error)
+
+
+def test_a_reference_that_depends_on_more_than_its_inputs_and_seed_is_refused(tmp_path: Path,
+                                                                            service: EvalService) -> None:
+    path = tmp_path / "4_Counting.py"
+    path.write_text(AFFINE_TASK.replace("return x * self.s + self.t",
+                                        "self.t = self.t + 1.0\n        return x * self.s + self.t"))
     from stark_ray.eval.tasks import TaskError
 
-    with pytest.raises(TaskError, match="not deterministic"):
+    with pytest.raises(TaskError, match=r"not deterministic .*after the same seed"):
         service.reference(load_task(path))
 
 
@@ -399,3 +428,77 @@ def test_a_candidate_that_kills_the_judge_is_charged_with_it_and_the_next_one_is
     if service.isolated:
         r = judged(service, tasks["affine"], killer)
         assert passed(r), r.error
+
+
+CENSUS_TASK = '''"""Elementwise, counting: each get_inputs() in the judge notes the tensors of its size living there."""
+import gc
+import sys
+
+import torch
+import torch.nn as nn
+
+SHAPE = (37, 211)  # a size no other tensor of the test run has
+LOG = {log!r}
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2.0 + 1.0
+
+
+def _kept():
+    """The tensors of the standard trials the judge keeps for the next candidate (inputs and outputs)."""
+    ids = set()
+    for o in gc.get_objects():
+        if type(o).__name__ != "TrialCache":
+            continue
+        for trial in o.entries.values():
+            held = [trial.ref]
+            for cell in trial.make.__closure__ or ():
+                try:
+                    held.append(cell.cell_contents)
+                except ValueError:
+                    pass
+            for v in held:
+                for t in v if isinstance(v, (list, tuple)) else [v]:
+                    if isinstance(t, torch.Tensor):
+                        ids.add(id(t))
+    return ids
+
+
+def get_inputs():
+    main = getattr(sys.modules["__main__"], "__spec__", None)
+    if main is not None and main.name == "stark_ray.eval.judge":
+        kept = _kept()
+        live = sum(1 for o in gc.get_objects()
+                   if isinstance(o, torch.Tensor) and tuple(o.shape) == SHAPE and id(o) not in kept)
+        with open(LOG, "a") as f:
+            f.write(f"{{live}}\\n")
+    return [torch.randn(*SHAPE)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_the_judge_holds_what_the_memory_plan_counts_at_every_trial(tmp_path: Path, service: EvalService) -> None:
+    """What the judge holds whenever it makes inputs (a trial's, or the ones it checks the worker's call against,
+    which is what it held through that call), for a task whose output is its input's size: at most the shared
+    copy of the inputs, the output slots and the reference's output (eval/memory.py's phases: on a 6 GB task each
+    one more is 6 GB beside the worker's call). A loop variable once kept the second contents' last tensor alive
+    through the same-address trial's second call: 4 (and 25_Swish out of memory at 40 GB)."""
+    log = tmp_path / "census.txt"
+    path = tmp_path / "5_Census.py"
+    path.write_text(CENSUS_TASK.format(log=str(log)))
+    task = load_task(path)
+    source = AFFINE_PY.format(body="return x * 2.0 + 1.0", prelude="").replace(
+        "def __init__(self, s, t):\n        super().__init__()\n        self.s, self.t = s, t",
+        "def __init__(self):\n        super().__init__()")
+    # one trial: the same-address trial's second contents are made afresh (not a kept trial's), census included
+    r = service.evaluate(task, source, replace(service.cfg, trials=1))
+    assert r.correct, r.error
+    assert "same address" in (r.log or ""), r.log
+    seen = [int(line) for line in log.read_text().split()]
+    # the last: the check of the second call (the shared inputs, the slots, the second contents' reference output)
+    assert len(seen) >= 6 and seen[-1] == 3 and max(seen) <= 3, seen

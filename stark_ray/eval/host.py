@@ -343,6 +343,11 @@ class CandidateHost:
                     notes.append(f"its kernels use {len(report.side_streams)} more stream(s), in order with the "
                                  "current one: both sides timed without a head start, up to a device-wide sync")
         fns = [state.model, cur.model]
+        seed = msg.get("seed")
+        if isinstance(seed, int):  # a reference that draws random numbers: both sides' calls after the same seed
+            fns = [_seeded(fn, seed) for fn in fns]
+            notes.append("the reference draws random numbers: every timed call of both sides comes after the same "
+                         "seed (a few microseconds each, inside the timed call)")
         tol = Tolerances.of(cfg)
 
         def check(out: Any, ref: Any) -> str | None:
@@ -588,6 +593,14 @@ def _clone(values: list[Any]) -> list[Any]:
 
 def _stats(s: Stats) -> dict[str, float]:
     return {"median": s.median, "mean": s.mean, "std": s.std, "min": s.min, "n": s.n}
+
+
+def _seeded(fn: Callable[..., Any], seed: int) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        torch.manual_seed(seed)
+        return fn(*args)
+
+    return call
 
 
 def _warmup_ms(state: TaskState) -> float:

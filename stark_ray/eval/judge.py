@@ -48,7 +48,7 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.exchange import ExchangeError, Outbox
 from stark_ray.eval.garbage import collect, collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
-from stark_ray.eval.inputs import clone_all, make_inputs, same_values, share_storage
+from stark_ray.eval.inputs import make_inputs, same_values, share_storage
 from stark_ray.eval.judge_memory import JudgeMemory
 from stark_ray.eval.lifetime import become_subreaper, die_with_parent
 from stark_ray.eval.memory import (
@@ -92,7 +92,7 @@ WORKER_FLAGS = ("no_kernel", "extra_stream", "unordered_stream")  # what the wor
 KEPT_TASKS = 32  # task references the judge keeps, as the worker does
 KEPT_CPU_BYTES = 4 << 30
 RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
-LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial's inputs this large, cached blocks go back to the device
+LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial this large (inputs and slots), cached blocks go back to the device
 _ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
 GB = 1e9
 PINGS = 5  # round trips measured to a fresh worker (the least counts)
@@ -178,14 +178,22 @@ class Judge:
         # a get_inputs that hands out the same tensors every time: the reference never runs on them themselves
         task.fresh_inputs = not share_storage(_tensors(made), _tensors(other))
         del other
-        with torch.no_grad():  # no reseeding: a forward that draws random numbers gives other outputs
-            again = model(*clone_all(made))
+        # after the same seed, as every call of the reference and the candidate is made: a forward that draws from
+        # torch's generators (a dropout in training mode) gives the same outputs, one that depends on anything else
+        # does not
+        again = task.run(made, first.seed, private=task.fresh_inputs)
         del made
         same = compare_outputs(again, first.ref, Tolerances.of(cfg))
         del again
         if not same.ok:
-            raise TaskError(f"task {name}: the reference is not deterministic (two calls on the same inputs differ: "
-                            f"{same.problem}); its forward must not draw random numbers")
+            raise TaskError(f"task {name}: the reference is not deterministic (two calls on the same inputs after "
+                            f"the same seed differ: {same.problem}); its forward must depend only on its inputs and "
+                            "torch's seeded generators")
+        # once more without the seed (make_inputs leaves the generator past the inputs' draws): a forward that draws
+        # random numbers is told apart, and its timed calls are seeded too
+        drift = task.run(make_inputs(task.get_inputs, first.seed, 1.0, device), None, private=task.fresh_inputs)
+        task.draws_random = not compare_outputs(drift, first.ref, Tolerances.of(cfg)).ok
+        del drift
         self.tasks[key] = task
         self._evict(key)
         self._tell_plan(task)
@@ -463,7 +471,9 @@ class _Candidate:
         self.lap("checks")
 
         self.clock.enter(PHASE_TIME)
-        timed = self.step(OP_TIME, {}, label="while timing").get("timed")
+        # a forward that draws random numbers: each timed call of either side after the same seed
+        timed = self.step(OP_TIME, {"seed": self.cfg.seed} if self.task.draws_random else {},
+                          label="while timing").get("timed")
         if not isinstance(timed, dict):
             raise Decided(protocol_broken("no answer to time"), recycle=True)
         checks = (f"correct over {self.cfg.trials} trials and {special} more (blocks, sensitivity, same address) "
@@ -524,7 +534,7 @@ class _Candidate:
         coming = trial.input_bytes + sum(nbytes_of(trial.ref))  # the shared copy of the inputs and the slots
         self.judge.memory.close_interval()  # the peak of making the trial apart from that of sharing it
         self.judge.memory.cap_self(coming)
-        if trial.input_bytes > LARGE_TRIAL_BYTES:  # the shared buffers come from the device itself
+        if coming + trial.input_bytes > LARGE_TRIAL_BYTES:  # the shared buffers come from the device itself
             _release_cached(self.task.device)
         self.judge.memory.room_for_shared(coming + trial.input_bytes)  # and the inputs made to be copied
         box = Outbox()
@@ -547,24 +557,28 @@ class _Candidate:
             trial.ref = None  # judged: not held while the second contents and their outputs are made
             second = trial.then()  # the same tensors, new contents
             made = second.make()
-            contents = _tensors(made)
-            if len(contents) != len(views):
-                raise TaskError(f"task {self.task.name}: get_inputs() gave two structures for one task")
-            for view, t in zip(views, contents, strict=True):
-                view.copy_(t)
-            del contents
+            self._write_into(views, made)
             # the reference on the judge's own set, never on the shared tensors (the candidate's process can write
             # them); it may change that set: the shared copy was written first
             second_ref = second.reference(self.task, made)
             del made
             box.poison_slots()
             synchronize(self.task)
-            msg = self.step(OP_RUN, {"same": True, "seed": trial.seed}, label=f"{trial.label}, second call")
+            msg = self.step(OP_RUN, {"same": True, "seed": second.seed}, label=f"{trial.label}, second call")
             return self._verdict(msg, f"{trial.label}, second call", second_ref, slots, views, second.make)
         finally:
             self.judge.memory.close_interval()
             box.release()
             self.judge.memory.cap_self()  # the shared buffers gone: the next trial is made under the new cap
+
+    def _write_into(self, views: list[torch.Tensor], made: list[Any]) -> None:
+        """The second contents written into the shared tensors. A function of its own: no name of a loop here
+        outlives it (a loop variable kept the last 6 GB input alive beside the worker's second call)."""
+        contents = _tensors(made)
+        if len(contents) != len(views):
+            raise TaskError(f"task {self.task.name}: get_inputs() gave two structures for one task")
+        for view, t in zip(views, contents, strict=True):
+            view.copy_(t)
 
     def _slots(self, box: Outbox, ref: Any) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
         slots: dict[str, torch.Tensor] = {}

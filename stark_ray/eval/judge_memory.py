@@ -125,6 +125,7 @@ class JudgeMemory:
         outside torch's allocator, which the caps hold)."""
         if not self.budget:
             return
+        give_back_cached()  # cached blocks are not held: a forward's workspaces (cuDNN's) can leave GBs cached
         held = self._held()
         if held + nbytes > self.budget:
             raise torch.OutOfMemoryError(f"the trial's shared buffers ({nbytes / GB:.2f} GB) do not fit in the memory "

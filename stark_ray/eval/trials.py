@@ -135,6 +135,7 @@ class JudgeTask:
     plan: Plan | None = None
     planned_for: int = 0  # the budget the plan was made for
     fresh_inputs: bool = False  # get_inputs() makes new tensors each call (the judge checks once per task)
+    draws_random: bool = False  # the forward draws from torch's generators (a dropout): every call seeded alike
 
     def get_inputs(self) -> list[Any]:
         from stark_ray.eval.tasks import make_task_inputs
@@ -144,10 +145,12 @@ class JudgeTask:
     def held_bytes(self) -> int:
         return self.cache.used + param_bytes(self.model)
 
-    def run(self, inputs: list[Any], seed: int, private: bool = False) -> Any:
-        """The reference's output for ``inputs``: on a copy (a reference that works in place keeps them), or on
-        ``inputs`` themselves where they are ``private`` (the caller's to lose: one input's worth less memory)."""
-        torch.manual_seed(seed)
+    def run(self, inputs: list[Any], seed: int | None, private: bool = False) -> Any:
+        """The reference's output for ``inputs`` after ``torch.manual_seed(seed)`` (None: no reseeding): on a copy
+        (a reference that works in place keeps them), or on ``inputs`` themselves where they are ``private`` (the
+        caller's to lose: one input's worth less memory)."""
+        if seed is not None:
+            torch.manual_seed(seed)
         try:
             with torch.no_grad():
                 out = self.model(*(inputs if private else clone_all(inputs)))
@@ -248,16 +251,19 @@ class _Blocks:
             flat[a:b].mul_(f)
 
 
-def changed_copy(make: Callable[[], Inputs], change: Change) -> tuple[Inputs, int]:
-    """A private copy of ``make()``'s inputs (never changed itself: it may be the task's own tensors), changed in
-    place; how many inputs were changed."""
-    inputs = clone_all(make())
+def changed_copy(task: JudgeTask, make: Callable[[], Inputs], change: Change) -> tuple[Inputs, int]:
+    """``make()``'s inputs changed in place, on a copy where they may be the task's own tensors (``get_inputs`` hands
+    out the same tensors: ``JudgeTask.fresh_inputs`` False); how many inputs were changed. Fresh inputs are changed
+    as made: a copy of a 6 GB set would hold two sets at once beside the base trial's output."""
+    made = make()
+    inputs = made if task.fresh_inputs else clone_all(made)
+    del made
     return inputs, change_in_place(inputs, change)
 
 
-def _changed(make: Callable[[], Inputs], change: Change) -> Callable[[], Inputs]:
+def _changed(task: JudgeTask, make: Callable[[], Inputs], change: Change) -> Callable[[], Inputs]:
     def changed() -> Inputs:
-        return changed_copy(make, change)[0]
+        return changed_copy(task, make, change)[0]
 
     return changed
 
@@ -275,7 +281,7 @@ def finite_where(out: Any, base: Any) -> bool:
 def blocks_trial(task: JudgeTask, base: Trial, gen: torch.Generator) -> tuple[Trial | None, str]:
     """Floating inputs scaled block by block (random cuts and factors): a (trial, note)."""
     blocks = _Blocks(gen)
-    inputs, changed = changed_copy(base.make, blocks)
+    inputs, changed = changed_copy(task, base.make, blocks)
     if not changed:
         return None, "blocks trial left out: no floating input to scale"
     label = "blocks trial (inputs scaled block by block, by 0.01 to 1)"
@@ -287,7 +293,7 @@ def blocks_trial(task: JudgeTask, base: Trial, gen: torch.Generator) -> tuple[Tr
         del inputs
     if not finite_where(ref, base.ref):
         return None, "blocks trial left out: the reference is not finite on it"
-    return Trial(label, _changed(base.make, blocks), ref, base.seed, input_bytes=base.input_bytes), ""
+    return Trial(label, _changed(task, base.make, blocks), ref, base.seed, input_bytes=base.input_bytes), ""
 
 
 class _Perturbation:
@@ -317,9 +323,9 @@ class _Perturbation:
         return multiply
 
 
-def _sensitive(change: _Perturbation, factor: float, ref: Any, base: Trial) -> Trial:
+def _sensitive(task: JudgeTask, change: _Perturbation, factor: float, ref: Any, base: Trial) -> Trial:
     return Trial(f"sensitivity trial ({change.count} elements of each floating input x{factor:g})",
-                 _changed(base.make, change.by(factor)), ref, base.seed, input_bytes=base.input_bytes)
+                 _changed(task, base.make, change.by(factor)), ref, base.seed, input_bytes=base.input_bytes)
 
 
 def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: Tolerances
@@ -339,7 +345,7 @@ def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: T
         change = _Perturbation(SENSITIVE_COUNTS[ci], gen)
         for fi in range(start_factor if ci == start_count else 0, len(SENSITIVE_FACTORS)):
             factor = SENSITIVE_FACTORS[fi]
-            inputs, changed = changed_copy(base.make, change.by(factor))
+            inputs, changed = changed_copy(task, base.make, change.by(factor))
             if not changed:
                 return None, "sensitivity trial left out: no floating input to change"
             try:
@@ -356,17 +362,17 @@ def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: T
                 continue
             if not want_strong or not compare_outputs(base.ref, ref, strong).ok:
                 task.sensitivity = (ci, fi, want_strong)
-                return _sensitive(change, factor, ref, base), ""
+                return _sensitive(task, change, factor, ref, base), ""
             if fallback is None:
                 fallback = (ci, fi, change)
             del ref
     if fallback is not None:
         ci, fi, change = fallback
         task.sensitivity = (ci, fi, False)
-        inputs, _ = changed_copy(base.make, change.by(SENSITIVE_FACTORS[fi]))  # the same positions
+        inputs, _ = changed_copy(task, base.make, change.by(SENSITIVE_FACTORS[fi]))  # the same positions
         ref = task.run(inputs, base.seed, private=True)
         del inputs
-        return _sensitive(change, SENSITIVE_FACTORS[fi], ref, base), ""
+        return _sensitive(task, change, SENSITIVE_FACTORS[fi], ref, base), ""
     task.sensitivity = (0, 0, True)
     return None, "sensitivity trial left out: no change of a few input elements moves the reference's output"
 
