@@ -4,10 +4,13 @@ For each task and budget, one service (``cuda`` backend, isolation as by default
 reference (``--baseline compile``: also torch.compile's), then evaluates one candidate that exercises every phase
 of the evaluator: the reference's own forward as ``ModelNew``, which must come out correct and flagged
 ``no_kernel``. One CSV row per (task, budget), appended as soon as it is known, so a sweep spans several runs:
-rows already in the CSV are skipped (``--stop-after`` ends a run cleanly before a device call's limit).
+rows already in the CSV are skipped (``--stop-after`` ends a run cleanly before a device call's limit), and
+``--retry-failed`` runs again the tasks whose row is not ok (after a fix: the newer row stands, the older stays
+in the file as a record).
 
     python benchmarks/kernelbench_sweep.py --kernelbench ../shared/kernelbench --budget 40 --levels 1
     python benchmarks/kernelbench_sweep.py --budget 80 default --only-failed-at 40   # what 40 GB could not hold
+    python benchmarks/kernelbench_sweep.py --budget 40 --only-failed-at 40 --retry-failed   # after a fix
     python benchmarks/kernelbench_sweep.py --summary            # the CSV, summed up per budget
 
 On the device machine (which does not see ../shared), carry the data in the checkout (``--kernelbench .kb``) and
@@ -102,16 +105,17 @@ class SmiSampler:
             proc.kill()
 
 
-def done_rows(path: Path) -> set[tuple[str, str]]:
-    return set(statuses(path))
+def latest_rows(path: Path) -> dict[tuple[str, str], dict[str, str]]:
+    """(task, budget) -> the CSV's last row for it (a task run again after a fix: the newer row stands)."""
+    if not path.exists():
+        return {}
+    with path.open() as f:
+        return {(f"level{r['level']}/{r['name']}", r["budget"]): r for r in csv.DictReader(f)}
 
 
 def statuses(path: Path) -> dict[tuple[str, str], str]:
     """(task, budget) -> status, for the rows of the CSV."""
-    if not path.exists():
-        return {}
-    with path.open() as f:
-        return {(f"level{r['level']}/{r['name']}", r["budget"]): r["status"] for r in csv.DictReader(f)}
+    return {key: r["status"] for key, r in latest_rows(path).items()}
 
 
 def laps(log: str) -> dict[str, float]:
@@ -183,8 +187,9 @@ def sweep(args: argparse.Namespace) -> None:
         if new_file:
             writer.writeheader()
         for budget in args.budget:
-            done = done_rows(args.csv)
-            todo = [r for r in refs if (r.qualified, budget) not in done]
+            known = statuses(args.csv)
+            todo = [r for r in refs if (r.qualified, budget) not in known
+                    or (args.retry_failed and known[(r.qualified, budget)] != "ok")]
             print(f"budget {budget}: {len(todo)} of {len(refs)} tasks to run", flush=True)
             if not todo:
                 continue
@@ -217,8 +222,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def summary(path: Path) -> None:
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
+    rows = list(latest_rows(path).values())
     for budget in sorted({r["budget"] for r in rows}):
         mine = [r for r in rows if r["budget"] == budget]
         by_status: dict[str, list[dict[str, str]]] = {}
@@ -253,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--baseline", default="eager", choices=("eager", "compile"))
     p.add_argument("--only-failed-at", default=None, metavar="BUDGET",
                    help="only the tasks whose row at this budget is not ok (e.g. 80 GB for those over 40)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run again the tasks whose row at a swept budget is not ok (the newer row stands)")
     p.add_argument("--confirm", action="store_true",
                    help="every candidate through the judge's wall-clock confirmation (else only a speedup above 2x)")
     p.add_argument("--backend", default="cuda")
