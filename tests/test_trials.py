@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import Tolerances, compare_outputs
+from stark_ray.eval.inputs import make_inputs, trial_scale
 from stark_ray.eval.trials import (
     JudgeTask,
     all_trials,
@@ -299,3 +300,36 @@ def test_a_derived_trials_inputs_are_changed_as_made_unless_they_are_the_tasks_o
         made = trial.make()
         assert not torch.equal(made[0], before[0])  # changed ...
     assert all(torch.equal(x, y) for x, y in zip(own.made, before, strict=True))  # ... on a copy
+
+
+def test_a_scaled_trials_inputs_are_scaled_as_made_unless_they_are_the_tasks_own() -> None:
+    """The scaled standard trials (x4, x0.125) scale fresh inputs in place: a scaled copy held the drawn set beside
+    it, two sets where the memory plan counts one (on the H200 at 40 GB: 38_L1Norm_'s 8.6 GB input beside its
+    output and the drawn copy, out of memory while the judge shared the trial; 45_Average_Pooling_2D's 17 GB). A
+    get_inputs that hands out the task's own tensors, or one tensor twice, is scaled on a copy, never changed."""
+    shape = (31, 79)  # a size no other tensor of the test run has
+    fresh = task(Mse(), Module(shape))
+    fresh.fresh_inputs = True
+    fresh.cache.limit(0)
+    scaled = [k for k in range(CFG.trials) if trial_scale(k, CFG.trials) != 1.0]
+    assert len(scaled) == 2
+    for k in scaled:
+        trial = standard_trial(fresh, CFG, k)
+        trial.ref = None
+        peak = LivePeak(shape)
+        with peak:
+            made = trial.make()
+        assert peak.high <= 2, (trial.label, peak.high)  # the two inputs, no copy beside them
+        plain = make_inputs(fresh.get_inputs, trial.seed)
+        assert torch.equal(made[0], plain[0] * trial_scale(k, CFG.trials))  # the same values as on a copy
+        del made, plain
+    own = SameTensors(shape)
+    shared = task(Mse(), own)
+    shared.cache.limit(0)
+    made = standard_trial(shared, CFG, scaled[0]).make()
+    assert own.made is not None and not torch.equal(made[0], own.made[0])  # scaled on a copy
+    x = torch.rand(shape)
+    before = x.clone()
+    twice = make_inputs(lambda: [x, x], 0, 4.0, fresh=True)  # one tensor twice: scaled once each, on copies
+    assert torch.equal(twice[0], 4.0 * before) and torch.equal(twice[1], 4.0 * before)
+    assert torch.equal(x, before)

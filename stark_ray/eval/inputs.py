@@ -33,10 +33,29 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return value
 
 
-def scale_floats(values: list[Any], factor: float) -> list[Any]:
+def scale_floats(values: list[Any], factor: float, in_place: bool = False) -> list[Any]:
+    """Floating tensors of ``values`` times ``factor``: ``in_place`` where they are the caller's own (a scaled copy
+    of an 8 GB input holds the original beside it), as far as each is a plain contiguous tensor of its own storage
+    (an alias scaled twice, an expanded view or a leaf that requires grad: scaled on a copy)."""
     if factor == 1.0:
         return values
-    return list(map_tensors(values, lambda t: t * factor if t.is_floating_point() else t))
+    if not in_place:
+        return list(map_tensors(values, lambda t: t * factor if t.is_floating_point() else t))
+    tensors: list[torch.Tensor] = []
+    map_tensors(values, tensors.append)
+    storages = [t.untyped_storage().data_ptr() for t in tensors if t.untyped_storage().nbytes()]
+    alone = len(storages) == len(set(storages))
+
+    def scale(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point():
+            return t
+        if alone and t.is_contiguous() and not t.requires_grad:
+            with torch.no_grad():
+                return t.mul_(factor)
+        return t * factor
+
+    del tensors
+    return list(map_tensors(values, scale))
 
 
 def clone_all(values: list[Any]) -> list[Any]:
@@ -50,23 +69,25 @@ def to_device(values: list[Any], device: str) -> list[Any]:
 
 
 def make_inputs(get_inputs: Callable[[], Any], seed: int, scale: float = 1.0,
-                device: str = "cpu") -> list[Any]:
+                device: str = "cpu", fresh: bool = False) -> list[Any]:
     """``get_inputs()`` with the RNG seeded, floating inputs scaled, on ``device``. On a GPU the task's tensors are
     made there (torch's default device set to it: a 6 GB input takes milliseconds, not a CPU draw and a copy); a
     ``get_inputs`` that fails so is run again on the CPU and its tensors moved. The values differ from a CPU draw
-    of the same seed (the distributions do not); every process of the evaluator draws them the same way."""
+    of the same seed (the distributions do not); every process of the evaluator draws them the same way. ``fresh``:
+    ``get_inputs`` makes new tensors on every call (as the judge checks once per task), so they are scaled in place;
+    else on a copy (they may be the task's own)."""
     if device != "cpu":
         torch.manual_seed(seed)
         try:
             with torch.device(device):
-                return to_device(scale_floats(list(get_inputs()), scale), device)
+                return to_device(scale_floats(list(get_inputs()), scale, fresh), device)
         except torch.OutOfMemoryError:
             raise  # the device is full: made on the CPU, the values would differ from those made here before
         except Exception as e:  # made on the CPU instead (its error, if any, comes again below)
             if isinstance(e.__cause__, torch.OutOfMemoryError) or "out of memory" in str(e):
                 raise
     torch.manual_seed(seed)
-    return to_device(scale_floats(list(get_inputs()), scale), device)
+    return to_device(scale_floats(list(get_inputs()), scale, fresh), device)
 
 
 SAME_CHUNK = 1 << 26  # elements compared at a time: the comparison's temporaries stay small beside a 6 GB input

@@ -170,7 +170,7 @@ def trial_label(trial: int, trials: int) -> str:
 
 def _maker(task: JudgeTask, seed: int, scale: float) -> Callable[[], Inputs]:
     def make() -> Inputs:
-        return make_inputs(task.get_inputs, seed, scale, task.device)
+        return make_inputs(task.get_inputs, seed, scale, task.device, fresh=task.fresh_inputs)
 
     return make
 
