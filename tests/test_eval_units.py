@@ -156,6 +156,30 @@ def test_timing_interleaves_and_reports() -> None:
     assert Stats.of([1.0, 2.0, 3.0]).median == 2.0 and abs(Stats.of([1.0, 3.0]).cv - 2 ** 0.5 / 2) < 1e-12
 
 
+def test_timing_without_a_check_holds_one_output_at_a_time() -> None:
+    """The reference timed against itself and torch.compile (``--baseline compile``): three functions in a round,
+    no check. Each output goes with its call: on the H200 three 6 GB outputs held at once put 19_ReLU and every
+    element-wise level-1 task out of memory at 40 GB, one output more than the memory plan counts. With a check,
+    the round's outputs are kept for it (the reference's beside the candidate's: what the plan counts)."""
+    import weakref
+
+    live: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
+    seen: list[int] = []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        seen.append(len(live))  # outputs still alive when the next call starts
+        out = x + 1
+        live.add(out)
+        return out
+
+    sets = make_input_sets(lambda: [torch.randn(16)], seed=0, device="cpu", count=2)
+    time_interleaved([f, f, f], sets, CpuTimer(), warmup=1, trials=3)
+    assert seen and max(seen) == 0, seen
+    seen.clear()
+    time_interleaved([f, f], sets, CpuTimer(), warmup=1, trials=3, check=lambda out, ref: None)
+    assert max(seen) == 1, seen  # the round's first output, kept for the check
+
+
 def test_timing_checks_every_timed_output_against_the_reference() -> None:
     """A candidate that memoises its first output is caught when the rotating input sets come round."""
     cache: dict[str, torch.Tensor] = {}

@@ -231,9 +231,10 @@ class CandidateHost:
                                        self._trials(cfg), None, _warmup_ms(state), cfg.timing_precision)
         except TaskError:
             raise
-        except torch.OutOfMemoryError:
+        except torch.OutOfMemoryError as e:
             raise TaskError(f"task {state.name}: the reference ran out of device memory while being timed "
-                            "(the memory budget, or what else the device holds)") from None
+                            f"(the memory budget, or what else the device holds: {describe_exception(e)[:300]})"
+                            ) from None
         except Exception as e:
             raise TaskError(f"task {state.name}: reference forward failed: {describe_exception(e)}") from None
         finally:
