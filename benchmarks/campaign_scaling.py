@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(run_one(args)), flush=True)
         return 0
 
-    print(f"campaign scaling: {len(args.tasks)} tasks, budget {args.budget}, parallel {args.parallel}, "
+    what = (f"KernelBench {args.subset} levels {args.levels or 'all'}" if args.kernelbench
+            else f"{len(args.tasks)} tasks")
+    print(f"campaign scaling: {what}, budget {args.budget}, parallel {args.parallel}, "
           f"backend {args.backend}, seed {args.seed}; configurations: {args.gpus} GPU(s)", flush=True)
     results = []
     for n in args.gpus:
