@@ -358,13 +358,14 @@ def test_devices_view_and_report_section(tmp_path: Path) -> None:
         nodes[task] = [ref, candidate(1, on(dev, 1.0, timed(5.0, 10.0))), candidate(2, on(dev, 2.0, wrong()))]
     run = write_run(tmp_path, "run-d", nodes)
     with connect(run) as con:
-        got = rows(con, "SELECT device, evaluations, candidates, tasks, busy_s, span_s >= 0 AS spans, "
-                        "first_at <= last_at AS ordered FROM devices ORDER BY device")
+        got = rows(con, "SELECT device, evaluations, candidates, tasks, busy_s, search_busy_s, "
+                        "span_s > 0 AND busy_share > 0 AS spans, first_at <= last_at AS ordered FROM devices "
+                        "ORDER BY device")
     assert got == [
-        {"device": "h:gpu0", "evaluations": 6, "candidates": 4, "tasks": 2, "busy_s": 7.0, "spans": True,
-         "ordered": True},
-        {"device": "h:gpu1", "evaluations": 3, "candidates": 2, "tasks": 1, "busy_s": 3.5, "spans": True,
-         "ordered": True},
+        {"device": "h:gpu0", "evaluations": 6, "candidates": 4, "tasks": 2, "busy_s": 7.0, "search_busy_s": 6.0,
+         "spans": True, "ordered": True},
+        {"device": "h:gpu1", "evaluations": 3, "candidates": 2, "tasks": 1, "busy_s": 3.5, "search_busy_s": 3.0,
+         "spans": True, "ordered": True},
     ]
     text = write_report(run).read_text()
     assert "## Devices" in text

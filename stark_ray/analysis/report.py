@@ -124,9 +124,11 @@ def render(r: Report, source: Path | Location, runs: Sequence[Path | Location]) 
         out.append("No failed attempts.")
     out.append("")
     if r.devices:
-        out += ["## Devices", "", "Where candidates were evaluated; busy: the sum of their evaluation times over "
-                "the span from the device's first to its last row.", "",
-                "| run | device | tasks | evaluations | busy s | span s | busy |", "|---|---|---:|---:|---:|---:|---:|",
+        out += ["## Devices", "", "Where candidates were evaluated; busy s: the sum of the evaluation times, "
+                "references included; busy: the candidates' evaluation times over the search's span on the "
+                "device (from the first candidate's start to the last candidate's row).", "",
+                "| run | device | tasks | evaluations | busy s | search span s | busy |",
+                "|---|---|---:|---:|---:|---:|---:|",
                 *[f"| {_cell(d['run_id'])} | {_cell(d['device'])} | {d['tasks']} | {d['evaluations']} | "
                   f"{_num(d['busy_s'], '{:.1f}')} | {_num(d['span_s'], '{:.1f}')} | {_pct(d['busy_share'])} |"
                   for d in r.devices], ""]

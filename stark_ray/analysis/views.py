@@ -20,8 +20,11 @@ Views (columns in ``TASK_COLUMNS`` and the docstrings of the SQL below):
 - ``runs``: one row per run directory with the settings its ``run.json`` records (NULL where it has none).
 - ``devices``: one row per (run_id, device) — where attempts were evaluated (``<host>:gpu<N>`` or ``<host>:cpu``;
   ``unknown`` for rows written before the column existed): ``evaluations`` (references included),
-  ``candidates``, ``tasks``, ``busy_s`` (sum of ``eval_s``), ``first_at``/``last_at`` (``recorded_at``),
-  ``span_s`` and ``busy_share`` (busy_s / span_s: how busy the device was between its first and last row).
+  ``candidates``, ``tasks``, ``busy_s`` (sum of ``eval_s``), ``first_at``/``last_at`` (``recorded_at``), and for
+  the search: ``search_busy_s`` (the candidates' ``eval_s``), ``span_s`` (from the first candidate's start, its
+  ``recorded_at`` less its ``eval_s``, to the last candidate's row) and ``busy_share`` (search_busy_s / span_s: how
+  busy the device was while the search ran). The references are timed before the search and written together,
+  so they are left out of the share (counted with them, a device could be busy 128% of the time).
 """
 
 from __future__ import annotations
@@ -304,14 +307,16 @@ LEFT JOIN best b USING (run_id, task)
 
 _DEVICES = """
 CREATE VIEW devices AS
-SELECT run_id, device, evaluations, candidates, tasks, busy_s, first_at, last_at, span_s,
-       CASE WHEN span_s > 0 THEN busy_s / span_s END AS busy_share
+SELECT run_id, device, evaluations, candidates, tasks, busy_s, search_busy_s, first_at, last_at, span_s,
+       CASE WHEN span_s > 0 THEN search_busy_s / span_s END AS busy_share
 FROM (
     SELECT run_id, coalesce(device, 'unknown') AS device, count(*) AS evaluations,
            count(*) FILTER (WHERE seq > 0) AS candidates, count(DISTINCT task) AS tasks,
            CAST(sum(coalesce(eval_s, 0)) AS DOUBLE) AS busy_s,
+           CAST(sum(coalesce(eval_s, 0)) FILTER (WHERE seq > 0) AS DOUBLE) AS search_busy_s,
            min(recorded_at) AS first_at, max(recorded_at) AS last_at,
-           epoch(max(recorded_at)) - epoch(min(recorded_at)) AS span_s
+           max(epoch(recorded_at)) FILTER (WHERE seq > 0)
+             - min(epoch(recorded_at) - coalesce(eval_s, 0)) FILTER (WHERE seq > 0) AS span_s
     FROM attempts GROUP BY ALL
 )
 """
