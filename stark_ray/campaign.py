@@ -140,6 +140,9 @@ def select_tasks(files: list[str] | None = None, kernelbench: str | None = None,
                  ids: list[int] | None = None, names: list[str] | None = None, subset: str = "all") -> list[Task]:
     if bool(files) == bool(kernelbench):
         raise CampaignError("choose the tasks with either --tasks FILES or --kernelbench DIR")
+    if kernelbench and not Path(kernelbench).expanduser().is_dir():
+        raise CampaignError(f"--kernelbench {kernelbench}: no such directory (a KernelBench checkout, or the "
+                            "directory that holds its level1/ ...)")
     try:
         if kernelbench:
             return tasks_from_kernelbench(kernelbench, levels, ids, names, subset)

@@ -30,6 +30,24 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     raise typer.Exit(code)
 
 
+def gpu_first(backend: str, address: str | None, evaluators: int | None = None) -> None:
+    """One line at once, before Ray or an evaluator starts, where a GPU backend is asked for on this machine (no
+    cluster to join) and it has no CUDA GPU, or fewer than ``evaluators``."""
+    from stark_ray.eval.backends import get_backend
+
+    if address is not None or get_backend(backend).device != "cuda":
+        return
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if evaluators is not None and evaluators > gpus:
+        fail(f"{evaluators} evaluators need {evaluators} GPUs and this machine has {gpus}")
+    if not gpus:
+        fail(f"backend {backend} needs a CUDA GPU and this machine has none (torch {torch.__version__}: "
+             "torch.cuda.is_available() is False); run on a GPU host, join a cluster with --address, or choose "
+             "--backend cpu_cpp")
+
+
 @app.callback()
 def _root() -> None:
     """STARK on Ray: LLM agents that search for faster GPU kernels."""
@@ -44,7 +62,8 @@ def optimize(
     budget: Annotated[int, typer.Option("--budget", "-B", help="Evaluated candidates (debug fixes count).")] = 30,
     provider: Annotated[str | None, typer.Option(help="openai | anthropic | replay (default: openai, or "
                                                       "replay when --cassette is given).")] = None,
-    model: Annotated[str, typer.Option(help="Model name for every agent.")] = "gpt-4o",
+    model: Annotated[str | None, typer.Option(help="Model name for every agent (default: gpt-4o with openai, "
+                                                   "claude-sonnet-4-5 with anthropic).", show_default=False)] = None,
     epsilon: Annotated[float, typer.Option(help="Exploration probability of the ε-greedy policy.")] = 0.3,
     ablation: Annotated[str, typer.Option(help=f"{' | '.join(ABLATIONS)}")] = "none",
     policy: Annotated[str, typer.Option(help=f"{' | '.join(POLICIES)}")] = "epsilon_greedy",
@@ -114,7 +133,7 @@ def optimize(
         search_cfg = SearchConfig(budget=budget, policy=policy, ablation=ablation, epsilon=epsilon,
                                   n_root=n_root, n_child=n_child, top_r=top_r, k=k, seed=seed,
                                   max_debug_chain=max_debug_chain, window_chars=window_chars, parallel=parallel)
-        agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model,
+        agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model or "",
                                 base_url=base_url, cassette=str(cassette) if cassette else None,
                                 record=str(record) if record else None, timeout_s=timeout,
                                 temperature_plan=temperature_plan, temperature_code=temperature_code,
@@ -126,15 +145,16 @@ def optimize(
         fail(str(e))
     if backend not in available_backends():
         fail(f"backend {backend!r} is not available in this version; available: {', '.join(available_backends())}")
-    try:
-        check_credentials(agent_cfg)  # before any work
+    try:  # the task and the places first (the first thing to fix), then the key, before any work
         the_task = load_task(path)
         out_dir = writable_dir(out, "--out")
         if record is not None:
             writable_file(record, "--record")
+        check_credentials(agent_cfg)
         client = make_client(agent_cfg)
     except (ConfigError, TaskError) as e:
         fail(str(e))
+    gpu_first(backend, address if executor == "ray" else None, evaluators)
 
     if parallel > 1 and executor == "local":
         fail("--parallel needs --executor ray (the local executor expands one node at a time)")
@@ -153,7 +173,7 @@ def optimize(
     except (TaskError, EvaluatorError) as e:
         fail(str(e))
     except LLMError as e:
-        fail(f"the LLM provider refused the call ({e.kind}): {e}; what was recorded is kept", 1)
+        fail(f"LLM calls cannot go on ({e.kind}): {e}; what was recorded is kept", 1)
     except KeyboardInterrupt:
         fail("interrupted; everything recorded so far is in the run directory", 130)
 
@@ -180,7 +200,7 @@ def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
     except (TaskError, EvaluatorError, RunError) as e:
         fail(str(e))
     except LLMError as e:
-        fail(f"the LLM provider refused the call ({e.kind}): {e}; what was recorded is kept", 1)
+        fail(f"LLM calls cannot go on ({e.kind}): {e}; what was recorded is kept", 1)
     except KeyboardInterrupt:
         fail("interrupted; everything recorded so far is in the run directory (--resume it)", 130)
     except OSError as e:  # a full disk, a vanished directory, a cluster that cannot be reached
@@ -293,6 +313,7 @@ def eval_candidate(
         fail(str(e))
     except (OSError, UnicodeDecodeError) as e:
         fail(f"{candidate}: cannot read the candidate ({getattr(e, 'strerror', None) or e})")
+    gpu_first(backend, None)
     try:
         service = EvalService(cfg)
     except EvaluatorError as e:

@@ -31,7 +31,8 @@ def campaign(
     budget: Annotated[int | None, typer.Option("--budget", "-B", help="Attempts per task [30].")] = None,
     parallel: Annotated[int | None, typer.Option(help="Expansions per task in flight [1].")] = None,
     provider: Annotated[str | None, typer.Option(help="openai | anthropic | replay.")] = None,
-    model: Annotated[str | None, typer.Option(help="Model for every agent [gpt-4o].")] = None,
+    model: Annotated[str | None, typer.Option(help="Model for every agent [gpt-4o with openai, claude-sonnet-4-5 "
+                                                   "with anthropic].")] = None,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server.")] = None,
     cassette: Annotated[Path | None, typer.Option(help="Replay recorded exchanges.")] = None,
     policy: Annotated[str | None, typer.Option(help=" | ".join(POLICIES))] = None,
@@ -63,7 +64,7 @@ def campaign(
     """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
 
     from stark_ray.campaign import CampaignError, Caps, load_config, select_tasks
-    from stark_ray.cli import _reporter, _run_on_ray, fail
+    from stark_ray.cli import _reporter, _run_on_ray, fail, gpu_first
     from stark_ray.cli_places import existing_dir, writable_dir
     from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
     from stark_ray.llm.base import ConfigError
@@ -134,6 +135,7 @@ def campaign(
     except TypeError as e:  # an unknown key in the TOML file
         fail(f"{config}: {e}")
     out_dir = writable_dir(str(run_cfg.get("out") or "runs"), "--out")
+    gpu_first(eval_cfg.backend, run_cfg.get("address"), run_cfg.get("evaluators"))
     _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"),
                        caps=caps, evaluators=run_cfg.get("evaluators")), reporter)
 

@@ -57,10 +57,14 @@ class SearchConfig:
             raise ValueError(f"window_chars must be >= 1000, got {self.window_chars}")
 
 
+# the model every agent uses where none is given, per provider (a replayed run reads the cassette's)
+DEFAULT_MODELS: dict[str, str] = {"openai": "gpt-4o", "anthropic": "claude-sonnet-4-5", "replay": "gpt-4o"}
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     provider: str = "openai"
-    model: str = "gpt-4o"
+    model: str = ""  # "": the provider's default (DEFAULT_MODELS)
     base_url: str | None = None
     temperature_plan: float = 0.8
     temperature_code: float = 0.1
@@ -74,6 +78,8 @@ class AgentConfig:
     prices: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not self.model:
+            object.__setattr__(self, "model", DEFAULT_MODELS.get(self.provider, DEFAULT_MODELS["openai"]))
         for role in ("plan", "code", "debug", "single"):
             t = getattr(self, f"temperature_{role}")
             if not 0.0 <= t <= 2.0:

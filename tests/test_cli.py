@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from stark_ray.config import DEFAULT_MODELS, AgentConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "examples" / "tasks"
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def stark(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT,
@@ -77,6 +85,57 @@ def test_missing_api_key_is_one_line_before_any_work(tmp_path: Path) -> None:
                                 "--provider", "anthropic", "--out", str(tmp_path)))
     assert "ANTHROPIC_API_KEY" in line
     assert not any(tmp_path.iterdir())
+
+
+def test_the_task_is_checked_before_the_key_and_the_model_follows_the_provider(tmp_path: Path) -> None:
+    """A missing task file is the first thing to fix: named before a missing key. With --provider anthropic and no
+    --model, the agents use the provider's default model, not OpenAI's."""
+    line = one_error_line(stark("optimize", str(tmp_path / "nope.py"), "--out", str(tmp_path)))
+    assert "nope.py" in line and "API_KEY" not in line
+    line = one_error_line(stark("optimize", str(TASKS / "1_LeakyReluScale.py"), "--provider", "anthropic",
+                                "--out", str(tmp_path)))
+    assert "ANTHROPIC_API_KEY" in line and DEFAULT_MODELS["anthropic"] in line and "gpt-4o" not in line
+    assert AgentConfig(provider="anthropic").model == DEFAULT_MODELS["anthropic"]
+    assert AgentConfig().model == "gpt-4o" and AgentConfig(provider="anthropic", model="m").model == "m"
+
+
+def test_a_dead_base_url_ends_the_run_in_one_line_and_a_non_zero_exit(tmp_path: Path) -> None:
+    """It spent the whole budget on connection failures and exited 0: now the third call in a row that cannot
+    connect ends the search; what was recorded stays (llm/retry.py: Reachability)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = stark("optimize", str(TASKS / "1_LeakyReluScale.py"), "--base-url", f"http://127.0.0.1:{port}/v1",
+                 "--executor", "local", "-B", "30", "-q", "--out", str(tmp_path))
+    assert proc.returncode == 1, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("error: ") and "could not be reached in 3 calls in a row" in lines[0], lines[0]
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["attempts"] < 30, summary
+
+
+def test_a_campaigns_missing_kernelbench_directory_names_the_flag(tmp_path: Path) -> None:
+    line = one_error_line(stark("campaign", "--kernelbench", str(tmp_path / "x"), "--out", str(tmp_path)))
+    assert line.startswith(f"error: --kernelbench {tmp_path / 'x'}: no such directory"), line
+
+
+@pytest.mark.skipif(_gpus() > 0, reason="checks a machine without a CUDA GPU")
+def test_a_gpu_backend_on_a_machine_without_a_gpu_is_one_line_before_anything_starts(tmp_path: Path,
+                                                                                   cassette: str) -> None:
+    """Checked in the command itself, before Ray or an evaluator starts (they took 13-72 s to say so, and
+    `stark eval` pasted traceback fragments into its line)."""
+    task = str(TASKS / "1_LeakyReluScale.py")
+    for args in (("eval", task, task, "--backend", "cuda"),
+                 ("optimize", task, "--cassette", cassette, "--backend", "cuda_nvrtc", "--out", str(tmp_path)),
+                 ("campaign", "--tasks", task, "--cassette", cassette, "--backend", "cuda", "--out", str(tmp_path))):
+        line = one_error_line(stark(*args))
+        assert "needs a CUDA GPU and this machine has none" in line and "Traceback" not in line, (args, line)
+        assert "RuntimeError" not in line, line
+    assert not any(p.name != "empty.jsonl" for p in tmp_path.iterdir())
 
 
 def test_bad_settings_are_one_line(tmp_path: Path, cassette: str) -> None:
@@ -159,8 +218,3 @@ def test_more_evaluators_than_gpus_on_an_embedded_ray(tmp_path: Path, cassette: 
                                 timeout=120))
     assert f"{gpus + 1} evaluators need {gpus + 1} GPUs and this machine has {gpus}" in line
 
-
-def _gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -27,6 +27,7 @@ from stark_ray.config import AgentConfig
 from stark_ray.llm.anthropic_provider import AnthropicClient
 from stark_ray.llm.base import Completion, ConfigError, LLMClient, LLMError, LLMRequest, Message
 from stark_ray.llm.openai_provider import OpenAIClient
+from stark_ray.llm.retry import UNREACHABLE_AFTER, Reachability
 
 REQUEST = LLMRequest(role="plan", system="You are a kernel engineer.",
                      messages=(Message("user", "Make it fast."),), temperature=0.7, max_tokens=321)
@@ -200,6 +201,41 @@ def test_connection_refused(case: Case, server: FakeLLMServer) -> None:
     with pytest.raises(LLMError) as info:
         case.make(cfg).complete(REQUEST)
     assert (info.value.kind, info.value.transient) == ("connection", True)
+
+
+def test_an_endpoint_that_cannot_be_reached_call_after_call_is_fatal(case: Case, server: FakeLLMServer) -> None:
+    """A dead --base-url spent a whole budget on failed calls and exited 0: the UNREACHABLE_AFTER-th call in a row
+    that could not connect is fatal (the search ends in one line)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = f"http://127.0.0.1:{port}"
+    client = case.make(replace(case.cfg(server, max_retries=0), base_url=root + "/v1" if case.name == "openai"
+                               else root))
+    kinds = []
+    for _ in range(UNREACHABLE_AFTER):
+        with pytest.raises(LLMError) as info:
+            client.complete(REQUEST)
+        kinds.append(info.value.kind)
+    assert kinds == ["connection"] * (UNREACHABLE_AFTER - 1) + ["unreachable"]
+    assert info.value.fatal and root in str(info.value) and "could not be reached" in str(info.value)
+
+
+def test_a_call_that_connects_starts_the_unreachable_count_again() -> None:
+    reach = Reachability("the endpoint x", after=2)
+
+    def failing(kind: str) -> Callable[[], Completion]:
+        def attempt() -> Completion:
+            raise LLMError("no", kind, transient=True)
+        return attempt
+
+    for kind in ("connection", "server", "connection", "timeout", "connection"):  # never two refusals in a row
+        with pytest.raises(LLMError) as info:
+            reach.call(failing(kind))
+        assert info.value.kind == kind and not info.value.fatal
+    with pytest.raises(LLMError) as info:
+        reach.call(failing("connection"))
+    assert info.value.kind == "unreachable" and info.value.fatal
 
 
 def test_empty_reply(case: Case, server: FakeLLMServer) -> None:

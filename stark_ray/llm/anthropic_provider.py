@@ -16,7 +16,7 @@ import anthropic
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import Completion, ConfigError, LLMRequest
 from stark_ray.llm.errors import empty_reply, from_sdk_error
-from stark_ray.llm.retry import with_retries
+from stark_ray.llm.retry import Reachability, with_retries
 from stark_ray.llm.usage import priced_usage
 
 KEY_ENV = "ANTHROPIC_API_KEY"
@@ -41,10 +41,11 @@ class AnthropicClient:
         self.model = cfg.model
         self._client = anthropic.Anthropic(api_key=anthropic_api_key(cfg), base_url=cfg.base_url,
                                            timeout=cfg.timeout_s, max_retries=0)  # llm/retry.py retries
+        self._reach = Reachability(f"the anthropic endpoint {cfg.base_url or 'https://api.anthropic.com'}")
         self._send_temperature = True
 
     def complete(self, request: LLMRequest) -> Completion:
-        return with_retries(lambda: self._try(request), self.cfg.max_retries)
+        return self._reach.call(lambda: with_retries(lambda: self._try(request), self.cfg.max_retries))
 
     def _try(self, request: LLMRequest) -> Completion:
         label = f"anthropic {self.model}"

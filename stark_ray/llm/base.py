@@ -46,7 +46,7 @@ class Completion:
 
 
 # Failures that no retry and no other prompt can fix: a run stops on them instead of spending its budget.
-FATAL_KINDS = frozenset({"auth", "permission", "not_found", "billing"})
+FATAL_KINDS = frozenset({"auth", "permission", "not_found", "billing", "unreachable"})
 
 
 class LLMError(Exception):
@@ -63,7 +63,8 @@ class LLMError(Exception):
 
     @property
     def fatal(self) -> bool:
-        """The provider will refuse every call (bad key, no access, unknown model, no credit)."""
+        """The provider will refuse every call (bad key, no access, unknown model, no credit, an endpoint that
+        cannot be reached)."""
         return self.kind in FATAL_KINDS
 
 

@@ -17,7 +17,7 @@ import openai
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import Completion, ConfigError, LLMRequest
 from stark_ray.llm.errors import empty_reply, from_sdk_error
-from stark_ray.llm.retry import with_retries
+from stark_ray.llm.retry import Reachability, with_retries
 from stark_ray.llm.usage import priced_usage
 
 KEY_ENV = "OPENAI_API_KEY"
@@ -44,13 +44,14 @@ class OpenAIClient:
         self.model = cfg.model
         self._client = openai.OpenAI(api_key=openai_api_key(cfg), base_url=cfg.base_url,
                                      timeout=cfg.timeout_s, max_retries=0)  # llm/retry.py retries
+        self._reach = Reachability(f"the openai endpoint {cfg.base_url or 'https://api.openai.com/v1'}")
         # Newer OpenAI models reject `max_tokens` (and some reject a non-default temperature); the first
         # 400 saying so switches these for the rest of the client's life.
         self._token_param = "max_tokens"
         self._send_temperature = True
 
     def complete(self, request: LLMRequest) -> Completion:
-        return with_retries(lambda: self._try(request), self.cfg.max_retries)
+        return self._reach.call(lambda: with_retries(lambda: self._try(request), self.cfg.max_retries))
 
     def _try(self, request: LLMRequest) -> Completion:
         label = f"openai {self.model}"

@@ -6,6 +6,10 @@ server error, timeout, a dropped connection, a body that is not the JSON it shou
 ``AgentConfig.max_retries`` times, after the wait the server asks for (``retry-after-ms`` / ``retry-after``), else
 an exponential backoff with jitter. Every failed try is kept (``Completion.failed_tries`` on success,
 ``LLMError.failed_tries`` on failure) and becomes its own ``llm_calls`` row.
+
+A provider whose endpoint cannot be connected to at all, call after call (a wrong ``--base-url``, a local server
+that is not up), is taken for dead (:class:`Reachability`): the run ends in one line instead of spending its
+budget on failed calls.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from stark_ray.llm.base import Completion, LLMError
 BACKOFF_S = 0.5  # the first wait without a server's word; doubles with each try
 BACKOFF_MAX_S = 8.0
 RETRY_AFTER_MAX_S = 60.0  # a server's word is followed up to this
+UNREACHABLE_AFTER = 3  # calls in a row that could not connect, each after its retries: the endpoint is down
 
 
 def retry_after(headers: Any) -> float | None:
@@ -63,4 +68,30 @@ def with_retries(attempt: Callable[[], Completion], max_retries: int,
             sleep(min(wait, RETRY_AFTER_MAX_S))
             continue
         completion.failed_tries = [f.usage for f in failed if f.usage is not None]
+        return completion
+
+
+class Reachability:
+    """Counts a client's calls in a row that failed for good without a connection (kind ``connection``: refused,
+    no such host; not a timeout, which a slow server gives too). The ``after``-th of them is raised as fatal
+    (kind ``unreachable``): every further call would fail alike. Any other outcome starts the count again."""
+
+    def __init__(self, endpoint: str, after: int = UNREACHABLE_AFTER) -> None:
+        self.endpoint = endpoint
+        self.after = after
+        self.failures = 0
+
+    def call(self, attempt: Callable[[], Completion]) -> Completion:
+        try:
+            completion = attempt()
+        except LLMError as e:
+            self.failures = self.failures + 1 if e.kind == "connection" else 0
+            if self.failures < self.after:
+                raise
+            dead = LLMError(f"{self.endpoint} could not be reached in {self.failures} calls in a row, each tried "
+                            f"{len(e.failed_tries) + 1} time(s) (last: {e}); is the server up and the address "
+                            "right (--base-url)?", "unreachable", usage=e.usage)
+            dead.failed_tries = e.failed_tries
+            raise dead from None
+        self.failures = 0
         return completion
