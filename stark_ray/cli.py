@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -324,12 +326,25 @@ def eval_candidate(
         except (TaskError, EvaluatorError) as e:
             fail(str(e))
         result = service.evaluate(the_task, source)
+    result = named_as(result, candidate.name)
     if as_json:
         typer.echo(json.dumps({**asdict(result), "ok": result.ok, "task": the_task.name, "backend": backend,
-                               "reference_alone_ms": reference.runtime_ms}))
+                               "candidate": str(candidate), "reference_alone_ms": reference.runtime_ms}))
     else:
         typer.echo(_eval_report(the_task.name, candidate.name, result))
     raise typer.Exit(0 if result.ok else 1)
+
+
+_IMPORTED_AS = re.compile(r"\bcandidate\.py\b")  # the name the evaluator imports every candidate under
+
+
+def named_as(result: EvalResult, file_name: str) -> EvalResult:
+    """The result with the evaluator's name for the candidate's module (``candidate.py``, in its errors, line
+    numbers and tracebacks) replaced by the user's file name: the lines are the file's own."""
+    if file_name == "candidate.py":
+        return result
+    return replace(result, error=result.error and _IMPORTED_AS.sub(file_name, result.error),
+                   log=result.log and _IMPORTED_AS.sub(file_name, result.log))
 
 
 def _eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str:

@@ -197,6 +197,13 @@ def test_eval_reports_a_candidate_and_exits_by_its_verdict(tmp_path: Path) -> No
                       "        return x @ torch.ones(3, 3)\n\ndef get_inputs():\n    return [torch.randn(4, 5)]\n\n"
                       "def get_init_inputs():\n    return []\n")
     assert "forward failed" in one_error_line(stark("eval", str(broken), str(tmp_path / "slow.py")))
+    raising = tmp_path / "my_kernel.py"  # its error names the user's file, not the evaluator's candidate.py
+    raising.write_text(WRONG.replace("        return torch.relu(x) * self.scale\n",
+                                     "        raise ValueError('boom')\n"))
+    assert "raise ValueError" in raising.read_text()
+    shown = stark("eval", task, str(raising), "--trials", "2")
+    assert shown.returncode == 1 and "my_kernel.py:" in shown.stdout and "candidate.py" not in shown.stdout, \
+        shown.stdout
 
 
 def test_executor_and_resume_mistakes_get_one_line(tmp_path: Path, cassette: str) -> None:
