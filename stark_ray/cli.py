@@ -50,8 +50,17 @@ def gpu_first(backend: str, address: str | None, evaluators: int | None = None) 
              "--backend cpu_cpp")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from stark_ray import __version__
+
+        typer.echo(f"stark-ray {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
     """STARK on Ray: LLM agents that search for faster GPU kernels."""
 
 

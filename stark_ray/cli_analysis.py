@@ -17,14 +17,16 @@ import typer
 
 FORMATS = ("table", "csv", "json")
 CELL_LIMIT = 60  # characters of a cell in the table format (csv and json keep everything)
-VIEWS = "attempts, llm_calls, judged, best, tasks, runs"
+# what analysis/views.py makes (tests/test_analysis.py holds the two together; named here: no duckdb at start-up)
+VIEWS = ("attempts", "llm_calls", "judged", "best", "tasks", "runs", "devices")
 
 
 def sql(
     run_dir: Annotated[str, typer.Argument(metavar="DIR", help="A run directory, or a directory of run "
                                                                "directories (united); a path or a URI.",
                                            show_default=False)],
-    query: Annotated[str, typer.Argument(metavar="QUERY", help=f"SQL over the views {VIEWS}.", show_default=False)],
+    query: Annotated[str, typer.Argument(metavar="QUERY", help=f"SQL over the views {', '.join(VIEWS)}.",
+                                         show_default=False)],
     fmt: Annotated[str, typer.Option("--format", "-f", help=" | ".join(FORMATS))] = "table",
 ) -> None:
     """Run one SQL query over a run's attempts, LLM calls and per-task results, and print the result."""

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from stark_ray.analysis import metrics
 from stark_ray.analysis.report import PLOTS_DIR, REPORT_FILE, generate, write_report
 from stark_ray.analysis.views import TASK_COLUMNS, connect, rows, task_rows
-from stark_ray.cli_analysis import report, sql
+from stark_ray.cli_analysis import VIEWS, report, sql
 from stark_ray.records import (
     AGENT_PLAN_CODE,
     AGENT_REFERENCE,
@@ -341,6 +341,16 @@ def test_report_command(campaign: Path) -> None:
     assert lines[1].startswith("3 tasks: success (fast_0) 66.7% (2/3), fast_1 66.7%, fast_1.5 66.7%, fast_2 33.3%")
     assert lines[2] == "geomean speedup vs eager 2.00x over successful tasks, 1.59x over all tasks (failure = 1.0)"
     assert lines[3].startswith("vs torch.compile (1 of 3 tasks measured): fast_1 100.0%")
+
+
+def test_stark_sql_names_every_view_there_is(campaign: Path) -> None:
+    """`stark sql --help` lists the views from cli_analysis.VIEWS (named there: no duckdb at start-up): the same
+    set as a connection makes, for one run and for a directory of runs."""
+    for where in (campaign / "run-a", campaign):
+        with connect(where) as con:
+            made = {r["table_name"] for r in rows(con, "SELECT table_name FROM information_schema.tables")
+                    if not r["table_name"].startswith("_")}
+        assert made == set(VIEWS), where
 
 
 def test_devices_view_and_report_section(tmp_path: Path) -> None:

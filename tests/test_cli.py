@@ -118,6 +118,13 @@ def test_a_dead_base_url_ends_the_run_in_one_line_and_a_non_zero_exit(tmp_path: 
     assert summary["attempts"] < 30, summary
 
 
+def test_version() -> None:
+    from stark_ray import __version__
+
+    proc = stark("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"stark-ray {__version__}", proc
+
+
 def test_a_campaigns_missing_kernelbench_directory_names_the_flag(tmp_path: Path) -> None:
     line = one_error_line(stark("campaign", "--kernelbench", str(tmp_path / "x"), "--out", str(tmp_path)))
     assert line.startswith(f"error: --kernelbench {tmp_path / 'x'}: no such directory"), line
