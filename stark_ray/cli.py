@@ -70,6 +70,14 @@ def optimize(
     task: Annotated[Path | None, typer.Argument(help="KernelBench-style task file (class Model, get_inputs, "
                                                      "get_init_inputs).", show_default=False)] = None,
     ref_path: Annotated[Path | None, typer.Option("--ref-path", "--ref_path", help="Same as TASK.")] = None,
+    kernelbench: Annotated[Path | None, typer.Option(help="A KernelBench checkout: the task is --level's "
+                                                          "--problem there, instead of TASK.",
+                                                     show_default=False)] = None,
+    level: Annotated[int | None, typer.Option(help="KernelBench level (with --kernelbench).",
+                                              show_default=False)] = None,
+    problem: Annotated[str | None, typer.Option(help="KernelBench problem of --level: its id (19) or a part of "
+                                                     "its name (ReLU) that names one file.",
+                                                show_default=False)] = None,
     budget: Annotated[int, typer.Option("--budget", "-B", help="Evaluated candidates (debug fixes count).")] = 30,
     provider: Annotated[str | None, typer.Option(help="openai | anthropic | replay (default: openai, or "
                                                       "replay when --cassette is given).")] = None,
@@ -137,7 +145,8 @@ def optimize(
     if resume is not None:
         _resume(ctx, resume, executor, address, quiet, evaluators)
         return
-    path = _one_task(task, ref_path)
+    path = _one_task(task, ref_path) if kernelbench is None and level is None and problem is None else \
+        kernelbench_task(kernelbench, level, problem, given=task or ref_path)
     if cassette is not None and provider not in (None, "replay"):
         fail(f"--cassette replays recorded replies; it cannot be combined with --provider {provider}")
     try:
@@ -399,6 +408,30 @@ def doctor(
     else:
         typer.echo(report.text())
     raise typer.Exit(0 if report.ready else 1)
+
+
+def kernelbench_task(root: Path | None, level: int | None, problem: str | None, given: Path | None) -> Path:
+    """The file of KernelBench's ``--level``/``--problem`` in ``--kernelbench`` (ids and names as KernelBench's own
+    scripts take them); one line where they do not name exactly one."""
+    from stark_ray.eval import kernelbench
+    from stark_ray.eval.tasks import TaskError
+
+    if given is not None:
+        fail("give the task once: either TASK or --kernelbench with --level and --problem")
+    if root is None or level is None or problem is None:
+        fail("a KernelBench task needs --kernelbench DIR, --level N and --problem ID (or a part of its name)")
+    by_id = problem.strip().isdigit()
+    try:
+        refs = kernelbench.select(root.expanduser(), levels=[level], ids=[int(problem)] if by_id else None,
+                                  names=None if by_id else [problem])
+    except TaskError as e:
+        fail(f"--kernelbench {e}")  # the messages begin with the directory
+    wanted = problem.lower()
+    exact = [r for r in refs if wanted in (r.name.lower(), r.name.lower().split("_", 1)[-1])]
+    if len(refs) > 1 and len(exact) != 1:
+        shown = ", ".join(r.name for r in refs[:6]) + (f" and {len(refs) - 6} more" if len(refs) > 6 else "")
+        fail(f"--problem {problem} matches {len(refs)} tasks of level {level}: {shown}; give its id")
+    return (exact or refs)[0].path
 
 
 def _one_task(task: Path | None, ref_path: Path | None) -> Path:

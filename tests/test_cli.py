@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,34 @@ def test_a_dead_base_url_ends_the_run_in_one_line_and_a_non_zero_exit(tmp_path: 
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["attempts"] < 30, summary
+
+
+def test_a_kernelbench_task_by_level_and_problem(tmp_path: Path, cassette: str) -> None:
+    """`stark optimize --kernelbench DIR --level 1 --problem 19` (or a part of its name), as KernelBench's own
+    scripts take them; a problem that names no file or several, or a missing flag, is one line."""
+    kb = tmp_path / "kb" / "KernelBench" / "level1"
+    kb.mkdir(parents=True)
+    source = (TASKS / "1_LeakyReluScale.py").read_text()
+    for name in ("19_LeakyReluScale", "20_LeakyReluScaleTwice", "21_Other"):
+        (kb / f"{name}.py").write_text(source)
+    root = str(tmp_path / "kb")
+    runs = tmp_path / "runs"
+    for problem in ("19", "leakyreluscale"):  # by id; by a name that is one file's exactly (20's holds it too)
+        proc = stark("optimize", "--kernelbench", root, "--level", "1", "--problem", problem, "--cassette",
+                     cassette, "--executor", "local", "-B", "1", "-q", "--out", str(runs))
+        made = sorted(p.name for p in runs.iterdir())
+        assert made and made[-1].startswith("19_LeakyReluScale-"), (problem, made, proc.stderr)
+        for p in runs.iterdir():
+            shutil.rmtree(p)
+    line = one_error_line(stark("optimize", "--kernelbench", root, "--level", "1", "--problem", "leaky"))
+    assert "matches 2 tasks of level 1: 19_LeakyReluScale, 20_LeakyReluScaleTwice; give its id" in line
+    line = one_error_line(stark("optimize", "--kernelbench", root, "--level", "1", "--problem", "7"))
+    assert line.startswith("error: --kernelbench ") and "no task file for level1/7" in line
+    line = one_error_line(stark("optimize", "--kernelbench", root, "--level", "1"))
+    assert "--problem" in line
+    line = one_error_line(stark("optimize", str(TASKS / "1_LeakyReluScale.py"), "--kernelbench", root, "--level",
+                                "1", "--problem", "19"))
+    assert "give the task once" in line
 
 
 def test_version() -> None:
