@@ -275,7 +275,8 @@ class _QuietReporter:
 
     def finish(self, summary: RunSummary) -> None:
         speedup = "none" if summary.best_speedup is None else f"{summary.best_speedup:.3f}x"
-        typer.echo(f"{summary.task}: {summary.status}, {summary.attempts} attempts, best speedup {speedup}, "
+        odd = f", {summary.replay_mismatches} replay mismatch(es)" if summary.replay_mismatches else ""
+        typer.echo(f"{summary.task}: {summary.status}, {summary.attempts} attempts, best speedup {speedup}{odd}, "
                    f"results in {summary.run_dir}")
 
 

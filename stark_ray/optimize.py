@@ -56,6 +56,7 @@ class RunSummary:
     llm_calls: int
     wall_s: float
     settings: dict[str, Any] = field(default_factory=dict)
+    replay_mismatches: int = 0  # replayed calls whose prompt the cassette did not hold (each served in order)
 
 
 class Reporter:
@@ -135,6 +136,7 @@ def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, bu
         failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.correct)),
         tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
         llm_calls=usage.calls, wall_s=round(wall_s, 2), settings=settings,
+        replay_mismatches=usage.replay_mismatches,
     )
 
 

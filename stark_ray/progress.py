@@ -26,6 +26,17 @@ def describe(node: Node) -> str:
     return f"[red]{r.stage}[/]{flags}: {escape(first)}"
 
 
+def mismatches(n: int) -> str:
+    return (f"{n} prompt(s) the cassette does not hold, each answered with its role's next recorded reply (the "
+            "search took another path than the recording)")
+
+
+def spend(usage: UsageTotals) -> str:
+    """The live view's spend: dollars or calls, and replayed prompts the cassette did not hold."""
+    shown = f"${usage.cost_usd:.3f}" if usage.cost_usd else f"{usage.calls} calls"
+    return shown + (f", {usage.replay_mismatches} replay mismatch(es)" if usage.replay_mismatches else "")
+
+
 class RichReporter(Reporter):
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
@@ -49,7 +60,7 @@ class RichReporter(Reporter):
         self.progress.update(self._bar, completed=tree.evaluated,
                              best=f"{best.result.speedup:.2f}×" if best and best.result.speedup else "—",
                              fails=tree.failures(),
-                             cost=f"${usage.cost_usd:.3f}" if usage.cost_usd else f"{usage.calls} calls")
+                             cost=spend(usage))
 
     def finish(self, summary: RunSummary) -> None:
         self.progress.stop()
@@ -66,6 +77,8 @@ class RichReporter(Reporter):
             f"{summary.attempts} attempts, {summary.failures} failed, {summary.llm_calls} LLM calls, "
             f"{summary.tokens['input'] + summary.tokens['output']} tokens, ${summary.cost:.4f}; "
             f"results in {escape(summary.run_dir)}", highlight=False)
+        if summary.replay_mismatches:
+            self.console.print(f"[bold yellow]replay[/]: {mismatches(summary.replay_mismatches)}", highlight=False)
 
 
 class CampaignReporter(Reporter):
@@ -106,7 +119,9 @@ class CampaignReporter(Reporter):
     def finish(self, summary: RunSummary) -> None:
         speedup = f"{summary.best_speedup:.2f}×" if summary.best_speedup else "no correct candidate"
         self.live.console.print(f"[bold]{escape(summary.task)}[/]: {summary.status}, {summary.attempts} attempts, "
-                                f"best {speedup}, ${summary.cost:.4f}")
+                                f"best {speedup}, ${summary.cost:.4f}"
+                                + (f", {summary.replay_mismatches} replay mismatch(es)"
+                                   if summary.replay_mismatches else ""))
 
     def close(self) -> None:
         if self.started:

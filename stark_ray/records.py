@@ -109,6 +109,9 @@ class LLMUsage:
     error: str | None = None
     node_id: int | None = None  # the node this call produced (set once known)
     replay_entry: int | None = None  # a replayed call: the cassette entry that answered it (its index, from 0)
+    # a replayed call: how its entry matched the prompt — "hash" (the same prompt), "shape" (the same up to measured
+    # numbers and the hardware description) or "order" (a prompt the cassette does not hold: the role's next entry)
+    replay_match: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         return asdict(self)
@@ -257,5 +260,6 @@ def llm_call_schema() -> Any:
             ("error", pa.string()),
             ("node_id", pa.int64()),
             ("replay_entry", pa.int64()),
+            ("replay_match", pa.string()),
         ]
     )

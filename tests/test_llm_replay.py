@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 from llm_server import OPENAI_PATH, FakeLLMServer, ok, unauthorized
 
+from stark_ray.agents.base import TaskInfo
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import Completion, ConfigError, LLMError, LLMRequest, Message
 from stark_ray.llm.openai_provider import OpenAIClient
-from stark_ray.llm.replay import RecordingClient, ReplayClient, prompt_sha256
+from stark_ray.llm.replay import RecordingClient, ReplayClient, prompt_sha256, prompt_shape
+from stark_ray.llm.usage import UsageTotals
+from stark_ray.prompts.messages import task_section
 from stark_ray.records import LLMUsage
 
 LOGGER = "stark_ray.llm.replay"
@@ -110,6 +113,34 @@ def test_prompts_that_differ_only_in_measured_numbers_match_quietly(tmp_path: Pa
     assert (first.text, second.text) == ("reply 0", "reply 1")
     assert first.extra["match"] == "shape" and first.extra["exact"] is False
     assert rp.mismatches == 0 and not caplog.records
+
+
+def test_a_cassette_recorded_on_another_machine_matches_up_to_the_hardware(tmp_path: Path,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The CPU's (or GPU's) name, cores and SIMD are in every prompt's task section: a cassette recorded on another
+    machine mismatched on every prompt. The hardware block is masked like the measured numbers."""
+    def prompt(hardware: str) -> LLMRequest:
+        task = TaskInfo("1_LeakyReluScale", "class Model: ...", "cpu_cpp", hardware)
+        return req("plan", task_section(task) + "\n\n# Selected node\nscalar loop, 8.5 ms")
+
+    recorded = prompt("CPU: AMD EPYC (x86_64), 2 logical cores, 2 usable.\nSIMD: sse4_2, avx, avx2, fma.")
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"role": "plan", "prompt": recorded.prompt_text(), "reply": "the plan"}) + "\n")
+    rp = ReplayClient(path)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        comp = rp.complete(prompt("CPU: Intel(R) Xeon(R) Platinum 8488C (x86_64), 16 logical cores, 8 usable.\n"
+                                  "SIMD: sse4_2, avx, avx2, fma, avx512f."))
+    assert comp.text == "the plan" and comp.extra["match"] == "shape" and comp.usage.replay_match == "shape"
+    assert rp.mismatches == 0 and not caplog.records
+    assert prompt_shape(recorded.prompt_text()).endswith("# Selected node\nscalar loop, # ms")  # the rest kept
+
+
+def test_how_each_replayed_call_matched_is_on_its_usage_and_mismatches_are_counted(cassette: Path) -> None:
+    rp = ReplayClient(cassette)
+    totals = UsageTotals()
+    for r in (PLAN_1, req("code", "code one, edited"), PLAN_2):
+        totals.add(rp.complete(r).usage)
+    assert totals.replay_mismatches == 1 and rp.mismatches == 1
 
 
 def test_changed_prompt_warns_and_serves_in_order(cassette: Path, caplog: pytest.LogCaptureFixture) -> None:

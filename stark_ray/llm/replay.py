@@ -8,9 +8,11 @@ One line per successful call::
 Replay serves each agent role from its own queue. An entry whose prompt hash equals the request's is preferred
 (the earliest unused one), so a run that follows the recorded path replays exactly even if calls finish in a
 different order; next an entry whose prompt differs only in numbers (runtimes and speedups are measured anew
-in every run, so a faithful replay never reproduces them digit for digit). Otherwise the next unused entry
-of that role is served anyway, with a warning and a count in ``ReplayClient.mismatches``: a changed prompt
-should not stop a replay, but it should be visible. Every call's usage names the entry that answered it
+in every run, so a faithful replay never reproduces them digit for digit) or in the hardware description (a
+cassette recorded on another machine). Otherwise the next unused entry of that role is served anyway, with a
+warning and a count in ``ReplayClient.mismatches``: a changed prompt should not stop a replay, but it should be
+visible, so each call's usage says how it matched (``replay_match``: in its ``llm_calls`` row), and the live view
+and the run's summary count the mismatches. Every call's usage names the entry that answered it
 (``replay_entry``: its index among the cassette's entries, blank lines not counted); a resumed run passes the
 entries its rows show were served (``consumed``), which are not served again.
 """
@@ -105,10 +107,15 @@ def load_cassette(path: str | os.PathLike[str]) -> list[CassetteEntry]:
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
+# the task section's hardware block (prompts/templates/task.txt): its lines up to the next blank one
+_HARDWARE = re.compile(r"^Target hardware:\n(?:[^\n]+\n?)+", re.MULTILINE)
+
+
 def prompt_shape(prompt: str) -> str:
-    """The prompt with every number masked: prompts that differ only in measured runtimes, speedups or
-    errors (which change from run to run) have the same shape."""
-    return _NUMBER.sub("#", prompt)
+    """The prompt with every number and the hardware description masked: prompts that differ only in measured
+    runtimes, speedups or errors (which change from run to run) or in the machine (a cassette recorded on another
+    CPU or GPU: its name, cores, SIMD) have the same shape."""
+    return _NUMBER.sub("#", _HARDWARE.sub("Target hardware:\n<hardware>\n", prompt))
 
 
 def first_difference(recorded: str, actual: str) -> str:
@@ -161,6 +168,7 @@ class ReplayClient:
         usage = priced_usage(self.cfg, request.role, self.provider, model, entry.input_tokens,
                              entry.output_tokens)
         usage.replay_entry = line
+        usage.replay_match = exact or "order"
         return Completion(text=entry.reply, usage=usage, truncated=entry.truncated,
                           extra={"replayed": True, "exact": exact == "hash", "match": exact or "order"})
 

@@ -32,9 +32,12 @@ class RoleTotals:
     output_tokens: int = 0
     cost_usd: float = 0.0
     latency_s: float = 0.0
+    replay_mismatches: int = 0  # replayed calls whose prompt the cassette did not hold (served in order)
 
     def add(self, usage: LLMUsage) -> None:
         self.calls += 1
+        if usage.replay_match == "order":
+            self.replay_mismatches += 1
         if not usage.ok:
             self.failed_calls += 1
         self.input_tokens += usage.input_tokens
@@ -75,6 +78,10 @@ class UsageTotals:
     @property
     def input_tokens(self) -> int:
         return self._total.input_tokens
+
+    @property
+    def replay_mismatches(self) -> int:
+        return self._total.replay_mismatches
 
     @property
     def output_tokens(self) -> int:
