@@ -11,7 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from stark_ray.config import ABLATIONS, BACKENDS, POLICIES
+from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, TOLERANCES, AgentConfig, EvalConfig, SearchConfig
+
+_S, _A, _E = SearchConfig(), AgentConfig(), EvalConfig()  # the defaults the help shows (defined there, once)
 
 
 def campaign(
@@ -28,32 +30,52 @@ def campaign(
     subset: Annotated[str | None, typer.Option(help="all | representative (KernelBench).")] = None,
     config: Annotated[Path | None, typer.Option(help="Campaign TOML file with the same settings.",
                                                 show_default=False)] = None,
-    budget: Annotated[int | None, typer.Option("--budget", "-B", help="Attempts per task [30].")] = None,
-    parallel: Annotated[int | None, typer.Option(help="Expansions per task in flight [1].")] = None,
-    provider: Annotated[str | None, typer.Option(help="openai | anthropic | replay.")] = None,
-    model: Annotated[str | None, typer.Option(help="Model for every agent [gpt-4o with openai, claude-sonnet-4-5 "
-                                                   "with anthropic].")] = None,
+    budget: Annotated[int | None, typer.Option("--budget", "-B",
+                                               help=f"Attempts per task (default: {_S.budget}).")] = None,
+    parallel: Annotated[int | None, typer.Option(help="Expansions per task in flight "
+                                                      f"(default: {_S.parallel}).")] = None,
+    provider: Annotated[str | None, typer.Option(help=f"openai | anthropic | replay (default: {_A.provider}, or replay "
+                                                      "with --cassette).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model for every agent (default: gpt-4o with openai, "
+                                                   "claude-sonnet-4-5 with anthropic).")] = None,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server.")] = None,
     cassette: Annotated[Path | None, typer.Option(help="Replay recorded exchanges.")] = None,
-    policy: Annotated[str | None, typer.Option(help=" | ".join(POLICIES))] = None,
-    ablation: Annotated[str | None, typer.Option(help=" | ".join(ABLATIONS))] = None,
-    epsilon: Annotated[float | None, typer.Option(help="ε of the ε-greedy policy [0.3].")] = None,
-    backend: Annotated[str | None, typer.Option(help=" | ".join(BACKENDS))] = None,
-    baseline: Annotated[str | None, typer.Option(help="eager | compile.")] = None,
-    trials: Annotated[int | None, typer.Option(help="Correctness trials [5].")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed [0].")] = None,
+    policy: Annotated[str | None, typer.Option(help=f"{' | '.join(POLICIES)} (default: {_S.policy}).")] = None,
+    ablation: Annotated[str | None, typer.Option(help=f"{' | '.join(ABLATIONS)} (default: {_S.ablation}).")] = None,
+    epsilon: Annotated[float | None, typer.Option(help=f"ε of the ε-greedy policy (default: {_S.epsilon}).")] = None,
+    n_root: Annotated[int | None, typer.Option(help=f"The root gets at most this many children (default: {_S.n_root}).")
+                      ] = None,
+    n_child: Annotated[int | None, typer.Option(help="Prune a node with more failed children than this "
+                                                     f"(default: {_S.n_child}).")] = None,
+    top_r: Annotated[int | None, typer.Option(help="Leaderboard entries shown to the plan agent "
+                                                   f"(default: {_S.top_r}).")] = None,
+    k: Annotated[int | None, typer.Option(help=f"Best-of-K width (0: the whole budget) (default: {_S.k}).")] = None,
+    max_debug_chain: Annotated[int | None, typer.Option(help="Repairs in a row one lineage may get "
+                                                             f"(default: {_S.max_debug_chain}).")] = None,
+    window_chars: Annotated[int | None, typer.Option(help="Size limit of one context window in a prompt "
+                                                          f"(default: {_S.window_chars}).")] = None,
+    timeout: Annotated[float | None, typer.Option(help=f"Seconds per LLM call (default: {_A.timeout_s:g}).")] = None,
+    backend: Annotated[str | None, typer.Option(help=f"{' | '.join(BACKENDS)} (default: {_E.backend}).")] = None,
+    baseline: Annotated[str | None, typer.Option(help=f"eager | compile (default: {_E.baseline}).")] = None,
+    tolerance: Annotated[str | None, typer.Option(help=f"{' | '.join(TOLERANCES)} (kernelbench: atol=rtol=1e-2) "
+                                                       f"(default: {_E.tolerance}).")] = None,
+    trials: Annotated[int | None, typer.Option(help=f"Correctness trials (default: {_E.trials}).")] = None,
+    seed: Annotated[int | None, typer.Option(help=f"Seed (default: {_S.seed}).")] = None,
     isolate: Annotated[str | None, typer.Option(help="auto | on | off: generated code in namespaces of its own "
-                                                     "(no other process visible, no network) [off].")] = None,
-    compile_timeout: Annotated[float | None, typer.Option(help="Seconds one candidate's build may take [300].")] = None,
-    memory_budget: Annotated[float | None, typer.Option(help="Device memory (GB) for one evaluation [90% of the "
-                                                            "GPU's free memory]; a task that cannot fit is skipped.",
+                                                     f"(no other process visible, no network) (default: {_E.isolate}).")
+                       ] = None,
+    compile_timeout: Annotated[float | None, typer.Option(help="Seconds one candidate's build may take "
+                                                               f"(default: {_E.compile_timeout_s:g}).")] = None,
+    memory_budget: Annotated[float | None, typer.Option(help="Device memory (GB) for one evaluation (default: 90% "
+                                                            "of the GPU's free memory); a task that cannot fit is "
+                                                            "skipped.",
                                                        show_default=False)] = None,
     max_cost: Annotated[float | None, typer.Option(help="USD cap for the campaign.")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="Token cap for the campaign.")] = None,
     task_max_cost: Annotated[float | None, typer.Option(help="USD cap per task.")] = None,
     task_max_tokens: Annotated[int | None, typer.Option(help="Token cap per task.")] = None,
     out: Annotated[str | None, typer.Option(help="Where campaign directories go: a directory or a filesystem URI "
-                                                 "(s3://…) [runs].")] = None,
+                                                 "(s3://…) (default: runs).")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster to join (auto, ray://…).")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this campaign directory (a path or a URI).",
                                                show_default=False)] = None,
@@ -66,7 +88,6 @@ def campaign(
     from stark_ray.campaign import CampaignError, Caps, load_config, select_tasks
     from stark_ray.cli import _reporter, _run_on_ray, fail, gpu_first
     from stark_ray.cli_places import existing_dir, writable_dir
-    from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
     from stark_ray.ray_executor import RayRun
@@ -77,10 +98,11 @@ def campaign(
         "tasks": {"files": tasks, "kernelbench": kernelbench, "levels": levels, "ids": ids, "names": names,
                   "subset": subset},
         "search": {"budget": budget, "parallel": parallel, "policy": policy, "ablation": ablation,
-                   "epsilon": epsilon, "seed": seed},
-        "agents": {"provider": provider, "model": model, "base_url": base_url,
+                   "epsilon": epsilon, "seed": seed, "n_root": n_root, "n_child": n_child, "top_r": top_r, "k": k,
+                   "max_debug_chain": max_debug_chain, "window_chars": window_chars},
+        "agents": {"provider": provider, "model": model, "base_url": base_url, "timeout_s": timeout,
                    "cassette": str(cassette) if cassette else None},
-        "eval": {"backend": backend, "baseline": baseline, "trials": trials, "seed": seed,
+        "eval": {"backend": backend, "baseline": baseline, "tolerance": tolerance, "trials": trials, "seed": seed,
                  "isolate": isolate, "memory_budget_gb": memory_budget, "compile_timeout_s": compile_timeout},
         "caps": {"max_cost": max_cost, "max_tokens": max_tokens, "task_max_cost": task_max_cost,
                  "task_max_tokens": task_max_tokens},
@@ -104,7 +126,9 @@ def campaign(
                  "--cassette": cassette, "--backend": backend, "--baseline": baseline, "--trials": trials,
                  "--seed": seed, "--isolate": isolate, "--memory-budget": memory_budget,
                  "--compile-timeout": compile_timeout, "--policy": policy, "--ablation": ablation,
-                 "--epsilon": epsilon, "--out": out, "--config": config}
+                 "--epsilon": epsilon, "--n-root": n_root, "--n-child": n_child, "--top-r": top_r, "--k": k,
+                 "--max-debug-chain": max_debug_chain, "--window-chars": window_chars, "--timeout": timeout,
+                 "--tolerance": tolerance, "--out": out, "--config": config}
         try:
             refuse_changes([option for option, value in fixed.items() if value not in (None, [])],
                            "--budget, --parallel, the spending caps, --address and --evaluators")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stark_ray.config import DEFAULT_MODELS, AgentConfig
+from stark_ray.config import DEFAULT_MODELS, AgentConfig, EvalConfig, SearchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "examples" / "tasks"
@@ -145,6 +145,22 @@ def test_a_kernelbench_task_by_level_and_problem(tmp_path: Path, cassette: str) 
     line = one_error_line(stark("optimize", str(TASKS / "1_LeakyReluScale.py"), "--kernelbench", root, "--level",
                                 "1", "--problem", "19"))
     assert "give the task once" in line
+
+
+def test_campaign_takes_the_search_and_eval_options_optimize_takes(tmp_path: Path, cassette: str) -> None:
+    """Each reaches its settings dataclass (a bad value is that dataclass's one line, before anything starts),
+    and the help shows the dataclasses' own defaults (it said [off] for --isolate, whose default is auto)."""
+    task = str(TASKS / "1_LeakyReluScale.py")
+    for option, value, said in (("--n-root", "0", "n_root must be >= 1"), ("--window-chars", "10", "window_chars"),
+                                ("--tolerance", "loose", "tolerance"), ("--timeout", "0", "timeout_s > 0"),
+                                ("--max-debug-chain", "-1", "max_debug_chain")):
+        line = one_error_line(stark("campaign", "--tasks", task, "--cassette", cassette, option, value,
+                                    "--out", str(tmp_path)))
+        assert said in line, (option, line)
+    shown = stark("campaign", "--help", env={"COLUMNS": "400"}).stdout
+    assert f"(default: {EvalConfig().isolate})" in shown and "[off]" not in shown
+    for default in (SearchConfig().n_root, SearchConfig().window_chars, EvalConfig().tolerance, "runs"):
+        assert f"(default: {default})" in shown, default
 
 
 def test_version() -> None:
