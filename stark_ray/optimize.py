@@ -62,7 +62,12 @@ class RunSummary:
 class Reporter:
     """What the CLI shows while a run goes on; the default shows nothing."""
 
-    def start(self, task: Task, budget: int, reference: Node) -> None: ...
+    def phase(self, what: str) -> None:
+        """What the run is doing before its search begins (starting Ray, the evaluators, timing references):
+        these take tens of seconds."""
+
+    def start(self, task: Task, budget: int, tree: Tree) -> None:
+        """A task's search begins: its tree as it stands (the reference only, or a resumed run's attempts)."""
     def attempt(self, node: Node, step: AgentResult, tree: Tree, usage: UsageTotals) -> None: ...
     def finish(self, summary: RunSummary) -> None: ...
     def status(self, stats: dict[str, Any]) -> None:
@@ -153,6 +158,7 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
     reporter = reporter or Reporter()
     t0 = time.monotonic()
     settings = {"search": asdict(search_cfg), "agents": _public(asdict(agent_cfg)), "eval": asdict(eval_cfg)}
+    reporter.phase(f"starting the {eval_cfg.backend} evaluator, then timing the reference")
     with evaluator_factory(task, eval_cfg.hiding(out)) as evaluator:  # generated code never sees the run's files
         reference = evaluator.reference()  # validates the task: TaskError when its forward fails
         tree = Tree.with_reference(task.source, reference)
@@ -168,7 +174,7 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
             reporter.attempt(node, step, tree, run.usage)
 
         status = STATUS_FAILED
-        reporter.start(task, search_cfg.budget, tree.root)
+        reporter.start(task, search_cfg.budget, tree)
         try:
             search(tree, policy, team, evaluator.evaluate, search_cfg.budget, search_cfg.seed,
                    on_attempt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
@@ -26,6 +27,11 @@ def describe(node: Node) -> str:
     return f"[red]{r.stage}[/]{flags}: {escape(first)}"
 
 
+def best_of(tree: Tree) -> str:
+    best = tree.best()
+    return f"{best.result.speedup:.2f}×" if best and best.result.speedup else "—"
+
+
 def mismatches(n: int) -> str:
     return (f"{n} prompt(s) the cassette does not hold, each answered with its role's next recorded reply (the "
             "search took another path than the recording)")
@@ -37,6 +43,10 @@ def spend(usage: UsageTotals) -> str:
     return shown + (f", {usage.replay_mismatches} replay mismatch(es)" if usage.replay_mismatches else "")
 
 
+def phase_line(console: Console, what: str, since: float) -> None:
+    console.print(f"[dim]  {time.monotonic() - since:5.1f} s  {escape(what)} …[/]", highlight=False)
+
+
 class RichReporter(Reporter):
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
@@ -46,19 +56,24 @@ class RichReporter(Reporter):
             TimeElapsedColumn(), console=self.console, transient=False,
         )
         self._bar = None
+        self.since = time.monotonic()
 
-    def start(self, task: Task, budget: int, reference: Node) -> None:
-        ms = reference.result.runtime_ms
-        self.console.print(f"[bold]{escape(task.name)}[/]: reference {ms:.3f} ms; budget {budget} attempts")
+    def phase(self, what: str) -> None:
+        phase_line(self.console, what, self.since)
+
+    def start(self, task: Task, budget: int, tree: Tree) -> None:
+        ms = tree.root.result.runtime_ms
+        resumed = f"; {tree.evaluated} recorded, resumed" if tree.evaluated else ""
+        self.console.print(f"[bold]{escape(task.name)}[/]: reference {ms:.3f} ms; budget {budget} attempts{resumed}")
         self.progress.start()
-        self._bar = self.progress.add_task("attempt", total=budget, best="—", fails=0, cost="")
+        self._bar = self.progress.add_task("attempt", total=budget, completed=tree.evaluated, best=best_of(tree),
+                                           fails=tree.failures(), cost="")
 
     def attempt(self, node: Node, step: AgentResult, tree: Tree, usage: UsageTotals) -> None:
-        best = tree.best()
         self.progress.console.print(
             f"  [{tree.evaluated:>3}] node {node.id:<3} ← {node.parent:<3} {node.agent:<9} {describe(node)}")
         self.progress.update(self._bar, completed=tree.evaluated,
-                             best=f"{best.result.speedup:.2f}×" if best and best.result.speedup else "—",
+                             best=best_of(tree),
                              fails=tree.failures(),
                              cost=spend(usage))
 
@@ -91,8 +106,13 @@ class CampaignReporter(Reporter):
         self.console = console or Console(stderr=True)
         self.live = Live(console=self.console, refresh_per_second=4, transient=False)
         self.started = False
+        self.since = time.monotonic()
 
-    def start(self, task: Task, budget: int, reference: Node) -> None:
+    def phase(self, what: str) -> None:
+        if not self.started:  # the start-up's phases come before the live table
+            phase_line(self.console, what, self.since)
+
+    def start(self, task: Task, budget: int, tree: Tree) -> None:
         if not self.started:
             self.live.start()
             self.started = True

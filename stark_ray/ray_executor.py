@@ -129,6 +129,8 @@ class _Driver:
         recorded = set(recorded_tasks(run.resume)) if run.resume is not None else set()
         pending = {t.name: self.evaluators[home[t.name]].reference.remote(t) for t in run.tasks
                    if t.name not in recorded}
+        self.reporter.phase(f"starting {len(self.evaluators)} {run.eval.backend} evaluator(s), then timing "
+                            f"{len(pending)} reference(s)")
         hardware = checked_get(hardware_refs)  # EvaluatorError: this host cannot evaluate (one line)
         self.phases["evaluators_s"] = time.monotonic() - t0
         self.worker_starts = [h["start_phases"] for h in hardware]  # where each device worker's start went
@@ -174,7 +176,7 @@ class _Driver:
                 self.spend.add(name, spent.cost_usd, spent.input_tokens + spent.output_tokens)
             tree = Tree.from_records(snapshot)
             self.view.load(name, tree)
-            self.reporter.start(self.tasks[name], run.search.budget, tree.root)
+            self.reporter.start(self.tasks[name], run.search.budget, tree)
         self.phases["memory_s"] = time.monotonic() - t1
         log.info("run %s started: %s; device workers: %s", self.run_id,
                  ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()), self.worker_starts)
@@ -440,6 +442,7 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
     directory complete: rows, summary.json, best_kernel.py."""
     reporter = reporter or Reporter()
     on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    reporter.phase("starting a private local Ray" if run.address is None else f"joining the Ray cluster {run.address}")
     started = connect(run.address, run.runtime_env)
     if callable(on_term):  # Ray's core installs its own SIGTERM handler (it aborts): the caller's comes back
         signal.signal(signal.SIGTERM, on_term)
