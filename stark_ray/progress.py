@@ -64,7 +64,8 @@ class RichReporter(Reporter):
     def start(self, task: Task, budget: int, tree: Tree) -> None:
         ms = tree.root.result.runtime_ms
         resumed = f"; {tree.evaluated} recorded, resumed" if tree.evaluated else ""
-        self.console.print(f"[bold]{escape(task.name)}[/]: reference {ms:.3f} ms; budget {budget} attempts{resumed}")
+        self.console.print(f"[bold]{escape(task.name)}[/]: reference {ms:.3f} ms timed alone (each candidate is timed "
+                           f"beside it again); budget {budget} attempts{resumed}")
         self.progress.start()
         self._bar = self.progress.add_task("attempt", total=budget, completed=tree.evaluated, best=best_of(tree),
                                            fails=tree.failures(), cost="")
@@ -84,7 +85,7 @@ class RichReporter(Reporter):
         if summary.best_correct:
             self.console.print(
                 f"[bold green]best[/]: node {summary.best_node}, {summary.best_runtime_ms:.3f} ms vs "
-                f"reference {summary.best_ref_runtime_ms:.3f} ms in the same run = "
+                f"reference {summary.best_ref_runtime_ms:.3f} ms timed beside it in the same evaluation = "
                 f"[bold]{summary.best_speedup:.2f}×[/]")
         else:
             self.console.print("[bold red]no correct candidate[/] in this run")

@@ -55,6 +55,13 @@ def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:
     return "\n".join(lines)
 
 
+NOISY_CV = 0.2  # timed calls spread beyond this (std / mean): the prompt says the figure is uncertain
+
+
+def _spread(cv: float | None) -> str:
+    return "" if cv is None or not math.isfinite(cv) else f" (calls vary by {100 * cv:.2g}%)"
+
+
 def _fmt_ms(ms: float | None) -> str:
     return "n/a" if ms is None or not math.isfinite(ms) else f"{ms:.4g} ms"
 
@@ -63,10 +70,16 @@ def describe_result(node: Node) -> str:
     """One or two lines of observations."""
     r = node.result
     if node.is_root or node.agent == AGENT_REFERENCE:
-        line = f"Result: the reference (PyTorch), runtime {_fmt_ms(r.runtime_ms)}"
+        line = (f"Result: the reference (PyTorch), runtime {_fmt_ms(r.runtime_ms)}{_spread(r.runtime_cv)}, timed "
+                "alone at the start (each candidate is timed beside the reference again, in its own evaluation)")
     elif r.ok:
-        speed = f"; speedup {r.speedup:.3g}x over the reference" if r.speedup is not None else ""
-        line = f"Result: correct; runtime {_fmt_ms(r.runtime_ms)}{speed}"
+        line = f"Result: correct; runtime {_fmt_ms(r.runtime_ms)}{_spread(r.runtime_cv)}"
+        if r.ref_runtime_ms is not None:
+            line += f", the reference {_fmt_ms(r.ref_runtime_ms)}{_spread(r.ref_runtime_cv)} beside it"
+        if r.speedup is not None:
+            line += f": speedup {r.speedup:.3g}x"
+        if max(r.runtime_cv or 0.0, r.ref_runtime_cv or 0.0) > NOISY_CV:
+            line += " (the calls' times spread widely: an uncertain figure)"
     else:
         line = f"Result: failed at stage {r.stage!r}: {clip(r.error or 'no error message', 300)}"
         if r.max_abs_err is not None:
