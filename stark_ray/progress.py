@@ -44,7 +44,9 @@ def spend(usage: UsageTotals) -> str:
 
 
 def phase_line(console: Console, what: str, since: float) -> None:
-    console.print(f"[dim]  {time.monotonic() - since:5.1f} s  {escape(what)} …[/]", highlight=False)
+    """On a terminal only: a user's mistake found at start-up stays one line where stderr is read by a program."""
+    if console.is_terminal:
+        console.print(f"[dim]  {time.monotonic() - since:5.1f} s  {escape(what)} …[/]", highlight=False)
 
 
 class RichReporter(Reporter):

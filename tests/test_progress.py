@@ -46,12 +46,15 @@ def test_a_resumed_runs_bar_starts_where_its_attempts_are() -> None:
 
 
 def test_the_start_up_says_what_it_is_doing() -> None:
-    """Ray's start and the reference's timing took 40-100 s in silence: each start-up phase is a line, with the
-    seconds since the view began, before the bar."""
+    """Ray's start and the reference's timing took 40-100 s in silence: on a terminal each start-up phase is a
+    line, with the seconds since the view began, before the bar."""
     buf = io.StringIO()
-    reporter = RichReporter(Console(file=buf, width=200, force_terminal=False))
+    reporter = RichReporter(Console(file=buf, width=200, force_terminal=True, color_system=None))
     reporter.phase("starting a private local Ray")
     reporter.phase("starting 1 cpu_cpp evaluator(s), then timing 1 reference(s) [x]")
     lines = buf.getvalue().splitlines()
     assert lines[0].endswith(" s  starting a private local Ray …")
     assert "timing 1 reference(s) [x] …" in lines[1]  # verbatim, never markup
+    quiet = io.StringIO()  # where a program reads stderr, an error found at start-up stays its only line
+    RichReporter(Console(file=quiet, width=200, force_terminal=False)).phase("starting a private local Ray")
+    assert quiet.getvalue() == ""
