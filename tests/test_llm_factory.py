@@ -95,7 +95,7 @@ def test_usage_totals() -> None:
     d = t.as_dict()
     assert d["calls"] == 3 and d["latency_s"] == pytest.approx(1.5)
     assert d["by_role"]["plan"] == {"calls": 2, "failed_calls": 1, "input_tokens": 15, "output_tokens": 1,
-                                    "cost_usd": 0.5, "latency_s": 1.0}
+                                    "cost_usd": 0.5, "latency_s": 1.0, "replay_mismatches": 0}
     assert set(d["by_role"]) == {"plan", "code"}
     assert t.role("debug").calls == 0 and t.role("code").input_tokens == 20
     json.dumps(d)  # plain numbers only
