@@ -402,7 +402,8 @@ def test_a_run_killed_anywhere_and_resumed_grows_the_tree_of_the_uninterrupted_r
     import orchestration
 
 
-    budget, seed = 12, 5
+    # a seed whose search debugs too: the scripted replies follow the prompts, so a change of them can call for another
+    budget, seed = 12, 6
     worker_path = os.pathsep.join([str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")])
 
     def grown(run_id: str) -> list[tuple[Any, ...]]:

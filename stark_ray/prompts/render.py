@@ -55,10 +55,9 @@ def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:
     return "\n".join(lines)
 
 
-NOISY_CV = 0.2  # timed calls spread beyond this (std / mean): the prompt says the figure is uncertain
-
-
 def _spread(cv: float | None) -> str:
+    """The timed calls' spread (std / mean) as a number only: a word that came and went with the noise would make
+    the same step's prompt differ between runs (replays match prompts up to their numbers)."""
     return "" if cv is None or not math.isfinite(cv) else f" (calls vary by {100 * cv:.2g}%)"
 
 
@@ -78,8 +77,6 @@ def describe_result(node: Node) -> str:
             line += f", the reference {_fmt_ms(r.ref_runtime_ms)}{_spread(r.ref_runtime_cv)} beside it"
         if r.speedup is not None:
             line += f": speedup {r.speedup:.3g}x"
-        if max(r.runtime_cv or 0.0, r.ref_runtime_cv or 0.0) > NOISY_CV:
-            line += " (the calls' times spread widely: an uncertain figure)"
     else:
         line = f"Result: failed at stage {r.stage!r}: {clip(r.error or 'no error message', 300)}"
         if r.max_abs_err is not None:
