@@ -32,24 +32,6 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     raise typer.Exit(code)
 
 
-def gpu_first(backend: str, address: str | None, evaluators: int | None = None) -> None:
-    """One line at once, before Ray or an evaluator starts, where a GPU backend is asked for on this machine (no
-    cluster to join) and it has no CUDA GPU, or fewer than ``evaluators``."""
-    from stark_ray.eval.backends import get_backend
-
-    if address is not None or get_backend(backend).device != "cuda":
-        return
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if evaluators is not None and evaluators > gpus:
-        fail(f"{evaluators} evaluators need {evaluators} GPUs and this machine has {gpus}")
-    if not gpus:
-        fail(f"backend {backend} needs a CUDA GPU and this machine has none (torch {torch.__version__}: "
-             "torch.cuda.is_available() is False); run on a GPU host, join a cluster with --address, or choose "
-             "--backend cpu_cpp")
-
-
 def _version(value: bool) -> None:
     if value:
         from stark_ray import __version__
@@ -131,7 +113,7 @@ def optimize(
                                                    show_default=False)] = None,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
-    from stark_ray.cli_places import writable_dir, writable_file
+    from stark_ray.cli_places import gpu_first, kernelbench_task, writable_dir, writable_file
     from stark_ray.eval.backends import available_backends
     from stark_ray.eval.tasks import TaskError, load_task
     from stark_ray.llm.base import ConfigError, LLMError
@@ -275,8 +257,10 @@ class _QuietReporter:
     def status(self, *args: object) -> None: ...
 
     def finish(self, summary: RunSummary) -> None:
+        from stark_ray.progress import replay_note
+
         speedup = "none" if summary.best_speedup is None else f"{summary.best_speedup:.3f}x"
-        odd = f", {summary.replay_mismatches} replay mismatch(es)" if summary.replay_mismatches else ""
+        odd = replay_note(summary.replay_mismatches)
         typer.echo(f"{summary.task}: {summary.status}, {summary.attempts} attempts, best speedup {speedup}{odd}, "
                    f"results in {summary.run_dir}")
 
@@ -315,6 +299,7 @@ def eval_candidate(
     import json
     from dataclasses import asdict
 
+    from stark_ray.cli_places import gpu_first
     from stark_ray.eval.backends import available_backends
     from stark_ray.eval.service import EvalService, EvaluatorError
     from stark_ray.eval.tasks import TaskError, load_task
@@ -410,30 +395,6 @@ def doctor(
     else:
         typer.echo(report.text())
     raise typer.Exit(0 if report.ready else 1)
-
-
-def kernelbench_task(root: Path | None, level: int | None, problem: str | None, given: Path | None) -> Path:
-    """The file of KernelBench's ``--level``/``--problem`` in ``--kernelbench`` (ids and names as KernelBench's own
-    scripts take them); one line where they do not name exactly one."""
-    from stark_ray.eval import kernelbench
-    from stark_ray.eval.tasks import TaskError
-
-    if given is not None:
-        fail("give the task once: either TASK or --kernelbench with --level and --problem")
-    if root is None or level is None or problem is None:
-        fail("a KernelBench task needs --kernelbench DIR, --level N and --problem ID (or a part of its name)")
-    by_id = problem.strip().isdigit()
-    try:
-        refs = kernelbench.select(root.expanduser(), levels=[level], ids=[int(problem)] if by_id else None,
-                                  names=None if by_id else [problem])
-    except TaskError as e:
-        fail(f"--kernelbench {e}")  # the messages begin with the directory
-    wanted = problem.lower()
-    exact = [r for r in refs if wanted in (r.name.lower(), r.name.lower().split("_", 1)[-1])]
-    if len(refs) > 1 and len(exact) != 1:
-        shown = ", ".join(r.name for r in refs[:6]) + (f" and {len(refs) - 6} more" if len(refs) > 6 else "")
-        fail(f"--problem {problem} matches {len(refs)} tasks of level {level}: {shown}; give its id")
-    return (exact or refs)[0].path
 
 
 def _one_task(task: Path | None, ref_path: Path | None) -> Path:

@@ -86,8 +86,8 @@ def campaign(
     """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
 
     from stark_ray.campaign import CampaignError, Caps, load_config, select_tasks
-    from stark_ray.cli import _reporter, _run_on_ray, fail, gpu_first
-    from stark_ray.cli_places import existing_dir, writable_dir
+    from stark_ray.cli import _reporter, _run_on_ray, fail
+    from stark_ray.cli_places import existing_dir, gpu_first, writable_dir
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
     from stark_ray.ray_executor import RayRun

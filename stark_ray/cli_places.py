@@ -1,5 +1,6 @@
-"""The places a command is given (``--out``, ``--resume``, ``--record``): checked before any work, each problem one
-error line and exit 2. A run directory may be local or a filesystem URI (:mod:`stark_ray.store.location`)."""
+"""The places a command is given (``--out``, ``--resume``, ``--record``, a KernelBench problem) and the device it asks
+for: checked before any work, each problem one error line and exit 2. A run directory may be local or a filesystem
+URI (:mod:`stark_ray.store.location`)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,48 @@ def _writable(loc: Location, path: str | Path, flag: str) -> Location:
     except OSError as e:
         _fail(f"{flag} {path}: cannot write there ({_oneline(e)})")
     return loc
+
+
+def gpu_first(backend: str, address: str | None, evaluators: int | None = None) -> None:
+    """One line at once, before Ray or an evaluator starts, where a GPU backend is asked for on this machine (no
+    cluster to join) and it has no CUDA GPU, or fewer than ``evaluators``."""
+    from stark_ray.eval.backends import get_backend
+
+    if address is not None or get_backend(backend).device != "cuda":
+        return
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if evaluators is not None and evaluators > gpus:
+        _fail(f"{evaluators} evaluators need {evaluators} GPUs and this machine has {gpus}")
+    if not gpus:
+        _fail(f"backend {backend} needs a CUDA GPU and this machine has none (torch {torch.__version__}: "
+              "torch.cuda.is_available() is False); run on a GPU host, join a cluster with --address, or choose "
+              "--backend cpu_cpp")
+
+
+def kernelbench_task(root: Path | None, level: int | None, problem: str | None, given: Path | None) -> Path:
+    """The file of KernelBench's ``--level``/``--problem`` in ``--kernelbench`` (ids and names as KernelBench's own
+    scripts take them); one line where they do not name exactly one."""
+    from stark_ray.eval import kernelbench
+    from stark_ray.eval.tasks import TaskError
+
+    if given is not None:
+        _fail("give the task once: either TASK or --kernelbench with --level and --problem")
+    if root is None or level is None or problem is None:
+        _fail("a KernelBench task needs --kernelbench DIR, --level N and --problem ID (or a part of its name)")
+    by_id = problem.strip().isdigit()
+    try:
+        refs = kernelbench.select(root.expanduser(), levels=[level], ids=[int(problem)] if by_id else None,
+                                  names=None if by_id else [problem])
+    except TaskError as e:
+        _fail(f"--kernelbench {e}")  # the messages begin with the directory
+    wanted = problem.lower()
+    exact = [r for r in refs if wanted in (r.name.lower(), r.name.lower().split("_", 1)[-1])]
+    if len(refs) > 1 and len(exact) != 1:
+        shown = ", ".join(r.name for r in refs[:6]) + (f" and {len(refs) - 6} more" if len(refs) > 6 else "")
+        _fail(f"--problem {problem} matches {len(refs)} tasks of level {level}: {shown}; give its id")
+    return (exact or refs)[0].path
 
 
 def _oneline(e: OSError) -> str:

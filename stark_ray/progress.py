@@ -32,6 +32,11 @@ def best_of(tree: Tree) -> str:
     return f"{best.result.speedup:.2f}×" if best and best.result.speedup else "—"
 
 
+def replay_note(n: int) -> str:
+    """``, N replay mismatch(es)`` after a run's or the live view's figures (nothing where there were none)."""
+    return f", {n} replay mismatch(es)" if n else ""
+
+
 def mismatches(n: int) -> str:
     return (f"{n} prompt(s) the cassette does not hold, each answered with its role's next recorded reply (the "
             "search took another path than the recording)")
@@ -40,7 +45,7 @@ def mismatches(n: int) -> str:
 def spend(usage: UsageTotals) -> str:
     """The live view's spend: dollars or calls, and replayed prompts the cassette did not hold."""
     shown = f"${usage.cost_usd:.3f}" if usage.cost_usd else f"{usage.calls} calls"
-    return shown + (f", {usage.replay_mismatches} replay mismatch(es)" if usage.replay_mismatches else "")
+    return shown + replay_note(usage.replay_mismatches)
 
 
 def phase_line(console: Console, what: str, since: float) -> None:
@@ -142,9 +147,7 @@ class CampaignReporter(Reporter):
     def finish(self, summary: RunSummary) -> None:
         speedup = f"{summary.best_speedup:.2f}×" if summary.best_speedup else "no correct candidate"
         self.live.console.print(f"[bold]{escape(summary.task)}[/]: {summary.status}, {summary.attempts} attempts, "
-                                f"best {speedup}, ${summary.cost:.4f}"
-                                + (f", {summary.replay_mismatches} replay mismatch(es)"
-                                   if summary.replay_mismatches else ""))
+                                f"best {speedup}, ${summary.cost:.4f}{replay_note(summary.replay_mismatches)}")
 
     def close(self) -> None:
         if self.started:
