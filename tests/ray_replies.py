@@ -13,6 +13,7 @@ from typing import Any
 from scripted_replies import SLOW, SLOWER, WRONG, code_reply, last_user, plan_reply
 
 from stark_ray.llm.base import LLMRequest
+from stark_ray.llm.replay import prompt_shape
 from stark_ray.llm.scripted import ScriptedClient
 
 # imported by the evaluator's worker, whose parent is the judge, whose parent is the Evaluator actor's process: it
@@ -35,9 +36,9 @@ HELD = ("import os\nimport time\n\nimport torch\nimport torch.nn as nn\n\n"
 
 
 def _pick(request: LLMRequest, choices: tuple[str, ...]) -> str:
-    """By the prompt without its numbers (measured runtimes and speedups differ from run to run, and with three
-    significant digits a slow run's 102 ms has no decimal point)."""
-    digest = hashlib.sha256(re.sub(r"\d+(?:\.\d+)?(?:e-?\d+)?", "#", last_user(request)).encode()).digest()
+    """By the prompt's shape, as replay matches it (numbers masked: measured runtimes, spreads and speedups differ
+    from run to run, in value and in form)."""
+    digest = hashlib.sha256(prompt_shape(last_user(request)).encode()).digest()
     return choices[digest[0] % len(choices)]
 
 

@@ -412,3 +412,12 @@ def test_a_node_shows_its_runtime_beside_the_reference_of_the_same_evaluation_an
     shown = describe_result(noisy)
     assert "(calls vary by 41%)" in shown and "(calls vary by 72%)" in shown
     assert prompt_shape(shown) == prompt_shape(text)  # noise changes numbers only: a replay still matches
+    # a spread of 100% or more, a slow run and a large speedup: plain decimals, never 1.2e+02 (which the scripted
+    # replies of the Ray tests once took for another prompt: the same seed grew two different trees)
+    wild = Node(id=3, parent=0, depth=1, source="x", agent="code",
+                result=EvalResult(compiled=True, correct=True, runtime_ms=12345.6, ref_runtime_ms=63.6,
+                                  speedup=1234.5, stage="ok", runtime_cv=1.23, ref_runtime_cv=0.0004))
+    wild_text = describe_result(wild)
+    assert "runtime 12346 ms (calls vary by 123%)" in wild_text and "(calls vary by 0.04%)" in wild_text
+    assert "speedup 1234x" in wild_text or "speedup 1235x" in wild_text
+    assert "e+" not in wild_text and prompt_shape(wild_text) == prompt_shape(text)

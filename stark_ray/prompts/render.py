@@ -58,11 +58,21 @@ def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:
 def _spread(cv: float | None) -> str:
     """The timed calls' spread (std / mean) as a number only: a word that came and went with the noise would make
     the same step's prompt differ between runs (replays match prompts up to their numbers)."""
-    return "" if cv is None or not math.isfinite(cv) else f" (calls vary by {100 * cv:.2g}%)"
+    return "" if cv is None or not math.isfinite(cv) else f" (calls vary by {_decimal(100 * cv, 2)}%)"
+
+
+def _decimal(x: float, digits: int) -> str:
+    """``x`` to about ``digits`` significant digits, never in exponent form (a spread of 120% reads as 120, not
+    1.2e+02)."""
+    if x == 0:
+        return "0"
+    places = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    text = f"{x:.{places}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _fmt_ms(ms: float | None) -> str:
-    return "n/a" if ms is None or not math.isfinite(ms) else f"{ms:.4g} ms"
+    return "n/a" if ms is None or not math.isfinite(ms) else f"{_decimal(ms, 4)} ms"
 
 
 def describe_result(node: Node) -> str:
@@ -76,7 +86,7 @@ def describe_result(node: Node) -> str:
         if r.ref_runtime_ms is not None:
             line += f", the reference {_fmt_ms(r.ref_runtime_ms)}{_spread(r.ref_runtime_cv)} beside it"
         if r.speedup is not None:
-            line += f": speedup {r.speedup:.3g}x"
+            line += f": speedup {_decimal(r.speedup, 3)}x"
     else:
         line = f"Result: failed at stage {r.stage!r}: {clip(r.error or 'no error message', 300)}"
         if r.max_abs_err is not None:
