@@ -77,6 +77,9 @@ class EvalResult:
     ref_compile_runtime_ms: float | None = None  # torch.compile(reference), same worker and run (--baseline)
     runtime_cv: float | None = None  # std / mean of the candidate's timed calls
     ref_runtime_cv: float | None = None
+    # the speedup's relative standard error, from the ratios of the calls timed in pairs (eval/noise.py); above
+    # 0.05 the speedup is noisy (measured twice, the tighter kept)
+    speedup_err: float | None = None
     device: str | None = None  # where it was evaluated: "<host>:gpu<index>" (the physical GPU) or "<host>:cpu"
     # the device's memory in use at its highest during the evaluation (GB), sampled by the judge every 5 ms: every
     # process on the device, CUDA contexts included (what nvidia-smi shows). None off the GPU.
@@ -235,6 +238,7 @@ def attempt_schema() -> Any:
             ("ref_compile_runtime_ms", pa.float64()),
             ("runtime_cv", pa.float64()),
             ("ref_runtime_cv", pa.float64()),
+            ("speedup_err", pa.float64()),
             ("device", pa.string()),
             ("peak_memory_gb", pa.float64()),
         ]

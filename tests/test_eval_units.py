@@ -277,6 +277,27 @@ def test_a_crash_whose_dump_was_cut_short_names_the_candidates_forward() -> None
     assert forward_location("def (") is None and forward_location("class Model:\n    pass\n") is None
 
 
+def test_a_build_out_of_time_is_told_as_the_builds_time_not_as_a_stack() -> None:
+    from stark_ray.eval.outcome import build_time_out
+
+    compiling = ("[1/2] c++ -c main.cpp -o main.o\nmain.cpp:3: warning: unused variable\n"
+                 "Thread 0x00007f (most recent call first):\n"
+                 '  File "/usr/lib/python3.11/subprocess.py", line 1264 in wait\n'
+                 '  File "/site-packages/torch/utils/cpp_extension.py", line 2100 in _run_ninja_build\n'
+                 '  File "/tmp/req-1/candidate.py", line 40 in <module>\n')
+    timed_out = lost_result(PHASE_COMPILE, True, None, compiling, 300.0)
+    told = build_time_out(timed_out, compiling, 300.0, [30.0, 42.0, 95.0])
+    assert told.error == ("the build did not finish within its time limit of 300 s (--compile-timeout): the "
+                          "compiler was still running")
+    assert "unused variable" in told.log and "took 42 s at the median and 95 s at most (3 builds" in told.log
+    assert "most recent call first" not in told.log and "subprocess" not in told.log
+    assert "no other build has finished" in build_time_out(timed_out, compiling, 300.0, []).log
+    # a candidate whose own import hangs (no compiler on its stack): the timeout as it was, with its line
+    hanging = ('Thread 0x00007f (most recent call first):\n  File "/tmp/req-1/candidate.py", line 3 in <module>\n')
+    stuck = lost_result(PHASE_COMPILE, True, None, hanging, 300.0)
+    assert build_time_out(stuck, hanging, 300.0, [30.0]) is stuck and "candidate.py:3" in (stuck.error or "")
+
+
 def test_worker_env_has_no_credentials() -> None:
     cloud = {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t",
              "GOOGLE_APPLICATION_CREDENTIALS": "/k.json", "AWS_SHARED_CREDENTIALS_FILE": "/c"}  # run dirs on S3/GCS
@@ -637,3 +658,33 @@ def test_the_note_directory_must_be_this_users_own_and_private(tmp_path: Path,
     os.rmdir(path.parent)
     path.parent.write_text("a file where the directory should be")
     assert note_path("stark-eval-abc-0") is None
+
+
+# --- how far a speedup can be trusted (eval/noise.py) ---------------------------------------------------------
+def test_the_speedup_error_comes_from_the_calls_timed_in_pairs() -> None:
+    """A host whose load comes and goes moves both calls of a round together: each side alone spreads widely, the
+    ratios of the pairs do not."""
+    import random
+
+    from stark_ray.eval.noise import NOISY, interval, is_noisy, measured, speedup_error
+
+    rng = random.Random(0)
+    load = [1 + 3 * rng.random() for _ in range(40)]  # each round's slowdown, 1x to 4x
+    ref = [10.0 * f * (1 + 0.01 * rng.random()) for f in load]
+    new = [5.0 * f * (1 + 0.01 * rng.random()) for f in load]
+    assert median_error(ref) > NOISY and median_error(new) > NOISY  # either side alone: too wide to trust
+    paired = speedup_error(ref, new)
+    assert paired < 0.005 and not is_noisy(paired)
+    jumpy = [5.0 * f * (0.2 + 1.6 * rng.random()) for f in load]  # the candidate's own time varies
+    assert is_noisy(speedup_error(ref, jumpy))
+    assert speedup_error(ref, new[:-1]) == math.inf and speedup_error([1.0], [1.0]) == math.inf
+    assert not is_noisy(None) and not is_noisy(math.inf)  # unknown is not said to be noisy
+    assert interval(0.1) == "±20%" and interval(0.004) == "±0.8%" and interval(math.inf) == "±?"
+    stats = {"median": 10.0, "mean": 10.0, "std": 1.0}
+    m = measured({"ref": {**stats, "samples": ref}, "new": {**stats, "median": 5.0, "samples": new}})
+    assert m.speedup == 2.0 and m.error == paired and m.ref_cv == pytest.approx(0.1)
+    assert measured({"ref": stats, "new": stats}).error == math.inf  # no samples: unknown
+    for bad in ({"ref": {**stats, "samples": [1.0, "x"]}, "new": stats}, {"ref": {**stats, "median": -1}, "new": stats},
+                {"ref": stats}):
+        with pytest.raises((ValueError, KeyError)):
+            measured(bad)

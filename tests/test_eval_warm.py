@@ -127,6 +127,20 @@ def test_a_crash_or_a_hang_replaces_the_worker_and_the_next_candidate_is_judged(
     assert passed(service.evaluate(task, GOOD)) and service.worker_starts == starts + 2
 
 
+def test_a_noisy_timing_is_measured_again_and_said_to_be_noisy(service: EvalService, task: Task) -> None:
+    """A speedup whose calls disagree (here a forward that sleeps 0-8 ms at random) is timed a second time and,
+    still noisy, comes with its uncertainty and a note; a steady one comes with a small uncertainty."""
+    from stark_ray.eval.noise import is_noisy
+
+    jumpy = service.evaluate(task, candidate("time.sleep(random.random() * 0.008)\n        return x * self.s + self.t",
+                                             prelude="import random\nimport time"))
+    assert jumpy.correct and jumpy.speedup_err is not None and is_noisy(jumpy.speedup_err)
+    assert "timing measured again" in jumpy.log and "noisy timing: the speedup is known to" in jumpy.log
+    steady = service.evaluate(task, candidate("time.sleep(0.004)\n        return x * self.s + self.t",
+                                              prelude="import time"))
+    assert steady.correct and steady.speedup_err is not None and steady.speedup_err < jumpy.speedup_err
+
+
 @pytest.mark.parametrize(("body", "problem"), [
     ("return x.mul_(self.s).add_(self.t)", "shares memory with an input"),
     ("return (x * self.s + self.t).as_subclass(type('Sneaky', (torch.Tensor,), {}))", "not a plain torch.Tensor"),

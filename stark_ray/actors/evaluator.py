@@ -62,6 +62,10 @@ class EvaluatorActor:
     def evaluate(self, task: Task, source: str) -> EvalResult:
         return self.service.evaluate(task, source)
 
+    def activity(self) -> dict[str, tuple[str, float]]:
+        """What each candidate in evaluation here is going through now, by its digest (for the live view)."""
+        return self.service.activity() if self._service is not None else {}
+
     def hardware(self) -> dict[str, Any]:
         """The device's description for the prompts, its class (evaluators of one class share tasks) and where
         its worker's start went (starting the worker the first time). EvaluatorError when this host cannot

@@ -85,6 +85,22 @@ def crash_location(log: str) -> str | None:
     return f"candidate.py:{m.group('line')} in {m.group('fn')}" if m else None
 
 
+_COMPILER_FRAMES = re.compile(r'File "[^"]*(?:cpp_extension|subprocess|nvrtc|ninja)[^"]*"')
+
+
+def compiler_was_running(log: str) -> str | None:
+    """When the process's first stack dump shows it waiting on a compiler (cpp_extension's build, a compiler
+    process, NVRTC): what it printed before the dump (the compiler's own output); else None."""
+    start = _DUMP_START.search(log)
+    if start is None:
+        return None
+    nxt = _DUMP_START.search(log, start.end())
+    dump = log[start.start(): nxt.start() if nxt else len(log)]
+    if not _COMPILER_FRAMES.search(dump):
+        return None
+    return log[: start.start()]
+
+
 def forward_location(source: str) -> str | None:
     """``candidate.py:LINE in forward``: where ``ModelNew.forward`` begins in a candidate's source, if it parses.
 

@@ -592,8 +592,9 @@ def _clone(values: list[Any]) -> list[Any]:
     return clone_all(values)
 
 
-def _stats(s: Stats) -> dict[str, float]:
-    return {"median": s.median, "mean": s.mean, "std": s.std, "min": s.min, "n": s.n}
+def _stats(s: Stats) -> dict[str, Any]:
+    """A timing for the judge; the samples in round order (the judge pairs the two sides' calls round by round)."""
+    return {"median": s.median, "mean": s.mean, "std": s.std, "min": s.min, "n": s.n, "samples": list(s.samples)}
 
 
 def _seeded(fn: Callable[..., Any], seed: int) -> Callable[..., Any]:

@@ -529,15 +529,16 @@ class WorkerProcess:
             return self.await_reply(clock)  # it died: the reply says how
         return self.await_reply(clock)
 
-    def request(self, request: WorkerRequest, timeouts: dict[str, float]) -> WorkerOutcome:
+    def request(self, request: WorkerRequest, timeouts: dict[str, float],
+                on_phase: Callable[[str], None] | None = None) -> WorkerOutcome:
         """Serve one request that ends with a result (the service to the judge, the pool to a compile worker);
-        ``timeouts`` maps each phase to its own limit in seconds."""
+        ``timeouts`` maps each phase to its own limit in seconds; ``on_phase`` hears each phase it enters."""
         if not self.alive:
             self.start()
         self.mark_log()
         self.claims = []
         started = time.monotonic()
-        clock = PhaseClock(timeouts, self.start_timeout_s)
+        clock = PhaseClock(timeouts, self.start_timeout_s, on_enter=on_phase)
         reply = self.converse(json.loads(request.to_json()), clock)
         while reply.msg is not None and "result" not in reply.msg:  # anything else is not for us
             reply = self.await_reply(clock)

@@ -17,7 +17,9 @@ import os
 import socket
 import sys
 import threading
+import time
 import weakref
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -32,14 +34,16 @@ from stark_ray.eval.compile_pool import CompilePool
 from stark_ray.eval.hardware import usable_cpus
 from stark_ray.eval.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
 from stark_ray.eval.memory import OverBudget
-from stark_ray.eval.outcome import limits_for, lost_result
+from stark_ray.eval.outcome import build_time_out, limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
     MODE_COMPILE,
     MODE_REFERENCE,
+    PHASE_CHECK,
     PHASE_COMPILE,
     PHASE_SETUP,
     PHASE_START,
+    PHASE_TIME,
     WorkerRequest,
 )
 from stark_ray.eval.runner import (
@@ -54,6 +58,9 @@ from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.records import STAGE_COMPILE, EvalResult, source_digest
 
 JUDGE_MARGIN_S = 60.0  # the judge enforces each phase's limit on its worker; the service allows it this more
+DEVICE_PHASES = {PHASE_SETUP: "loading the task", PHASE_COMPILE: "importing", PHASE_CHECK: "checking",
+                 PHASE_TIME: "timing"}  # a phase of the judge's conversation, in the live view's words
+BUILDS_KEPT = 50  # the latest builds whose times a timed-out build is told beside
 
 
 class EvaluatorError(RuntimeError):
@@ -178,6 +185,10 @@ class EvalService:
         self._arch: str | None = None
         self._visible = visible_device(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._warmed = threading.Event()
+        self._doing: dict[str, tuple[str, float]] = {}  # candidate digest -> (what it goes through, since)
+        self._doing_lock = threading.Lock()
+        self._build_times: deque[float] = deque(maxlen=BUILDS_KEPT)  # seconds of the latest builds (told to an
+        # agent whose build ran out of time)
         self.device_label = f"{socket.gethostname()}:" + ("cpu" if device is None else f"gpu{self._visible}")
         self._finalizer = weakref.finalize(self, self.judge.close)
 
@@ -207,12 +218,13 @@ class EvalService:
         """Devices of one class are interchangeable for timing (see ``Backend.hardware_class``)."""
         return self.backend.hardware_class(self.hello(), self.threads)
 
-    def _on_device(self, request: WorkerRequest, cfg: EvalConfig) -> WorkerOutcome:
+    def _on_device(self, request: WorkerRequest, cfg: EvalConfig, key: str | None = None) -> WorkerOutcome:
         with self._device_lock:
             if not self.judge.alive:
                 self._start()
+            on_phase = None if key is None else lambda phase: self._doing_now(key, DEVICE_PHASES.get(phase, phase))
             with running_note(self.running_note, request.candidate_source):
-                outcome = self.judge.request(request, judge_limits(cfg))
+                outcome = self.judge.request(request, judge_limits(cfg), on_phase)
         stats = outcome.extra.get("worker")
         if isinstance(stats, dict):
             self.worker_starts = int(stats.get("starts", self.worker_starts))
@@ -261,6 +273,10 @@ class EvalService:
         build_s = outcome.phase_s.get(PHASE_COMPILE, 0.0)
         if outcome.phase == PHASE_START and outcome.result is None:
             return None, 0.0  # the compile process could not start: let the device worker build it
+        if outcome.timed_out and outcome.phase == PHASE_COMPILE:
+            return build_time_out(result, outcome.log, limits[PHASE_COMPILE], list(self._build_times)), build_s
+        if outcome.result is not None and build_s:
+            self._build_times.append(build_s)
         if result.stage == STAGE_COMPILE and "build_error" in result.flags:
             result.flags.remove("build_error")  # the pool's own signal, not a finding for the agents
             return result, build_s
@@ -295,21 +311,40 @@ class EvalService:
     def evaluate(self, task: Task, source: str, cfg: EvalConfig | None = None) -> EvalResult:
         """Build, check and time one candidate (``class ModelNew``); its faults never raise here."""
         cfg = cfg or self.cfg
-        result = self._evaluate(task, source, cfg)
+        key = source_digest(source)
+        try:
+            result = self._evaluate(task, source, cfg, key)
+        finally:
+            with self._doing_lock:
+                self._doing.pop(key, None)
         result.device = self.device_label
         return result
 
-    def _evaluate(self, task: Task, source: str, cfg: EvalConfig) -> EvalResult:
+    def activity(self) -> dict[str, tuple[str, float]]:
+        """What each candidate in evaluation is going through now, by its digest (``records.source_digest``):
+        building, waiting for the device, loading the task, importing, checking or timing; and for how many
+        seconds so far."""
+        now = time.monotonic()
+        with self._doing_lock:
+            return {key: (doing, now - since) for key, (doing, since) in self._doing.items()}
+
+    def _doing_now(self, key: str, doing: str) -> None:
+        with self._doing_lock:
+            self._doing[key] = (doing, time.monotonic())
+
+    def _evaluate(self, task: Task, source: str, cfg: EvalConfig, key: str) -> EvalResult:
         early = precheck(source)
         if early is not None:
             early.eval_s = 0.0
             return early
         build_s = 0.0
         if self.backend.precompile:
+            self._doing_now(key, "building")
             decided, build_s = self._build(task, source, cfg)
             if decided is not None:
                 return decided
-        outcome = self._on_device(self._request(MODE_CANDIDATE, task, cfg, source), cfg)
+        self._doing_now(key, "waiting for the device")
+        outcome = self._on_device(self._request(MODE_CANDIDATE, task, cfg, source), cfg, key)
         result = outcome_to_result(outcome, judge_limits(cfg), "judge")
         if build_s:  # the pool's build plus the device worker's (cached) load
             result.compile_s = build_s + (result.compile_s or 0.0)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +25,7 @@ import torch
 
 from stark_ray.eval.guards import nbytes_of, snapshot
 from stark_ray.eval.inputs import clone_all, make_inputs
+from stark_ray.eval.noise import median_error
 
 TIMING_SEED_OFFSET = 10_000  # timing inputs are fresh: seeds apart from the correctness trials'
 WALL_SEED_OFFSET = 20_000  # and the wall-clock re-measurement of a large speedup uses fresh ones again
@@ -211,16 +211,6 @@ def identical(a: Any, b: Any) -> bool:
 
 class TimingMismatch(Exception):
     """A timed output differed from the reference's for the same inputs (memoised, racy, input-dependent)."""
-
-
-def median_error(samples: Sequence[float]) -> float:
-    """The relative standard error of the median of ``samples``, from a robust spread (1.4826 MAD: a few late
-    samples do not hide a tight distribution, two modes do not pass for one)."""
-    m = statistics.median(samples)
-    if m <= 0 or len(samples) < 2:
-        return math.inf
-    mad = statistics.median(abs(x - m) for x in samples)
-    return 1.2533 * 1.4826 * mad / math.sqrt(len(samples)) / m
 
 
 def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]], timer: Timer, warmup: int,
