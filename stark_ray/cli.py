@@ -7,7 +7,7 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -353,12 +353,19 @@ def named_as(result: EvalResult, file_name: str) -> EvalResult:
 
 
 def _eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str:
+    from stark_ray.eval.noise import interval, is_noisy
+
     verdict = "correct" if result.ok else (
         f"REJECTED ({', '.join(result.flags)})" if result.correct else f"FAILED at {result.stage}")
     lines = [f"{task_name}: {candidate_name}: {verdict}"]
     if result.runtime_ms is not None and result.ref_runtime_ms is not None:
+        known = "" if result.speedup_err is None else f" {interval(result.speedup_err)} (95%)"
         lines.append(f"  runtime {result.runtime_ms:.4f} ms, reference {result.ref_runtime_ms:.4f} ms "
-                     f"(same run): speedup {result.speedup:.3f}x")
+                     f"(same run): speedup {result.speedup:.3f}x{known}")
+        if is_noisy(result.speedup_err):
+            lines.append("  noisy: the calls timed in pairs disagree that much even measured twice (a busy host, or "
+                         "a kernel whose time varies); this speedup is not one to trust: run it again on a quiet "
+                         "machine")
     if result.ref_compile_runtime_ms is not None and result.runtime_ms:
         lines.append(f"  torch.compile baseline {result.ref_compile_runtime_ms:.4f} ms: speedup "
                      f"{result.ref_compile_runtime_ms / result.runtime_ms:.3f}x")
@@ -425,9 +432,23 @@ def _register_analysis() -> None:
 _register_analysis()
 
 
+def plain_flags(command: Any) -> Any:
+    """``command`` (a click command or group, as typer builds it) with its flags shown bare in the help: typer writes
+    ``<bool>`` beside ``--quiet`` and ``--help``, which take no value. Returns ``command``."""
+    import click
+
+    help_option = command.get_help_option(click.Context(command))
+    for param in [*command.params, help_option]:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        plain_flags(sub)
+    return command
+
+
 def main() -> None:
     try:
-        app()
+        plain_flags(typer.main.get_command(app))(prog_name="stark")
     except KeyboardInterrupt:  # pragma: no cover - interactive
         sys.exit(130)
 

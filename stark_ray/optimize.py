@@ -48,6 +48,7 @@ class RunSummary:
     best_node: int | None
     best_runtime_ms: float | None
     best_ref_runtime_ms: float | None  # the reference as timed beside the best candidate
+    best_speedup_err: float | None  # its relative standard error (eval/noise.py), where known
     ref_runtime_ms: float | None  # the reference timed alone, at the start
     failures: int
     failures_by_stage: dict[str, int]
@@ -72,6 +73,25 @@ class Reporter:
     def finish(self, summary: RunSummary) -> None: ...
     def status(self, stats: dict[str, Any]) -> None:
         """A campaign's figures now (tasks, attempts, spend, evaluators busy): called a few times a second."""
+
+    shows_expansions = False  # True: the driver tells :meth:`expansions` what each expansion in flight is doing
+
+    def expansions(self, doing: list[InFlight]) -> None:
+        """The expansions in flight and what each is going through (called about once a second)."""
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """One expansion in flight, as the live view shows it."""
+
+    task: str
+    parent: int  # the node it expands
+    doing: str  # "plan and code agents", "debug agent", "waiting for an evaluator", "building", "timing", ...
+    seconds: float  # in that step so far
+
+    def describe(self, with_task: bool = False) -> str:
+        where = f"{self.task}: " if with_task else ""
+        return f"{where}from node {self.parent}: {self.doing} {self.seconds:.0f} s"
 
 
 def new_run_dir(out: str | Path | Location, task_name: str) -> Location:
@@ -137,6 +157,7 @@ def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, bu
         best_speedup=best.result.speedup if best else None, best_node=best.id if best else None,
         best_runtime_ms=best.result.runtime_ms if best else None,
         best_ref_runtime_ms=best.result.ref_runtime_ms if best else None,
+        best_speedup_err=best.result.speedup_err if best else None,
         ref_runtime_ms=tree.root.result.runtime_ms, failures=tree.failures(),
         failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.correct)),
         tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),

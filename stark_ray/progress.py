@@ -10,9 +10,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from stark_ray.agents.base import AgentResult
+from stark_ray.eval.noise import interval, is_noisy
 from stark_ray.eval.tasks import Task
 from stark_ray.llm.usage import UsageTotals
-from stark_ray.optimize import Reporter, RunSummary
+from stark_ray.optimize import InFlight, Reporter, RunSummary
 from stark_ray.records import Node
 from stark_ray.search.tree import Tree
 
@@ -21,10 +22,20 @@ def describe(node: Node) -> str:
     """One line of rich markup; everything that comes from a compiler, a model or a candidate is escaped."""
     r = node.result
     if node.correct:
-        return f"[green]correct[/] {r.runtime_ms:.3f} ms, {r.speedup:.2f}×" if r.speedup else "[green]correct[/]"
+        if not r.speedup:
+            return "[green]correct[/]"
+        noisy = known(r.speedup_err) if is_noisy(r.speedup_err) else ""
+        return f"[green]correct[/] {r.runtime_ms:.3f} ms, {r.speedup:.2f}×{noisy}"
     flags = escape(f" [{', '.join(r.flags)}]") if r.flags else ""
     first = (r.error or "").splitlines()[0][:110] if r.error else ""
     return f"[red]{r.stage}[/]{flags}: {escape(first)}"
+
+
+def known(err: float | None) -> str:
+    """`` ±3% (95%)`` after a speedup whose error is known, in yellow with a word when it is noisy."""
+    if err is None:
+        return ""
+    return f" [yellow]{interval(err)} (95%), noisy[/]" if is_noisy(err) else f" {interval(err)} (95%)"
 
 
 def best_of(tree: Tree) -> str:
@@ -60,10 +71,16 @@ class RichReporter(Reporter):
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("best {task.fields[best]}  failures {task.fields[fails]}  {task.fields[cost]}"),
-            TimeElapsedColumn(), console=self.console, transient=False,
+            TimeElapsedColumn(), TextColumn("[dim]{task.fields[doing]}"), console=self.console, transient=False,
         )
         self._bar = None
         self.since = time.monotonic()
+        self.shows_expansions = self.console.is_terminal  # the driver asks the evaluators only for a terminal
+
+    def expansions(self, doing: list[InFlight]) -> None:
+        if self._bar is not None:
+            shown = "; ".join(d.describe() for d in doing[:3]) + (f"; {len(doing) - 3} more" if len(doing) > 3 else "")
+            self.progress.update(self._bar, doing=escape(shown))
 
     def phase(self, what: str) -> None:
         phase_line(self.console, what, self.since)
@@ -75,7 +92,7 @@ class RichReporter(Reporter):
                            f"beside it again); budget {budget} attempts{resumed}")
         self.progress.start()
         self._bar = self.progress.add_task("attempt", total=budget, completed=tree.evaluated, best=best_of(tree),
-                                           fails=tree.failures(), cost="")
+                                           fails=tree.failures(), cost="", doing="")
 
     def attempt(self, node: Node, step: AgentResult, tree: Tree, usage: UsageTotals) -> None:
         self.progress.console.print(
@@ -93,7 +110,7 @@ class RichReporter(Reporter):
             self.console.print(
                 f"[bold green]best[/]: node {summary.best_node}, {summary.best_runtime_ms:.3f} ms vs "
                 f"reference {summary.best_ref_runtime_ms:.3f} ms timed beside it in the same evaluation = "
-                f"[bold]{summary.best_speedup:.2f}×[/]")
+                f"[bold]{summary.best_speedup:.2f}×[/]{known(summary.best_speedup_err)}")
         else:
             self.console.print("[bold red]no correct candidate[/] in this run")
         self.console.print(
@@ -115,6 +132,11 @@ class CampaignReporter(Reporter):
         self.live = Live(console=self.console, refresh_per_second=4, transient=False)
         self.started = False
         self.since = time.monotonic()
+        self.shows_expansions = self.console.is_terminal
+        self.doing: list[InFlight] = []
+
+    def expansions(self, doing: list[InFlight]) -> None:
+        self.doing = doing
 
     def phase(self, what: str) -> None:
         if not self.started:  # the start-up's phases come before the live table
@@ -140,6 +162,10 @@ class CampaignReporter(Reporter):
         waiting = f", {stats['waiting']} waiting" if stats.get("waiting") else ""
         table.add_row("evaluators", f"{stats.get('busy', '?')} of {stats['evaluators']} busy: "
                                     f"{stats['evaluating']} candidates in evaluation{waiting}")
+        if self.doing:
+            longest = sorted(self.doing, key=lambda d: -d.seconds)[:4]  # the ones that take longest: worth a look
+            more = f"\n{len(self.doing) - len(longest)} more" if len(self.doing) > len(longest) else ""
+            table.add_row("in flight", escape("\n".join(d.describe(with_task=True) for d in longest) + more))
         if stats["capped"]:
             table.add_row("capped", escape("; ".join(sorted(set(stats["capped"].values())))))
         self.live.update(table)

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -44,6 +44,7 @@ from stark_ray.optimize import (
     STATUS_FAILED,
     STATUS_FINISHED,
     STATUS_INTERRUPTED,
+    InFlight,
     Reporter,
     RunSummary,
     new_run_dir,
@@ -62,7 +63,7 @@ from stark_ray.ray_run import (
     start_memory,
     stop_actors,
 )
-from stark_ray.records import STAGE_CRASH, EvalResult
+from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
 from stark_ray.resume import record_changes
 from stark_ray.run_files import RUN_FILE, RunError, recorded_usage, run_record, task_summary
 from stark_ray.run_mirror import RunMirror
@@ -73,6 +74,7 @@ from stark_ray.store.location import Location, locate
 log = logging.getLogger(__name__)
 _AGENT, _EVAL, _ADD, _NEXT, _BACK = "agent", "eval", "add", "next", "back"
 _UNSET: Any = object()  # a ref's value not fetched yet
+AGENT_WORDS = {"plan+code": "plan and code agents", "debug": "debug agent", "single": "agent"}  # the live view's
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
 
@@ -87,6 +89,7 @@ class _Work:
     limit: int = 0  # tickets asked for (add, next): room kept for them until they come back
     deaths: int = 0  # eval: evaluator deaths this candidate was in flight for (sent again after each)
     instance: str | None = None  # eval: the evaluator's actor process it was sent to
+    since: float = field(default_factory=time.monotonic)  # when it was launched, sent or queued
 
 
 class _Driver:
@@ -108,6 +111,7 @@ class _Driver:
         self.capped: dict[str, str] = {}  # task -> why no new LLM calls are made for it
         self._caps_unchecked = True  # the caps are checked against what a resumed run spent before
         self._last_progress = 0.0
+        self._last_look = 0.0  # when the evaluators were last asked what their candidates go through
         self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
         self.agents = start_agents(run)  # now: they start (and import) while the evaluators and references do
         self.agent_load = [0] * len(self.agents)  # calls outstanding on each
@@ -207,10 +211,15 @@ class _Driver:
 
     def _progress(self, final: bool = False) -> None:
         now = time.monotonic()
-        report = getattr(self.reporter, "status", None)
-        if report is None or (now - self._last_progress < 0.5 and not final):
+        if now - self._last_progress < 0.5 and not final:
             return
         self._last_progress = now
+        if getattr(self.reporter, "shows_expansions", False) and now - self._last_look >= 1.0:
+            self._last_look = now
+            self.reporter.expansions(self._in_flight(now))
+        report = getattr(self.reporter, "status", None)
+        if report is None:
+            return
         running = {w.ticket.task for w in self.pending.values() if w.ticket is not None}
         running |= {task for task, _ in self.dispatch.queue}
         report({
@@ -221,6 +230,31 @@ class _Driver:
             "busy": sum(1 for load in self.dispatch.load if load),
             "capped": dict(self.capped),
         })
+
+    def _in_flight(self, now: float) -> list[InFlight]:
+        """What each expansion in flight is doing: its agent call, its wait for an evaluator, or its evaluation's
+        step as its evaluator says (asked now, answers awaited a moment at most)."""
+        busy = sorted({w.which for w in self.pending.values() if w.kind == _EVAL})
+        asked = {self.evaluators[i].activity.remote(): i for i in busy}
+        ready = ray.wait(list(asked), num_returns=len(asked), timeout=0.2)[0] if asked else []
+        steps: dict[str, tuple[str, float]] = {}
+        for ref in ready:
+            with contextlib.suppress(RayError):
+                steps.update(ray.get(ref))
+        out = []
+        for w in self.pending.values():
+            if w.ticket is None or w.kind not in (_AGENT, _EVAL):
+                continue
+            if w.kind == _AGENT:
+                out.append(InFlight(w.ticket.task, w.ticket.parent, AGENT_WORDS.get(w.ticket.request.agent, "agent"),
+                                    now - w.since))
+            else:
+                doing, seconds = steps.get(source_digest(w.step.source if w.step else ""), ("evaluating",
+                                                                                            now - w.since))
+                out.append(InFlight(w.ticket.task, w.ticket.parent, doing, seconds))
+        out += [InFlight(task, w.ticket.parent, "waiting for an evaluator", now - w.since)
+                for task, w in self.dispatch.queue if w.ticket is not None]
+        return out
 
     def _room(self) -> int:
         """Expansions that may still be started: ``max_in_flight`` less the agent calls and evaluations
@@ -345,7 +379,7 @@ class _Driver:
         for which, work in self.dispatch.ready():
             assert work.ticket is not None and work.step is not None
             ref = self.evaluators[which].evaluate.remote(self.tasks[work.ticket.task], work.step.source)
-            work.which, work.instance = which, self.deaths.instances.get(which)
+            work.which, work.instance, work.since = which, self.deaths.instances.get(which), time.monotonic()
             self.pending[ref] = work
 
     def _act(self, which: int, verdict: Verdict[_Work]) -> None:

@@ -117,3 +117,15 @@ def paced_evaluator_cls(speedup: float | None = None, hold: str | None = None, h
             return replace(ref, runtime_ms=ref.runtime_ms / speedup, speedup=speedup)
 
     return PacedEvaluator
+
+
+# correct and slow to check (each call sleeps 0.6 s): the live view's test sees its evaluation's steps
+SLEEPY = SLOW.replace("time.sleep(0.03)", "time.sleep(0.6)")
+
+
+def sleepy_reply(request: LLMRequest) -> str:
+    return plan_reply(request) if request.role == "plan" else code_reply(SLEEPY)(request)
+
+
+def sleepy_client() -> ScriptedClient:
+    return ScriptedClient({}, default=sleepy_reply)

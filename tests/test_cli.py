@@ -163,6 +163,14 @@ def test_campaign_takes_the_search_and_eval_options_optimize_takes(tmp_path: Pat
         assert f"(default: {default})" in shown, default
 
 
+def test_flags_are_shown_without_a_type_in_the_help() -> None:
+    """typer printed ``--quiet <bool>`` and ``--help <bool>``: a flag takes no value."""
+    for command in ("optimize", "campaign", "eval", "report"):
+        shown = stark(command, "--help", env={"COLUMNS": "200"}).stdout
+        assert "--help" in shown and "<bool>" not in shown, command
+        assert "<int>" in shown or "<path>" in shown or "<str>" in shown  # options that take one keep their type
+
+
 def test_version() -> None:
     from stark_ray import __version__
 

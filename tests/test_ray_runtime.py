@@ -88,6 +88,33 @@ def test_search_through_the_actors_matches_the_local_executor(ray_cluster: str, 
     assert shape(local) == shape(stored)
 
 
+def test_the_live_view_hears_what_each_expansion_in_flight_is_doing(ray_cluster: str, tmp_path: Path,
+                                                                    shared_build_dir: str) -> None:
+    """The live view said nothing of an expansion between its start and its row (an LLM call, a 5-minute build,
+    timing): the driver tells it each one's step, the evaluation's as its evaluator says."""
+    from stark_ray.optimize import InFlight, Reporter
+
+    class Heard(Reporter):
+        shows_expansions = True
+
+        def __init__(self) -> None:
+            self.heard: list[InFlight] = []
+
+        def expansions(self, doing: list[InFlight]) -> None:
+            self.heard += doing
+
+    heard = Heard()
+    [summary] = run_ray(ray_run(tmp_path, shared_build_dir, budget=1, client_factory=ray_replies.sleepy_client),
+                        heard)
+    assert summary.attempts == 1
+    steps = {d.doing for d in heard.heard}
+    known = {"plan and code agents", "debug agent", "waiting for an evaluator", "evaluating", "building",
+             "waiting for the device", "loading the task", "importing", "checking", "timing"}
+    assert steps <= known and steps & {"checking", "timing"}, steps  # each forward sleeps 0.6 s: seen checking
+    assert all(d.task == "1_LeakyReluScale" and d.parent >= 0 and d.seconds >= 0 for d in heard.heard)
+    assert InFlight("t", 0, "checking", 2.2).describe() == "from node 0: checking 2 s"
+
+
 def test_parallel_expansions_of_one_task_take_distinct_nodes(ray_cluster: str, tmp_path: Path,
                                                              shared_build_dir: str) -> None:
     task = load_task(TASK)

@@ -27,6 +27,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 
+from stark_ray.eval.noise import interval
 from stark_ray.records import AGENT_REFERENCE, Node, excerpt
 
 FULL, CODE, BRIEF = 0, 1, 2
@@ -87,6 +88,8 @@ def describe_result(node: Node) -> str:
             line += f", the reference {_fmt_ms(r.ref_runtime_ms)}{_spread(r.ref_runtime_cv)} beside it"
         if r.speedup is not None:
             line += f": speedup {_decimal(r.speedup, 3)}x"
+            if r.speedup_err is not None:  # always where known: a prompt's shape does not change with the noise
+                line += f" ({interval(r.speedup_err)}, 95%)"
     else:
         line = f"Result: failed at stage {r.stage!r}: {clip(r.error or 'no error message', 300)}"
         if r.max_abs_err is not None:
