@@ -19,6 +19,7 @@ FORMATS = ("table", "csv", "json")
 CELL_LIMIT = 60  # characters of a cell in the table format (csv and json keep everything)
 # what analysis/views.py makes (tests/test_analysis.py holds the two together; named here: no duckdb at start-up)
 VIEWS = ("attempts", "llm_calls", "judged", "best", "tasks", "runs", "devices")
+TREES = 12  # search trees stark report draws by default (analysis/report.py: TREES; a test holds the two together)
 
 
 def sql(
@@ -49,7 +50,7 @@ def sql(
             values = cur.fetchall() if names else []
         except duckdb.Error as e:
             _fail(_message(e))
-    typer.echo(_format(names, values, fmt), nl=False)
+    typer.echo(_format(names, values, fmt, _terminal_width()), nl=False)
 
 
 def report(
@@ -57,15 +58,17 @@ def report(
                                                                "directories; a path or a URI.", show_default=False)],
     out: Annotated[str | None, typer.Option(help="Where report.md and report/*.png go (default: DIR; a path or "
                                                  "a URI).", show_default=False)] = None,
+    trees: Annotated[int, typer.Option(help="Draw the search trees of this many tasks (the highest best speedup "
+                                            "first; 0: none).", min=0)] = TREES,
 ) -> None:
-    """Write report.md (fast_p, speedups, search statistics per level, per task) and PNG plots; print the
-    headline numbers."""
+    """Write report.md (fast_p, speedups, search statistics per level, per task), PNG plots and pictures of the
+    search trees; print the headline numbers."""
     import duckdb
 
     from stark_ray.analysis.report import generate, headline
 
     try:
-        result = generate(run_dir, out)
+        result = generate(run_dir, out, trees)
     except (OSError, ValueError, NotImplementedError, duckdb.Error) as e:
         _fail(_message(e))
     typer.echo(f"report: {result.path}")
@@ -92,7 +95,19 @@ def _message(e: BaseException) -> str:
     return " ".join(kept) or type(e).__name__
 
 
-def _format(names: list[str], values: list[tuple[Any, ...]], fmt: str) -> str:
+def _terminal_width() -> int | None:
+    """The terminal's columns when the output goes to one (or ``COLUMNS`` says), else None: a table piped to a
+    file or a program is never folded."""
+    import os
+    import shutil
+    import sys
+
+    if not (os.environ.get("COLUMNS") or sys.stdout.isatty()):
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def _format(names: list[str], values: list[tuple[Any, ...]], fmt: str, width: int | None = None) -> str:
     if fmt == "json":
         return json.dumps([{n: _plain(v) for n, v in zip(names, row, strict=True)} for row in values],
                           indent=2, ensure_ascii=False) + "\n"
@@ -103,7 +118,27 @@ def _format(names: list[str], values: list[tuple[Any, ...]], fmt: str) -> str:
             writer.writerow(names)
         writer.writerows([["" if v is None else _csv_cell(v) for v in row] for row in values])
         return buf.getvalue()
-    return _table(names, values)
+    table = _table(names, values)
+    if width is None or max(map(len, table.splitlines()), default=0) <= width:
+        return table
+    return _records(names, values, width)
+
+
+def _records(names: list[str], values: list[tuple[Any, ...]], width: int) -> str:
+    """A table too wide for the terminal, one row after another as ``column | value`` lines (psql's expanded
+    form), each value cut to the terminal's width."""
+    pad = max(map(len, names))
+    room = max(12, width - pad - 3)
+    out: list[str] = []
+    for k, row in enumerate(values, 1):
+        head = f"-[ row {k} ]"
+        out.append(head + "-" * max(0, min(width, pad + 3 + room) - len(head)))
+        for name, v in zip(names, row, strict=True):
+            text = _text(v)
+            out.append(f"{name.ljust(pad)} | {text if len(text) <= room else text[: room - 1] + '…'}")
+    out.append(f"({len(values)} row{'s' if len(values) != 1 else ''}, one under another: too wide for the "
+               "terminal)")
+    return "\n".join(out) + "\n"
 
 
 def _table(names: list[str], values: list[tuple[Any, ...]]) -> str:

@@ -31,6 +31,7 @@ from stark_ray.records import (
     LLMUsage,
     Node,
 )
+from stark_ray.store.parquet import safe_name
 from stark_ray.store.run_store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -273,13 +274,66 @@ def test_write_report(campaign: Path) -> None:
                  "![fast_p](report/fast_p.png)", "## Definitions"):
         assert part in text, part
     names = {"fast_p.png", "best_so_far.png", "failures.png", "cost_per_task.png"}
-    assert {p.name for p in (campaign / "run-a" / PLOTS_DIR).iterdir()} == names
-    assert all(png(campaign / "run-a" / PLOTS_DIR / n) for n in names)
+    trees = {f"tree_{safe_name(t)}.png" for t in (T1, T2, T3)}
+    assert {p.name for p in (campaign / "run-a" / PLOTS_DIR).iterdir()} == names | trees
+    assert all(png(campaign / "run-a" / PLOTS_DIR / n) for n in names | trees)
+    assert "## Search trees" in text and f"![tree_{safe_name(T1)}](report/tree_{safe_name(T1)}.png)" in text
+
+
+def test_a_report_draws_the_trees_of_the_best_tasks_first_and_no_cost_chart_for_a_free_run(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "free", {
+        "slow_task": [reference(10.0), candidate(1, timed(8.0, 10.0), cost=0.0)],
+        "fast_task": [reference(10.0), candidate(1, timed(2.0, 10.0), cost=0.0)],
+        "failed_task": [reference(10.0), candidate(1, wrong(), cost=0.0)]}, with_calls=False)
+    r = generate(run, trees=2)
+    assert [Path(str(p)).name for p in r.trees] == ["tree_fast_task.png", "tree_slow_task.png"]
+    assert r.trees_of == 3 and "2 of 3 tasks, the highest best speedup first" in r.path.read_text()
+    assert not (run / PLOTS_DIR / "cost_per_task.png").exists()
+    assert generate(run, trees=0).trees == []
+
+
+def test_the_tree_picture_lays_out_a_tree_and_finds_the_best_path(tmp_path: Path) -> None:
+    from stark_ray.analysis.tree_picture import PictureNode, best_path, layout, nodes_of, outcome_of, tree_picture
+
+    rows_ = [{"seq": 0, "node_id": 0, "parent_id": None, "agent": "reference", "ok": True, "failure": None,
+              "speedup": 1.0},
+             {"seq": 1, "node_id": 1, "parent_id": 0, "agent": "plan+code", "ok": False, "failure": "compile"},
+             {"seq": 2, "node_id": 2, "parent_id": 1, "agent": "debug", "ok": True, "failure": None, "speedup": 1.5},
+             {"seq": 3, "node_id": 3, "parent_id": 0, "agent": "plan+code", "ok": False,
+              "failure": "rejected: no_kernel", "speedup": 9.0},
+             {"seq": 4, "node_id": 4, "parent_id": 2, "agent": "plan+code", "ok": True, "failure": None,
+              "speedup": 2.5},
+             {"seq": 5, "node_id": 5, "parent_id": 2, "agent": "plan+code", "ok": False, "failure": "correctness"},
+             {"seq": 6, "node_id": 6, "parent_id": 0, "agent": "plan+code", "ok": False, "failure": "timeout"}]
+    nodes = nodes_of(rows_)
+    assert [n.outcome for n in nodes] == ["reference", "build", "accepted", "rejected", "accepted", "wrong",
+                                          "failed"]
+    assert nodes[3].speedup is None  # a rejected node's speedup is not one to show
+    assert best_path(nodes) == [0, 1, 2, 4]  # the rejected 9x is not the best
+    pos = layout(nodes)
+    # leaves 4, 5, 3, 6 side by side in depth-first order; each parent centred over its children
+    assert [pos[i][0] for i in (4, 5, 3, 6)] == [0.0, 1.0, 2.0, 3.0]
+    assert pos[2] == (0.5, 2.0) and pos[1] == (0.5, 1.0) and pos[0] == (1.75, 0.0)
+    assert outcome_of({"seq": 3, "agent": "debug", "ok": False, "failure": "untimed"}) == "failed"
+    # a debug chain thousands deep is no recursion error, and a row whose parent is missing is a root of its own
+    chain = [PictureNode(0, None, "reference", "reference", None)] + [
+        PictureNode(i, i - 1, "debug", "wrong", None) for i in range(1, 3000)] + [
+        PictureNode(5000, 4999, "plan+code", "accepted", 1.2)]
+    assert layout(chain)[2999] == (0.0, 2999.0) and layout(chain)[5000] == (1.0, 0.0)
+    assert png(tree_picture(nodes, tmp_path / "t.png", "a task"))
+    assert best_path([PictureNode(0, None, "reference", "reference", None)]) == []
+
+
+def test_the_report_command_draws_as_many_trees_as_its_default_says() -> None:
+    from stark_ray.analysis.report import TREES
+    from stark_ray.cli_analysis import TREES as CLI_TREES
+
+    assert CLI_TREES == TREES
 
 
 def test_report_of_a_campaign_has_runs(campaign: Path, tmp_path: Path) -> None:
     r = generate(campaign, out=tmp_path / "elsewhere")
-    assert r.path == tmp_path / "elsewhere" / REPORT_FILE and len(r.plots) == 4
+    assert r.path == tmp_path / "elsewhere" / REPORT_FILE and len(r.plots) == 4 and r.trees
     text = r.path.read_text()
     assert "## Per run" in text and "| run-b |" in text
     assert all(png(p) for p in r.plots)
@@ -313,6 +367,24 @@ def test_sql_formats(campaign: Path) -> None:
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
     assert lines[0].split() == ["run_id", "n"] and lines[2].split() == ["run-a", "12"] and lines[-1] == "(2 rows)"
+
+
+def test_sql_folds_a_table_wider_than_the_terminal(campaign: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SELECT * FROM attempts`` printed lines of 700 characters on an 80-column terminal: one row under another
+    instead, each value cut to the terminal; piped to a program (no terminal, no COLUMNS), the table stays whole."""
+    query = "SELECT * FROM attempts ORDER BY task, seq LIMIT 2"
+    monkeypatch.delenv("COLUMNS", raising=False)
+    whole = CliRunner().invoke(cli(), ["sql", str(campaign / "run-a"), query])
+    assert whole.exit_code == 0 and max(map(len, whole.stdout.splitlines())) > 200  # not a terminal: unfolded
+    folded = CliRunner().invoke(cli(), ["sql", str(campaign / "run-a"), query], env={"COLUMNS": "80"})
+    assert folded.exit_code == 0, folded.output
+    lines = folded.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and lines[0].startswith("-[ row 1 ]-")
+    assert any(ln.startswith("run_id ") and ln.endswith("| run-a") for ln in lines)
+    assert lines[-1].startswith("(2 rows, one under another")
+    narrow = "SELECT task, seq FROM attempts ORDER BY task, seq LIMIT 1"
+    kept = CliRunner().invoke(cli(), ["sql", str(campaign / "run-a"), narrow], env={"COLUMNS": "80"})
+    assert kept.stdout.splitlines()[0].split() == ["task", "seq"]  # fits: a table as before
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -77,6 +77,14 @@ def _report_sql_and_notebook_agree(run_dir: Path, tmp_path: Path) -> None:
             else:
                 os.environ[k] = v
     found = json.loads(result_file.read_text())
+    # its plots are drawn where a reader looks: fast_p, the best so far and the search tree (it drew none when it
+    # switched matplotlib to Agg)
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) >= 3
+    trees = list((run_dir / "report").glob("tree_*.png"))
+    assert len(trees) == 3 and "## Search trees" in text  # every task's tree (3 tasks, fewer than the default)
+    assert not (run_dir / "report" / "cost_per_task.png").exists()  # echo replies cost nothing: no empty chart
     from stark_ray.analysis import connect
     from stark_ray.analysis.metrics import fast_p
     from stark_ray.analysis.views import task_rows

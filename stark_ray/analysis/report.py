@@ -17,6 +17,7 @@ from stark_ray.store.location import Location, locate
 
 REPORT_FILE = "report.md"
 PLOTS_DIR = "report"
+TREES = 12  # search trees drawn by default: those of the tasks with the highest best speedup
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Report:
     devices: list[dict[str, Any]] = field(default_factory=list)
     plots: list[Path | Location] = field(default_factory=list)  # Locations after an upload
     plot_error: str | None = None
+    trees: list[Path | Location] = field(default_factory=list)  # one picture per task drawn (report/tree_*.png)
+    trees_of: int = 0  # of how many tasks
 
 
 def write_report(path: str | Path | Location, out: str | Path | Location | None = None) -> Path | Location:
@@ -40,9 +43,10 @@ def write_report(path: str | Path | Location, out: str | Path | Location | None 
     return generate(path, out).path
 
 
-def generate(path: str | Path | Location, out: str | Path | Location | None = None) -> Report:
+def generate(path: str | Path | Location, out: str | Path | Location | None = None, trees: int = TREES) -> Report:
     """``path`` and ``out`` may be local directories or filesystem URIs (``s3://...``); a report for a URI is
-    written in a local temporary directory and then uploaded."""
+    written in a local temporary directory and then uploaded. ``trees``: how many tasks' search trees to draw
+    (those with the highest best speedup, then by name; 0: none)."""
     source = locate(path)
     runs = run_dirs(source)
     with connect(source) as con:
@@ -53,29 +57,43 @@ def generate(path: str | Path | Location, out: str | Path | Location | None = No
         progress = rows(con, "SELECT run_id, task, seq, best_speedup_so_far FROM judged WHERE seq > 0 "
                              "ORDER BY run_id, task, seq")
         devices = rows(con, "SELECT * FROM devices WHERE device <> 'unknown' ORDER BY run_id, device")
+        drawn = _tree_tasks(tasks, trees)
+        nodes = rows(con, "SELECT run_id, task, seq, node_id, parent_id, agent, ok, failure, speedup FROM judged "
+                          "ORDER BY run_id, task, seq") if drawn else []
+    shapes = {key: [n for n in nodes if (n["run_id"], n["task"]) == key] for key in drawn}
     target = locate(out) if out is not None else source
     if target.local:
-        return _write(target.local_path(), tasks, failures, progress, devices, source, runs)
+        return _write(target.local_path(), tasks, failures, progress, devices, source, runs, shapes)
     with tempfile.TemporaryDirectory(prefix="stark-report-") as tmp:
-        report = _write(Path(tmp), tasks, failures, progress, devices, source, runs)
+        report = _write(Path(tmp), tasks, failures, progress, devices, source, runs, shapes)
         uploaded: list[Path | Location] = []
-        for f in [report.path, *report.plots]:
+        for f in [report.path, *report.plots, *report.trees]:
             local = Path(str(f))
             dest = target.join(*local.relative_to(tmp).parts)
             dest.parent.mkdir()
             dest.write_bytes(local.read_bytes())
             uploaded.append(dest)
-        report.path, report.plots = uploaded[0], uploaded[1:]
+        report.path = uploaded[0]
+        report.plots = uploaded[1:1 + len(report.plots)]
+        report.trees = uploaded[1 + len(report.plots):]
     return report
 
 
+def _tree_tasks(tasks: list[dict[str, Any]], limit: int) -> list[tuple[str, str]]:
+    """(run_id, task) of the tasks whose trees are drawn: the highest best speedup first, then by name."""
+    ranked = sorted(tasks, key=lambda t: (-(t.get("best_speedup") or 0.0), str(t["run_id"]), str(t["task"])))
+    return [(str(t["run_id"]), str(t["task"])) for t in ranked[:max(0, limit)]]
+
+
 def _write(target: Path, tasks: list[dict[str, Any]], failures: dict[str, int], progress: list[dict[str, Any]],
-           devices: list[dict[str, Any]], source: Location, runs: list[Location]) -> Report:
+           devices: list[dict[str, Any]], source: Location, runs: list[Location],
+           shapes: dict[tuple[str, str], list[dict[str, Any]]]) -> Report:
     target.mkdir(parents=True, exist_ok=True)
     path = target / REPORT_FILE
     report = Report(path=path, overall=metrics.summarize(tasks), levels=metrics.by_level(tasks),
                     runs=metrics.by_run(tasks), tasks=tasks, failures=failures, devices=devices)
     _plots(report, target / PLOTS_DIR, progress, several_runs=len(runs) > 1)
+    _trees(report, target / PLOTS_DIR, shapes, several_runs=len(runs) > 1)
     text = render(report, source, runs)
     tmp = path.with_name(f".{REPORT_FILE}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -138,6 +156,16 @@ def render(r: Report, source: Path | Location, runs: Sequence[Path | Location]) 
             out += [f"![{Path(p.name).stem}]({PLOTS_DIR}/{p.name})", ""]
     elif r.plot_error:
         out += ["## Plots", "", f"No plots: {r.plot_error}.", ""]
+    if r.trees:
+        shown = (f"{len(r.trees)} of {r.trees_of} tasks, the highest best speedup first (`stark report --trees N` "
+                 "draws more)" if len(r.trees) < r.trees_of else "every task")
+        out += ["## Search trees", "",
+                f"The search tree of {shown}: each attempt a node (circle: plan + code, triangle: debug), its colour "
+                "what the evaluation made of it, an edge from each parent to its children; the path to the best "
+                "candidate drawn bold, each accepted node's speedup beside it, each node's id (`node_id`) below "
+                "it.", ""]
+        for p in r.trees:
+            out += [f"![{Path(p.name).stem}]({PLOTS_DIR}/{p.name})", ""]
     out += ["## Definitions", "", *_DEFINITIONS, ""]
     return "\n".join(out)
 
@@ -211,8 +239,23 @@ def _plots(r: Report, folder: Path, progress: list[dict[str, Any]], several_runs
         plots.fast_p_plot(r.tasks, folder / "fast_p.png"),
         plots.best_so_far_plot(series, folder / "best_so_far.png"),
         plots.failures_plot(r.failures, folder / "failures.png"),
-        plots.cost_plot(r.tasks, folder / "cost_per_task.png"),
     ]
+    if any(float(t.get("cost_usd") or 0.0) > 0 for t in r.tasks):  # a replayed or scripted run costs nothing
+        r.plots.append(plots.cost_plot(r.tasks, folder / "cost_per_task.png"))
+
+
+def _trees(r: Report, folder: Path, shapes: dict[tuple[str, str], list[dict[str, Any]]], several_runs: bool) -> None:
+    if r.plot_error:
+        return
+    from stark_ray.analysis.tree_picture import nodes_of, tree_picture
+    from stark_ray.store.parquet import safe_name
+
+    r.trees_of = len(r.tasks)
+    for (run_id, task), rows_ in shapes.items():
+        if not rows_:
+            continue
+        name = f"{run_id}:{task}" if several_runs else task
+        r.trees.append(tree_picture(nodes_of(rows_), folder / f"tree_{safe_name(name)}.png", name))
 
 
 # --- cells ---------------------------------------------------------------------------------------------------
