@@ -65,7 +65,7 @@ def test_offline_demo_finds_a_correct_faster_kernel(tmp_path: Path, shared_build
     env["COLUMNS"] = "160"
     proc = subprocess.run(
         [sys.executable, "-m", "stark_ray.cli", "optimize", "examples/tasks/2_FusedSwishScaleClamp.py",
-         "--cassette", "examples/cassettes/2_FusedSwishScaleClamp.jsonl", "--budget", "5", "--seed", "7",
+         "--cassette", "examples/cassettes/2_FusedSwishScaleClamp.jsonl", "--budget", "5", "--seed", "5",
          "--out", str(tmp_path / "runs"), "--build-dir", shared_build_dir],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -74,11 +74,8 @@ def test_offline_demo_finds_a_correct_faster_kernel(tmp_path: Path, shared_build
     summary = json.loads((run / "summary.json").read_text())
     assert summary["attempts"] == 5 and summary["best_speedup"] > 0, summary  # how much faster: a figure
     rows = duckdb.sql(f"SELECT agent, speedup FROM '{run}/attempts/*/*.parquet' ORDER BY seq").fetchall()
-    if rows[2][1] is None or rows[2][1] <= 1.0:
-        # the debug fix (a scalar loop, 1.2x on a quiet box) timed no faster than eager on a loaded one: the policy
-        # then rightly plans on the reference again, and the recorded plans (for the fix) no longer fit
-        return
-    assert summary["best_correct"] is True
+    # the recorded path whatever the machine's timings (seed 5 explores where a greedy step would follow them)
+    assert summary["best_correct"] is True and summary["replay_mismatches"] == 0, summary
     assert summary["failures_by_stage"] == {"compile": 1, "correctness": 1}
     assert [a for (a, _) in rows] == ["reference", "plan+code", "debug", "plan+code", "plan+code", "debug"]
     assert "std::exp(" in (run / "best_kernel.py").read_text()

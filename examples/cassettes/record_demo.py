@@ -24,7 +24,10 @@ from stark_ray.progress import RichReporter
 HERE = Path(__file__).parent
 TASK = HERE.parent / "tasks" / "2_FusedSwishScaleClamp.py"
 CASSETTE = HERE / "2_FusedSwishScaleClamp.jsonl"
-BUDGET, SEED = 5, 7  # the README's demo command uses the same
+# the README's demo command uses the same. Seed 5 explores at selections 1, 2 and 4 (search/memory.py:
+# selection_rng): the debug fix, the plan on its result and the last debug fix are taken whatever the timings (the
+# fused scalar loop of node 2 times 0.9-1.2x eager by the machine: a greedy step there went to the reference)
+BUDGET, SEED = 5, 5
 
 
 def replies(role: str) -> list[str]:
