@@ -152,7 +152,7 @@ def test_campaign_command_mistakes_get_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_campaign_command_runs_two_tasks_with_its_live_view(tmp_path: Path) -> None:
+def test_campaign_command_runs_two_tasks_with_its_live_view(ray_cluster: str, tmp_path: Path) -> None:
     from test_cli_runs import code_text, plan_text
 
     cassette = tmp_path / "c.jsonl"  # served in order: any task gets a plan and the (leaky) candidate
@@ -160,7 +160,7 @@ def test_campaign_command_runs_two_tasks_with_its_live_view(tmp_path: Path) -> N
              {"role": "code", "prompt_sha256": "-", "reply": code_text(ray_replies.SLOW)}] * 4
     cassette.write_text("".join(json.dumps(x) + "\n" for x in lines))
     proc = stark("campaign", "--tasks", TASKS[0], "--tasks", TASKS[1], "--cassette", str(cassette), "-B", "2",
-                  "--trials", "2", "--out", str(tmp_path / "runs"))
+                  "--trials", "2", "--out", str(tmp_path / "runs"), "--address", ray_cluster)
     assert proc.returncode == 0, proc.stderr
     assert "tasks" in proc.stderr and "2 done" in proc.stderr and "Traceback" not in proc.stderr
     [run_dir] = (tmp_path / "runs").iterdir()

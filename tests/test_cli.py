@@ -62,14 +62,16 @@ def test_task_missing_a_name(tmp_path: Path, cassette: str) -> None:
     assert "get_init_inputs" in line
 
 
-def test_task_whose_forward_fails(tmp_path: Path, cassette: str) -> None:
+def test_task_whose_forward_fails(ray_cluster: str, tmp_path: Path, cassette: str) -> None:
     task = tmp_path / "fails.py"
     task.write_text(
         "import torch\nimport torch.nn as nn\n\n"
         "class Model(nn.Module):\n    def forward(self, x):\n        return x @ torch.ones(3, 3)\n\n"
         "def get_inputs():\n    return [torch.randn(4, 5)]\n\n"
         "def get_init_inputs():\n    return []\n")
-    line = one_error_line(stark("optimize", str(task), "--cassette", cassette, "--out", str(tmp_path)))
+    # on the test run's Ray (a private one per command costs a Ray start each: tests/test_local_ray.py has those)
+    line = one_error_line(stark("optimize", str(task), "--cassette", cassette, "--out", str(tmp_path),
+                                "--address", ray_cluster))
     assert "forward" in line and "RuntimeError" in line
     assert not list(tmp_path.glob("fails-*")), "no run directory for a task that cannot run"
 

@@ -41,14 +41,14 @@ def stark(*args: str, **kw: object) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]
 
 
-def test_openai_compatible_server_end_to_end(tmp_path: Path) -> None:
+def test_openai_compatible_server_end_to_end(ray_cluster: str, tmp_path: Path) -> None:
     with FakeLLMServer() as server:
         server.script(OPENAI_PATH, ok(plan_text(), input_tokens=1000, output_tokens=100),
                       ok(code_text(WRONG), input_tokens=2000, output_tokens=200),
                       ok(plan_text(), input_tokens=1000, output_tokens=100),
                       ok(code_text(SLOW), input_tokens=2000, output_tokens=200))
         proc = stark(str(TASK), "--base-url", server.openai_base_url, "--model", "gpt-4o", "-B", "2",
-                     "--epsilon", "0", "--out", str(tmp_path), "--trials", "2", "--quiet",
+                     "--epsilon", "0", "--out", str(tmp_path), "--trials", "2", "--quiet", "--address", ray_cluster,
                      env=env(OPENAI_API_KEY="sk-test"))
         out, errs = proc.communicate(timeout=300)
         bodies = [r.body for r in server.received(OPENAI_PATH)]
@@ -68,11 +68,12 @@ def test_openai_compatible_server_end_to_end(tmp_path: Path) -> None:
     assert (run / "best_kernel.py").read_text() == SLOW
 
 
-def test_a_refused_key_stops_the_run_with_one_line_and_keeps_what_was_recorded(tmp_path: Path) -> None:
+def test_a_refused_key_stops_the_run_with_one_line_and_keeps_what_was_recorded(ray_cluster: str,
+                                                                              tmp_path: Path) -> None:
     with FakeLLMServer() as server:
         server.fallback(OPENAI_PATH, unauthorized())
         proc = stark(str(TASK), "--base-url", server.openai_base_url, "-B", "30", "--out", str(tmp_path),
-                     "--trials", "2", env=env(OPENAI_API_KEY="sk-wrong"))
+                     "--trials", "2", "--address", ray_cluster, env=env(OPENAI_API_KEY="sk-wrong"))
         _, errs = proc.communicate(timeout=300)
         calls = len(server.received(OPENAI_PATH))
     assert proc.returncode == 1, errs
@@ -85,14 +86,14 @@ def test_a_refused_key_stops_the_run_with_one_line_and_keeps_what_was_recorded(t
     assert duckdb.sql(f"SELECT count(*) FROM '{run}/attempts/*/*.parquet'").fetchall() == [(1,)]  # the reference
 
 
-def test_sigterm_stops_cleanly_with_everything_recorded(tmp_path: Path) -> None:
+def test_sigterm_stops_cleanly_with_everything_recorded(ray_cluster: str, tmp_path: Path) -> None:
     cassette = tmp_path / "c.jsonl"  # served in order (no prompts recorded): a long run of correct attempts
     lines = [{"role": "plan", "prompt_sha256": "-", "reply": plan_text()},
              {"role": "code", "prompt_sha256": "-", "reply": code_text(SLOW)}] * 30
     cassette.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "runs"
     proc = stark(str(TASK), "--cassette", str(cassette), "-B", "30", "--epsilon", "0", "--out", str(out),
-                 "--trials", "2", env=env())
+                 "--trials", "2", "--address", ray_cluster, env=env())
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(list(out.glob("*/attempts/*/part-*.parquet"))) < 3:
         time.sleep(0.2)  # the reference and two attempts are on disk

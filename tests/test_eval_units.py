@@ -688,3 +688,21 @@ def test_the_speedup_error_comes_from_the_calls_timed_in_pairs() -> None:
                 {"ref": stats}):
         with pytest.raises((ValueError, KeyError)):
             measured(bad)
+
+
+def test_a_build_request_without_a_name_or_sources_starts_no_builder(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """An isolated worker that flooded its parent with empty build requests had a builder process started for each
+    (33 of them, a minute): refused at once now."""
+    from stark_ray.eval import builds
+    from stark_ray.eval.runner import WorkerSpec
+
+    started: list[object] = []
+    monkeypatch.setattr(builds, "run_once", lambda *a, **k: started.append(a))
+    spec = WorkerSpec("cpu_cpp", str(tmp_path), 1)
+    for arguments, inline in (({}, True), ({"name": "x"}, True), ({"name": "", "cpp_sources": "int f();"}, True),
+                              ({"name": "x", "cuda_sources": ""}, True), ({"name": "x", "cpp_sources": "a"}, False),
+                              ("not a dict", True)):
+        answer = builds.serve_build({"key": "0" * 16, "arguments": arguments, "inline": inline}, spec, tmp_path, 60.0)
+        assert answer == {"built": False, "error": "a malformed build request"}, arguments
+    assert started == []

@@ -101,7 +101,7 @@ def test_success_sends_the_request_and_accounts_usage(case: Case, server: FakeLL
     p_in, p_out = AgentConfig().price(case.model)
     assert p_in > 0 and p_out > 0
     assert u.cost_usd == pytest.approx((1200 * p_in + 300 * p_out) / 1e6)
-    assert 0 < u.latency_s < 5
+    assert u.latency_s > 0
 
     [req] = server.received(case.path)
     assert case.sent_key(req.headers) == case.key
@@ -173,8 +173,8 @@ def test_persistent_rate_limit(case: Case, server: FakeLLMServer) -> None:
 
 def test_timeout(case: Case, server: FakeLLMServer) -> None:
     start = time.monotonic()
-    err = _fail(case, server, slow(2.0), timeout_s=0.5, max_retries=0)
-    assert time.monotonic() - start < 1.8
+    err = _fail(case, server, slow(20.0), timeout_s=0.5, max_retries=0)
+    assert time.monotonic() - start < 15  # cut off: the server answers after 20 s
     assert (err.kind, err.transient) == ("timeout", True)
     assert len(server.received(case.path)) == 1
 

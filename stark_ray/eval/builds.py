@@ -41,8 +41,8 @@ def serve_build(request: dict[str, Any], spec: WorkerSpec, cache: Path, seconds:
     from ``spec`` (the asking worker's, as a compile worker), publish it into ``cache``; the answer it gets:
     ``built``, the builder's ``log`` (the compiler's output, for the candidate's log) and an ``error`` line."""
     key = str(request.get("key", ""))
-    if not KEY.fullmatch(key) or not isinstance(request.get("arguments"), dict):
-        return {"built": False, "error": "a malformed build request"}
+    if not KEY.fullmatch(key) or not _buildable(request.get("arguments"), bool(request.get("inline", True))):
+        return {"built": False, "error": "a malformed build request"}  # refused without starting a builder
     if seconds < MIN_BUILD_S:
         return {"built": False, "error": "no time left for the build"}
     files = request.get("files") or {}
@@ -76,6 +76,15 @@ def serve_build(request: dict[str, Any], spec: WorkerSpec, cache: Path, seconds:
         return {"built": True, "log": log}
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _buildable(arguments: Any, inline: bool) -> bool:
+    """What a build needs before a builder is started for it: a name and sources (load_inline's C++ or CUDA
+    sources, load's files). A flood of empty requests then costs no process each."""
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("name"), str) or not arguments["name"]:
+        return False
+    wanted = ("cpp_sources", "cuda_sources") if inline else ("sources",)
+    return any(arguments.get(k) for k in wanted)
 
 
 def _precompile_header(request: dict[str, Any], cache: Path) -> None:
