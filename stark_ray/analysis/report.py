@@ -162,8 +162,8 @@ def render(r: Report, source: Path | Location, runs: Sequence[Path | Location]) 
         out += ["## Search trees", "",
                 f"The search tree of {shown}: each attempt a node (circle: plan + code, triangle: debug), its colour "
                 "what the evaluation made of it, an edge from each parent to its children; the path to the best "
-                "candidate drawn bold, each accepted node's speedup beside it, each node's id (`node_id`) below "
-                "it.", ""]
+                "candidate drawn bold, each accepted node's speedup beside it, each node's id (`node_id`) at "
+                "its lower left.", ""]
         for p in r.trees:
             out += [f"![{Path(p.name).stem}]({PLOTS_DIR}/{p.name})", ""]
     out += ["## Definitions", "", *_DEFINITIONS, ""]

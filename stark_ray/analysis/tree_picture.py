@@ -145,8 +145,8 @@ def tree_picture(nodes: Sequence[PictureNode], path: Path, title: str) -> Path:
                            linewidths=1.6, zorder=3)
     for n in nodes:
         if len(nodes) <= LABEL_ALL_UP_TO:  # the node's id, to find its row (node_id) in stark sql
-            ax.annotate(str(n.id), pos[n.id], xytext=(0, -11), textcoords="offset points", fontsize=6,
-                        color="#777777", ha="center", zorder=4)
+            ax.annotate(str(n.id), pos[n.id], xytext=(-7, -2), textcoords="offset points", fontsize=6,
+                        color="#555555", ha="right", va="top", zorder=4)
         if n.speedup is None or (len(nodes) > LABEL_ALL_UP_TO and n.id not in on_path):
             continue
         text = "inf" if math.isinf(n.speedup) else f"{n.speedup:.2f}×"
