@@ -382,8 +382,7 @@ def test_build_timeout_kills_the_compiler_and_leaves_no_lock(results: dict[str, 
     r = ev.evaluate(source)
     assert r.stage == STAGE_TIMEOUT and not r.compiled
     # told as the build's time, beside the other builds' (the batch above built seven), not as a thread dump
-    assert r.error == ("the build did not finish within its time limit of 4 s (--compile-timeout): the compiler "
-                       "was still running")
+    assert r.error == "the build did not finish within its time limit of 4 s (--compile-timeout)", r.log
     assert "other candidates' builds on this evaluator took" in r.log or "no other build" in r.log
     assert "most recent call first" not in r.log and 'File "' not in r.log
     deadline = time.monotonic() + 3  # SIGKILL is delivered asynchronously

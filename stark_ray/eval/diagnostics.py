@@ -85,18 +85,21 @@ def crash_location(log: str) -> str | None:
     return f"candidate.py:{m.group('line')} in {m.group('fn')}" if m else None
 
 
-_COMPILER_FRAMES = re.compile(r'File "[^"]*(?:cpp_extension|subprocess|nvrtc|ninja)[^"]*"')
+# a process building: torch's cpp_extension, a compiler process, NVRTC, or the evaluator's own build machinery (the
+# build cache, a precompiled header another build is making)
+_BUILD_FRAMES = re.compile(r'File "[^"]*(?:cpp_extension|subprocess|nvrtc|ninja|stark_ray/eval/(?:pch|build_cache|'
+                           r'builds))[^"]*"')
 
 
-def compiler_was_running(log: str) -> str | None:
-    """When the process's first stack dump shows it waiting on a compiler (cpp_extension's build, a compiler
-    process, NVRTC): what it printed before the dump (the compiler's own output); else None."""
+def was_building(log: str) -> str | None:
+    """When the process's first stack dump shows it building (waiting on a compiler, NVRTC, or a header another
+    build is making): what it printed before the dump (the compiler's own output); else None."""
     start = _DUMP_START.search(log)
     if start is None:
         return None
     nxt = _DUMP_START.search(log, start.end())
     dump = log[start.start(): nxt.start() if nxt else len(log)]
-    if not _COMPILER_FRAMES.search(dump):
+    if not _BUILD_FRAMES.search(dump):
         return None
     return log[: start.start()]
 

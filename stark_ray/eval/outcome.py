@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.diagnostics import clean_log, compiler_was_running, crash_location, forward_location
+from stark_ray.eval.diagnostics import clean_log, crash_location, forward_location, was_building
 from stark_ray.eval.protocol import PHASE_CHECK, PHASE_COMPILE, PHASE_SETUP, PHASE_START, PHASE_TIME
 from stark_ray.records import STAGE_CRASH, STAGE_TIMEOUT, EvalResult, excerpt
 
@@ -53,7 +53,7 @@ def build_time_out(result: EvalResult, log: str, limit_s: float, others: Sequenc
     """A build stopped at its time limit, told as the build's time (with how long the other builds took) rather
     than with the Python stack of a process waiting on its compiler; ``result`` as it is when the process was doing
     something else (its own import hung: the timeout's message names the line)."""
-    output = compiler_was_running(log)
+    output = was_building(log)
     if output is None:
         return result
     if others:
@@ -61,13 +61,12 @@ def build_time_out(result: EvalResult, log: str, limit_s: float, others: Sequenc
                 f"median and {max(others):.0f} s at most ({len(others)} builds, cached ones included)")
     else:
         took = "no other build has finished on this evaluator yet"
-    note = (f"The build was stopped at its time limit of {limit_s:g} s (--compile-timeout) while the compiler was "
-            f"still running; {took}. Its code takes far longer to compile than the others: large unrolled loops, "
-            "many template instantiations or kernels, or heavy headers?")
+    note = (f"The build was stopped at its time limit of {limit_s:g} s (--compile-timeout) while it was still "
+            f"building; {took}. Code that takes far longer to compile than the others: large unrolled loops, many "
+            "template instantiations or kernels, or heavy headers?")
     kept = clean_log(output).strip()
     return replace(result, error=f"the build did not finish within its time limit of {limit_s:g} s "
-                                 "(--compile-timeout): the compiler was still running",
-                   log=excerpt(f"{kept}\n{note}" if kept else note))
+                                 "(--compile-timeout)", log=excerpt(f"{kept}\n{note}" if kept else note))
 
 
 def lost_result(phase: str, timed_out: bool, returncode: int | None, log: str, limit_s: float,
