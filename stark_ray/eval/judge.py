@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -61,7 +61,7 @@ from stark_ray.eval.memory import (
     plan_for,
 )
 from stark_ray.eval.noise import Measured, interval, is_noisy, measured
-from stark_ray.eval.outcome import limits_for, lost_result
+from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
     MODE_REFERENCE,
@@ -74,6 +74,7 @@ from stark_ray.eval.protocol import (
     OP_RUN,
     OP_TIME,
     PHASE_CHECK,
+    PHASE_COMPILE,
     PHASE_TIME,
     STACK_DUMP_SIGNAL,
     WorkerRequest,
@@ -116,6 +117,7 @@ class Judge:
         self.round_trip_of = -1  # ... for the process of this start (WorkerProcess.starts)
         self.memory = JudgeMemory(backend.device, free_at_start, worker)
         self.candidate_source: str | None = None  # the candidate being served, for a crash's location
+        self.build_times: deque[float] = deque(maxlen=BUILDS_KEPT)  # its worker's latest builds (imports), seconds
 
     def release_others(self, allowance: int, clock: PhaseClock | None) -> None:
         """Before a new task's first trial: the other tasks' states down to ``allowance`` bytes, here and in the
@@ -380,8 +382,11 @@ class Judge:
 
     def answer(self, reply: Reply, clock: PhaseClock, label: str) -> dict[str, Any]:
         if reply.msg is None:
-            raise Decided(lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit(),
-                                      source=self.candidate_source))
+            lost = lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit(),
+                               source=self.candidate_source)
+            if reply.timed_out and reply.phase == PHASE_COMPILE:  # the build's time, not a stack (outcome.py)
+                lost = build_time_out(lost, reply.log, clock.limit(), list(self.build_times))
+            raise Decided(lost)
         msg = reply.msg
         self.memory.note(msg)
         changed = msg.get("tampered")
@@ -449,6 +454,7 @@ class _Candidate:
         if not isinstance(loaded, dict):
             raise Decided(protocol_broken("no answer to load"), recycle=True)
         compile_s = _number(loaded.get("compile_s", 0.0))
+        self.judge.build_times.append(compile_s)
         self.laps.append(("build/import", compile_s))
         self.lap_t = time.perf_counter()
         base = {"compiled": True, "compile_s": compile_s}

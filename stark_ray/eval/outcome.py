@@ -17,6 +17,7 @@ from stark_ray.records import STAGE_CRASH, STAGE_TIMEOUT, EvalResult, excerpt
 
 SETUP_ALLOWANCE_S = 60.0  # task import and the reference's first run, on top of the check timeout
 COMPILE_BASELINE_ALLOWANCE_S = 600.0  # torch.compile of the reference, once per task and worker
+BUILDS_KEPT = 50  # the latest builds whose times a timed-out build is told beside
 
 DOING = {
     PHASE_START: "starting the worker",

@@ -34,7 +34,7 @@ from stark_ray.eval.compile_pool import CompilePool
 from stark_ray.eval.hardware import usable_cpus
 from stark_ray.eval.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
 from stark_ray.eval.memory import OverBudget
-from stark_ray.eval.outcome import build_time_out, limits_for, lost_result
+from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
     MODE_COMPILE,
@@ -60,7 +60,6 @@ from stark_ray.records import STAGE_COMPILE, EvalResult, source_digest
 JUDGE_MARGIN_S = 60.0  # the judge enforces each phase's limit on its worker; the service allows it this more
 DEVICE_PHASES = {PHASE_SETUP: "loading the task", PHASE_COMPILE: "importing", PHASE_CHECK: "checking",
                  PHASE_TIME: "timing"}  # a phase of the judge's conversation, in the live view's words
-BUILDS_KEPT = 50  # the latest builds whose times a timed-out build is told beside
 
 
 class EvaluatorError(RuntimeError):
