@@ -112,6 +112,8 @@ class _Driver:
         self._caps_unchecked = True  # the caps are checked against what a resumed run spent before
         self._last_progress = 0.0
         self._last_look = 0.0  # when the evaluators were last asked what their candidates go through
+        self._looking: dict[Any, int] = {}  # activity() asked and not answered yet -> the evaluator
+        self._steps: dict[int, dict[str, tuple[str, float]]] = {}  # each evaluator's last answer
         self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
         self.agents = start_agents(run)  # now: they start (and import) while the evaluators and references do
         self.agent_load = [0] * len(self.agents)  # calls outstanding on each
@@ -233,14 +235,17 @@ class _Driver:
 
     def _in_flight(self, now: float) -> list[InFlight]:
         """What each expansion in flight is doing: its agent call, its wait for an evaluator, or its evaluation's
-        step as its evaluator says (asked now, answers awaited a moment at most)."""
-        busy = sorted({w.which for w in self.pending.values() if w.kind == _EVAL})
-        asked = {self.evaluators[i].activity.remote(): i for i in busy}
-        ready = ray.wait(list(asked), num_returns=len(asked), timeout=0.2)[0] if asked else []
-        steps: dict[str, tuple[str, float]] = {}
-        for ref in ready:
+        step as its evaluator last said. The evaluators are asked without waiting: an answer is used once it has
+        come (a busy host answers late; the driver never blocks on it)."""
+        answered = ray.wait(list(self._looking), num_returns=len(self._looking), timeout=0)[0] if self._looking else []
+        for ref in answered:
+            which = self._looking.pop(ref)
             with contextlib.suppress(RayError):
-                steps.update(ray.get(ref))
+                self._steps[which] = ray.get(ref)
+        busy = {w.which for w in self.pending.values() if w.kind == _EVAL}
+        for which in busy - set(self._looking.values()):
+            self._looking[self.evaluators[which].activity.remote()] = which
+        steps = {key: step for which in busy for key, step in self._steps.get(which, {}).items()}
         out = []
         for w in self.pending.values():
             if w.ticket is None or w.kind not in (_AGENT, _EVAL):
