@@ -17,8 +17,12 @@ from stark_ray.llm.base import Completion, ConfigError, LLMError, LLMRequest, Me
 from stark_ray.llm.openai_provider import OpenAIClient
 from stark_ray.llm.replay import RecordingClient, ReplayClient, prompt_sha256, prompt_shape
 from stark_ray.llm.usage import UsageTotals
+from stark_ray.prompts.anchors import first_difference, has_markers, strip_anchors
+from stark_ray.prompts.extract import extract_code
 from stark_ray.prompts.messages import task_section
 from stark_ray.records import LLMUsage
+
+ROOT = Path(__file__).resolve().parents[1]
 
 LOGGER = "stark_ray.llm.replay"
 
@@ -232,3 +236,22 @@ def test_recording_is_thread_safe(tmp_path: Path) -> None:
     rp = ReplayClient(path)
     assert rp.complete(req("code", "t3 c7 " + "x" * 5000)).text == "re: t3 c7 " + "x" * 5000
     assert rp.mismatches == 0
+
+
+@pytest.mark.parametrize(("folder", "cassette"), [("demo", "2_FusedSwishScaleClamp.jsonl"),
+                                                  ("demo_cuda", "2_FusedSwishScaleClamp_cuda.jsonl")])
+def test_demo_cassettes_hold_their_written_replies_and_valid_scaffolds(folder: str, cassette: str) -> None:
+    """A reply edited in ``examples/cassettes/<demo>/`` without re-recording (record_demo.py) fails here, and so does
+    a plan whose scaffold is not its parent's code with anchors added (the replay would then go off its path)."""
+    here = ROOT / "examples" / "cassettes"
+    exchanges = [json.loads(line) for line in (here / cassette).read_text().splitlines()]
+    for role in ("plan", "code", "debug"):
+        written = [p.read_text() for p in sorted((here / folder).glob(f"{role}_*.md"))]
+        assert [e["reply"] for e in exchanges if e["role"] == role] == written, role
+    code = {f"{e['role']}_{n}": extract_code(e["reply"]).code for n, e in enumerate(exchanges)}
+    order = [e["role"] for e in exchanges]
+    assert order == ["plan", "code", "debug", "plan", "code", "plan", "code", "debug"], order
+    task = (ROOT / "examples" / "tasks" / "2_FusedSwishScaleClamp.py").read_text()
+    for plan, parent in (("plan_0", task), ("plan_3", code["debug_2"]), ("plan_5", code["code_4"])):
+        assert first_difference(strip_anchors(code[plan]), parent) is None, plan
+        assert has_markers(code[plan]), plan
