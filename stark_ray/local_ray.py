@@ -23,6 +23,7 @@ killed ..."), which Ray prints to the driver's stdout whatever ``log_to_driver``
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -90,9 +91,17 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+# A busy machine's Ray: by default the raylet answers the first driver's registration only once the Python workers
+# it prestarts for it have registered, and a worker that takes more than 60 s to start (imports on two cores kept
+# busy by other processes) is killed without that answer ever being sent: ray.init() then waited in the raylet's
+# socket for over an hour (seen in the test suite beside two `yes > /dev/null`). The first driver is answered at
+# once, and a slow worker is given five minutes to register.
+SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "worker_register_timeout_seconds": 300}
+
+
 def head_command(temp_dir: str, ports: list[int], num_cpus: int | None, num_gpus: int | None) -> list[str]:
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--temp-dir={temp_dir}",
-           "--include-dashboard=false", "--disable-usage-stats"]
+           "--include-dashboard=false", "--disable-usage-stats", f"--system-config={json.dumps(SYSTEM_CONFIG)}"]
     cmd += [f"{option}={port}" for option, port in zip(PORT_OPTIONS, ports, strict=True)]
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
