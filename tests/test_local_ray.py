@@ -26,6 +26,12 @@ TASK = ROOT / "examples" / "tasks" / "1_LeakyReluScale.py"
 LIVENESS_S = 120  # a generous bound on a busy box: what is gone is gone within seconds
 
 
+def this_checkout() -> dict[str, str]:
+    """The environment for a driver script run from a file: it imports this checkout's stark_ray, not whichever an
+    installation points at (``python file.py`` puts the file's folder on the path, not the working directory)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+
+
 def marks() -> dict[int, str]:
     """pid -> the local Ray it belongs to, for every process that carries a mark."""
     out = {}
@@ -91,7 +97,8 @@ time.sleep(600)
 def test_a_killed_driver_takes_its_ray_and_what_its_actors_started_with_it(tmp_path: Path) -> None:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    driver = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    driver = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=this_checkout(), stdout=subprocess.PIPE,
+                              text=True)
     assert driver.stdout is not None
     compiler = int(driver.stdout.readline())
     mark = marks()[compiler]  # the compiler carries its Ray's mark, as every process of that Ray does
@@ -195,7 +202,8 @@ def test_the_raylets_broadcasts_stay_off_the_terminal(tmp_path: Path) -> None:
     live view and ``--json`` must not get it."""
     script = tmp_path / "driver.py"
     script.write_text(BROADCAST_DRIVER)
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=this_checkout(), capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "driver done", proc.stdout
     assert "worker died" not in (proc.stdout + proc.stderr).lower()
