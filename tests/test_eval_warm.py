@@ -129,7 +129,7 @@ def test_a_crash_or_a_hang_replaces_the_worker_and_the_next_candidate_is_judged(
 
 def test_a_noisy_timing_is_measured_again_and_said_to_be_noisy(service: EvalService, task: Task) -> None:
     """A speedup whose calls disagree (here a forward that sleeps 0-8 ms at random) is timed a second time and,
-    still noisy, comes with its uncertainty and a note; a steady one comes with a small uncertainty."""
+    still noisy, comes with its uncertainty and a note; a steady one comes with its uncertainty too."""
     from stark_ray.eval.noise import is_noisy
 
     jumpy = service.evaluate(task, candidate("time.sleep(random.random() * 0.008)\n        return x * self.s + self.t",
@@ -138,7 +138,10 @@ def test_a_noisy_timing_is_measured_again_and_said_to_be_noisy(service: EvalServ
     assert "timing measured again" in jumpy.log and "noisy timing: the speedup is known to" in jumpy.log
     steady = service.evaluate(task, candidate("time.sleep(0.004)\n        return x * self.s + self.t",
                                               prelude="import time"))
-    assert steady.correct and steady.speedup_err is not None and steady.speedup_err < jumpy.speedup_err
+    # the steady candidate's own calls agree (its speedup's interval also holds the reference's spread, which a busy
+    # host widens: seen ±12% for it beside two `yes`, against the jumpy one's ±10%)
+    assert steady.correct and steady.speedup_err is not None and steady.runtime_cv is not None
+    assert jumpy.runtime_cv is not None and steady.runtime_cv < jumpy.runtime_cv
 
 
 @pytest.mark.parametrize(("body", "problem"), [
