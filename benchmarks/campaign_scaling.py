@@ -69,8 +69,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 
     from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
     from stark_ray.eval.tasks import load_task
-    from stark_ray.ray_executor import RayRun, run_ray
-    from stark_ray.ray_run import connect
+    from stark_ray.run.placement import connect
+    from stark_ray.run.ray_driver import RayRun, run_ray
     from stark_ray.store.read import attempt_rows
 
     if args.kernelbench:  # named level{N}/..., as `stark campaign --kernelbench` names them
@@ -87,7 +87,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     started_log: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: started_log.append(record.getMessage())  # type: ignore[method-assign]
-    driver_log = logging.getLogger("stark_ray.ray_executor")
+    driver_log = logging.getLogger("stark_ray.run.ray_driver")
     driver_log.addHandler(handler)
     driver_log.setLevel(logging.INFO)
     started: list[float] = []

@@ -73,9 +73,9 @@ from stark_ray.config import AgentConfig, EvalConfig, SearchConfig  # noqa: E402
 from stark_ray.eval.tasks import Task, load_task  # noqa: E402
 from stark_ray.llm.base import LLMRequest  # noqa: E402
 from stark_ray.llm.scripted import ScriptedClient  # noqa: E402
-from stark_ray.optimize import Reporter  # noqa: E402
-from stark_ray.ray_run import connect, disconnect  # noqa: E402
 from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, EvalResult, LLMUsage, Node  # noqa: E402
+from stark_ray.run.placement import connect, disconnect  # noqa: E402
+from stark_ray.run.reporter import Reporter  # noqa: E402
 from stark_ray.search.memory import TreeMemory, make_task_search  # noqa: E402
 from stark_ray.search.tree import Tree  # noqa: E402
 from stark_ray.store.location import Location, locate  # noqa: E402
@@ -322,7 +322,7 @@ def _run(tasks: list[Task], budget: int, parallel: int, max_in_flight: int, out:
          profile: cProfile.Profile | None = None) -> tuple[_Clock, float, list[Any], Location]:
     """One run_ray; returns the clock (times[0]: the loop's start, then one per attempt), when run_ray was
     called, the summaries and the run directory."""
-    from stark_ray.ray_executor import RayRun, run_ray
+    from stark_ray.run.ray_driver import RayRun, run_ray
 
     this = _self_module()
     run = RayRun(tasks, SearchConfig(budget=budget, parallel=parallel, seed=0), AgentConfig(),
@@ -448,14 +448,14 @@ def driver_breakdown(profile: cProfile.Profile, iterations: int) -> dict[str, An
     they make (ray.get, ray.wait, .remote submissions)."""
     stats = pstats.Stats(profile)
     wanted = {
-        ("ray_executor.py", "loop"): "driver loop",
-        ("ray_executor.py", "_ask"): "_ask (next_many when the memory may hold unoffered work)",
-        ("ray_executor.py", "_launch"): "_launch (agent calls submitted)",
-        ("ray_executor.py", "_done"): "_done (a call finished: agent, evaluation, add, next)",
-        ("ray_executor.py", "_add"): "_add (memory.add_next submitted)",
-        ("ray_executor.py", "_attached"): "_attached (mirror, usage, best_kernel.py, reporter)",
-        ("ray_executor.py", "start"): "start (actors, references, snapshots)",
-        ("ray_executor.py", "finish"): "finish (snapshots, DuckDB reads, summaries)",
+        ("ray_driver.py", "loop"): "driver loop",
+        ("ray_driver.py", "_ask"): "_ask (next_many when the memory may hold unoffered work)",
+        ("ray_driver.py", "_launch"): "_launch (agent calls submitted)",
+        ("ray_driver.py", "_done"): "_done (a call finished: agent, evaluation, add, next)",
+        ("ray_driver.py", "_add"): "_add (memory.add_next submitted)",
+        ("ray_driver.py", "_attached"): "_attached (mirror, usage, best_kernel.py, reporter)",
+        ("ray_driver.py", "start"): "start (actors, references, snapshots)",
+        ("ray_driver.py", "finish"): "finish (snapshots, DuckDB reads, summaries)",
         ("worker.py", "get"): "ray.get (all)",
         ("worker.py", "wait"): "ray.wait (all)",
         ("remote_function.py", "_remote"): "agent task submissions",

@@ -16,9 +16,12 @@ from rich.markup import escape
 from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, AgentConfig, EvalConfig, SearchConfig
 
 if TYPE_CHECKING:
-    from stark_ray.optimize import Reporter, RunSummary
-    from stark_ray.ray_executor import RayRun
+    from stark_ray.eval.tasks import Task
+    from stark_ray.llm.base import LLMClient
     from stark_ray.records import EvalResult
+    from stark_ray.run.ray_driver import RayRun
+    from stark_ray.run.reporter import Reporter
+    from stark_ray.run.summary import RunSummary
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="STARK on Ray: LLM agents that search for faster GPU kernels.")
@@ -105,8 +108,8 @@ def optimize(
                                                "sequential search).")] = 1,
     address: Annotated[str | None, typer.Option(help="Ray cluster to join: auto or ray://host:10001 (default: "
                                                      "an embedded local Ray).")] = None,
-    resume: Annotated[str | None, typer.Option(help="Continue this Ray run directory (its task and settings; a "
-                                                    "path or a URI).",
+    resume: Annotated[str | None, typer.Option(help="Continue this run directory (its task, settings and "
+                                                    "executor; a path or a URI).",
                                                 show_default=False)] = None,
     evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU of the cluster "
                                                         "at the start; more wait for the autoscaler).",
@@ -116,9 +119,8 @@ def optimize(
     from stark_ray.cli_places import gpu_first, kernelbench_task, writable_dir, writable_file
     from stark_ray.eval.backends import available_backends
     from stark_ray.eval.tasks import TaskError, load_task
-    from stark_ray.llm.base import ConfigError, LLMError
+    from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials, make_client
-    from stark_ray.optimize import optimize as run_optimize
 
     if executor not in ("ray", "local"):
         fail(f"unknown executor {executor!r}; choose ray or local")
@@ -162,22 +164,31 @@ def optimize(
         fail("--parallel needs --executor ray (the local executor expands one node at a time)")
     reporter = _reporter(quiet)
     if executor == "ray":
-        from stark_ray.ray_executor import RayRun
+        from stark_ray.run.ray_driver import RayRun
 
         _run_on_ray(RayRun([the_task], search_cfg, agent_cfg, eval_cfg, out_dir, address=address,
                            evaluators=evaluators), reporter)
         return
-    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
-    from stark_ray.eval.service import EvaluatorError
+    _run_locally(the_task, client, search_cfg, agent_cfg, eval_cfg, out_dir, reporter)
 
+
+def _run_locally(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg: AgentConfig,
+                 eval_cfg: EvalConfig, out: Path, reporter: Reporter, resume: Path | None = None) -> None:
+    from stark_ray.eval.service import EvaluatorError
+    from stark_ray.eval.tasks import TaskError
+    from stark_ray.llm.base import LLMError
+    from stark_ray.run.directory import RunError
+    from stark_ray.run.local import optimize as run_optimize
+
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
     try:
-        run_optimize(the_task, client, search_cfg, agent_cfg, eval_cfg, out_dir, reporter)
-    except (TaskError, EvaluatorError) as e:
+        run_optimize(task, client, search_cfg, agent_cfg, eval_cfg, out, reporter, resume=resume)
+    except (TaskError, EvaluatorError, RunError) as e:
         fail(str(e))
     except LLMError as e:
         fail(f"LLM calls cannot go on ({e.kind}): {e}; what was recorded is kept", 1)
     except KeyboardInterrupt:
-        fail("interrupted; everything recorded so far is in the run directory", 130)
+        fail("interrupted; everything recorded so far is in the run directory (--resume it)", 130)
 
 
 def _reporter(quiet: bool) -> Reporter:
@@ -192,8 +203,8 @@ def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
     from stark_ray.eval.service import EvaluatorError
     from stark_ray.eval.tasks import TaskError
     from stark_ray.llm.base import LLMError
-    from stark_ray.ray_executor import run_ray
-    from stark_ray.run_files import RunError
+    from stark_ray.run.directory import RunError
+    from stark_ray.run.ray_driver import run_ray
 
     signal.signal(signal.SIGTERM, _interrupt)
     started: list[object] = []  # the run directory, once it exists
@@ -222,17 +233,16 @@ def given_options(ctx: typer.Context) -> list[str]:
 
 def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None, quiet: bool,
             evaluators: int | None = None) -> None:
-    """Continue a Ray run: its task(s) and settings come from its run.json; --budget and --parallel may change
-    (see stark_ray/resume.py), anything else given is refused; a finished run says so at once."""
+    """Continue a run: its task(s) and settings come from its run.json; --budget and --parallel may change
+    (see stark_ray/run/resume.py), anything else given is refused; a finished run says so at once. It goes on
+    with the executor that made it, or the one --executor names."""
     from stark_ray.cli_places import existing_dir
     from stark_ray.llm.base import ConfigError
-    from stark_ray.llm.factory import check_credentials
-    from stark_ray.ray_executor import RayRun
-    from stark_ray.resume import refuse_changes, resumed
-    from stark_ray.run_files import RunError
+    from stark_ray.llm.factory import check_credentials, make_client
+    from stark_ray.run.directory import RunError
+    from stark_ray.run.ray_driver import RayRun
+    from stark_ray.run.resume import refuse_changes, resumed
 
-    if executor != "ray":
-        fail("--resume continues a Ray run: it needs --executor ray")
     given = given_options(ctx)
     run_dir = existing_dir(resume, "--resume", "run directory")
     try:
@@ -244,8 +254,18 @@ def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None,
             typer.echo(run.finished_line(run_dir))
             return
         check_credentials(run.agents)
+        if "executor" not in given:
+            executor = run.executor  # the one that made it, unless told otherwise
+        if executor == "local" and (len(run.tasks) > 1 or run.search.parallel > 1):
+            raise RunError("the local executor runs one task, one expansion at a time: resume this run with "
+                           "--executor ray")
+        client = make_client(run.agents) if executor == "local" else None
     except (RunError, ConfigError, ValueError, TypeError) as e:
         fail(f"--resume {run_dir}: {e}")
+    if client is not None:
+        _run_locally(run.tasks[0], client, run.search, run.agents, run.eval, run_dir.parent, _reporter(quiet),
+                     run_dir)
+        return
     _run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
                        address=address, evaluators=evaluators), _reporter(quiet))
 

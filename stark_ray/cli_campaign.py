@@ -1,6 +1,6 @@
 """``stark campaign``: many tasks at once on Ray, every evaluator of the cluster busy, spending capped.
 
-Settings come from the command line, else from ``--config campaign.toml`` (see stark_ray/campaign.py), else
+Settings come from the command line, else from ``--config campaign.toml`` (see stark_ray/run/campaign.py), else
 from the defaults of ``stark optimize``.
 """
 
@@ -85,14 +85,14 @@ def campaign(
 ) -> None:
     """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
 
-    from stark_ray.campaign import CampaignError, Caps, load_config, select_tasks
     from stark_ray.cli import _reporter, _run_on_ray, fail
     from stark_ray.cli_places import existing_dir, gpu_first, writable_dir
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
-    from stark_ray.ray_executor import RayRun
-    from stark_ray.resume import refuse_changes, resumed
-    from stark_ray.run_files import RunError
+    from stark_ray.run.campaign import CampaignError, Caps, load_config, select_tasks
+    from stark_ray.run.directory import RunError
+    from stark_ray.run.ray_driver import RayRun
+    from stark_ray.run.resume import refuse_changes, resumed
 
     cli: dict[str, dict[str, Any]] = {
         "tasks": {"files": tasks, "kernelbench": kernelbench, "levels": levels, "ids": ids, "names": names,

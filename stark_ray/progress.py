@@ -13,8 +13,9 @@ from stark_ray.agents.base import AgentResult
 from stark_ray.eval.noise import interval, is_noisy
 from stark_ray.eval.tasks import Task
 from stark_ray.llm.usage import UsageTotals
-from stark_ray.optimize import InFlight, Reporter, RunSummary
 from stark_ray.records import Node
+from stark_ray.run.reporter import InFlight, Reporter
+from stark_ray.run.summary import RunSummary
 from stark_ray.search.tree import Tree
 
 

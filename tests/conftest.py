@@ -27,6 +27,8 @@ _made_build_dir: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep LONGEST_FIRST's order (below), which
+        config.option.loadscopereorder = False  # it would otherwise replace by the number of tests per module
     if BUILD_DIR_ENV not in os.environ:
         os.environ[BUILD_DIR_ENV] = tempfile.mkdtemp(prefix="stark-build-test-")
         _made_build_dir.append(os.environ[BUILD_DIR_ENV])
@@ -63,11 +65,11 @@ def _has_gpu() -> bool:
 # (measured under pytest-xdist, 2026-12-03):
 # run first, so that under pytest-xdist (-n 2 --dist loadfile, the README's command) the last module to start is
 # a short one and neither worker idles at the end. The others keep their order after these.
-LONGEST_FIRST = ("test_eval.py", "test_cli.py", "test_ray_runtime.py", "test_optimize.py", "test_integrity.py",
-                 "test_local_ray.py", "test_eval_warm.py", "test_campaign.py", "test_read_only_world.py",
-                 "test_cli_runs.py", "test_s3_runs.py", "test_hostile_channel.py", "test_lifetime.py",
-                 "test_build_integrity.py", "test_doctor.py", "test_kernelbench_data.py", "test_analysis.py",
-                 "test_resume.py")
+LONGEST_FIRST = ("test_eval.py", "test_optimize.py", "test_ray_runtime.py", "test_cli.py", "test_local_ray.py",
+                 "test_eval_warm.py", "test_campaign.py", "test_read_only_world.py", "test_integrity.py",
+                 "test_s3_runs.py", "test_cli_runs.py", "test_executors.py", "test_hostile_channel.py",
+                 "test_lifetime.py", "test_build_integrity.py", "test_doctor.py", "test_resume.py", "test_parser.py",
+                 "test_compile_pool.py", "test_ray_driver.py", "test_analysis.py", "test_kernelbench_data.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -154,7 +156,7 @@ def ray_cluster() -> Iterator[str]:
     started in subprocesses."""
     import ray
 
-    from stark_ray.ray_run import connect, disconnect
+    from stark_ray.run.placement import connect, disconnect
 
     repo = Path(__file__).resolve().parents[1]
     path = os.pathsep.join([str(repo), str(repo / "tests"), str(repo / "benchmarks"), os.environ.get("PYTHONPATH", "")])

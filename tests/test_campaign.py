@@ -11,9 +11,9 @@ import ray_replies
 from test_cli import ROOT, one_error_line, stark
 from test_ray_runtime import eval_cfg
 
-from stark_ray.campaign import CampaignError, Caps, load_config, select_tasks
 from stark_ray.config import AgentConfig, SearchConfig
-from stark_ray.ray_executor import RayRun, run_ray
+from stark_ray.run.campaign import CampaignError, Caps, load_config, select_tasks
+from stark_ray.run.ray_driver import RayRun, run_ray
 from stark_ray.store.read import load_trees
 
 TASKS = [str(ROOT / "examples" / "tasks" / f) for f in

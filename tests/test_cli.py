@@ -274,9 +274,9 @@ def test_executor_and_resume_mistakes_get_one_line(tmp_path: Path, cassette: str
     line = one_error_line(stark("optimize", task, "--cassette", cassette, "--executor", "local", "--parallel", "2"))
     assert "--parallel" in line
     assert "no such run directory" in one_error_line(stark("optimize", "--resume", str(tmp_path / "nope")))
-    (tmp_path / "local-run").mkdir()  # a directory without run.json is not a Ray run
-    assert "run.json" in one_error_line(stark("optimize", "--resume", str(tmp_path / "local-run")))
-    assert "--executor ray" in one_error_line(stark("optimize", "--resume", str(tmp_path), "--executor", "local"))
+    (tmp_path / "not-a-run").mkdir()  # a directory without run.json is not a run
+    assert "run.json" in one_error_line(stark("optimize", "--resume", str(tmp_path / "not-a-run")))
+    assert "run.json" in one_error_line(stark("optimize", "--resume", str(tmp_path), "--executor", "local"))
 
 
 def test_more_evaluators_than_gpus_on_an_embedded_ray(tmp_path: Path, cassette: str) -> None:

@@ -1,9 +1,9 @@
-"""Which evaluator times which candidate (stark_ray.dispatch): the home evaluator first, then the least busy peer
+"""Which evaluator times which candidate (stark_ray.run.dispatch): the home evaluator first, then the least busy peer
 of its device class with room; nothing else; a candidate with no room waits, in order."""
 
 from __future__ import annotations
 
-from stark_ray.dispatch import EvalDispatch
+from stark_ray.run.dispatch import EvalDispatch
 
 
 def test_tasks_get_homes_round_robin_and_peers_of_their_class() -> None:

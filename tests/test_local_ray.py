@@ -1,4 +1,4 @@
-"""The private local Ray of a run (stark_ray/local_ray.py): two at once, a killed driver, a start that fails.
+"""The private local Ray of a run (stark_ray/run/local_ray.py): two at once, a killed driver, a start that fails.
 
 Everything is real: ``ray start`` heads, the reaper, ``stark optimize`` through its entry point."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from scripted_replies import SLOW
 
-from stark_ray.local_ray import SESSION_ENV, RayStartError, session_processes, start_failure, start_local_ray
+from stark_ray.run.local_ray import SESSION_ENV, RayStartError, session_processes, start_failure, start_local_ray
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def test_two_runs_started_at_once_each_get_a_ray_of_their_own(tmp_path: Path) ->
 DRIVER = """
 import subprocess, sys, time
 import ray
-from stark_ray.ray_run import connect
+from stark_ray.run.placement import connect
 
 connect(None)
 
@@ -150,7 +150,7 @@ def test_a_start_that_fails_is_tried_again_and_then_said_in_one_line(caplog: pyt
     freezer = threading.Thread(target=freeze_agents, daemon=True)
     freezer.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="stark_ray.local_ray"), pytest.raises(RayStartError) as e:
+        with caplog.at_level(logging.WARNING, logger="stark_ray.run.local_ray"), pytest.raises(RayStartError) as e:
             start_local_ray(env={"STARK_TEST_TOKEN": token.split(b"=")[1].decode()}, tries=2)
     finally:
         stop.set()
@@ -180,7 +180,7 @@ def test_the_cause_of_a_failed_start_is_read_from_the_raylets_log(tmp_path: Path
 BROADCAST_DRIVER = """
 import os, signal, time
 import ray
-from stark_ray.ray_run import connect, disconnect
+from stark_ray.run.placement import connect, disconnect
 
 connect(None)
 

@@ -15,7 +15,7 @@ from scripted_replies import SLOW, WRONG, code_reply, plan_reply
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import load_task
 from stark_ray.llm.scripted import ScriptedClient
-from stark_ray.optimize import optimize
+from stark_ray.run.local import optimize
 from stark_ray.search.tree import Tree
 
 pytestmark = pytest.mark.slow

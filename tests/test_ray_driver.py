@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from stark_ray import evaluator_deaths, ray_executor
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
 from stark_ray.agents.base import AgentResult, TaskInfo
-from stark_ray.campaign import Caps
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import Task
 from stark_ray.llm.base import LLMError
-from stark_ray.optimize import Reporter
 from stark_ray.records import STAGE_CORRECTNESS, STAGE_OK, EvalResult, LLMUsage, source_digest
-from stark_ray.run_files import RunError
+from stark_ray.run import evaluator_deaths, ray_driver
+from stark_ray.run.campaign import Caps
+from stark_ray.run.directory import RunError
+from stark_ray.run.reporter import Reporter
 from stark_ray.search.tree import Tree
 from stark_ray.store.read import attempt_rows
 
@@ -186,16 +186,16 @@ class DyingEvaluator(Evaluator):
 def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int = 3, budget: int = 7,
           parallel: int = 2, max_in_flight: int = 64, caps: Caps | None = None,
           agents: Agents | None = None, evaluators: list[Evaluator] | None = None,
-          classes: list[str] | None = None) -> tuple[ray_executor._Driver, Any]:
+          classes: list[str] | None = None) -> tuple[ray_driver._Driver, Any]:
     fake = FakeRay(random.Random(seed))
     agents = agents or Agents()
-    monkeypatch.setattr(ray_executor, "ray", fake)
-    monkeypatch.setattr(ray_executor, "start_agents", lambda run: [Handle(fake, agents)])
+    monkeypatch.setattr(ray_driver, "ray", fake)
+    monkeypatch.setattr(ray_driver, "start_agents", lambda run: [Handle(fake, agents)])
     task_list = [Task(f"t{i}", tmp_path / f"t{i}.py", SOURCE) for i in range(tasks)]
     search = SearchConfig(budget=budget, parallel=parallel, seed=seed)
-    run = ray_executor.RayRun(task_list, search, AgentConfig(), EvalConfig(), tmp_path, run_id="run",
+    run = ray_driver.RayRun(task_list, search, AgentConfig(), EvalConfig(), tmp_path, run_id="run",
                               max_in_flight=max_in_flight, caps=caps or Caps())
-    driver = ray_executor._Driver(run, Reporter())
+    driver = ray_driver._Driver(run, Reporter())
     driver.evaluators = [Handle(fake, e) for e in evaluators or [Evaluator()]]
     driver.infos = {t.name: TaskInfo(t.name, SOURCE, "cpu_cpp") for t in task_list}
     driver.dispatch.place([t.name for t in task_list], len(driver.evaluators))
@@ -335,12 +335,14 @@ def test_a_full_disk_is_one_line_naming_resume_whatever_else_fails_after_it(
     traceback of their own)."""
     import errno
 
-    from stark_ray import run_mirror
+    from stark_ray.run import directory as run_directory
+    from stark_ray.run import mirror as run_mirror
 
     def full(path: Any, text: str) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(run_mirror, "write_atomic", full)
+    monkeypatch.setattr(run_directory, "write_atomic", full)
     driver, memory = drive(tmp_path, monkeypatch, 0, budget=6)
     flush, flushes = memory.store.flush, {"n": 0}
 
@@ -363,12 +365,14 @@ def test_a_summary_that_cannot_be_written_ends_a_finished_run_in_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    from stark_ray import run_mirror
+    from stark_ray.run import directory as run_directory
+    from stark_ray.run import mirror as run_mirror
 
     def full(path: Any, text: str) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(run_mirror, "write_atomic", full)
+    monkeypatch.setattr(run_directory, "write_atomic", full)
     driver, _ = drive(tmp_path, monkeypatch, 0, tasks=1, budget=4)
     driver.loop()  # best_kernel.py fails quietly during the run: the rows hold every node
     driver.finish("finished", 1.0)
@@ -390,7 +394,7 @@ def test_evaluators_of_one_device_class_share_every_tasks_candidates(
 
     monkeypatch.setattr(driver.dispatch, "ready", watched)
     driver.loop()
-    assert max(most) <= ray_executor.EVAL_WINDOW  # the choice stays late: no evaluator holds a queue
+    assert max(most) <= ray_driver.EVAL_WINDOW  # the choice stays late: no evaluator holds a queue
     assert not driver.dispatch.queue and driver.dispatch.running == 0
     for name in driver.tasks:
         assert memory.memory[name].tree.evaluated == 12

@@ -24,7 +24,7 @@ from kernel_replies import kernel_client  # noqa: E402
 
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig  # noqa: E402
 from stark_ray.eval.tasks import load_task  # noqa: E402
-from stark_ray.ray_executor import RayRun, run_ray  # noqa: E402
+from stark_ray.run.ray_driver import RayRun, run_ray  # noqa: E402
 from stark_ray.store.read import attempt_rows  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

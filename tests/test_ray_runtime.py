@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -25,11 +24,9 @@ from stark_ray.actors.evaluator import EvaluatorActor
 from stark_ray.agents.base import TaskInfo
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import load_task
-from stark_ray.ray_executor import RayRun, run_ray
 from stark_ray.records import STAGE_CRASH
-from stark_ray.search.loop import search
+from stark_ray.run.ray_driver import RayRun, run_ray
 from stark_ray.search.memory import make_task_search
-from stark_ray.search.team import make_team
 from stark_ray.search.tree import Tree
 from stark_ray.store.read import attempt_rows, load_trees
 
@@ -62,37 +59,11 @@ def rows_by_seq(run_dir: Path) -> dict[int, dict[str, Any]]:
     return {r["seq"]: r for r in rows}
 
 
-def test_search_through_the_actors_matches_the_local_executor(ray_cluster: str, tmp_path: Path,
-                                                              shared_build_dir: str) -> None:
-    # ε = 1 (always a uniformly drawn expandable leaf): the decisions depend on the seed, the tree and which
-    # candidates are correct, not on timing noise between two equally fast candidates
-    run = ray_run(tmp_path, shared_build_dir)
-    run.search = SearchConfig(budget=6, seed=0, epsilon=1.0)
-    [summary] = run_ray(run)
-    run_dir = Path(summary.run_dir)
-    assert summary.status == "finished" and summary.attempts == 6
-    assert (run_dir / "best_kernel.py").is_file() and (run_dir / "summary.json").is_file()
-    stored = load_trees(run_dir)["1_LeakyReluScale"]
-    assert len(stored) == 7 and summary.llm_calls > 0
-    # the same seed and replies through the in-process loop take the same decisions
-    task = load_task(TASK)
-    local = Tree.with_reference(task.source, stored.root.result)
-    from stark_ray.eval.evaluator import Evaluator
-
-    with Evaluator(task, eval_cfg(shared_build_dir)) as ev:
-        info = TaskInfo(task.name, task.source, "cpu_cpp", ev.hardware_description())  # as the actors' prompts
-        cfg = SearchConfig(budget=6, seed=0, epsilon=1.0)
-        state = make_task_search(task.name, local, cfg, AgentConfig(), info)
-        search(local, state.policy, make_team(ray_replies.client(), AgentConfig(), cfg, info), ev.evaluate, 6,
-               random.Random(0))
-    assert shape(local) == shape(stored)
-
-
 def test_the_live_view_hears_what_each_expansion_in_flight_is_doing(ray_cluster: str, tmp_path: Path,
                                                                     shared_build_dir: str) -> None:
     """The live view said nothing of an expansion between its start and its row (an LLM call, a 5-minute build,
     timing): the driver tells it each one's step, the evaluation's as its evaluator says."""
-    from stark_ray.optimize import InFlight, Reporter
+    from stark_ray.run.reporter import InFlight, Reporter
 
     class Heard(Reporter):
         shows_expansions = True
@@ -287,7 +258,7 @@ def driver_script(tmp_path: Path, out: str, run_id: str, address: str, build_dir
         import ray_replies
         from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
         from stark_ray.eval.tasks import load_task
-        from stark_ray.ray_executor import RayRun, run_ray
+        from stark_ray.run.ray_driver import RayRun, run_ray
         run = RayRun([load_task(Path({str(TASK)!r}))], SearchConfig(budget=10, seed=0), AgentConfig(),
                      EvalConfig(trials=2, warmup=1, timing_trials=3, build_dir={build_dir!r}),
                      {out!r}, run_id={run_id!r}, address={address!r}, client_factory=ray_replies.client,
@@ -326,7 +297,7 @@ def kill_driver_once_recorded(script: Path, run_dir: Path, rows: int) -> None:
 
 def resume_of(run_dir: Path, **kw: Any) -> RayRun:
     """The RayRun that continues ``run_dir`` with its recorded tasks and settings (what --resume builds)."""
-    from stark_ray.resume import resumed
+    from stark_ray.run.resume import resumed
 
     r = resumed(run_dir)
     return RayRun(r.tasks, r.search, r.agents, r.eval, run_dir.parent, resume=run_dir, **kw)
@@ -411,7 +382,7 @@ from pathlib import Path
 import orchestration, ray_replies
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import load_task
-from stark_ray.ray_executor import RayRun, run_ray
+from stark_ray.run.ray_driver import RayRun, run_ray
 run = RayRun([load_task(Path({task!r}))], SearchConfig(budget={budget}, seed={seed}, epsilon={epsilon}), {agents},
              EvalConfig(), {out!r}, run_id={run_id!r}, address={address!r}, client_factory={client_factory},
              evaluator_cls=ray_replies.paced_evaluator_cls({speedup}, {hold!r}, {hold_after}),

@@ -1,4 +1,4 @@
-"""``--resume`` (stark_ray/resume.py): a finished run says so at once, --budget and --parallel continue the same
+"""``--resume`` (stark_ray/run/resume.py): a finished run says so at once, --budget and --parallel continue the same
 search (and are kept in run.json), any other setting is refused in one line."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import ray_replies
 
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import load_task
-from stark_ray.ray_executor import RayRun, run_ray
-from stark_ray.resume import resumed
-from stark_ray.run_files import RunError
+from stark_ray.run.directory import RunError
+from stark_ray.run.ray_driver import RayRun, run_ray
+from stark_ray.run.resume import resumed
 from stark_ray.store.read import load_trees
 
 pytestmark = pytest.mark.slow

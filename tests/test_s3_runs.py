@@ -55,8 +55,7 @@ def test_a_location_on_s3_reads_writes_lists_and_prints_as_its_uri(s3_root: str)
 def test_uris_are_checked_printed_back_exactly_and_directories_cost_no_writes(s3_root: str) -> None:
     import pyarrow.fs as pafs
 
-    from stark_ray.optimize import new_run_dir
-    from stark_ray.run_files import RunError, load_run
+    from stark_ray.run.directory import RunError, load_run, new_run_dir
 
     base, _, query = s3_root.partition("?")
     spaced = locate(f"{base}/with%20space?{query}")
@@ -121,8 +120,8 @@ def test_a_ray_run_on_s3_survives_kill_9_resumes_and_reads_back(ray_cluster: str
     import ray_replies
 
     from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
-    from stark_ray.ray_executor import RayRun, run_ray
-    from stark_ray.run_files import resume_settings
+    from stark_ray.run.directory import resume_settings
+    from stark_ray.run.ray_driver import RayRun, run_ray
 
     resumed = RayRun([], SearchConfig(), AgentConfig(), EvalConfig(), s3_root, resume=str(run_dir),
                      client_factory=ray_replies.client)

@@ -21,8 +21,8 @@ from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import load_task
 from stark_ray.llm.replay import RecordingClient
 from stark_ray.llm.scripted import ScriptedClient
-from stark_ray.optimize import optimize
 from stark_ray.progress import RichReporter
+from stark_ray.run.local import optimize
 
 HERE = Path(__file__).parent
 TASK = HERE.parent / "tasks" / "2_FusedSwishScaleClamp.py"

@@ -135,7 +135,7 @@ class Location:
     def make_new(self) -> None:
         """Create the directory, which must not exist yet (FileExistsError); its parent must exist locally.
         On an object store this only checks the name (the directory appears with its first object): callers
-        make names unlikely to collide (:func:`~stark_ray.optimize.new_run_dir` adds a random suffix there)."""
+        make names unlikely to collide (:func:`~stark_ray.run.directory.new_run_dir` adds a random suffix there)."""
         if self.fs is None:
             os.mkdir(self.path)
             return

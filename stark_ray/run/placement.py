@@ -15,17 +15,17 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from stark_ray.actors.agents import AGENT_CPUS, AGENT_WORKERS, ClientFactory, agent_pool
 from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
 from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
-from stark_ray.campaign import Caps
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import Task, TaskError
-from stark_ray.local_ray import LocalRay, RayStartError, quiet_error_broadcasts, start_local_ray
-from stark_ray.run_files import RunError
+from stark_ray.run.campaign import Caps
+from stark_ray.run.directory import RunError
+from stark_ray.run.local_ray import LocalRay, RayStartError, quiet_error_broadcasts, start_local_ray
 from stark_ray.store.location import Location, locate
 from stark_ray.store.read import StoreError, call_rows, load_trees
-from stark_ray.tasks.agents import AGENT_CPUS, AGENT_WORKERS, ClientFactory, agent_pool
 
 STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
 MAX_IN_FLIGHT = 64  # agent calls plus evaluations outstanding at once, over all tasks
@@ -58,7 +58,7 @@ _local: LocalRay | None = None  # the private Ray this process started (connect)
 
 def connect(address: str | None, runtime_env: dict[str, Any] | None = None, num_cpus: int | None = None,
             num_gpus: int | None = None) -> bool:
-    """Join the cluster at ``address``, or start a private local Ray (:mod:`stark_ray.local_ray`: no dashboard,
+    """Join the cluster at ``address``, or start a private local Ray (:mod:`stark_ray.run.local_ray`: no dashboard,
     sized to the machine or to ``num_cpus``/``num_gpus``, nothing shared with another run); True when this call
     started it (end it with :func:`disconnect`). RunError, one line, when a local Ray cannot start."""
     global _local

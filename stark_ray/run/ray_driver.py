@@ -3,19 +3,18 @@
 One TreeMemory actor owns every task's tree and policy; agent calls are stateless calls to a few threaded
 AgentWorker actors; one Evaluator actor per GPU (or one on the CPU) evaluates. The driver only moves work along:
 it asks the memory for expansions, launches their agent calls, sends each candidate to an evaluator
-(:mod:`stark_ray.dispatch`: a task's reference is timed on its home evaluator; its candidates go to whichever
+(:mod:`stark_ray.run.dispatch`: a task's reference is timed on its home evaluator; its candidates go to whichever
 evaluator of the home's device class has room, each timed against the reference on its own device), and hands
 results back (``add_next``: the attempt, and in the same round trip the work that takes its place) — never
 waiting on one call: whatever finishes first is handled (``ray.wait``), with a cap on the work in flight.
 
 A run directory holds ``run.json`` (settings and task sources, for ``--resume``), the memory's Parquet rows, and
-each task's ``summary.json`` and ``best_kernel.py`` (:mod:`stark_ray.run_mirror`).
+each task's ``summary.json`` and ``best_kernel.py`` (:mod:`stark_ray.run.mirror`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import signal
 import sys
@@ -29,28 +28,28 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from stark_ray import evaluator_deaths
 from stark_ray.actors.tree_memory import TaskSpec
 from stark_ray.agents.base import AgentResult, TaskInfo
-from stark_ray.campaign import CapTracker
-from stark_ray.dispatch import EvalDispatch
 from stark_ray.eval.backends import get_backend
 from stark_ray.eval.memory import OverBudget
 from stark_ray.eval.tasks import TaskError
-from stark_ray.evaluator_deaths import EvaluatorDeaths, Verdict
 from stark_ray.llm.base import LLMError
 from stark_ray.llm.usage import UsageTotals
-from stark_ray.optimize import (
-    STATUS_FAILED,
-    STATUS_FINISHED,
-    STATUS_INTERRUPTED,
-    InFlight,
-    Reporter,
-    RunSummary,
+from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
+from stark_ray.run import evaluator_deaths
+from stark_ray.run.campaign import CapTracker
+from stark_ray.run.directory import (
+    RunError,
     new_run_dir,
-    write_atomic,
+    recorded_usage,
+    run_record,
+    task_summary,
+    write_run_file,
 )
-from stark_ray.ray_run import (
+from stark_ray.run.dispatch import EvalDispatch
+from stark_ray.run.evaluator_deaths import EvaluatorDeaths, Verdict
+from stark_ray.run.mirror import RunMirror
+from stark_ray.run.placement import (
     STATUS_CAPPED,
     RayRun,
     checked_get,
@@ -63,10 +62,9 @@ from stark_ray.ray_run import (
     start_memory,
     stop_actors,
 )
-from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
-from stark_ray.resume import record_changes
-from stark_ray.run_files import RUN_FILE, RunError, recorded_usage, run_record, task_summary
-from stark_ray.run_mirror import RunMirror
+from stark_ray.run.reporter import InFlight, Reporter
+from stark_ray.run.resume import record_changes
+from stark_ray.run.summary import STATUS_FAILED, STATUS_FINISHED, STATUS_INTERRUPTED, RunSummary
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
 from stark_ray.store.location import Location, locate
@@ -75,6 +73,7 @@ log = logging.getLogger(__name__)
 _AGENT, _EVAL, _ADD, _NEXT, _BACK = "agent", "eval", "add", "next", "back"
 _UNSET: Any = object()  # a ref's value not fetched yet
 AGENT_WORDS = {"plan+code": "plan and code agents", "debug": "debug agent", "single": "agent"}  # the live view's
+EXECUTOR = "ray"  # as run.json and the summaries name it
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
 
@@ -170,8 +169,7 @@ class _Driver:
             out = locate(run.out)
             self.dir = new_run_dir(out, base) if run.run_id is None else out / run.run_id
             self.dir.mkdir()
-            record = run_record(run.tasks, run.search, run.agents, run.eval)
-            write_atomic(self.dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
+            write_run_file(self.dir, run_record(run.tasks, run.search, run.agents, run.eval, EXECUTOR))
         self.run_id = self.dir.name
         self.view.dir = self.dir
         self.memory = start_memory(run, self.dir, f"stark-memory-{self.run_id}-{token}", specs)
@@ -380,7 +378,7 @@ class _Driver:
             self._launch(tickets)
 
     def _send_evaluations(self) -> None:
-        """The candidates an evaluator has room for now (:mod:`stark_ray.dispatch`); the rest wait their turn."""
+        """The candidates an evaluator has room for now (:mod:`stark_ray.run.dispatch`); the rest wait their turn."""
         for which, work in self.dispatch.ready():
             assert work.ticket is not None and work.step is not None
             ref = self.evaluators[which].evaluate.remote(self.tasks[work.ticket.task], work.step.source)
@@ -388,7 +386,7 @@ class _Driver:
             self.pending[ref] = work
 
     def _act(self, which: int, verdict: Verdict[_Work]) -> None:
-        """Carry out what :mod:`stark_ray.evaluator_deaths` decided about evaluator ``which``."""
+        """Carry out what :mod:`stark_ray.run.evaluator_deaths` decided about evaluator ``which``."""
         if verdict.gone:
             raise RunError(f"evaluator {which} died and did not come back within "
                            f"{evaluator_deaths.RESTART_WAIT_S:.0f} s; every "
@@ -446,7 +444,7 @@ class _Driver:
                 tree = self.view.trees[name]
             capped = status == STATUS_FINISHED and name in self.capped and tree.evaluated < self.run.search.budget
             summary = task_summary(task, tree, self.dir, self.run_id, STATUS_CAPPED if capped else status, wall_s,
-                                   self.run.search, self.run.eval, self._usage_of(name))
+                                   self.run.search, self.run.agents, self.run.eval, self._usage_of(name), EXECUTOR)
             if capped:
                 summary.settings["stopped_by"] = self.capped[name]
             try:

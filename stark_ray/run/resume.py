@@ -15,7 +15,7 @@ from pathlib import Path
 
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import Task
-from stark_ray.run_files import RUN_FILE, RunError, load_run, resume_settings
+from stark_ray.run.directory import RUN_FILE, SUMMARY_FILE, RunError, load_run, resume_settings, task_dir
 from stark_ray.store.location import Location, locate
 from stark_ray.store.read import StoreError, load_trees
 
@@ -32,6 +32,7 @@ class Resumed:
     eval: EvalConfig
     attempts: dict[str, int]  # task -> attempts recorded
     summaries: bool = True  # every task's summary.json is there (a full disk may have kept one from being written)
+    executor: str = "ray"  # the executor that made it (either can continue it)
 
     @property
     def finished(self) -> bool:
@@ -60,6 +61,7 @@ def resumed(run_dir: str | Path | Location, budget: int | None = None, parallel:
     """The recorded run with ``budget``/``parallel`` changed where given. RunError (one line) for a run directory
     that cannot be resumed or a budget below what is recorded."""
     tasks, search, agents, ev = resume_settings(run_dir)
+    executor = str(load_run(run_dir).get("executor") or "ray")
     try:
         trees = load_trees(run_dir)
     except FileNotFoundError:
@@ -79,9 +81,9 @@ def resumed(run_dir: str | Path | Location, budget: int | None = None, parallel:
         search = replace(search, **changes)  # SearchConfig checks the values
     except ValueError as e:
         raise RunError(str(e)) from None
-    loc = locate(run_dir)
-    places = [loc] if len(tasks) == 1 else [loc / "tasks" / t.name for t in tasks]
-    return Resumed(tasks, search, agents, ev, attempts, all((p / "summary.json").is_file() for p in places))
+    places = [task_dir(run_dir, t.name, len(tasks)) for t in tasks]
+    return Resumed(tasks, search, agents, ev, attempts, all((p / SUMMARY_FILE).is_file() for p in places),
+                   executor)
 
 
 def record_changes(run_dir: str | Path | Location, search: SearchConfig) -> None:

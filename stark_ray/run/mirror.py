@@ -7,18 +7,18 @@ Acknowledgements can reach the driver out of order (one group commit writes a no
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from stark_ray.agents.base import AgentResult
 from stark_ray.llm.usage import UsageTotals
-from stark_ray.optimize import RunSummary, write_atomic
 from stark_ray.records import Node
+from stark_ray.run.directory import task_dir, write_atomic, write_task_end
+from stark_ray.run.summary import RunSummary
 from stark_ray.search.tree import Tree
-from stark_ray.store.location import Location, locate
+from stark_ray.store.location import Location
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +67,16 @@ class RunMirror:
                 log.warning("task %s: best_kernel.py could not be written (%s)", name, e)
 
     def task_dir(self, name: str) -> Location:
-        """Where a task's summary and best kernel go: the run directory itself for a one-task run, else
-        ``tasks/<name>/`` in it."""
+        """Where a task's summary and best kernel go (:func:`~stark_ray.run.directory.task_dir`)."""
         assert self.dir is not None
-        run_dir = locate(self.dir)
-        d = run_dir if len(self.names) == 1 else run_dir / "tasks" / name
+        d = task_dir(self.dir, name, len(self.names))
         d.mkdir()
         return d
 
     def write_summary(self, name: str, tree: Tree, summary: RunSummary) -> None:
         """The end of a task: its ``summary.json`` and the best kernel of its final tree."""
-        write_atomic(self.task_dir(name) / "summary.json", json.dumps(asdict(summary), indent=2) + "\n")
-        best = tree.best()
-        if best is not None:
-            write_atomic(self.task_dir(name) / "best_kernel.py", best.source)
+        assert self.dir is not None
+        write_task_end(task_dir(self.dir, name, len(self.names)), tree, summary)
 
     def status(self, running: set[str], budget: int, capped: set[str]) -> dict[str, Any]:
         """The live view's figures on the trees: tasks done and running, attempts, correct ones, best speedups."""

@@ -188,7 +188,7 @@ def _start_reaper(temp_dir: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k != SESSION_ENV}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]),
                                                     env.get("PYTHONPATH", "")) if p)
-    return subprocess.Popen([sys.executable, "-m", "stark_ray.local_ray", temp_dir], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "stark_ray.run.local_ray", temp_dir], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
 
 

@@ -1,0 +1,56 @@
+"""What a run says of each task when it ends (``summary.json``), alike whichever executor ran it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from stark_ray.llm.usage import UsageTotals
+from stark_ray.search.tree import Tree
+
+STATUS_FINISHED, STATUS_INTERRUPTED, STATUS_FAILED = "finished", "interrupted", "failed"
+
+
+@dataclass
+class RunSummary:
+    task: str
+    run_id: str
+    run_dir: str
+    status: str  # finished | interrupted | failed
+    attempts: int
+    budget: int
+    best_correct: bool
+    best_speedup: float | None
+    best_node: int | None
+    best_runtime_ms: float | None
+    best_ref_runtime_ms: float | None  # the reference as timed beside the best candidate
+    best_speedup_err: float | None  # its relative standard error (eval/noise.py), where known
+    ref_runtime_ms: float | None  # the reference timed alone, at the start
+    failures: int
+    failures_by_stage: dict[str, int]
+    tokens: dict[str, int]
+    cost: float  # USD
+    llm_calls: int
+    wall_s: float
+    settings: dict[str, Any] = field(default_factory=dict)
+    replay_mismatches: int = 0  # replayed calls whose prompt the cassette did not hold (each served in order)
+
+
+def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, budget: int, usage: UsageTotals,
+               settings: dict[str, Any], wall_s: float) -> RunSummary:
+    """A task's summary from its tree and what its LLM calls cost (either executor)."""
+    best = tree.best()
+    return RunSummary(
+        task=task, run_id=run_id, run_dir=run_dir, status=status, attempts=tree.evaluated,
+        budget=budget, best_correct=best is not None,
+        best_speedup=best.result.speedup if best else None, best_node=best.id if best else None,
+        best_runtime_ms=best.result.runtime_ms if best else None,
+        best_ref_runtime_ms=best.result.ref_runtime_ms if best else None,
+        best_speedup_err=best.result.speedup_err if best else None,
+        ref_runtime_ms=tree.root.result.runtime_ms, failures=tree.failures(),
+        failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.correct)),
+        tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
+        llm_calls=usage.calls, wall_s=round(wall_s, 2), settings=settings,
+        replay_mismatches=usage.replay_mismatches,
+    )

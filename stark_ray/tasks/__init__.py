@@ -1,1 +1,0 @@
-"""Ray tasks: stateless agent calls."""
