@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from stark_ray.analysis import metrics
 from stark_ray.analysis.report import PLOTS_DIR, REPORT_FILE, generate, write_report
 from stark_ray.analysis.views import TASK_COLUMNS, connect, rows, task_rows
-from stark_ray.cli_analysis import VIEWS, report, sql
+from stark_ray.cli.analysis import VIEWS, report, sql
 from stark_ray.records import (
     AGENT_PLAN_CODE,
     AGENT_REFERENCE,
@@ -210,7 +210,7 @@ def test_a_run_without_rows_yet(tmp_path: Path) -> None:
 
 
 def test_analysis_does_not_import_ray() -> None:
-    code = ("import sys, stark_ray.analysis.report, stark_ray.analysis.plots, stark_ray.cli_analysis; "
+    code = ("import sys, stark_ray.analysis.report, stark_ray.analysis.plots, stark_ray.cli.analysis; "
             "sys.exit('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
 
@@ -326,7 +326,7 @@ def test_the_tree_picture_lays_out_a_tree_and_finds_the_best_path(tmp_path: Path
 
 def test_the_report_command_draws_as_many_trees_as_its_default_says() -> None:
     from stark_ray.analysis.report import TREES
-    from stark_ray.cli_analysis import TREES as CLI_TREES
+    from stark_ray.cli.analysis import TREES as CLI_TREES
 
     assert CLI_TREES == TREES
 

@@ -9,9 +9,9 @@ from rich.console import Console
 from search_helpers import add, reference_tree
 
 from stark_ray.agents.base import AgentResult
+from stark_ray.cli.progress import RichReporter
 from stark_ray.eval.tasks import Task
 from stark_ray.llm.usage import UsageTotals
-from stark_ray.progress import RichReporter
 from stark_ray.records import STAGE_COMPILE, EvalResult
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from stark_ray.cli import app
+from stark_ray.cli.main import app
 from stark_ray.store.location import Location, locate
 from stark_ray.store.read import attempt_rows, load_trees
 

@@ -17,11 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from stark_ray.cli.progress import RichReporter
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import load_task
 from stark_ray.llm.replay import RecordingClient
 from stark_ray.llm.scripted import ScriptedClient
-from stark_ray.progress import RichReporter
 from stark_ray.run.local import optimize
 
 HERE = Path(__file__).parent

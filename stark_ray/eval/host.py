@@ -610,9 +610,9 @@ def _warmup_ms(state: TaskState) -> float:
 
 
 def _spin_cycles() -> int:
-    from stark_ray.eval.timing import _cycles_per_us
+    from stark_ray.eval.timing import cycles_per_us
 
-    return int(PROFILE_SPIN_US * _cycles_per_us())
+    return int(PROFILE_SPIN_US * cycles_per_us())
 
 
 def _task_failure(error: str) -> EvalResult:

@@ -86,7 +86,7 @@ class CudaTimer:
 
     def _set_head(self, us: float) -> None:
         self.head_us = us
-        self.spin_cycles = int(us * _cycles_per_us()) if us > 0 else 0
+        self.spin_cycles = int(us * cycles_per_us()) if us > 0 else 0
 
     def fit_head_start(self, launch_ms: float) -> None:
         """Size the head start for calls whose host side takes ``launch_ms`` to launch (a no-op for a fixed head
@@ -115,7 +115,7 @@ _CYCLES_PER_US: list[float] = []
 MIN_CYCLES_PER_US = 2000.0
 
 
-def _cycles_per_us() -> float:
+def cycles_per_us() -> float:
     """The spin kernel's cycles per microsecond, measured once (best of three), and never taken below 2 GHz: a
     clock still ramping up during the measurement must make the head start longer, never shorter."""
     if not _CYCLES_PER_US:

@@ -11,11 +11,13 @@ from typing import Annotated, Any
 
 import typer
 
+from stark_ray.cli.app import app, err, fail
 from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, TOLERANCES, AgentConfig, EvalConfig, SearchConfig
 
 _S, _A, _E = SearchConfig(), AgentConfig(), EvalConfig()  # the defaults the help shows (defined there, once)
 
 
+@app.command("campaign")
 def campaign(
     tasks: Annotated[list[str] | None, typer.Option("--tasks", help="Task files or globs (repeatable).",
                                                     show_default=False)] = None,
@@ -85,8 +87,8 @@ def campaign(
 ) -> None:
     """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
 
-    from stark_ray.cli import _reporter, _run_on_ray, fail
-    from stark_ray.cli_places import existing_dir, gpu_first, writable_dir
+    from stark_ray.cli.optimize import reporter_for, run_on_ray
+    from stark_ray.cli.places import existing_dir, gpu_first, writable_dir
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
     from stark_ray.run.campaign import CampaignError, Caps, load_config, select_tasks
@@ -118,7 +120,7 @@ def campaign(
     run_cfg = merged["run"]
     if evaluators is not None and evaluators < 1:
         fail("--evaluators must be >= 1")
-    reporter = _reporter(True) if quiet else _campaign_reporter()
+    reporter = reporter_for(True) if quiet else _campaignreporter_for()
     if resume is not None:  # the recorded campaign; --budget, --parallel, the caps, where it runs may change
         run_dir = existing_dir(resume, "--resume", "campaign directory")
         fixed = {"--tasks": tasks, "--kernelbench": kernelbench, "--levels": levels, "--ids": ids, "--names": names,
@@ -139,7 +141,7 @@ def campaign(
             check_credentials(run.agents)
         except (RunError, ConfigError, ValueError, TypeError) as e:
             fail(f"--resume {resume}: {e}")
-        _run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
+        run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
                            address=address, caps=caps,
                            evaluators=evaluators), reporter)
         return
@@ -160,12 +162,11 @@ def campaign(
         fail(f"{config}: {e}")
     out_dir = writable_dir(str(run_cfg.get("out") or "runs"), "--out")
     gpu_first(eval_cfg.backend, run_cfg.get("address"), run_cfg.get("evaluators"))
-    _run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"),
+    run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"),
                        caps=caps, evaluators=run_cfg.get("evaluators")), reporter)
 
 
-def _campaign_reporter() -> Any:
-    from stark_ray.cli import err
-    from stark_ray.progress import CampaignReporter
+def _campaignreporter_for() -> Any:
+    from stark_ray.cli.progress import CampaignReporter
 
     return CampaignReporter(err)

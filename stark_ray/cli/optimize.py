@@ -1,52 +1,22 @@
-"""The ``stark`` command line. User mistakes end in one clear line and a non-zero exit, never a traceback."""
+"""``stark optimize``: one task, searched with either executor (a new run, or ``--resume`` of a recorded one)."""
 
 from __future__ import annotations
 
-import re
 import signal
-import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
+from stark_ray.cli.app import app, err, fail, given_options, interrupt
 from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, AgentConfig, EvalConfig, SearchConfig
 
 if TYPE_CHECKING:
     from stark_ray.eval.tasks import Task
     from stark_ray.llm.base import LLMClient
-    from stark_ray.records import EvalResult
     from stark_ray.run.ray_driver import RayRun
     from stark_ray.run.reporter import Reporter
     from stark_ray.run.summary import RunSummary
-
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="STARK on Ray: LLM agents that search for faster GPU kernels.")
-err = Console(stderr=True)
-
-EXIT_USAGE = 2  # bad task file, bad settings, missing key
-
-
-def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _version(value: bool) -> None:
-    if value:
-        from stark_ray import __version__
-
-        typer.echo(f"stark-ray {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                                help="Print the version and exit.")] = False) -> None:
-    """STARK on Ray: LLM agents that search for faster GPU kernels."""
 
 
 @app.command()
@@ -116,7 +86,7 @@ def optimize(
                                                    show_default=False)] = None,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
-    from stark_ray.cli_places import gpu_first, kernelbench_task, writable_dir, writable_file
+    from stark_ray.cli.places import gpu_first, kernelbench_task, writable_dir, writable_file
     from stark_ray.eval.backends import available_backends
     from stark_ray.eval.tasks import TaskError, load_task
     from stark_ray.llm.base import ConfigError
@@ -162,17 +132,17 @@ def optimize(
 
     if parallel > 1 and executor == "local":
         fail("--parallel needs --executor ray (the local executor expands one node at a time)")
-    reporter = _reporter(quiet)
+    reporter = reporter_for(quiet)
     if executor == "ray":
         from stark_ray.run.ray_driver import RayRun
 
-        _run_on_ray(RayRun([the_task], search_cfg, agent_cfg, eval_cfg, out_dir, address=address,
+        run_on_ray(RayRun([the_task], search_cfg, agent_cfg, eval_cfg, out_dir, address=address,
                            evaluators=evaluators), reporter)
         return
-    _run_locally(the_task, client, search_cfg, agent_cfg, eval_cfg, out_dir, reporter)
+    run_locally(the_task, client, search_cfg, agent_cfg, eval_cfg, out_dir, reporter)
 
 
-def _run_locally(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg: AgentConfig,
+def run_locally(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg: AgentConfig,
                  eval_cfg: EvalConfig, out: Path, reporter: Reporter, resume: Path | None = None) -> None:
     from stark_ray.eval.service import EvaluatorError
     from stark_ray.eval.tasks import TaskError
@@ -180,7 +150,7 @@ def _run_locally(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_
     from stark_ray.run.directory import RunError
     from stark_ray.run.local import optimize as run_optimize
 
-    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
+    signal.signal(signal.SIGTERM, interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
     try:
         run_optimize(task, client, search_cfg, agent_cfg, eval_cfg, out, reporter, resume=resume)
     except (TaskError, EvaluatorError, RunError) as e:
@@ -191,22 +161,22 @@ def _run_locally(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_
         fail("interrupted; everything recorded so far is in the run directory (--resume it)", 130)
 
 
-def _reporter(quiet: bool) -> Reporter:
+def reporter_for(quiet: bool) -> Reporter:
     if quiet:
-        return _QuietReporter()
-    from stark_ray.progress import RichReporter
+        return QuietReporter()
+    from stark_ray.cli.progress import RichReporter
 
     return RichReporter(err)
 
 
-def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
+def run_on_ray(run: RayRun, reporter: Reporter) -> None:
     from stark_ray.eval.service import EvaluatorError
     from stark_ray.eval.tasks import TaskError
     from stark_ray.llm.base import LLMError
     from stark_ray.run.directory import RunError
     from stark_ray.run.ray_driver import run_ray
 
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     started: list[object] = []  # the run directory, once it exists
     try:
         run_ray(run, reporter, on_started=started.append)
@@ -224,19 +194,12 @@ def _run_on_ray(run: RayRun, reporter: Reporter) -> None:
 RESUME_OPTIONS = frozenset({"resume", "budget", "parallel", "address", "quiet", "evaluators", "executor"})
 
 
-def given_options(ctx: typer.Context) -> list[str]:
-    """The parameters the user set on the command line (or through the environment), not left at their default."""
-    sources = {name: ctx.get_parameter_source(name) for name in ctx.params}  # Typer's own click: compare names
-    return [name for name, source in sources.items()
-            if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")]
-
-
 def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None, quiet: bool,
             evaluators: int | None = None) -> None:
     """Continue a run: its task(s) and settings come from its run.json; --budget and --parallel may change
     (see stark_ray/run/resume.py), anything else given is refused; a finished run says so at once. It goes on
     with the executor that made it, or the one --executor names."""
-    from stark_ray.cli_places import existing_dir
+    from stark_ray.cli.places import existing_dir
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials, make_client
     from stark_ray.run.directory import RunError
@@ -263,165 +226,26 @@ def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None,
     except (RunError, ConfigError, ValueError, TypeError) as e:
         fail(f"--resume {run_dir}: {e}")
     if client is not None:
-        _run_locally(run.tasks[0], client, run.search, run.agents, run.eval, run_dir.parent, _reporter(quiet),
+        run_locally(run.tasks[0], client, run.search, run.agents, run.eval, run_dir.parent, reporter_for(quiet),
                      run_dir)
         return
-    _run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
-                       address=address, evaluators=evaluators), _reporter(quiet))
+    run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
+                       address=address, evaluators=evaluators), reporter_for(quiet))
 
 
-class _QuietReporter:
+class QuietReporter:
     def phase(self, *args: object) -> None: ...
     def start(self, *args: object) -> None: ...
     def attempt(self, *args: object) -> None: ...
     def status(self, *args: object) -> None: ...
 
     def finish(self, summary: RunSummary) -> None:
-        from stark_ray.progress import replay_note
+        from stark_ray.cli.progress import replay_note
 
         speedup = "none" if summary.best_speedup is None else f"{summary.best_speedup:.3f}x"
         odd = replay_note(summary.replay_mismatches)
         typer.echo(f"{summary.task}: {summary.status}, {summary.attempts} attempts, best speedup {speedup}{odd}, "
                    f"results in {summary.run_dir}")
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-@app.command("eval")
-def eval_candidate(
-    task: Annotated[Path, typer.Argument(help="KernelBench-style task file.", show_default=False)],
-    candidate: Annotated[Path, typer.Argument(help="Candidate module defining class ModelNew.",
-                                              show_default=False)],
-    backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = "cpu_cpp",
-    trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = 5,
-    timing_trials: Annotated[int | None, typer.Option(help="Timed calls at most (default: CPU 20, GPU 100).")] = None,
-    timing_precision: Annotated[float, typer.Option(
-        help="Stop timing (after 40 rounds) once each median's relative standard error is below this; 0: "
-             "always --timing-trials.")] = 0.003,
-    baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = "eager",
-    tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
-    seed: Annotated[int, typer.Option(help="Seeds the inputs.")] = 0,
-    build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
-    isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
-                                              "process visible, no network (auto: where the host allows it; "
-                                              "on: an error where it does not).")] = EvalConfig.isolate,
-    compile_timeout: Annotated[float, typer.Option(
-        help="Seconds one candidate's build may take (a busy host's builds can take minutes).")] = (
-        EvalConfig.compile_timeout_s),
-    memory_budget: Annotated[float | None, typer.Option(
-        help="Device memory (GB) for one evaluation, judge and worker together (default: 90% of the GPU's free "
-             "memory); what is kept is chosen to fit, a task that cannot is one line.", show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a report.")] = False,
-) -> None:
-    """Compile, check and time one candidate against the task's reference. Exit 0 when it is correct."""
-    import json
-    from dataclasses import asdict
-
-    from stark_ray.cli_places import gpu_first
-    from stark_ray.eval.backends import available_backends
-    from stark_ray.eval.service import EvalService, EvaluatorError
-    from stark_ray.eval.tasks import TaskError, load_task
-
-    try:
-        cfg = EvalConfig(backend=backend, trials=trials, timing_trials=timing_trials, seed=seed, baseline=baseline,
-                         timing_precision=timing_precision, isolate=isolate, memory_budget_gb=memory_budget,
-                         compile_timeout_s=compile_timeout,
-                         tolerance=tolerance, build_dir=str(build_dir) if build_dir else None)
-    except ValueError as e:
-        fail(str(e))
-    if backend not in available_backends():
-        fail(f"backend {backend!r} is not available in this version; available: {', '.join(available_backends())}")
-    try:
-        the_task = load_task(task)
-        source = candidate.read_text(encoding="utf-8")
-    except TaskError as e:
-        fail(str(e))
-    except (OSError, UnicodeDecodeError) as e:
-        fail(f"{candidate}: cannot read the candidate ({getattr(e, 'strerror', None) or e})")
-    gpu_first(backend, None)
-    try:
-        service = EvalService(cfg)
-    except EvaluatorError as e:
-        fail(str(e))
-    with service:
-        try:
-            reference = service.reference(the_task)  # the task must run before a candidate is judged against it
-        except (TaskError, EvaluatorError) as e:
-            fail(str(e))
-        result = service.evaluate(the_task, source)
-    result = named_as(result, candidate.name)
-    if as_json:
-        typer.echo(json.dumps({**asdict(result), "ok": result.ok, "task": the_task.name, "backend": backend,
-                               "candidate": str(candidate), "reference_alone_ms": reference.runtime_ms}))
-    else:
-        typer.echo(_eval_report(the_task.name, candidate.name, result))
-    raise typer.Exit(0 if result.ok else 1)
-
-
-_IMPORTED_AS = re.compile(r"\bcandidate\.py\b")  # the name the evaluator imports every candidate under
-
-
-def named_as(result: EvalResult, file_name: str) -> EvalResult:
-    """The result with the evaluator's name for the candidate's module (``candidate.py``, in its errors, line
-    numbers and tracebacks) replaced by the user's file name: the lines are the file's own."""
-    if file_name == "candidate.py":
-        return result
-    return replace(result, error=result.error and _IMPORTED_AS.sub(file_name, result.error),
-                   log=result.log and _IMPORTED_AS.sub(file_name, result.log))
-
-
-def _eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str:
-    from stark_ray.eval.noise import interval, is_noisy
-
-    verdict = "correct" if result.ok else (
-        f"REJECTED ({', '.join(result.flags)})" if result.correct else f"FAILED at {result.stage}")
-    lines = [f"{task_name}: {candidate_name}: {verdict}"]
-    if result.runtime_ms is not None and result.ref_runtime_ms is not None:
-        known = "" if result.speedup_err is None else f" {interval(result.speedup_err)} (95%)"
-        lines.append(f"  runtime {result.runtime_ms:.4f} ms, reference {result.ref_runtime_ms:.4f} ms "
-                     f"(same run): speedup {result.speedup:.3f}x{known}")
-        if is_noisy(result.speedup_err):
-            lines.append("  noisy: the calls timed in pairs disagree that much even measured twice (a busy host, or "
-                         "a kernel whose time varies); this speedup is not one to trust: run it again on a quiet "
-                         "machine")
-    if result.ref_compile_runtime_ms is not None and result.runtime_ms:
-        lines.append(f"  torch.compile baseline {result.ref_compile_runtime_ms:.4f} ms: speedup "
-                     f"{result.ref_compile_runtime_ms / result.runtime_ms:.3f}x")
-    if result.max_abs_err is not None:
-        lines.append(f"  max_abs_err {result.max_abs_err:.3g}, rel_err {result.rel_err:.3g}")
-    if result.compile_s is not None:
-        lines.append(f"  compile {result.compile_s:.1f} s, evaluation {result.eval_s or 0:.1f} s")
-    if result.flags:
-        lines.append(f"  flags: {', '.join(result.flags)}")
-    if result.error:
-        lines.append(f"  error: {result.error}")
-    if result.log:
-        lines.append("  log:\n    " + "\n    ".join(result.log.splitlines()[-30:]))
-    return "\n".join(lines)
-
-
-@app.command()
-def doctor(
-    backend: Annotated[str | None, typer.Option(help=f"Check what this backend needs: {' | '.join(BACKENDS)} "
-                                                     "(default: cuda when a GPU is visible, else cpu_cpp).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list.")] = False,
-) -> None:
-    """Check the toolchain, the GPU and the keys this project needs; exit 1 when the backend lacks something."""
-    import json
-    from dataclasses import asdict
-
-    from stark_ray.doctor import diagnose
-
-    if backend is not None and backend not in BACKENDS:
-        fail(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    report = diagnose(backend)
-    if as_json:
-        typer.echo(json.dumps([asdict(c) for c in report.checks]))
-    else:
-        typer.echo(report.text())
-    raise typer.Exit(0 if report.ready else 1)
 
 
 def _one_task(task: Path | None, ref_path: Path | None) -> Path:
@@ -433,45 +257,3 @@ def _one_task(task: Path | None, ref_path: Path | None) -> Path:
     return path
 
 
-def _register_campaign() -> None:
-    from stark_ray.cli_campaign import campaign
-
-    app.command("campaign")(campaign)
-
-
-_register_campaign()
-
-
-def _register_analysis() -> None:
-    from stark_ray.cli_analysis import report, sql
-
-    app.command("sql")(sql)
-    app.command("report")(report)
-
-
-_register_analysis()
-
-
-def plain_flags(command: Any) -> Any:
-    """``command`` (a click command or group, as typer builds it) with its flags shown bare in the help: typer writes
-    ``<bool>`` beside ``--quiet`` and ``--help``, which take no value. Returns ``command``."""
-    import click
-
-    help_option = command.get_help_option(click.Context(command))
-    for param in [*command.params, help_option]:
-        if getattr(param, "is_flag", False):
-            param.metavar = ""
-    for sub in getattr(command, "commands", {}).values():
-        plain_flags(sub)
-    return command
-
-
-def main() -> None:
-    try:
-        plain_flags(typer.main.get_command(app))(prog_name="stark")
-    except KeyboardInterrupt:  # pragma: no cover - interactive
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """``stark sql`` and ``stark report``: query a run (or a directory of runs) with DuckDB, and write its report.
 
-Registered on the main app by stark_ray/cli.py. Mistakes (a missing directory, bad SQL, an unknown format) end
+Mistakes (a missing directory, bad SQL, an unknown format) end
 in one line on stderr starting with ``error:`` and exit status 2.
 """
 
@@ -15,6 +15,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from stark_ray.cli.app import app, fail
+
 FORMATS = ("table", "csv", "json")
 CELL_LIMIT = 60  # characters of a cell in the table format (csv and json keep everything)
 # what analysis/views.py makes (tests/test_analysis.py holds the two together; named here: no duckdb at start-up)
@@ -22,6 +24,7 @@ VIEWS = ("attempts", "llm_calls", "judged", "best", "tasks", "runs", "devices")
 TREES = 12  # search trees stark report draws by default (analysis/report.py: TREES; a test holds the two together)
 
 
+@app.command("sql")
 def sql(
     run_dir: Annotated[str, typer.Argument(metavar="DIR", help="A run directory, or a directory of run "
                                                                "directories (united); a path or a URI.",
@@ -53,6 +56,7 @@ def sql(
     typer.echo(_format(names, values, fmt, _terminal_width()), nl=False)
 
 
+@app.command("report")
 def report(
     run_dir: Annotated[str, typer.Argument(metavar="DIR", help="A run directory, or a directory of run "
                                                                "directories; a path or a URI.", show_default=False)],
@@ -78,8 +82,6 @@ def report(
 
 # --- internals ---------------------------------------------------------------------------------------------
 def _fail(message: str) -> NoReturn:
-    from stark_ray.cli import fail  # lazily: cli.py imports this module
-
     fail(message)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NoReturn
 
+from stark_ray.cli.app import fail
 from stark_ray.store.location import Location, locate
 
 
@@ -101,6 +102,4 @@ def _oneline(e: OSError) -> str:
 
 
 def _fail(message: str) -> NoReturn:
-    from stark_ray.cli import fail  # lazily: cli.py imports this module
-
     fail(message)

@@ -1,0 +1,129 @@
+"""``stark eval``: compile, check and time one candidate against a task's reference."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from stark_ray.cli.app import app, fail
+from stark_ray.config import BACKENDS, EvalConfig
+
+if TYPE_CHECKING:
+    from stark_ray.records import EvalResult
+
+
+@app.command("eval")
+def eval_candidate(
+    task: Annotated[Path, typer.Argument(help="KernelBench-style task file.", show_default=False)],
+    candidate: Annotated[Path, typer.Argument(help="Candidate module defining class ModelNew.",
+                                              show_default=False)],
+    backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = "cpu_cpp",
+    trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = 5,
+    timing_trials: Annotated[int | None, typer.Option(help="Timed calls at most (default: CPU 20, GPU 100).")] = None,
+    timing_precision: Annotated[float, typer.Option(
+        help="Stop timing (after 40 rounds) once each median's relative standard error is below this; 0: "
+             "always --timing-trials.")] = 0.003,
+    baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = "eager",
+    tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
+    seed: Annotated[int, typer.Option(help="Seeds the inputs.")] = 0,
+    build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
+    isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
+                                              "process visible, no network (auto: where the host allows it; "
+                                              "on: an error where it does not).")] = EvalConfig.isolate,
+    compile_timeout: Annotated[float, typer.Option(
+        help="Seconds one candidate's build may take (a busy host's builds can take minutes).")] = (
+        EvalConfig.compile_timeout_s),
+    memory_budget: Annotated[float | None, typer.Option(
+        help="Device memory (GB) for one evaluation, judge and worker together (default: 90% of the GPU's free "
+             "memory); what is kept is chosen to fit, a task that cannot is one line.", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a report.")] = False,
+) -> None:
+    """Compile, check and time one candidate against the task's reference. Exit 0 when it is correct."""
+    import json
+    from dataclasses import asdict
+
+    from stark_ray.cli.places import gpu_first
+    from stark_ray.eval.backends import available_backends
+    from stark_ray.eval.service import EvalService, EvaluatorError
+    from stark_ray.eval.tasks import TaskError, load_task
+
+    try:
+        cfg = EvalConfig(backend=backend, trials=trials, timing_trials=timing_trials, seed=seed, baseline=baseline,
+                         timing_precision=timing_precision, isolate=isolate, memory_budget_gb=memory_budget,
+                         compile_timeout_s=compile_timeout,
+                         tolerance=tolerance, build_dir=str(build_dir) if build_dir else None)
+    except ValueError as e:
+        fail(str(e))
+    if backend not in available_backends():
+        fail(f"backend {backend!r} is not available in this version; available: {', '.join(available_backends())}")
+    try:
+        the_task = load_task(task)
+        source = candidate.read_text(encoding="utf-8")
+    except TaskError as e:
+        fail(str(e))
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"{candidate}: cannot read the candidate ({getattr(e, 'strerror', None) or e})")
+    gpu_first(backend, None)
+    try:
+        service = EvalService(cfg)
+    except EvaluatorError as e:
+        fail(str(e))
+    with service:
+        try:
+            reference = service.reference(the_task)  # the task must run before a candidate is judged against it
+        except (TaskError, EvaluatorError) as e:
+            fail(str(e))
+        result = service.evaluate(the_task, source)
+    result = named_as(result, candidate.name)
+    if as_json:
+        typer.echo(json.dumps({**asdict(result), "ok": result.ok, "task": the_task.name, "backend": backend,
+                               "candidate": str(candidate), "reference_alone_ms": reference.runtime_ms}))
+    else:
+        typer.echo(eval_report(the_task.name, candidate.name, result))
+    raise typer.Exit(0 if result.ok else 1)
+
+
+_IMPORTED_AS = re.compile(r"\bcandidate\.py\b")  # the name the evaluator imports every candidate under
+
+
+def named_as(result: EvalResult, file_name: str) -> EvalResult:
+    """The result with the evaluator's name for the candidate's module (``candidate.py``, in its errors, line
+    numbers and tracebacks) replaced by the user's file name: the lines are the file's own."""
+    if file_name == "candidate.py":
+        return result
+    return replace(result, error=result.error and _IMPORTED_AS.sub(file_name, result.error),
+                   log=result.log and _IMPORTED_AS.sub(file_name, result.log))
+
+
+def eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str:
+    from stark_ray.eval.noise import interval, is_noisy
+
+    verdict = "correct" if result.ok else (
+        f"REJECTED ({', '.join(result.flags)})" if result.correct else f"FAILED at {result.stage}")
+    lines = [f"{task_name}: {candidate_name}: {verdict}"]
+    if result.runtime_ms is not None and result.ref_runtime_ms is not None:
+        known = "" if result.speedup_err is None else f" {interval(result.speedup_err)} (95%)"
+        lines.append(f"  runtime {result.runtime_ms:.4f} ms, reference {result.ref_runtime_ms:.4f} ms "
+                     f"(same run): speedup {result.speedup:.3f}x{known}")
+        if is_noisy(result.speedup_err):
+            lines.append("  noisy: the calls timed in pairs disagree that much even measured twice (a busy host, or "
+                         "a kernel whose time varies); this speedup is not one to trust: run it again on a quiet "
+                         "machine")
+    if result.ref_compile_runtime_ms is not None and result.runtime_ms:
+        lines.append(f"  torch.compile baseline {result.ref_compile_runtime_ms:.4f} ms: speedup "
+                     f"{result.ref_compile_runtime_ms / result.runtime_ms:.3f}x")
+    if result.max_abs_err is not None:
+        lines.append(f"  max_abs_err {result.max_abs_err:.3g}, rel_err {result.rel_err:.3g}")
+    if result.compile_s is not None:
+        lines.append(f"  compile {result.compile_s:.1f} s, evaluation {result.eval_s or 0:.1f} s")
+    if result.flags:
+        lines.append(f"  flags: {', '.join(result.flags)}")
+    if result.error:
+        lines.append(f"  error: {result.error}")
+    if result.log:
+        lines.append("  log:\n    " + "\n    ".join(result.log.splitlines()[-30:]))
+    return "\n".join(lines)
