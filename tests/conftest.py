@@ -62,14 +62,15 @@ def _has_gpu() -> bool:
 
 
 # The modules that take longest on a 2-core machine (their C++ builds, whole searches, Ray starts), longest first
-# (measured under pytest-xdist, 2026-12-03):
-# run first, so that under pytest-xdist (-n 2 --dist loadfile, the README's command) the last module to start is
-# a short one and neither worker idles at the end. The others keep their order after these.
+# (measured under pytest-xdist, 2026-12-03), run first, so that under pytest-xdist (-n 4 --dist loadfile, the
+# README's command) the last module to start is a short one and no worker idles at the end. The others keep their
+# order after these.
 LONGEST_FIRST = ("test_eval.py", "test_optimize.py", "test_ray_runtime.py", "test_cli.py", "test_local_ray.py",
                  "test_eval_warm.py", "test_campaign.py", "test_read_only_world.py", "test_integrity.py",
-                 "test_s3_runs.py", "test_cli_runs.py", "test_executors.py", "test_hostile_channel.py",
-                 "test_lifetime.py", "test_build_integrity.py", "test_doctor.py", "test_resume.py", "test_parser.py",
-                 "test_compile_pool.py", "test_ray_driver.py", "test_analysis.py", "test_kernelbench_data.py")
+                 "test_executors.py", "test_cli_runs.py", "test_s3_runs.py", "test_eval_sandbox.py",
+                 "test_hostile_channel.py", "test_lifetime.py", "test_build_integrity.py", "test_doctor.py",
+                 "test_resume.py", "test_parser.py", "test_compile_pool.py", "test_ray_driver.py", "test_analysis.py",
+                 "test_kernelbench_data.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

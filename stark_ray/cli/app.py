@@ -9,11 +9,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="STARK on Ray: LLM agents that search for faster GPU kernels.")
 err = Console(stderr=True)
 
 EXIT_USAGE = 2  # bad task file, bad settings, missing key
+# the settings' defaults, which the commands' options take and their help shows: defined once, in config.py
+SEARCH, AGENTS, EVAL = SearchConfig(), AgentConfig(), EvalConfig()
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:

@@ -11,10 +11,10 @@ from typing import Annotated, Any
 
 import typer
 
-from stark_ray.cli.app import app, err, fail
+from stark_ray.cli.app import AGENTS, EVAL, SEARCH, app, err, fail
 from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, TOLERANCES, AgentConfig, EvalConfig, SearchConfig
 
-_S, _A, _E = SearchConfig(), AgentConfig(), EvalConfig()  # the defaults the help shows (defined there, once)
+_S, _A, _E = SEARCH, AGENTS, EVAL  # the defaults the help shows (defined in config.py, once)
 
 
 @app.command("campaign")

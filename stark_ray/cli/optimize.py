@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from stark_ray.cli.app import app, err, fail, given_options, interrupt
+from stark_ray.cli.app import AGENTS, EVAL, SEARCH, app, err, fail, given_options, interrupt
 from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, AgentConfig, EvalConfig, SearchConfig
 
 if TYPE_CHECKING:
@@ -33,49 +33,59 @@ def optimize(
     problem: Annotated[str | None, typer.Option(help="KernelBench problem of --level: its id (19) or a part of "
                                                      "its name (ReLU) that names one file.",
                                                 show_default=False)] = None,
-    budget: Annotated[int, typer.Option("--budget", "-B", help="Evaluated candidates (debug fixes count).")] = 30,
+    budget: Annotated[int, typer.Option(
+        "--budget", "-B", help="Evaluated candidates (debug fixes count).")] = (
+        SEARCH.budget),
     provider: Annotated[str | None, typer.Option(help="openai | anthropic | replay (default: openai, or "
                                                       "replay when --cassette is given).")] = None,
     model: Annotated[str | None, typer.Option(help="Model name for every agent (default: gpt-4o with openai, "
                                                    "claude-sonnet-4-5 with anthropic).", show_default=False)] = None,
-    epsilon: Annotated[float, typer.Option(help="Exploration probability of the ε-greedy policy.")] = 0.3,
-    ablation: Annotated[str, typer.Option(help=f"{' | '.join(ABLATIONS)}")] = "none",
-    policy: Annotated[str, typer.Option(help=f"{' | '.join(POLICIES)}")] = "epsilon_greedy",
-    backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = "cpu_cpp",
-    seed: Annotated[int, typer.Option(help="Seeds the policy and the evaluator's inputs.")] = 0,
+    epsilon: Annotated[float, typer.Option(help="Exploration probability of the ε-greedy policy.")] = SEARCH.epsilon,
+    ablation: Annotated[str, typer.Option(help=f"{' | '.join(ABLATIONS)}")] = SEARCH.ablation,
+    policy: Annotated[str, typer.Option(help=f"{' | '.join(POLICIES)}")] = SEARCH.policy,
+    backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = EVAL.backend,
+    seed: Annotated[int, typer.Option(help="Seeds the policy and the evaluator's inputs.")] = SEARCH.seed,
     out: Annotated[str, typer.Option(help="Where run directories go: a local directory or a filesystem URI "
                                           "(s3://bucket/prefix, gs://…).")] = "runs",
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (vLLM, SGLang, Ollama).")] = None,
     cassette: Annotated[Path | None, typer.Option(help="Replay recorded LLM exchanges from this JSONL.")] = None,
     record: Annotated[Path | None, typer.Option(help="Record every LLM exchange to this JSONL.")] = None,
-    n_root: Annotated[int, typer.Option(help="The root gets at most this many children.")] = 5,
-    n_child: Annotated[int, typer.Option(help="Prune a node with more failed children than this.")] = 3,
-    top_r: Annotated[int, typer.Option(help="Leaderboard entries shown to the plan agent.")] = 5,
-    k: Annotated[int, typer.Option(help="Best-of-K width (0: the whole budget).")] = 0,
-    trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = 5,
-    max_debug_chain: Annotated[int, typer.Option(help="Repairs in a row one lineage may get.")] = 2,
-    window_chars: Annotated[int, typer.Option(help="Size limit of one context window in a prompt.")] = 24_000,
-    timeout: Annotated[float, typer.Option(help="Seconds per LLM call.")] = 180.0,
-    temperature_plan: Annotated[float, typer.Option(help="Plan agent temperature.")] = 0.8,
-    temperature_code: Annotated[float, typer.Option(help="Code agent temperature.")] = 0.1,
-    temperature_debug: Annotated[float, typer.Option(help="Debug agent temperature.")] = 0.1,
+    n_root: Annotated[int, typer.Option(help="The root gets at most this many children.")] = SEARCH.n_root,
+    n_child: Annotated[int, typer.Option(help="Prune a node with more failed children than this.")] = SEARCH.n_child,
+    top_r: Annotated[int, typer.Option(help="Leaderboard entries shown to the plan agent.")] = SEARCH.top_r,
+    k: Annotated[int, typer.Option(help="Best-of-K width (0: the whole budget).")] = SEARCH.k,
+    trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = EVAL.trials,
+    max_debug_chain: Annotated[int, typer.Option(
+        help="Repairs in a row one lineage may get.")] = (
+        SEARCH.max_debug_chain),
+    window_chars: Annotated[int, typer.Option(
+        help="Size limit of one context window in a prompt.")] = (
+        SEARCH.window_chars),
+    timeout: Annotated[float, typer.Option(help="Seconds per LLM call.")] = AGENTS.timeout_s,
+    temperature_plan: Annotated[float, typer.Option(help="Plan agent temperature.")] = AGENTS.temperature_plan,
+    temperature_code: Annotated[float, typer.Option(help="Code agent temperature.")] = AGENTS.temperature_code,
+    temperature_debug: Annotated[float, typer.Option(help="Debug agent temperature.")] = AGENTS.temperature_debug,
     build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
     isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
                                               "process visible, no network (auto: where the host allows it; "
-                                              "on: an error where it does not).")] = EvalConfig.isolate,
+                                              "on: an error where it does not).")] = EVAL.isolate,
     compile_timeout: Annotated[float, typer.Option(
         help="Seconds one candidate's build may take (a busy host's builds can take minutes).")] = (
-        EvalConfig.compile_timeout_s),
+        EVAL.compile_timeout_s),
     memory_budget: Annotated[float | None, typer.Option(
         help="Device memory (GB) for one evaluation, judge and worker together (default: 90% of the GPU's free "
              "memory); what is kept is chosen to fit, a task that cannot is one line.", show_default=False)] = None,
-    baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = "eager",
-    tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = "default",
+    baseline: Annotated[str, typer.Option(
+        help="eager | compile (also time torch.compile(reference)).")] = (
+        EVAL.baseline),
+    tolerance: Annotated[str, typer.Option(
+        help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = (
+        EVAL.tolerance),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
     executor: Annotated[str, typer.Option(help="ray (TreeMemory and Evaluator actors, agent tasks) | local "
                                                "(one process, no Ray).")] = "ray",
     parallel: Annotated[int, typer.Option(help="Expansions of the task in flight at once (1: the paper's "
-                                               "sequential search).")] = 1,
+                                               "sequential search).")] = SEARCH.parallel,
     address: Annotated[str | None, typer.Option(help="Ray cluster to join: auto or ray://host:10001 (default: "
                                                      "an embedded local Ray).")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this run directory (its task, settings and "
