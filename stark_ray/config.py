@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-POLICIES = ("epsilon_greedy", "greedy", "best_of_k")
+from stark_ray.search.policy import POLICY_FACTORIES
+
 ABLATIONS = ("none", "search_agent", "ma_only")
 BACKENDS = ("cpu_cpp", "cuda", "cuda_nvrtc", "triton")
 PROVIDERS = ("openai", "anthropic", "replay")
@@ -45,8 +46,8 @@ class SearchConfig:
             raise ValueError(f"parallel must be >= 1, got {self.parallel}")
         if self.budget < 1:
             raise ValueError(f"budget must be >= 1, got {self.budget}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.policy not in POLICY_FACTORIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICY_FACTORIES)}")
         if self.ablation not in ABLATIONS:
             raise ValueError(f"unknown ablation {self.ablation!r}; choose one of {', '.join(ABLATIONS)}")
         if not 0.0 <= self.epsilon <= 1.0:

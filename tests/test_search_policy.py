@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from search_helpers import add, bad, hand_built, ok, reference_tree
@@ -195,3 +196,26 @@ def test_what_selection_keeps_is_forgotten_when_the_tree_grows() -> None:
         add(t, b, bad())  # b has more than n_child children, all failed: dead, with its subtree
     assert rules.pruned(t, t[b]) and policy.select(t, random.Random(0)).id == a
     assert policy.select(t, random.Random(0), busy={a}).id == 0  # busy nodes are left out, cache or not
+
+
+def test_a_policy_added_to_the_table_is_taken_by_the_settings_and_made_for_the_search(monkeypatch) -> None:
+    """docs/architecture.md, "Adding a search policy": one class and one entry in POLICY_FACTORIES."""
+    from stark_ray.config import SearchConfig
+    from stark_ray.search.policy import POLICY_FACTORIES
+
+    class Deepest:
+        """The deepest expandable leaf (the lowest id among equals)."""
+
+        def __init__(self, rules: Rules) -> None:
+            self.rules = rules
+
+        def select(self, tree: Tree, rng: random.Random, busy=()):
+            return max(self.rules.expandable_leaves(tree, busy), key=lambda n: (n.depth, -n.id), default=None)
+
+    with pytest.raises(ValueError, match="unknown policy 'deepest'"):
+        SearchConfig(policy="deepest")
+    monkeypatch.setitem(POLICY_FACTORIES, "deepest", lambda knobs: Deepest(knobs.rules))
+    cfg = SearchConfig(policy="deepest", n_child=1)
+    policy = make_policy(cfg.policy, cfg.ablation, cfg.epsilon, cfg.n_root, cfg.n_child, cfg.max_debug_chain, cfg.k)
+    assert isinstance(policy, Deepest) and policy.rules.n_child == 1
+    assert policy.select(hand_built(), random.Random(0)).id == 8  # depth 3: nodes 8 and 9

@@ -12,7 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from stark_ray.cli.app import AGENTS, EVAL, SEARCH, app, err, fail
-from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, TOLERANCES, AgentConfig, EvalConfig, SearchConfig
+from stark_ray.config import ABLATIONS, BACKENDS, TOLERANCES, AgentConfig, EvalConfig, SearchConfig
+from stark_ray.search.policy import POLICIES
 
 _S, _A, _E = SEARCH, AGENTS, EVAL  # the defaults the help shows (defined in config.py, once)
 

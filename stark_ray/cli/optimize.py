@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from stark_ray.cli.app import AGENTS, EVAL, SEARCH, app, err, fail, given_options, interrupt
-from stark_ray.config import ABLATIONS, BACKENDS, POLICIES, AgentConfig, EvalConfig, SearchConfig
+from stark_ray.config import ABLATIONS, BACKENDS, AgentConfig, EvalConfig, SearchConfig
+from stark_ray.search.policy import POLICIES
 
 if TYPE_CHECKING:
     from stark_ray.eval.tasks import Task

@@ -12,7 +12,8 @@ Vocabulary (STARK.md):
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Protocol
 
 from stark_ray.records import Node
@@ -143,16 +144,38 @@ class BestOfK:
         return tree.root
 
 
+@dataclass(frozen=True)
+class Knobs:
+    """What a policy is made from: SearchConfig's fields of the same names."""
+
+    epsilon: float = 0.3
+    n_root: int = 5
+    n_child: int = 3
+    max_debug_chain: int = 2
+    k: int = 0
+
+    @property
+    def rules(self) -> Rules:
+        return Rules(n_root=self.n_root, n_child=self.n_child, max_debug_chain=self.max_debug_chain)
+
+
+# Every policy by the name --policy gives it, and how it is made. A new policy is a class with ``select`` (the
+# Policy protocol above) and one entry here; SearchConfig, the CLI's help and both executors take it from this
+# table (docs/architecture.md, "Adding a search policy").
+POLICY_FACTORIES: dict[str, Callable[[Knobs], Policy]] = {
+    "epsilon_greedy": lambda knobs: EpsilonGreedy(knobs.epsilon, knobs.rules),
+    "greedy": lambda knobs: Greedy(knobs.rules),
+    "best_of_k": lambda knobs: BestOfK(k=knobs.k, repair=False),
+}
+POLICIES = tuple(POLICY_FACTORIES)
+
+
 def make_policy(policy: str, ablation: str = "none", epsilon: float = 0.3, n_root: int = 5, n_child: int = 3,
                 max_debug_chain: int = 2, k: int = 0) -> Policy:
     """The policy a run uses. ``ma_only`` means agents + Best-of-K whatever ``policy`` says."""
-    rules = Rules(n_root=n_root, n_child=n_child, max_debug_chain=max_debug_chain)
     if ablation == "ma_only":
         return BestOfK(k=k, repair=True, max_debug_chain=max_debug_chain)
-    if policy == "best_of_k":
-        return BestOfK(k=k, repair=False)
-    if policy == "greedy":
-        return Greedy(rules)
-    if policy == "epsilon_greedy":
-        return EpsilonGreedy(epsilon, rules)
-    raise ValueError(f"unknown policy {policy!r}")
+    factory = POLICY_FACTORIES.get(policy)
+    if factory is None:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICY_FACTORIES)}")
+    return factory(Knobs(epsilon, n_root, n_child, max_debug_chain, k))
