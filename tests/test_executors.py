@@ -52,9 +52,8 @@ def files(run_dir: Path) -> list[str]:
 
 
 def unmeasured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    key = "node_id" if rows and "node_id" in rows[0] else "seq"
     return sorted(({k: v for k, v in r.items() if k not in MEASURED} for r in rows),
-                  key=lambda r: (r["seq"], str(r.get(key)), str(r.get("role"))))
+                  key=lambda r: (r["seq"], str(r.get("role"))))
 
 
 def test_the_local_and_the_ray_executor_make_the_same_run(ray_cluster: str, tmp_path: Path,

@@ -3,12 +3,3 @@
 share (one error line for a user's mistake); :mod:`~stark_ray.cli.places` checks the paths a user gives,
 :mod:`~stark_ray.cli.progress` is the live view. :mod:`~stark_ray.cli.main` is the entry point.
 """
-
-from __future__ import annotations
-
-
-def main() -> None:
-    """The ``stark`` entry point (imported late: importing this package registers nothing)."""
-    from stark_ray.cli.main import main as run
-
-    run()

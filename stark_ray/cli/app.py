@@ -3,13 +3,14 @@ an exit status for a user's mistake (never a traceback), the options a user gave
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+from stark_ray.config import BACKENDS, AgentConfig, EvalConfig, SearchConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="STARK on Ray: LLM agents that search for faster GPU kernels.")
@@ -18,6 +19,21 @@ err = Console(stderr=True)
 EXIT_USAGE = 2  # bad task file, bad settings, missing key
 # the settings' defaults, which the commands' options take and their help shows: defined once, in config.py
 SEARCH, AGENTS, EVAL = SearchConfig(), AgentConfig(), EvalConfig()
+
+# The evaluator's options, as `stark optimize` and `stark eval` both take them (defaults: EVAL's fields)
+Backend = Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")]
+Trials = Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")]
+Baseline = Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")]
+Tolerance = Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")]
+BuildDir = Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")]
+Isolate = Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
+                                           "process visible, no network (auto: where the host allows it; on: an "
+                                           "error where it does not).")]
+CompileTimeout = Annotated[float, typer.Option(help="Seconds one candidate's build may take (a busy host's builds "
+                                                    "can take minutes).")]
+MemoryBudget = Annotated[float | None, typer.Option(
+    help="Device memory (GB) for one evaluation, judge and worker together (default: 90% of the GPU's free memory); "
+         "what is kept is chosen to fit, a task that cannot is one line.", show_default=False)]
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:

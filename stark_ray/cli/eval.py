@@ -9,8 +9,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from stark_ray.cli.app import EVAL, app, fail
-from stark_ray.config import BACKENDS, EvalConfig
+from stark_ray.cli.app import (
+    EVAL,
+    Backend,
+    Baseline,
+    BuildDir,
+    CompileTimeout,
+    Isolate,
+    MemoryBudget,
+    Tolerance,
+    Trials,
+    app,
+    fail,
+)
+from stark_ray.config import EvalConfig
 
 if TYPE_CHECKING:
     from stark_ray.records import EvalResult
@@ -21,27 +33,19 @@ def eval_candidate(
     task: Annotated[Path, typer.Argument(help="KernelBench-style task file.", show_default=False)],
     candidate: Annotated[Path, typer.Argument(help="Candidate module defining class ModelNew.",
                                               show_default=False)],
-    backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = EVAL.backend,
-    trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = EVAL.trials,
+    backend: Backend = EVAL.backend,
+    trials: Trials = EVAL.trials,
     timing_trials: Annotated[int | None, typer.Option(help="Timed calls at most (default: CPU 20, GPU 100).")] = None,
     timing_precision: Annotated[float, typer.Option(
         help="Stop timing (after 40 rounds) once each median's relative standard error is below this; 0: "
              "always --timing-trials.")] = EVAL.timing_precision,
-    baseline: Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")] = (
-        EVAL.baseline),
-    tolerance: Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = (
-        EVAL.tolerance),
+    baseline: Baseline = EVAL.baseline,
+    tolerance: Tolerance = EVAL.tolerance,
     seed: Annotated[int, typer.Option(help="Seeds the inputs.")] = EVAL.seed,
-    build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
-    isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
-                                              "process visible, no network (auto: where the host allows it; "
-                                              "on: an error where it does not).")] = EVAL.isolate,
-    compile_timeout: Annotated[float, typer.Option(
-        help="Seconds one candidate's build may take (a busy host's builds can take minutes).")] = (
-        EVAL.compile_timeout_s),
-    memory_budget: Annotated[float | None, typer.Option(
-        help="Device memory (GB) for one evaluation, judge and worker together (default: 90% of the GPU's free "
-             "memory); what is kept is chosen to fit, a task that cannot is one line.", show_default=False)] = None,
+    build_dir: BuildDir = None,
+    isolate: Isolate = EVAL.isolate,
+    compile_timeout: CompileTimeout = EVAL.compile_timeout_s,
+    memory_budget: MemoryBudget = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a report.")] = False,
 ) -> None:
     """Compile, check and time one candidate against the task's reference. Exit 0 when it is correct."""

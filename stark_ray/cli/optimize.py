@@ -8,8 +8,25 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from stark_ray.cli.app import AGENTS, EVAL, SEARCH, app, err, fail, given_options, interrupt
-from stark_ray.config import ABLATIONS, BACKENDS, AgentConfig, EvalConfig, SearchConfig
+from stark_ray.cli.app import (
+    AGENTS,
+    EVAL,
+    SEARCH,
+    Backend,
+    Baseline,
+    BuildDir,
+    CompileTimeout,
+    Isolate,
+    MemoryBudget,
+    Tolerance,
+    Trials,
+    app,
+    err,
+    fail,
+    given_options,
+    interrupt,
+)
+from stark_ray.config import ABLATIONS, AgentConfig, EvalConfig, SearchConfig
 from stark_ray.search.policy import POLICIES
 
 if TYPE_CHECKING:
@@ -34,9 +51,8 @@ def optimize(
     problem: Annotated[str | None, typer.Option(help="KernelBench problem of --level: its id (19) or a part of "
                                                      "its name (ReLU) that names one file.",
                                                 show_default=False)] = None,
-    budget: Annotated[int, typer.Option(
-        "--budget", "-B", help="Evaluated candidates (debug fixes count).")] = (
-        SEARCH.budget),
+    budget: Annotated[int, typer.Option("--budget", "-B",
+                                        help="Evaluated candidates (debug fixes count).")] = SEARCH.budget,
     provider: Annotated[str | None, typer.Option(help="openai | anthropic | replay (default: openai, or "
                                                       "replay when --cassette is given).")] = None,
     model: Annotated[str | None, typer.Option(help="Model name for every agent (default: gpt-4o with openai, "
@@ -44,7 +60,7 @@ def optimize(
     epsilon: Annotated[float, typer.Option(help="Exploration probability of the ε-greedy policy.")] = SEARCH.epsilon,
     ablation: Annotated[str, typer.Option(help=f"{' | '.join(ABLATIONS)}")] = SEARCH.ablation,
     policy: Annotated[str, typer.Option(help=f"{' | '.join(POLICIES)}")] = SEARCH.policy,
-    backend: Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")] = EVAL.backend,
+    backend: Backend = EVAL.backend,
     seed: Annotated[int, typer.Option(help="Seeds the policy and the evaluator's inputs.")] = SEARCH.seed,
     out: Annotated[str, typer.Option(help="Where run directories go: a local directory or a filesystem URI "
                                           "(s3://bucket/prefix, gs://…).")] = "runs",
@@ -55,33 +71,21 @@ def optimize(
     n_child: Annotated[int, typer.Option(help="Prune a node with more failed children than this.")] = SEARCH.n_child,
     top_r: Annotated[int, typer.Option(help="Leaderboard entries shown to the plan agent.")] = SEARCH.top_r,
     k: Annotated[int, typer.Option(help="Best-of-K width (0: the whole budget).")] = SEARCH.k,
-    trials: Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")] = EVAL.trials,
-    max_debug_chain: Annotated[int, typer.Option(
-        help="Repairs in a row one lineage may get.")] = (
+    trials: Trials = EVAL.trials,
+    max_debug_chain: Annotated[int, typer.Option(help="Repairs in a row one lineage may get.")] = (
         SEARCH.max_debug_chain),
-    window_chars: Annotated[int, typer.Option(
-        help="Size limit of one context window in a prompt.")] = (
+    window_chars: Annotated[int, typer.Option(help="Size limit of one context window in a prompt.")] = (
         SEARCH.window_chars),
     timeout: Annotated[float, typer.Option(help="Seconds per LLM call.")] = AGENTS.timeout_s,
     temperature_plan: Annotated[float, typer.Option(help="Plan agent temperature.")] = AGENTS.temperature_plan,
     temperature_code: Annotated[float, typer.Option(help="Code agent temperature.")] = AGENTS.temperature_code,
     temperature_debug: Annotated[float, typer.Option(help="Debug agent temperature.")] = AGENTS.temperature_debug,
-    build_dir: Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")] = None,
-    isolate: Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "
-                                              "process visible, no network (auto: where the host allows it; "
-                                              "on: an error where it does not).")] = EVAL.isolate,
-    compile_timeout: Annotated[float, typer.Option(
-        help="Seconds one candidate's build may take (a busy host's builds can take minutes).")] = (
-        EVAL.compile_timeout_s),
-    memory_budget: Annotated[float | None, typer.Option(
-        help="Device memory (GB) for one evaluation, judge and worker together (default: 90% of the GPU's free "
-             "memory); what is kept is chosen to fit, a task that cannot is one line.", show_default=False)] = None,
-    baseline: Annotated[str, typer.Option(
-        help="eager | compile (also time torch.compile(reference)).")] = (
-        EVAL.baseline),
-    tolerance: Annotated[str, typer.Option(
-        help="default (per dtype) | kernelbench (atol=rtol=1e-2).")] = (
-        EVAL.tolerance),
+    build_dir: BuildDir = None,
+    isolate: Isolate = EVAL.isolate,
+    compile_timeout: CompileTimeout = EVAL.compile_timeout_s,
+    memory_budget: MemoryBudget = None,
+    baseline: Baseline = EVAL.baseline,
+    tolerance: Tolerance = EVAL.tolerance,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
     executor: Annotated[str, typer.Option(help="ray (TreeMemory and Evaluator actors, agent tasks) | local "
                                                "(one process, no Ray).")] = "ray",

@@ -9,13 +9,19 @@ whose every task has its whole budget recorded says so before Ray or an evaluato
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import Task
-from stark_ray.run.directory import RUN_FILE, SUMMARY_FILE, RunError, load_run, resume_settings, task_dir
+from stark_ray.run.directory import (
+    SUMMARY_FILE,
+    RunError,
+    load_run,
+    resume_settings,
+    task_dir,
+    write_run_file,
+)
 from stark_ray.store.location import Location, locate
 from stark_ray.store.read import StoreError, load_trees
 
@@ -92,4 +98,4 @@ def record_changes(run_dir: str | Path | Location, search: SearchConfig) -> None
     if data.get("search") == asdict(search):
         return
     data["search"] = asdict(search)
-    locate(run_dir).join(RUN_FILE).write_text(json.dumps(data, indent=2) + "\n")
+    write_run_file(locate(run_dir), data)
