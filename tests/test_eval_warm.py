@@ -128,12 +128,15 @@ def test_a_crash_or_a_hang_replaces_the_worker_and_the_next_candidate_is_judged(
 
 
 def test_a_noisy_timing_is_measured_again_and_said_to_be_noisy(service: EvalService, task: Task) -> None:
-    """A speedup whose calls disagree (here a forward that sleeps 0-8 ms at random) is timed a second time and,
-    still noisy, comes with its uncertainty and a note; a steady one comes with its uncertainty too."""
+    """A speedup whose calls disagree (here a forward that sleeps 0, 2, 4, 6, 8 ms in turn: any five calls in a
+    row are spread alike, where random sleeps could bunch up in a five-round timing and look steady) is timed a
+    second time and, still noisy, comes with its uncertainty and a note; a steady one comes with its uncertainty
+    too."""
     from stark_ray.eval.noise import is_noisy
 
-    jumpy = service.evaluate(task, candidate("time.sleep(random.random() * 0.008)\n        return x * self.s + self.t",
-                                             prelude="import random\nimport time"))
+    in_turn = "time.sleep(0.002 * (next(_CALLS) % 5))\n        return x * self.s + self.t"
+    counter = "import itertools\nimport time\n_CALLS = itertools.count()"
+    jumpy = service.evaluate(task, candidate(in_turn, prelude=counter))
     assert jumpy.correct and jumpy.speedup_err is not None and is_noisy(jumpy.speedup_err)
     assert "timing measured again" in jumpy.log and "noisy timing: the speedup is known to" in jumpy.log
     steady = service.evaluate(task, candidate("time.sleep(0.004)\n        return x * self.s + self.t",
