@@ -137,14 +137,14 @@ def test_a_noisy_timing_is_measured_again_and_said_to_be_noisy(service: EvalServ
     in_turn = "time.sleep(0.002 * (next(_CALLS) % 5))\n        return x * self.s + self.t"
     counter = "import itertools\nimport time\n_CALLS = itertools.count()"
     jumpy = service.evaluate(task, candidate(in_turn, prelude=counter))
-    assert jumpy.correct and jumpy.speedup_err is not None and is_noisy(jumpy.speedup_err)
-    assert "timing measured again" in jumpy.log and "noisy timing: the speedup is known to" in jumpy.log
+    assert jumpy.correct and jumpy.speedup_err is not None and is_noisy(jumpy.speedup_err), (jumpy, jumpy.log)
+    assert "timing measured again" in jumpy.log and "noisy timing: the speedup is known to" in jumpy.log, jumpy.log
     steady = service.evaluate(task, candidate("time.sleep(0.004)\n        return x * self.s + self.t",
                                               prelude="import time"))
     # the steady candidate's own calls agree (its speedup's interval also holds the reference's spread, which a busy
     # host widens: seen ±12% for it beside two `yes`, against the jumpy one's ±10%)
     assert steady.correct and steady.speedup_err is not None and steady.runtime_cv is not None
-    assert jumpy.runtime_cv is not None and steady.runtime_cv < jumpy.runtime_cv
+    assert jumpy.runtime_cv is not None and steady.runtime_cv < jumpy.runtime_cv, (steady, jumpy)
 
 
 @pytest.mark.parametrize(("body", "problem"), [
