@@ -5,7 +5,7 @@ Each configuration runs in a fresh subprocess with its own embedded Ray (``run_r
 settings, seed and scripted replies (:mod:`kernel_replies`: real kernels, built, checked and timed; only the LLM is
 a stand-in). ``--gpus 1 2`` runs one evaluator actor, then two (``evaluators=N``; the machine must have N GPUs).
 Reported per configuration: wall time of the whole run (imports, Ray start, actors, references, search,
-summaries) with its start phases, time of the search loop alone, attempts, correct attempts, and per GPU (the
+summaries) with its start phases, time of the search loop alone, attempts, accepted attempts, and per GPU (the
 ``device`` column of the rows) the number of evaluations and the sum of their ``eval_s`` (busy time); then the
 ratio of wall times. Goal: two GPUs >= 1.8x faster than one.
 
@@ -69,6 +69,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 
     from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
     from stark_ray.eval.tasks import load_task
+    from stark_ray.records import Node
     from stark_ray.run.placement import connect
     from stark_ray.run.ray_driver import RayRun, run_ray
     from stark_ray.store.read import attempt_rows
@@ -122,7 +123,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "gpus": args.one, "wall_s": end - t0, "loop_s": end - started[0], "start_s": started[0] - t0,
         "attempts": sum(s.attempts for s in summaries), "tasks": len(summaries),
-        "correct": sum(1 for r in rows if r["seq"] > 0 and r["correct"]),
+        "accepted": sum(1 for r in rows if r["seq"] > 0 and Node.from_record(r).accepted),
         "candidate_s": sorted(r["eval_s"] for r in rows if r["seq"] > 0 and r["eval_s"] is not None),
         "finished": all(s.status == "finished" for s in summaries),
         "best": {s.task: s.best_speedup for s in summaries},
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         res = json.loads(line[len("RESULT "):])
         results.append(res)
         print(f"{n} GPU(s): wall {res['wall_s']:.1f} s (start {res['start_s']:.1f} s, search loop {res['loop_s']:.1f}"
-              f" s), {res['attempts']} attempts over {res['tasks']} tasks, {res['correct']} correct, "
+              f" s), {res['attempts']} attempts over {res['tasks']} tasks, {res['accepted']} accepted, "
               f"finished={res['finished']}", flush=True)
         print(f"    start: {res['phases']}; {'; '.join(res['driver_log'])}", flush=True)
         cand = res["candidate_s"]

@@ -75,7 +75,7 @@ def measure(build_dir: str, names: list[str], out: Path | None = None,
                     started = time.perf_counter()
                     r = service.evaluate(task, src)
                     rows[f] = {"eval_s": r.eval_s, "wall_s": time.perf_counter() - started, "stage": r.stage,
-                               "ok": r.ok, "flags": r.flags, "speedup": r.speedup}
+                               "accepted": r.accepted, "flags": r.flags, "speedup": r.speedup}
                     print(f"{f:52s} {r.stage:12s} eval {r.eval_s or 0:7.3f} s  speedup {r.speedup or 0:6.2f} "
                           f"{r.flags}", flush=True)
                     if out is not None:  # as it goes: a run cut short keeps what it measured
@@ -107,7 +107,7 @@ def measure_cpu(build_dir: str, names: list[str], repeat: int, out: Path | None 
             r = results[-1]
             evals = [x.eval_s or 0.0 for x in results]
             rows[f] = {"eval_s": statistics.median(evals), "eval_s_all": evals, "wall_s": statistics.median(times),
-                       "stage": r.stage, "ok": r.ok, "flags": r.flags, "speedup": r.speedup}
+                       "stage": r.stage, "accepted": r.accepted, "flags": r.flags, "speedup": r.speedup}
             print(f"{f:52s} {r.stage:12s} eval {statistics.median(evals):7.3f} s (of {len(evals)}: "
                   f"{min(evals):.3f}-{max(evals):.3f})  speedup {r.speedup or 0:6.2f} {r.flags}", flush=True)
             if out is not None:

@@ -119,7 +119,7 @@ class CandidateResult:
     stem: str
     label: str
     compiled: bool = False
-    correct: bool = False  # (c): EvalResult.ok (correct, timed, not rejected by a guard)
+    correct: bool = False  # (a), (b): passed their checks; (c): EvalResult.accepted (also timed, not flagged)
     error: str = ""
     build_s: float | None = None  # import of the candidate (the build, where one happens)
     runtime_ms: float | None = None  # (a)/(b): mean of the timed calls, as KernelBench reports; (c): the median
@@ -466,8 +466,8 @@ def _run_service_groups(cs: list[Candidate], s: Settings, cfg: Any, key: str, ru
         # every candidate of every task at once: the service builds them in its pool and times each when built
         results = svc.evaluate_batch([(tasks[c.stem], c.source) for c in cs])
         for c, er in zip(cs, results, strict=True):
-            error = er.error or ("" if er.ok else f"stage {er.stage}, flags {','.join(er.flags) or '-'}")
-            r = CandidateResult(c.index, c.stem, c.label, compiled=bool(er.compiled), correct=bool(er.ok),
+            error = er.error or ("" if er.accepted else f"stage {er.stage}, flags {','.join(er.flags) or '-'}")
+            r = CandidateResult(c.index, c.stem, c.label, compiled=bool(er.compiled), correct=bool(er.accepted),
                                 error=error, build_s=getattr(er, "compile_s", None),
                                 runtime_ms=er.runtime_ms, runtime_median_ms=er.runtime_ms,
                                 ref_runtime_ms=er.ref_runtime_ms, speedup=er.speedup,

@@ -158,8 +158,8 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
     overhead = None
     if result.runtime_ms is not None and calls:
         overhead = round(wall - result.runtime_ms * calls / 1e3, 3)
-    expected = result.correct and "no_kernel" in result.flags
-    status = "ok" if expected else (result.stage if not result.correct else "not_flagged")
+    expected = result.passed_checks and "no_kernel" in result.flags
+    status = "ok" if expected else (result.stage if not result.passed_checks else "not_flagged")
     return row | {"status": status, "error": one_line(result.error or "", 800) if not expected else "",
                   "candidate_s": round(wall, 3), "judge_s": result.eval_s and round(result.eval_s, 3),
                   "build_s": phases.get("build/import"), "confirm_s": phases.get("confirmation"),

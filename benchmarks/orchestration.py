@@ -126,17 +126,17 @@ def instant_result(source: str) -> EvalResult:
     derived from a hash of the source."""
     digest = hashlib.sha256(source.encode()).digest()
     if digest[0] % FAIL_ONE_IN == 0:
-        return EvalResult(compiled=True, correct=False, stage=STAGE_CORRECTNESS, max_abs_err=0.5, rel_err=0.2,
+        return EvalResult(compiled=True, passed_checks=False, stage=STAGE_CORRECTNESS, max_abs_err=0.5, rel_err=0.2,
                           error="output mismatch: max_abs_err 0.5 (instant evaluator)",
                           log="trial 1: 1024 of 4194304 elements differ", eval_s=0.0)
     speedup = 0.5 + int.from_bytes(digest[1:3], "big") / 65535 * 2.5
-    return EvalResult(compiled=True, correct=True, runtime_ms=REF_MS / speedup, ref_runtime_ms=REF_MS,
+    return EvalResult(compiled=True, passed_checks=True, runtime_ms=REF_MS / speedup, ref_runtime_ms=REF_MS,
                       speedup=speedup, stage=STAGE_OK, compile_s=0.0, eval_s=0.0, runtime_cv=0.01,
                       ref_runtime_cv=0.01)
 
 
 def reference_result() -> EvalResult:
-    return EvalResult(compiled=True, correct=True, runtime_ms=REF_MS, ref_runtime_ms=REF_MS, speedup=1.0,
+    return EvalResult(compiled=True, passed_checks=True, runtime_ms=REF_MS, ref_runtime_ms=REF_MS, speedup=1.0,
                       stage=STAGE_OK, runtime_cv=0.01, ref_runtime_cv=0.01)
 
 
@@ -273,7 +273,7 @@ class Throughput:
     parquet_files: int  # part files the run left (attempts and llm_calls)
     llm_calls: int
     evaluations: int  # attempts that reached the evaluator (the rest failed in the agents)
-    correct_share: float
+    accepted_share: float
     goal_met: bool
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds over the loop, per process role
     executed: dict[str, Any] = field(default_factory=dict)  # Ray's timeline: where each call ran, how long
@@ -288,7 +288,7 @@ class _Clock(Reporter):
     def __init__(self, expected: int) -> None:
         self.expected = expected
         self.times: list[float] = []
-        self.correct = 0
+        self.accepted = 0
         self.evaluated = 0
         self.cpu: list[dict[int, tuple[str, float]]] = []
         self.wall: list[float] = []  # time.time() at the loop's start and at the last attempt (Ray's timeline)
@@ -300,7 +300,7 @@ class _Clock(Reporter):
 
     def attempt(self, node: Node, step: AgentResult, tree: Tree, usage: Any) -> None:
         self.times.append(time.perf_counter())
-        self.correct += int(node.correct)
+        self.accepted += int(node.accepted)
         self.evaluated += int(bool(step.ok and step.source))
         if len(self.times) - 1 == self.expected:
             self.wall.append(time.time())
@@ -391,7 +391,7 @@ def measure_throughput(args: argparse.Namespace, work: Path) -> Throughput:
         warmup_s=round(warmup_s, 3), warmup_iterations=len(warm.times) - 1, parquet_rows=len(rows),
         parquet_ok=parquet_ok, parquet_files=_part_files(run_dir),
         llm_calls=len(call_rows(run_dir)), evaluations=clock.evaluated,
-        correct_share=round(clock.correct / max(iterations, 1), 3), goal_met=rate >= GOAL_ITERATIONS_S,
+        accepted_share=round(clock.accepted / max(iterations, 1), 3), goal_met=rate >= GOAL_ITERATIONS_S,
         cpu_s=cpu_by_role(*clock.cpu) if len(clock.cpu) == 2 else {},
         timeline=[sum(1 for t in times if k <= t - loop_start < k + 1) for k in range(int(loop_s) + 1)])
     if profile is not None:
@@ -781,7 +781,7 @@ def report(figures: dict[str, Any]) -> None:
         print(f"    Parquet: {tp['parquet_rows']} attempts rows (references included), {tp['llm_calls']} llm_calls "
               f"rows in {tp['parquet_files']} part files: "
               f"{'all attempts present' if tp['parquet_ok'] else 'MISSING OR EXTRA ROWS'}; "
-              f"{tp['evaluations']} evaluated, {tp['correct_share']:.0%} correct")
+              f"{tp['evaluations']} evaluated, {tp['accepted_share']:.0%} accepted")
         if tp["cpu_s"]:
             total = sum(tp["cpu_s"].values())
             print(f"    CPU over the loop: {total:.1f} s of {tp['loop_s'] * figures['machine']['cpus']:.1f} available "

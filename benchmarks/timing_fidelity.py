@@ -200,15 +200,16 @@ def evaluate_repeats(svc: Any, task: Any, source: str, repeats: int, row: Row) -
         t0 = time.perf_counter()
         r = svc.evaluate(task, source)
         wall = time.perf_counter() - t0
-        row.evals.append({"ok": bool(r.ok), "correct": bool(r.correct), "runtime_ms": r.runtime_ms,
-                          "ref_runtime_ms": r.ref_runtime_ms, "speedup": r.speedup, "stage": r.stage,
+        row.evals.append({"accepted": bool(r.accepted), "passed_checks": bool(r.passed_checks),
+                          "runtime_ms": r.runtime_ms, "ref_runtime_ms": r.ref_runtime_ms, "speedup": r.speedup,
+                          "stage": r.stage,
                           "error": r.error, "flags": list(r.flags), "wall_s": wall,
                           "runtime_cv": getattr(r, "runtime_cv", None),  # within one call, if reported
                           "ref_runtime_cv": getattr(r, "ref_runtime_cv", None)})
-        status = "ok" if r.ok else f"FAILED ({r.stage}: {r.error})"
+        status = "ok" if r.accepted else f"FAILED ({r.stage}: {r.error})"
         print(f"  [{row.task}] evaluate {k + 1}/{repeats}: {status} runtime {_ms(r.runtime_ms)} ms, "
               f"ref {_ms(r.ref_runtime_ms)} ms, speedup {_ms(r.speedup)} ({wall:.1f} s)", flush=True)
-    good = [e for e in row.evals if e["ok"]]
+    good = [e for e in row.evals if e["accepted"]]
     if len(good) < len(row.evals):
         row.error = f"{len(row.evals) - len(good)} of {len(row.evals)} evaluations failed"
     if not good:

@@ -28,9 +28,9 @@ STAGE_CORRECTNESS = "correctness"  # ran, but outputs differ from the reference
 STAGE_TIMEOUT = "timeout"
 STAGE_CRASH = "crash"  # the worker process died (segfault, abort, OOM kill)
 
-# Flags that keep a correct result off the leaderboard: a speedup the judge's wall clock did not confirm, a
-# candidate that launched no kernel of its own (only library ops), and one whose kernels ran on a stream not
-# ordered with the caller's (its timing cannot see all of its work).
+# Flags that keep a result that passed the checks from being accepted: a speedup the judge's wall clock did not
+# confirm, a candidate that launched no kernel of its own (only library ops), and one whose kernels ran on a stream
+# not ordered with the caller's (its timing cannot see all of its work).
 REJECTING_FLAGS = ("suspicious", "no_kernel", "unordered_stream")
 
 LOG_LIMIT = 4000  # characters of log kept per attempt (for the debug agent and the Parquet row)
@@ -62,7 +62,7 @@ class EvalResult:
     """What the evaluator observed about one candidate."""
 
     compiled: bool = False
-    correct: bool = False
+    passed_checks: bool = False  # ran and matched the reference on every check (whether it was then timed or not)
     runtime_ms: float | None = None
     ref_runtime_ms: float | None = None
     speedup: float | None = None
@@ -86,9 +86,11 @@ class EvalResult:
     peak_memory_gb: float | None = None
 
     @property
-    def ok(self) -> bool:
-        """A success: correct, timed, and not flagged as suspicious or as launching no kernel of its own."""
-        return (self.compiled and self.correct and self.runtime_ms is not None
+    def accepted(self) -> bool:
+        """A success: passed the checks, was timed, and is not flagged as suspicious, as launching no kernel of its
+        own or as running on an unordered stream (a REJECTING_FLAGS flag). Only accepted candidates are scored,
+        searched from with the plan agent and counted as successes."""
+        return (self.compiled and self.passed_checks and self.runtime_ms is not None
                 and not any(f in REJECTING_FLAGS for f in self.flags))
 
     @staticmethod
@@ -147,14 +149,15 @@ class Node:
         return self.parent is None
 
     @property
-    def correct(self) -> bool:
-        return self.result.ok
+    def accepted(self) -> bool:
+        """Its result is accepted (:attr:`EvalResult.accepted`)."""
+        return self.result.accepted
 
     @property
     def score(self) -> float:
         """Lower is better: runtime relative to the reference timed in the same worker run (1/speedup, so
-        drift of the host between runs cancels out); the reference itself scores 1. +inf when not correct."""
-        if not self.result.ok:
+        drift of the host between runs cancels out); the reference itself scores 1. +inf when not accepted."""
+        if not self.result.accepted:
             return math.inf
         if self.is_root:
             return 1.0
@@ -185,6 +188,8 @@ class Node:
     def from_record(rec: dict[str, Any]) -> Node:
         res_names = {f.name for f in fields(EvalResult)}
         res = {k: rec[k] for k in res_names if k in rec}
+        if "passed_checks" not in rec and "correct" in rec:  # a row recorded before the column's rename
+            res["passed_checks"] = rec["correct"]
         flags = res.get("flags") or ""
         res["flags"] = [f for f in flags.split(",") if f] if isinstance(flags, str) else list(flags)
         return Node(
@@ -223,7 +228,7 @@ def attempt_schema() -> Any:
             ("output_tokens", pa.int64()),
             ("cost_usd", pa.float64()),
             ("compiled", pa.bool_()),
-            ("correct", pa.bool_()),
+            ("passed_checks", pa.bool_()),  # EvalResult.passed_checks (runs before 2026-12 called it "correct")
             ("runtime_ms", pa.float64()),
             ("ref_runtime_ms", pa.float64()),
             ("speedup", pa.float64()),
@@ -243,6 +248,11 @@ def attempt_schema() -> Any:
             ("peak_memory_gb", pa.float64()),
         ]
     )
+
+
+# Columns renamed since runs were first recorded: table -> {new name: old name}. Readers take the old column where
+# a file has no new one, so older runs stay readable (and resumable).
+RENAMED_COLUMNS: dict[str, dict[str, str]] = {"attempts": {"passed_checks": "correct"}}
 
 
 def llm_call_schema() -> Any:

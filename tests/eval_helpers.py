@@ -12,5 +12,5 @@ def passed(r: EvalResult) -> bool:
     evaluates an honest candidate to see the machinery still works; on a loaded 2-core machine the worker's timing
     can overstate its speedup past 2x and the judge's clock then flags it ``suspicious`` — rightly, and beside that
     test's point. Tests about timing and its flags check ``ok`` and the flags themselves."""
-    return (r.compiled and r.correct and r.runtime_ms is not None
+    return (r.compiled and r.passed_checks and r.runtime_ms is not None
             and set(r.flags) & set(REJECTING_FLAGS) <= TIMING_NOISE_FLAGS)

@@ -7,7 +7,7 @@ from stark_ray.search.tree import Tree
 
 
 def ok(runtime_ms: float, ref_ms: float = 10.0) -> EvalResult:
-    return EvalResult(compiled=True, correct=True, runtime_ms=runtime_ms, ref_runtime_ms=ref_ms,
+    return EvalResult(compiled=True, passed_checks=True, runtime_ms=runtime_ms, ref_runtime_ms=ref_ms,
                       speedup=ref_ms / runtime_ms, stage=STAGE_OK)
 
 

@@ -101,7 +101,7 @@ class ScriptedClient:
 
 
 def ok_result(ms: float) -> EvalResult:
-    return EvalResult(compiled=True, correct=True, runtime_ms=ms, ref_runtime_ms=1.0, speedup=1.0 / ms,
+    return EvalResult(compiled=True, passed_checks=True, runtime_ms=ms, ref_runtime_ms=1.0, speedup=1.0 / ms,
                       stage=STAGE_OK)
 
 
@@ -396,18 +396,18 @@ def test_a_node_shows_its_runtime_beside_the_reference_of_the_same_evaluation_an
     from stark_ray.prompts.render import describe_result
 
     root = Node(id=0, parent=None, depth=0, source="ref", agent="reference",
-                result=EvalResult(compiled=True, correct=True, runtime_ms=119.9, ref_runtime_ms=119.9, speedup=1.0,
-                                  stage="ok", runtime_cv=0.02))
+                result=EvalResult(compiled=True, passed_checks=True, runtime_ms=119.9, ref_runtime_ms=119.9,
+                                  speedup=1.0, stage="ok", runtime_cv=0.02))
     text = describe_result(root)
     assert "119.9 ms (calls vary by 2%), timed alone at the start" in text and "beside the reference again" in text
     steady = Node(id=1, parent=0, depth=1, source="x", agent="code",
-                  result=EvalResult(compiled=True, correct=True, runtime_ms=8.0, ref_runtime_ms=63.6, speedup=7.95,
-                                    stage="ok", runtime_cv=0.03, ref_runtime_cv=0.05))
+                  result=EvalResult(compiled=True, passed_checks=True, runtime_ms=8.0, ref_runtime_ms=63.6,
+                                    speedup=7.95, stage="ok", runtime_cv=0.03, ref_runtime_cv=0.05))
     text = describe_result(steady)
     assert "runtime 8 ms (calls vary by 3%), the reference 63.6 ms (calls vary by 5%) beside it: speedup 7.95x" \
         in text
     noisy = Node(id=2, parent=0, depth=1, source="x", agent="code",
-                 result=EvalResult(compiled=True, correct=True, runtime_ms=8.0, ref_runtime_ms=63.6, speedup=7.95,
+                 result=EvalResult(compiled=True, passed_checks=True, runtime_ms=8.0, ref_runtime_ms=63.6, speedup=7.95,
                                    stage="ok", runtime_cv=0.41, ref_runtime_cv=0.72))
     shown = describe_result(noisy)
     assert "(calls vary by 41%)" in shown and "(calls vary by 72%)" in shown
@@ -415,7 +415,7 @@ def test_a_node_shows_its_runtime_beside_the_reference_of_the_same_evaluation_an
     # a spread of 100% or more, a slow run and a large speedup: plain decimals, never 1.2e+02 (which the scripted
     # replies of the Ray tests once took for another prompt: the same seed grew two different trees)
     wild = Node(id=3, parent=0, depth=1, source="x", agent="code",
-                result=EvalResult(compiled=True, correct=True, runtime_ms=12345.6, ref_runtime_ms=63.6,
+                result=EvalResult(compiled=True, passed_checks=True, runtime_ms=12345.6, ref_runtime_ms=63.6,
                                   speedup=1234.5, stage="ok", runtime_cv=1.23, ref_runtime_cv=0.0004))
     wild_text = describe_result(wild)
     assert "runtime 12346 ms (calls vary by 123%)" in wild_text and "(calls vary by 0.04%)" in wild_text

@@ -41,18 +41,18 @@ T1, T2, T3 = "level1/1_Square_matmul", "17_Conv2d_Fuse", "my_task"
 # --- building runs -------------------------------------------------------------------------------------------
 def reference(runtime: float, compile_ms: float | None = None) -> Node:
     return Node(id=0, parent=None, depth=0, source="class Model: ...", agent=AGENT_REFERENCE,
-                result=EvalResult(compiled=True, correct=True, runtime_ms=runtime, ref_runtime_ms=runtime,
+                result=EvalResult(compiled=True, passed_checks=True, runtime_ms=runtime, ref_runtime_ms=runtime,
                                   speedup=1.0, stage=STAGE_OK, ref_compile_runtime_ms=compile_ms))
 
 
 def timed(runtime: float, ref: float, compile_ms: float | None = None, flags: tuple[str, ...] = ()) -> EvalResult:
     """A candidate that compiled, was correct and was timed (flags may still reject it)."""
-    return EvalResult(compiled=True, correct=True, runtime_ms=runtime, ref_runtime_ms=ref, speedup=ref / runtime,
+    return EvalResult(compiled=True, passed_checks=True, runtime_ms=runtime, ref_runtime_ms=ref, speedup=ref / runtime,
                       stage=STAGE_OK, flags=list(flags), ref_compile_runtime_ms=compile_ms)
 
 
 def wrong() -> EvalResult:
-    return EvalResult(compiled=True, correct=False, stage=STAGE_CORRECTNESS, error="outputs differ")
+    return EvalResult(compiled=True, passed_checks=False, stage=STAGE_CORRECTNESS, error="outputs differ")
 
 
 def candidate(i: int, result: EvalResult, tokens: tuple[int, int] = (300, 30), cost: float = 0.03) -> Node:
@@ -145,26 +145,26 @@ def test_views_of_one_run(campaign: Path) -> None:
         assert (one["best_seq"], one["best_runtime_ms"], one["success"]) == (4, 4.0, True)
         assert one["best_speedup"] == pytest.approx(2.5)
         assert one["best_speedup_vs_compile"] == pytest.approx(2.0)
-        assert (one["attempts"], one["compiled_attempts"], one["correct_attempts"], one["rejected_attempts"],
-                one["attempts_to_first_correct"]) == (5, 4, 2, 1, 2)
+        assert (one["attempts"], one["compiled_attempts"], one["accepted_attempts"], one["rejected_attempts"],
+                one["attempts_to_first_accepted"]) == (5, 4, 2, 1, 2)
         assert (one["llm_calls"], one["input_tokens"], one["output_tokens"], one["tokens"]) == (10, 1500, 150, 1650)
         assert one["cost_usd"] == pytest.approx(0.15)
         two = t[T2]
         assert (two["level"], two["best_seq"], two["ref_compile_runtime_ms"], two["best_speedup_vs_compile"],
-                two["attempts"], two["compiled_attempts"], two["attempts_to_first_correct"]) == (
+                two["attempts"], two["compiled_attempts"], two["attempts_to_first_accepted"]) == (
                     2, 1, None, None, 2, 1, 1)  # level 2 from run.json's path; parse failures did not compile
         assert two["best_speedup"] == pytest.approx(1.6)
         three = t[T3]
         assert (three["level"], three["status"], three["success"], three["best_seq"], three["best_speedup"],
-                three["compiled_attempts"], three["correct_attempts"], three["rejected_attempts"],
-                three["attempts_to_first_correct"]) == (None, "capped", False, None, None, 2, 0, 1, None)
+                three["compiled_attempts"], three["accepted_attempts"], three["rejected_attempts"],
+                three["attempts_to_first_accepted"]) == (None, "capped", False, None, None, 2, 0, 1, None)
 
-        best = rows(con, "SELECT task, seq, ok FROM best ORDER BY task")
-        assert best == [{"task": T2, "seq": 1, "ok": True}, {"task": T1, "seq": 4, "ok": True}]
-        judged = rows(con, "SELECT seq, ok, failure, best_speedup_so_far AS b FROM judged WHERE task = ? "
+        best = rows(con, "SELECT task, seq, accepted FROM best ORDER BY task")
+        assert best == [{"task": T2, "seq": 1, "accepted": True}, {"task": T1, "seq": 4, "accepted": True}]
+        judged = rows(con, "SELECT seq, accepted, failure, best_speedup_so_far AS b FROM judged WHERE task = ? "
                            "ORDER BY seq", [T1])
         assert [r["failure"] for r in judged] == [None, "compile", None, "correctness", None, "rejected: suspicious"]
-        assert [r["ok"] for r in judged] == [True, False, True, False, True, False]
+        assert [r["accepted"] for r in judged] == [True, False, True, False, True, False]
         assert [r["b"] for r in judged] == [None, None, pytest.approx(0.5), pytest.approx(0.5), pytest.approx(2.5),
                                            pytest.approx(2.5)]
         failures = dict(con.execute("SELECT failure, count(*) FROM judged WHERE failure IS NOT NULL "
@@ -230,8 +230,8 @@ def test_metrics_by_hand(campaign: Path) -> None:
     assert c is not None and (c.tasks, c.successes) == (1, 1)  # only T1 has a torch.compile time
     assert c.fast_p == pytest.approx({0.0: 1.0, 1.0: 1.0, 1.5: 1.0, 2.0: 0.0})  # 2.0x is not > 2
     assert c.geomean_speedup == pytest.approx(2.0)
-    assert (s.attempts, s.compile_rate, s.correct_rate) == (9, pytest.approx(7 / 9), pytest.approx(3 / 9))
-    assert (s.first_correct_mean, s.first_correct_median) == (1.5, 1.5)
+    assert (s.attempts, s.compile_rate, s.accepted_rate) == (9, pytest.approx(7 / 9), pytest.approx(3 / 9))
+    assert (s.first_accepted_mean, s.first_accepted_median) == (1.5, 1.5)
     assert (s.llm_calls, s.input_tokens, s.output_tokens, s.tokens) == (18, 2700, 270, 2970)
     assert s.cost_usd == pytest.approx(0.27)
 
@@ -295,16 +295,18 @@ def test_a_report_draws_the_trees_of_the_best_tasks_first_and_no_cost_chart_for_
 def test_the_tree_picture_lays_out_a_tree_and_finds_the_best_path(tmp_path: Path) -> None:
     from stark_ray.analysis.tree_picture import PictureNode, best_path, layout, nodes_of, outcome_of, tree_picture
 
-    rows_ = [{"seq": 0, "node_id": 0, "parent_id": None, "agent": "reference", "ok": True, "failure": None,
+    rows_ = [{"seq": 0, "node_id": 0, "parent_id": None, "agent": "reference", "accepted": True, "failure": None,
               "speedup": 1.0},
-             {"seq": 1, "node_id": 1, "parent_id": 0, "agent": "plan+code", "ok": False, "failure": "compile"},
-             {"seq": 2, "node_id": 2, "parent_id": 1, "agent": "debug", "ok": True, "failure": None, "speedup": 1.5},
-             {"seq": 3, "node_id": 3, "parent_id": 0, "agent": "plan+code", "ok": False,
+             {"seq": 1, "node_id": 1, "parent_id": 0, "agent": "plan+code", "accepted": False, "failure": "compile"},
+             {"seq": 2, "node_id": 2, "parent_id": 1, "agent": "debug", "accepted": True, "failure": None,
+              "speedup": 1.5},
+             {"seq": 3, "node_id": 3, "parent_id": 0, "agent": "plan+code", "accepted": False,
               "failure": "rejected: no_kernel", "speedup": 9.0},
-             {"seq": 4, "node_id": 4, "parent_id": 2, "agent": "plan+code", "ok": True, "failure": None,
+             {"seq": 4, "node_id": 4, "parent_id": 2, "agent": "plan+code", "accepted": True, "failure": None,
               "speedup": 2.5},
-             {"seq": 5, "node_id": 5, "parent_id": 2, "agent": "plan+code", "ok": False, "failure": "correctness"},
-             {"seq": 6, "node_id": 6, "parent_id": 0, "agent": "plan+code", "ok": False, "failure": "timeout"}]
+             {"seq": 5, "node_id": 5, "parent_id": 2, "agent": "plan+code", "accepted": False,
+              "failure": "correctness"},
+             {"seq": 6, "node_id": 6, "parent_id": 0, "agent": "plan+code", "accepted": False, "failure": "timeout"}]
     nodes = nodes_of(rows_)
     assert [n.outcome for n in nodes] == ["reference", "build", "accepted", "rejected", "accepted", "wrong",
                                           "failed"]
@@ -314,7 +316,7 @@ def test_the_tree_picture_lays_out_a_tree_and_finds_the_best_path(tmp_path: Path
     # leaves 4, 5, 3, 6 side by side in depth-first order; each parent centred over its children
     assert [pos[i][0] for i in (4, 5, 3, 6)] == [0.0, 1.0, 2.0, 3.0]
     assert pos[2] == (0.5, 2.0) and pos[1] == (0.5, 1.0) and pos[0] == (1.75, 0.0)
-    assert outcome_of({"seq": 3, "agent": "debug", "ok": False, "failure": "untimed"}) == "failed"
+    assert outcome_of({"seq": 3, "agent": "debug", "accepted": False, "failure": "untimed"}) == "failed"
     # a debug chain thousands deep is no recursion error, and a row whose parent is missing is a root of its own
     chain = [PictureNode(0, None, "reference", "reference", None)] + [
         PictureNode(i, i - 1, "debug", "wrong", None) for i in range(1, 3000)] + [

@@ -70,9 +70,9 @@ def test_a_candidate_that_poisons_the_cache_does_not_fail_the_next_ones(service:
     root = str(service.build_dir)
     honest = CANDIDATE.format(root=root, tiny=TINY, forward="pass", factor=" * (EXT.f() / 7)")
     first = service.evaluate(task, honest)
-    assert first.correct, first.error
+    assert first.passed_checks, first.error
     poisoner = CANDIDATE.format(root=root, tiny=TINY, forward=POISON.replace("\n", "\n        ").strip(),
                                factor=" * (EXT.f() / 7)")
     service.evaluate(task, poisoner)  # its own verdict does not matter here
     after = service.evaluate(task, honest)  # the same worker, which had loaded the library
-    assert after.correct and after.stage == "ok", (after.stage, after.error, after.log[-2000:])
+    assert after.passed_checks and after.stage == "ok", (after.stage, after.error, after.log[-2000:])

@@ -248,9 +248,9 @@ def test_eval_reports_a_candidate_and_exits_by_its_verdict(tmp_path: Path) -> No
     good = stark("eval", task, str(tmp_path / "slow.py"), "--trials", "2", "--json")
     assert good.returncode == 0, good.stderr
     report = json.loads(good.stdout)
-    for key in ("compiled", "correct", "runtime_ms", "ref_runtime_ms", "speedup", "flags", "error"):
+    for key in ("compiled", "passed_checks", "accepted", "runtime_ms", "ref_runtime_ms", "speedup", "flags", "error"):
         assert key in report
-    assert report["correct"] and report["speedup"] < 1  # SLOW sleeps 30 ms per call
+    assert report["accepted"] and report["speedup"] < 1  # SLOW sleeps 30 ms per call
     bad = stark("eval", task, str(tmp_path / "wrong.py"), "--trials", "2")
     assert bad.returncode == 1 and "FAILED at correctness" in bad.stdout and "max_abs_err" in bad.stdout
     assert "no such task" in one_error_line(stark("eval", str(tmp_path / "nope.py"), str(tmp_path / "slow.py")))

@@ -58,7 +58,7 @@ def test_openai_compatible_server_end_to_end(ray_cluster: str, tmp_path: Path) -
     assert all(b["model"] == "gpt-4o" for b in bodies)
     [run] = tmp_path.iterdir()
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["best_correct"] and summary["attempts"] == 2 and summary["llm_calls"] == 4
+    assert summary["success"] and summary["attempts"] == 2 and summary["llm_calls"] == 4
     assert summary["tokens"] == {"input": 6000, "output": 600}
     assert summary["cost"] == pytest.approx((6000 * 2.5 + 600 * 10.0) / 1e6)  # gpt-4o's list price
     rows = duckdb.sql(f"SELECT role, provider, input_tokens, node_id FROM '{run}/llm_calls/*/*.parquet' "

@@ -162,7 +162,7 @@ def results(service: EvalService, cfg: EvalConfig, short_cfg: EvalConfig) -> dic
 def test_fast_candidate_is_correct(results: dict[str, EvalResult]) -> None:
     r = results["fast"]
     assert r.stage == STAGE_OK and passed(r), r.error  # evaluated beside others: timing noise may flag it
-    assert r.compiled and r.correct and r.runtime_ms and r.ref_runtime_ms and r.speedup
+    assert r.compiled and r.passed_checks and r.runtime_ms and r.ref_runtime_ms and r.speedup
     assert r.max_abs_err is not None and r.max_abs_err < 1e-3
     assert r.compile_s and r.eval_s and r.eval_s >= r.compile_s
 
@@ -170,7 +170,7 @@ def test_fast_candidate_is_correct(results: dict[str, EvalResult]) -> None:
 @pytest.mark.parametrize("key", ["leaky_relu", "layer_norm"])
 def test_other_tasks_candidates_are_correct(results: dict[str, EvalResult], key: str) -> None:
     r = results[key]
-    assert r.correct and r.stage == STAGE_OK, r.error
+    assert r.passed_checks and r.stage == STAGE_OK, r.error
     assert r.speedup is not None and r.speedup > 0
     # four evaluations share the 2 cores here: a worker's timing can overstate a speedup (a 1.4x layer norm came
     # out at 3.57x, reference CV 42%), and then the judge's own clock flags it; no other flag is acceptable
@@ -179,7 +179,7 @@ def test_other_tasks_candidates_are_correct(results: dict[str, EvalResult], key:
 
 def test_compile_error_reports_the_compiler(results: dict[str, EvalResult]) -> None:
     r = results["compile_error"]
-    assert r.stage == STAGE_COMPILE and not r.compiled and not r.correct
+    assert r.stage == STAGE_COMPILE and not r.compiled and not r.passed_checks
     assert r.error is not None and "\n" not in r.error
     assert r.error.startswith("main.cpp:") and "error:" in r.error and "feature" in r.error
     assert "was not declared" in r.log and "error:" in r.log
@@ -187,7 +187,7 @@ def test_compile_error_reports_the_compiler(results: dict[str, EvalResult]) -> N
 
 def test_wrong_candidate_fails_correctness(results: dict[str, EvalResult]) -> None:
     r = results["wrong"]
-    assert r.stage == STAGE_CORRECTNESS and r.compiled and not r.correct
+    assert r.stage == STAGE_CORRECTNESS and r.compiled and not r.passed_checks
     assert r.max_abs_err is not None and r.max_abs_err > 0.01 and r.rel_err is not None
     assert r.error is not None and r.error.startswith("trial 1/5: output: values differ")
 
@@ -195,7 +195,7 @@ def test_wrong_candidate_fails_correctness(results: dict[str, EvalResult]) -> No
 @pytest.mark.parametrize("key", ["segfault", "py_segfault"])
 def test_segfault_is_a_crash(results: dict[str, EvalResult], key: str) -> None:
     r = results[key]
-    assert r.stage == STAGE_CRASH and not r.correct
+    assert r.stage == STAGE_CRASH and not r.passed_checks
     assert r.error is not None and "SIGSEGV" in r.error and "candidate.py:" in r.error
     assert "Segmentation fault" in r.log
 
@@ -208,7 +208,7 @@ def test_exit_at_import_is_a_crash(results: dict[str, EvalResult]) -> None:
 
 def test_sys_exit_in_forward_is_caught(results: dict[str, EvalResult]) -> None:
     r = results["py_sys_exit_in_forward"]
-    assert r.stage == STAGE_RUNTIME and r.compiled and not r.correct
+    assert r.stage == STAGE_RUNTIME and r.compiled and not r.passed_checks
     assert r.error == "trial 1/5: SystemExit: 1 (candidate.py:13)"
 
 
@@ -222,7 +222,7 @@ def test_exception_in_forward_is_a_runtime_failure(results: dict[str, EvalResult
 @pytest.mark.parametrize("key", ["hang", "py_hang_in_forward"])
 def test_hang_in_forward_times_out(results: dict[str, EvalResult], key: str) -> None:
     r = results[key]
-    assert r.stage == STAGE_TIMEOUT and r.compiled and not r.correct, r.error
+    assert r.stage == STAGE_TIMEOUT and r.compiled and not r.passed_checks, r.error
     assert r.error is not None and r.error.startswith("timed out after 10 s while running the correctness trials")
     assert "at candidate.py:" in r.error  # where it was stuck, from the stack dump before the kill
 
@@ -262,7 +262,7 @@ def test_second_evaluation_hits_the_build_cache(results: dict[str, EvalResult], 
 def test_reference(results: dict[str, EvalResult], cfg: EvalConfig, service: EvalService) -> None:
     ev = Evaluator(task(DEMO), cfg, service=service)
     ref = ev.reference()
-    assert ref.ok and ref.stage == STAGE_OK and ref.speedup == 1.0
+    assert ref.accepted and ref.stage == STAGE_OK and ref.speedup == 1.0
     assert ref.runtime_ms is not None and ref.runtime_ms == ref.ref_runtime_ms and ref.runtime_ms > 0
     assert "CPU" in ev.hardware_description()
 

@@ -137,13 +137,13 @@ def test_a_noisy_timing_is_measured_again_and_said_to_be_noisy(service: EvalServ
     in_turn = "time.sleep(0.002 * (next(_CALLS) % 5))\n        return x * self.s + self.t"
     counter = "import itertools\nimport time\n_CALLS = itertools.count()"
     jumpy = service.evaluate(task, candidate(in_turn, prelude=counter))
-    assert jumpy.correct and jumpy.speedup_err is not None and is_noisy(jumpy.speedup_err), (jumpy, jumpy.log)
+    assert jumpy.passed_checks and jumpy.speedup_err is not None and is_noisy(jumpy.speedup_err), (jumpy, jumpy.log)
     assert "timing measured again" in jumpy.log and "noisy timing: the speedup is known to" in jumpy.log, jumpy.log
     steady = service.evaluate(task, candidate("time.sleep(0.004)\n        return x * self.s + self.t",
                                               prelude="import time"))
     # the steady candidate's own calls agree (its speedup's interval also holds the reference's spread, which a busy
     # host widens: seen ±12% for it beside two `yes`, against the jumpy one's ±10%)
-    assert steady.correct and steady.speedup_err is not None and steady.runtime_cv is not None
+    assert steady.passed_checks and steady.speedup_err is not None and steady.runtime_cv is not None
     assert jumpy.runtime_cv is not None and steady.runtime_cv < jumpy.runtime_cv, (steady, jumpy)
 
 
@@ -170,7 +170,7 @@ def test_a_candidate_that_patches_torch_is_rejected_and_its_worker_replaced(serv
     cheat = candidate("return x * self.s", prelude="torch.Tensor.__add__ = lambda a, b: a")
     starts = service.worker_starts
     r = service.evaluate(task, cheat)
-    assert not r.ok and "tampered" in r.flags and "torch.Tensor.__add__" in (r.error or "")
+    assert not r.accepted and "tampered" in r.flags and "torch.Tensor.__add__" in (r.error or "")
     assert passed(service.evaluate(task, GOOD)) and service.worker_starts == starts + 1
 
 
@@ -230,7 +230,7 @@ def test_a_large_speedup_is_re_measured_by_the_judge_and_kept_when_confirmed(tmp
     cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=5)
     with EvalService(cfg) as svc:
         r = svc.evaluate(load_task(path), fast)
-    assert r.ok and r.speedup and r.speedup > 10, r.error
+    assert r.accepted and r.speedup and r.speedup > 10, r.error
     assert "large_speedup" in r.flags and "suspicious" not in r.flags
     assert "speedup confirmed by the judge's wall clock" in r.log
     # the message round trip to the worker, measured before it imported a candidate, is taken off its rounds
@@ -272,9 +272,9 @@ def test_a_batch_answered_before_its_outputs_are_final_is_flagged(tmp_path: Path
     with EvalService(cfg) as svc:
         task = load_task(path)
         early, honest = svc.evaluate(task, EARLY_ANSWER), svc.evaluate(task, fast)
-    assert not early.ok and "suspicious" in early.flags, early.error
+    assert not early.accepted and "suspicious" in early.flags, early.error
     assert "answered before its outputs were final" in (early.error or ""), early.error
-    assert honest.ok and "suspicious" not in honest.flags, honest.error
+    assert honest.accepted and "suspicious" not in honest.flags, honest.error
 
 
 def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, shared_build_dir: str) -> None:

@@ -84,7 +84,7 @@ def test_the_local_and_the_ray_executor_make_the_same_run(ray_cluster: str, tmp_
     ray_summary, local_summary = (json.loads((d / "summary.json").read_text()) for d in (ray_dir, local_dir))
     assert set(ray_summary) == set(local_summary)
     assert (ray_summary["settings"].pop("executor"), local_summary["settings"].pop("executor")) == ("ray", "local")
-    same = ("task", "status", "attempts", "budget", "best_correct", "failures", "failures_by_stage", "llm_calls",
+    same = ("task", "status", "attempts", "budget", "success", "failures", "failures_by_stage", "llm_calls",
             "settings", "replay_mismatches")
     assert {k: ray_summary[k] for k in same} == {k: local_summary[k] for k in same}
     assert ray_summary["tokens"]["output"] == local_summary["tokens"]["output"] > 0

@@ -109,14 +109,14 @@ def test_candidate_is_judged_as_expected(results: dict[str, tuple[EvalResult, in
     for option in allowed:
         if option.startswith("ok"):  # "ok", or "ok:FLAG": accepted with exactly that (informational) flag
             flags = option[3:].split(",") if option.startswith("ok:") else []
-            matched |= (r.ok and r.speedup is not None and r.runtime_ms is not None and r.runtime_ms > 0
+            matched |= (r.accepted and r.speedup is not None and r.runtime_ms is not None and r.runtime_ms > 0
                         and r.flags == flags)
         elif option.startswith("flag:"):
-            matched |= option[5:] in r.flags and not r.ok
+            matched |= option[5:] in r.flags and not r.accepted
         elif option == "crash_or_runtime":
-            matched |= r.stage in ("crash", "runtime") and not r.ok
+            matched |= r.stage in ("crash", "runtime") and not r.accepted
         else:
-            matched |= r.stage == option and not r.ok
+            matched |= r.stage == option and not r.accepted
     assert matched, summary
     if expect.startswith("ok"):
         assert r.runtime_cv is not None and r.ref_runtime_ms, summary
@@ -132,7 +132,7 @@ def test_worker_survives_every_broken_kernel(results: dict[str, tuple[EvalResult
     if ONLY:
         pytest.skip("counts the whole set's worker restarts: STARK_TEST_CANDIDATES picked a subset")
     r, starts = results[f"after-all:{backend}"]
-    assert r.ok, r.error
+    assert r.accepted, r.error
     if backend == "cuda":  # the illegal address and the endless loop each cost the worker its life
         assert starts >= 3
 
@@ -165,7 +165,7 @@ def test_baseline_compile_is_timed_in_the_same_run(tmp_path: Path) -> None:
         ref = service.reference(task)
         r = service.evaluate(task, (GPU_CANDIDATES / "2_FusedSwishScaleClamp_cuda_nvrtc_fused.py").read_text())
     assert ref.ref_compile_runtime_ms and ref.ref_compile_runtime_ms > 0
-    assert r.ok and r.ref_compile_runtime_ms and r.ref_compile_runtime_ms > 0, r.error
+    assert r.accepted and r.ref_compile_runtime_ms and r.ref_compile_runtime_ms > 0, r.error
 
 
 def test_tampering_candidate_is_rejected_and_its_worker_replaced(tmp_path: Path) -> None:
@@ -176,8 +176,8 @@ def test_tampering_candidate_is_rejected_and_its_worker_replaced(tmp_path: Path)
         r = service.evaluate(task, cheat)
         starts = service.worker_starts
         again = service.evaluate(task, source)
-    assert not r.ok and "tampered" in r.flags and "silu" in (r.error or "")
-    assert again.ok and service.worker_starts == starts + 1
+    assert not r.accepted and "tampered" in r.flags and "silu" in (r.error or "")
+    assert again.accepted and service.worker_starts == starts + 1
 
 
 def test_stark_eval_json_on_the_gpu(tmp_path: Path) -> None:
@@ -188,6 +188,6 @@ def test_stark_eval_json_on_the_gpu(tmp_path: Path) -> None:
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
-    for key in ("compiled", "correct", "runtime_ms", "ref_runtime_ms", "speedup", "flags", "error"):
+    for key in ("compiled", "passed_checks", "accepted", "runtime_ms", "ref_runtime_ms", "speedup", "flags", "error"):
         assert key in report
-    assert report["correct"] and report["speedup"] > 0
+    assert report["accepted"] and report["speedup"] > 0

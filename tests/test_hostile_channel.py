@@ -106,7 +106,7 @@ for _ in range(100):
 """
     candidate = CONTROL + "fd = control()\n" + attack + "time.sleep(600)\n" + MODEL.format(forward="pass", factor="")
     r = service.evaluate(load_task(TASK), candidate)
-    assert not r.ok and r.stage in (STAGE_CRASH, STAGE_TIMEOUT), (r.stage, r.error)
+    assert not r.accepted and r.stage in (STAGE_CRASH, STAGE_TIMEOUT), (r.stage, r.error)
     _after(service)
 
 

@@ -288,7 +288,7 @@ def test_a_reduction_over_part_of_its_input_fails_and_the_whole_one_passes(servi
     honest = judged(service, task, mse_candidate(1, False))
     assert passed(honest), honest.error
     for cheat in (strided, prefix):
-        assert cheat.stage == STAGE_CORRECTNESS and not cheat.ok, cheat.error
+        assert cheat.stage == STAGE_CORRECTNESS and not cheat.accepted, cheat.error
         assert (cheat.error or "").startswith(("sensitivity trial", "blocks trial")), cheat.error
     assert "sensitivity trial" in (strided.error or "")
 
@@ -296,7 +296,7 @@ def test_a_reduction_over_part_of_its_input_fails_and_the_whole_one_passes(servi
 def test_an_output_cache_keyed_by_address_fails_the_same_address_trial(service: EvalService,
                                                                       tasks: dict[str, Task]) -> None:
     r = judged(service, tasks["affine"], ADDRESS_CACHE)
-    assert r.stage == STAGE_CORRECTNESS and not r.ok, r.error
+    assert r.stage == STAGE_CORRECTNESS and not r.accepted, r.error
     assert "values differ" in (r.error or ""), r.error  # a stale output, on whichever trial reused the address
     assert passed(judged(service, tasks["affine"], py(HONEST)))
 
@@ -311,7 +311,7 @@ def test_a_candidate_that_patches_the_process_is_rejected_as_tampering(
     assert passed(judged(service, tasks["affine"], py(HONEST)))
     starts = service.worker_starts
     r = judged(service, tasks[task], source)
-    assert not r.ok and "tampered" in r.flags, (name, r.stage, r.error)
+    assert not r.accepted and "tampered" in r.flags, (name, r.stage, r.error)
     after = judged(service, tasks["affine"], py(HONEST))
     assert passed(after), after.error
     assert service.worker_starts == starts + 1  # its worker was replaced
@@ -327,7 +327,7 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
     """The fingerprint is a backstop: blinded, the worker reports nothing, and still the judge — its own
     comparison with its own reference outputs, its own clock — rejects the candidate."""
     r = judged(service, tasks[task], source)
-    assert not r.ok and "tampered" not in r.flags, (name, r.stage, r.flags, r.error)
+    assert not r.accepted and "tampered" not in r.flags, (name, r.stage, r.flags, r.error)
     if verdict == "correctness":
         assert r.stage == STAGE_CORRECTNESS and "values differ" in (r.error or ""), (name, r.error)
     else:
@@ -340,7 +340,7 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
 def test_an_honest_candidate_of_the_same_speed_is_timed_as_such(service: EvalService,
                                                                 tasks: dict[str, Task]) -> None:
     r = judged(service, tasks["matmul"], matmul("return x @ self.w"))
-    assert r.ok and r.speedup is not None and 0.5 < r.speedup < 2, (r.error, r.speedup)
+    assert r.accepted and r.speedup is not None and 0.5 < r.speedup < 2, (r.error, r.speedup)
 
 
 def test_confirm_above_zero_sends_a_candidate_of_the_same_speed_through_the_wall_clock(
@@ -349,7 +349,7 @@ def test_confirm_above_zero_sends_a_candidate_of_the_same_speed_through_the_wall
     the judge, whatever it is, so that the confirmation's memory and time are exercised on every task."""
     cfg = replace(service.cfg, confirm_above=0.0)
     r = service.evaluate(tasks["matmul"], matmul("return x @ self.w"), cfg)
-    assert r.correct, r.error
+    assert r.passed_checks, r.error
     assert "judge's wall clock" in (r.log or ""), r.log  # confirmed or not (a busy box), it was measured
     with pytest.raises(ValueError, match="confirm_above"):
         replace(service.cfg, confirm_above=-1.0)
@@ -366,20 +366,20 @@ def test_a_reference_that_draws_random_numbers_is_judged_under_each_trials_seed(
     path = tmp_path / "3_Noisy.py"
     path.write_text(AFFINE_TASK.replace("return x * self.s + self.t", NOISY))
     task = load_task(path)
-    assert service.reference(task).ok
+    assert service.reference(task).accepted
     drawn = AFFINE_PY.format(body=NOISY, prelude="")
     r = service.evaluate(task, drawn)
-    assert r.correct, r.error
+    assert r.passed_checks, r.error
     assert "same address" in (r.log or ""), r.log  # the second call was judged too
     assert "every timed call of both sides comes after the same seed" in (r.log or ""), r.log
     confirmed = service.evaluate(task, drawn, replace(service.cfg, confirm_above=0.0))
-    assert confirmed.correct, confirmed.error
+    assert confirmed.passed_checks, confirmed.error
     assert "outputs not compared: the reference draws random numbers" in (confirmed.log or ""), confirmed.log
     once = ("self.__dict__.setdefault('noise', torch.rand_like(x))\n"  # one draw, at the first call, reused
             "        return x * self.s + self.noise")
     for body in ("return x * self.s + 0.5", once):
         bad = service.evaluate(task, AFFINE_PY.format(body=body, prelude=""))
-        assert bad.stage == STAGE_CORRECTNESS and not bad.correct, (body, bad.error)
+        assert bad.stage == STAGE_CORRECTNESS and not bad.passed_checks, (body, bad.error)
 
 
 def test_a_reference_that_depends_on_more_than_its_inputs_and_seed_is_refused(tmp_path: Path,
@@ -424,7 +424,7 @@ def test_a_candidate_that_kills_the_judge_is_charged_with_it_and_the_next_one_is
     killer = py(HONEST, "import os\nimport signal\nos.kill(os.getppid(), signal.SIGKILL)")
     with EvalService(replace(service.cfg, isolate="off")) as unisolated:
         r = judged(unisolated, tasks["affine"], killer)
-        assert r.stage == "crash" and not r.ok and "judge crashed (SIGKILL)" in (r.error or ""), r.error
+        assert r.stage == "crash" and not r.accepted and "judge crashed (SIGKILL)" in (r.error or ""), r.error
         after = judged(unisolated, tasks["affine"], py(HONEST))
         assert passed(after), after.error
     if service.isolated:
@@ -499,7 +499,7 @@ def test_the_judge_holds_what_the_memory_plan_counts_at_every_trial(tmp_path: Pa
         "def __init__(self):\n        super().__init__()")
     # one trial: the same-address trial's second contents are made afresh (not a kept trial's), census included
     r = service.evaluate(task, source, replace(service.cfg, trials=1))
-    assert r.correct, r.error
+    assert r.passed_checks, r.error
     assert "same address" in (r.log or ""), r.log
     seen = [int(line) for line in log.read_text().split()]
     # the last: the check of the second call (the shared inputs, the slots, the second contents' reference output)

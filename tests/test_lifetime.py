@@ -94,7 +94,7 @@ def test_processes_a_candidate_leaves_running_are_killed_after_it(service: EvalS
     assert _wait_gone([sleeper, orphan]) == []
     assert "process(es) the candidate left running" in r.log, r.log[-1500:]
     honest = service.evaluate(task, HANGS.format(forward="pass", factor=""))  # the same worker judges on, right
-    assert honest.correct and honest.stage == "ok", honest.error
+    assert honest.passed_checks and honest.stage == "ok", honest.error
 
 
 def test_the_evaluator_dies_with_a_killed_stark_eval(tmp_path: Path) -> None:
@@ -173,11 +173,11 @@ def test_isolated_what_a_candidate_leaves_running_is_killed_after_it(tmp_path: P
     with quick_service(str(tmp_path / "build"), isolate="on") as service:
         task = load_task(TASK)
         r = service.evaluate(task, MARKED.format(forward=f"_leave({seconds!r}, False)", factor=""))
-        assert r.correct, r.error
+        assert r.passed_checks, r.error
         assert _wait_marked_gone(seconds) == [], "left running after the request"
         assert "process(es) the candidate left running" in r.log, r.log[-1500:]
         honest = service.evaluate(task, HANGS.format(forward="pass", factor=""))
-        assert honest.correct and honest.stage == "ok", honest.error
+        assert honest.passed_checks and honest.stage == "ok", honest.error
 
 
 def test_isolated_everything_dies_with_a_killed_stark_eval(tmp_path: Path) -> None:

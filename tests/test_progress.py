@@ -33,9 +33,9 @@ def test_error_text_with_brackets_is_printed_verbatim() -> None:
 def test_a_resumed_runs_bar_starts_where_its_attempts_are() -> None:
     """It started at 0/5, best —, although attempts and a best were recorded."""
     tree = reference_tree()
-    node = tree[add(tree, 0, EvalResult(compiled=True, correct=True, runtime_ms=1.0, ref_runtime_ms=2.5,
+    node = tree[add(tree, 0, EvalResult(compiled=True, passed_checks=True, runtime_ms=1.0, ref_runtime_ms=2.5,
                                         speedup=2.5, stage="ok"))]
-    assert node.correct and tree.evaluated == 1
+    assert node.accepted and tree.evaluated == 1
     buf = io.StringIO()
     reporter = RichReporter(Console(file=buf, width=200, force_terminal=False))
     reporter.start(Task(name="t", path=Path("t.py"), source=""), 5, tree)

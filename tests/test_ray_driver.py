@@ -140,12 +140,13 @@ class Evaluator:
         if digest[0] % 4 == 0:
             return EvalResult.failed(STAGE_CORRECTNESS, "mismatch", "log")
         speedup = 0.5 + digest[1] / 100
-        return EvalResult(compiled=True, correct=True, runtime_ms=1 / speedup, ref_runtime_ms=1.0, speedup=speedup,
-                          stage=STAGE_OK)
+        return EvalResult(compiled=True, passed_checks=True, runtime_ms=1 / speedup, ref_runtime_ms=1.0,
+                          speedup=speedup, stage=STAGE_OK)
 
 
 def ok_reference() -> EvalResult:
-    return EvalResult(compiled=True, correct=True, runtime_ms=1.0, ref_runtime_ms=1.0, speedup=1.0, stage=STAGE_OK)
+    return EvalResult(compiled=True, passed_checks=True, runtime_ms=1.0, ref_runtime_ms=1.0, speedup=1.0,
+                      stage=STAGE_OK)
 
 
 class DyingEvaluator(Evaluator):

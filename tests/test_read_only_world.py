@@ -153,7 +153,7 @@ def test_an_isolated_candidate_can_write_nothing_outside_its_directory(places: d
                                  tmp_marker=marker, forward="pass", factor="")
     with EvalService(replace(cfg, isolate="off")) as service:
         exposed = service.evaluate(task, exposed_src)
-    assert not exposed.ok and "reached:" in (exposed.error or ""), exposed.error
+    assert not exposed.accepted and "reached:" in (exposed.error or ""), exposed.error
     for name in ("the home directory", "the run directory", "~/.aws/credentials", "~/.netrc", *lists,
                  "the project's .env"):
         assert name in (exposed.error or ""), exposed.error

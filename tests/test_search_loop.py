@@ -70,10 +70,10 @@ def test_full_stark_search_grows_a_tree_with_all_three_agents(harness: Harness) 
     assert agents == {AGENT_PLAN_CODE, AGENT_DEBUG}
     for n in tree:
         if n.agent == AGENT_DEBUG:
-            assert not tree[n.parent].correct  # the debug agent only ever repairs failures
+            assert not tree[n.parent].accepted  # the debug agent only ever repairs failures
     best = tree.best()
-    assert best is not None and best.result.ok and best.source in (SLOW, SLOWER)
-    assert {n.result.stage for n in tree if not n.correct} <= {"correctness", "runtime"}
+    assert best is not None and best.result.accepted and best.source in (SLOW, SLOWER)
+    assert {n.result.stage for n in tree if not n.accepted} <= {"correctness", "runtime"}
     # feedback: once the root has children, the plan agent at the root sees them (D(i) of its window)
     root_plans = [r.messages[0].content for r in client.requests
                   if r.role == "plan" and "## Node 0 (selected, reference)" in r.messages[0].content]

@@ -21,7 +21,7 @@ def draws(policy, tree: Tree, n: int = 2000, seed: int = 0) -> list[int]:
     return out
 
 
-def test_epsilon_zero_always_picks_the_best_correct_node() -> None:
+def test_epsilon_zero_always_picks_the_best_accepted_node() -> None:
     t = hand_built()
     assert set(draws(EpsilonGreedy(0.0), t, 300)) == {9}
     assert set(draws(Greedy(), t, 300)) == {9}
@@ -115,15 +115,15 @@ def test_selection_invariants_on_random_trees(shape, seed, eps) -> None:
     rules = Rules(n_root=3, n_child=2, max_debug_chain=2)
     policy = EpsilonGreedy(eps, rules)
     selectable = [n for n in t if rules.selectable(t, n)]
-    candidates = rules.expandable_leaves(t) or [n for n in selectable if n.correct]
+    candidates = rules.expandable_leaves(t) or [n for n in selectable if n.accepted]
     for node_id in draws(policy, t, 30, seed):
         node = t[node_id]
         if candidates:
             assert rules.selectable(t, node)  # never pruned, never the throttled root, never a dead end
         else:
             assert node.is_root
-    if eps == 0.0 and any(n.correct for n in selectable):
-        best = min((n for n in selectable if n.correct), key=lambda n: (n.score, n.id))
+    if eps == 0.0 and any(n.accepted for n in selectable):
+        best = min((n for n in selectable if n.accepted), key=lambda n: (n.score, n.id))
         assert set(draws(policy, t, 20, seed)) == {best.id}
 
 

@@ -63,7 +63,7 @@ def count(root: Path) -> list[int]:
 def sample_tree() -> tuple[Tree, dict[int, list[LLMUsage]]]:
     """A small tree with every kind of field filled (flags, logs, None values, scaffold, tokens), and the LLM
     calls behind each node."""
-    t = Tree.with_reference("class Model: ...", EvalResult(compiled=True, correct=True, runtime_ms=10.0,
+    t = Tree.with_reference("class Model: ...", EvalResult(compiled=True, passed_checks=True, runtime_ms=10.0,
                                                            stage=STAGE_OK, eval_s=0.5))
     calls: dict[int, list[LLMUsage]] = {0: []}
 
@@ -72,7 +72,7 @@ def sample_tree() -> tuple[Tree, dict[int, list[LLMUsage]]]:
         calls[node.id] = usage
 
     add(0, "class ModelNew: fused", AGENT_PLAN_CODE,
-        EvalResult(compiled=True, correct=True, runtime_ms=4.0, ref_runtime_ms=10.0, speedup=2.5, stage=STAGE_OK,
+        EvalResult(compiled=True, passed_checks=True, runtime_ms=4.0, ref_runtime_ms=10.0, speedup=2.5, stage=STAGE_OK,
                    max_abs_err=1e-7, rel_err=2e-8, flags=["suspicious", "no_kernel"], compile_s=1.25, eval_s=0.3,
                    ref_compile_runtime_ms=6.0, runtime_cv=0.01, ref_runtime_cv=0.02),
         [LLMUsage("plan", "openai", "gpt-4o", 120, 40, 0.002, 1.5), LLMUsage("code", "openai", "gpt-4o", 300, 900,
@@ -82,12 +82,12 @@ def sample_tree() -> tuple[Tree, dict[int, list[LLMUsage]]]:
                                                                       "line\n" * 2000),
         [LLMUsage("code", "openai", "gpt-4o", 10, 20, 0.0, 0.5)], instruction="vectorize")
     add(2, "class ModelNew: fixed", AGENT_DEBUG,
-        EvalResult(compiled=True, correct=False, runtime_ms=None, stage=STAGE_CORRECTNESS, error="mismatch",
+        EvalResult(compiled=True, passed_checks=False, runtime_ms=None, stage=STAGE_CORRECTNESS, error="mismatch",
                    max_abs_err=0.5), [LLMUsage("debug", "openai", "gpt-4o", 50, 60, 0.001, 2.0)])
     add(0, "", AGENT_PLAN_CODE, EvalResult.failed(STAGE_PARSE, "no code block"),
         [LLMUsage("plan", "openai", "gpt-4o", 5, 0, 0.0, 30.0, ok=False, error="timeout")])
     add(1, "class ModelNew: simd", AGENT_PLAN_CODE,
-        EvalResult(compiled=True, correct=True, runtime_ms=2.0, ref_runtime_ms=10.0, speedup=5.0, stage=STAGE_OK),
+        EvalResult(compiled=True, passed_checks=True, runtime_ms=2.0, ref_runtime_ms=10.0, speedup=5.0, stage=STAGE_OK),
         [])
     return t, calls
 
@@ -207,7 +207,7 @@ def test_duckdb_views_and_empty_tables(tmp_path: Path) -> None:
     with RunStore(tmp_path, "run", background=False) as store:  # attempts only: llm_calls stays empty
         write_tree(store, "t", tree, {})
     con = connect(tmp_path / "run")
-    best = con.execute("SELECT node_id, speedup FROM attempts WHERE correct ORDER BY speedup DESC LIMIT 1")
+    best = con.execute("SELECT node_id, speedup FROM attempts WHERE passed_checks ORDER BY speedup DESC LIMIT 1")
     assert best.fetchone() == (5, 5.0)
     assert con.execute("SELECT count(*) FROM llm_calls").fetchone() == (0,)
 
@@ -223,6 +223,31 @@ def test_a_run_written_before_a_column_existed_reads_it_as_null(tmp_path: Path) 
     cur = con.execute("SELECT count(*), count(recorded_at), count(device), max(speedup) FROM attempts")
     assert cur.fetchone() == (6, 0, 0, 5.0)
     assert [d[0] for d in con.execute("SELECT * FROM attempts").description] == attempt_schema().names
+
+
+@pytest.mark.parametrize("old_files", ["all", "some"])
+def test_a_run_written_before_correct_was_renamed_passed_checks_reads_the_same(tmp_path: Path, old_files: str) -> None:
+    """Part files whose column is still called ``correct`` (all of them, or some: a resumed older run) give the same
+    ``passed_checks`` through DuckDB, the rows and the rebuilt trees."""
+    tree, _ = sample_tree()
+    with RunStore(tmp_path, "run", flush_rows=2, flush_s=3600, background=False) as store:
+        write_tree(store, "t", tree, {})
+    files = sorted((tmp_path / "run" / "attempts" / "t").glob("part-*.parquet"))
+    assert len(files) == 3
+    for part in files if old_files == "all" else files[:2]:
+        table = pq.read_table(part)
+        pq.write_table(table.rename_columns(["correct" if n == "passed_checks" else n for n in table.column_names]),
+                       part)
+    want = [n.result.passed_checks for n in sorted(tree, key=lambda n: n.id)]
+    con = connect(tmp_path / "run")
+    assert [r for (r,) in con.execute("SELECT passed_checks FROM attempts ORDER BY seq").fetchall()] == want
+    assert [d[0] for d in con.execute("SELECT * FROM attempts").description] == attempt_schema().names
+    assert [r["passed_checks"] for r in attempt_rows(tmp_path / "run", "t")] == want
+    assert "correct" not in attempt_rows(tmp_path / "run", "t")[0]
+    rebuilt = load_trees(tmp_path / "run")["t"]
+    assert [n.result.passed_checks for n in sorted(rebuilt, key=lambda n: n.id)] == want
+    assert [n.accepted for n in sorted(rebuilt, key=lambda n: n.id)] == [n.accepted for n in sorted(tree,
+                                                                                                  key=lambda n: n.id)]
 
 
 def test_flush_by_row_count_and_close(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ def reference(judge: CandidateHost, name: str) -> None:
     msg = {"op": OP_REFERENCE, "task_name": name, "task_source": (EXAMPLES / f"{name}.py").read_text(),
            "cfg": asdict(cfg)}
     answer = judge.handle(msg, lambda _: None)
-    assert answer["result"]["correct"] and answer["healthy"] and answer["tampered"] == [], answer
+    assert answer["result"]["passed_checks"] and answer["healthy"] and answer["tampered"] == [], answer
 
 
 def kept(judge: CandidateHost) -> list[str]:

@@ -20,7 +20,7 @@ SOURCE = "class Model: ..."
 
 
 def ok(speedup: float) -> EvalResult:
-    return EvalResult(compiled=True, correct=True, runtime_ms=1.0 / speedup, ref_runtime_ms=1.0, speedup=speedup,
+    return EvalResult(compiled=True, passed_checks=True, runtime_ms=1.0 / speedup, ref_runtime_ms=1.0, speedup=speedup,
                       stage=STAGE_OK)
 
 

@@ -22,7 +22,7 @@ NO_PLAN = "(no PLAN line given)"
 
 def _instruction(node: Node, plan_line: str | None) -> str:
     plan = plan_line or NO_PLAN
-    if node.is_root or node.result.ok:
+    if node.is_root or node.result.accepted:
         return f"single: {plan}"
     return f"single: fix {node.result.stage} failure of node {node.id}: {plan}"
 

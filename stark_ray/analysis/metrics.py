@@ -2,19 +2,21 @@
 
 Definitions (STARK.md, "Metrics"; KernelBench's fast_p):
 
-- A task **succeeds** when one of its candidates is correct, timed and not flagged (``EvalResult.ok``).
+- A task **succeeds** when one of its candidates is accepted: passed the checks, was timed and is not flagged
+  (``EvalResult.accepted``; a candidate flagged ``no_kernel`` passed the checks but is not a success).
 - **fast_p** = (tasks that succeed AND whose best speedup > p) / (all tasks of the group). fast_0 is the
-  success (correctness) rate; fast_1 is the share faster than the baseline. Against eager the speedup is the
+  success rate; fast_1 is the share faster than the baseline. Against eager the speedup is the
   best candidate's (its reference re-timed in the same run); against torch.compile it is
   ``ref_compile_runtime_ms / best_runtime_ms``, and the denominator is the tasks whose torch.compile baseline
   was measured (None when none was).
 - **geomean speedup** (the headline): geometric mean of the best speedup over the tasks that succeed.
-  **geomean speedup (all)**: over all tasks, a task without a correct candidate counting 1.0 (the reference is
+  **geomean speedup (all)**: over all tasks, a task without an accepted candidate counting 1.0 (the reference is
   kept); a successful task counts its speedup even when below 1. **speed**: the paper's arithmetic mean of
   the best speedup over the tasks that succeed.
-- **compile rate** / **correct rate**: per attempt, pooled over the group's tasks: compiled (resp. ok)
-  candidates / all candidates (parse failures included: they count against the budget).
-- **attempts to first correct**: the seq of a task's first ok candidate (attempts finished up to it); mean and
+- **compile rate** / **passed rate** / **accepted rate**: per attempt, pooled over the group's tasks: compiled
+  (resp. passed the checks, accepted) candidates / all candidates (parse failures included: they count against
+  the budget).
+- **attempts to first accepted**: the seq of a task's first accepted candidate (attempts finished up to it); mean and
   median over the tasks that succeed.
 - tokens and cost: totals over the group (LLM calls recorded).
 """
@@ -34,7 +36,7 @@ Row = Mapping[str, Any]
 
 
 def speedup(task: Row, against: str = EAGER) -> float | None:
-    """The task's best speedup against ``eager`` or ``compile``; None without a correct candidate or without
+    """The task's best speedup against ``eager`` or ``compile``; None without an accepted candidate or without
     that baseline."""
     if not task.get("success"):
         return None
@@ -126,9 +128,10 @@ class Summary:
     compile: Baseline | None  # None when no task of the group has a torch.compile time
     attempts: int
     compile_rate: float | None
-    correct_rate: float | None
-    first_correct_mean: float | None
-    first_correct_median: float | None
+    passed_rate: float | None
+    accepted_rate: float | None
+    first_accepted_mean: float | None
+    first_accepted_median: float | None
     llm_calls: int
     input_tokens: int
     output_tokens: int
@@ -157,8 +160,8 @@ def summarize(tasks: Sequence[Row], label: str = "all", ps: Iterable[float] = FA
     ps = tuple(ps)
     eager = baseline(tasks, EAGER, ps) or Baseline(0, 0, dict.fromkeys(ps), None, None, None)
     attempts = sum(int(t.get("attempts") or 0) for t in tasks)
-    firsts = [int(t["attempts_to_first_correct"]) for t in tasks
-              if t.get("success") and t.get("attempts_to_first_correct") is not None]
+    firsts = [int(t["attempts_to_first_accepted"]) for t in tasks
+              if t.get("success") and t.get("attempts_to_first_accepted") is not None]
     return Summary(
         label=label,
         tasks=len(tasks),
@@ -166,9 +169,10 @@ def summarize(tasks: Sequence[Row], label: str = "all", ps: Iterable[float] = FA
         compile=baseline(tasks, COMPILE, ps),
         attempts=attempts,
         compile_rate=_ratio(sum(int(t.get("compiled_attempts") or 0) for t in tasks), attempts),
-        correct_rate=_ratio(sum(int(t.get("correct_attempts") or 0) for t in tasks), attempts),
-        first_correct_mean=statistics.fmean(firsts) if firsts else None,
-        first_correct_median=float(statistics.median(firsts)) if firsts else None,
+        passed_rate=_ratio(sum(int(t.get("passed_checks_attempts") or 0) for t in tasks), attempts),
+        accepted_rate=_ratio(sum(int(t.get("accepted_attempts") or 0) for t in tasks), attempts),
+        first_accepted_mean=statistics.fmean(firsts) if firsts else None,
+        first_accepted_median=float(statistics.median(firsts)) if firsts else None,
         llm_calls=sum(int(t.get("llm_calls") or 0) for t in tasks),
         input_tokens=sum(int(t.get("input_tokens") or 0) for t in tasks),
         output_tokens=sum(int(t.get("output_tokens") or 0) for t in tasks),

@@ -57,7 +57,7 @@ def fast_p_plot(tasks: Sequence[Mapping[str, Any]], path: Path, points: int = 24
     ax.set_xlim(0, p_max)
     ax.set_ylim(-2, 102)
     ax.set_xlabel("p (speedup threshold)")
-    ax.set_ylabel("fast_p (% of tasks correct with speedup > p)")
+    ax.set_ylabel("fast_p (% of tasks with an accepted candidate, speedup > p)")
     ax.set_title("fast_p")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -65,8 +65,8 @@ def fast_p_plot(tasks: Sequence[Mapping[str, Any]], path: Path, points: int = 24
 
 
 def best_so_far_plot(series: Mapping[str, Sequence[tuple[int, float | None]]], path: Path) -> Path:
-    """Per task, the best speedup of a correct candidate so far against the attempt number (thin lines, from the
-    first correct one), and the median over the tasks (bold): a task without a correct candidate yet counts 0,
+    """Per task, the best speedup of an accepted candidate so far against the attempt number (thin lines, from the
+    first accepted one), and the median over the tasks (bold): a task without an accepted candidate yet counts 0,
     a task that stopped earlier keeps its last value."""
     from matplotlib.ticker import MaxNLocator
 
@@ -90,7 +90,7 @@ def best_so_far_plot(series: Mapping[str, Sequence[tuple[int, float | None]]], p
     if finals and horizon:
         median = [statistics.median(col) for col in zip(*finals, strict=True)]
         ax.step(range(1, horizon + 1), median, where="post", linewidth=2.4, color="C1",
-                label=f"median over {len(finals)} tasks (no correct yet = 0)")
+                label=f"median over {len(finals)} tasks (none accepted yet = 0)")
         ax.legend(fontsize=8)
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

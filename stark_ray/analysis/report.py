@@ -58,7 +58,7 @@ def generate(path: str | Path | Location, out: str | Path | Location | None = No
                              "ORDER BY run_id, task, seq")
         devices = rows(con, "SELECT * FROM devices WHERE device <> 'unknown' ORDER BY run_id, device")
         drawn = _tree_tasks(tasks, trees)
-        nodes = rows(con, "SELECT run_id, task, seq, node_id, parent_id, agent, ok, failure, speedup FROM judged "
+        nodes = rows(con, "SELECT run_id, task, seq, node_id, parent_id, agent, accepted, failure, speedup FROM judged "
                           "ORDER BY run_id, task, seq") if drawn else []
     shapes = {key: [n for n in nodes if (n["run_id"], n["task"]) == key] for key in drawn}
     target = locate(out) if out is not None else source
@@ -112,8 +112,8 @@ def headline(s: Summary) -> list[str]:
         c = s.compile
         lines.append(f"vs torch.compile ({c.tasks} of {s.tasks} tasks measured): fast_1 {_pct(c.fast_p.get(1.0))}, "
                      f"geomean speedup {_x(c.geomean_speedup)} over successful tasks")
-    lines.append(f"{s.attempts} attempts (compile rate {_pct(s.compile_rate)}, correct rate {_pct(s.correct_rate)}), "
-                 f"{s.tokens:,} tokens, ${s.cost_usd:.2f}")
+    lines.append(f"{s.attempts} attempts (compile rate {_pct(s.compile_rate)}, passed rate {_pct(s.passed_rate)}, "
+                 f"accepted rate {_pct(s.accepted_rate)}), {s.tokens:,} tokens, ${s.cost_usd:.2f}")
     return lines
 
 
@@ -171,17 +171,18 @@ def render(r: Report, source: Path | Location, runs: Sequence[Path | Location]) 
 
 
 _DEFINITIONS = [
-    "- success: the task has a candidate that compiled, was correct, was timed and was not flagged "
-    "`suspicious`, `no_kernel` or `unordered_stream` (`EvalResult.ok`).",
+    "- success: the task has an accepted candidate: it compiled, passed the correctness checks, was timed and was "
+    "not flagged `suspicious`, `no_kernel` or `unordered_stream` (`EvalResult.accepted`).",
     "- fast_p: share of the tasks that succeed with best speedup > p; the denominator is every task of the group "
     "(against torch.compile: every task whose baseline was measured). fast_0 is the success rate.",
     "- speedup vs eager: the best candidate's reference runtime / runtime, both timed in the same run; vs "
     "torch.compile: its `ref_compile_runtime_ms` / runtime.",
     "- geomean (successful): geometric mean of the best speedup over the tasks that succeed (the headline). "
-    "geomean (all): over all tasks, a task without a correct candidate counting 1.0. speed: the paper's "
+    "geomean (all): over all tasks, a task without an accepted candidate counting 1.0. speed: the paper's "
     "arithmetic mean over the tasks that succeed.",
-    "- compile rate, correct rate: per attempt, pooled over the group (parse failures are attempts).",
-    "- first correct: the seq of a task's first correct candidate (attempts finished until then), mean / median "
+    "- compile rate, passed rate, accepted rate: per attempt, pooled over the group (parse failures are attempts): "
+    "compiled, passed the checks (flagged ones included), accepted.",
+    "- first accepted: the seq of a task's first accepted candidate (attempts finished until then), mean / median "
     "over the tasks that succeed.",
 ]
 
@@ -202,25 +203,26 @@ def _baseline_table(groups: Sequence[Summary], pick: Callable[[Summary], Baselin
 
 
 def _search_table(groups: Sequence[Summary], first: str = "group") -> list[str]:
-    lines = [f"| {first} | attempts | compile rate | correct rate | first correct (mean / median) | LLM calls | "
-             "tokens | cost (USD) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| {first} | attempts | compile rate | passed rate | accepted rate | first accepted (mean / median) | "
+             "LLM calls | tokens | cost (USD) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in groups:
-        lines.append(f"| {_cell(s.label)} | {s.attempts} | {_pct(s.compile_rate)} | {_pct(s.correct_rate)} | "
-                     f"{_num(s.first_correct_mean)} / {_num(s.first_correct_median)} | {s.llm_calls} | "
+        lines.append(f"| {_cell(s.label)} | {s.attempts} | {_pct(s.compile_rate)} | {_pct(s.passed_rate)} | "
+                     f"{_pct(s.accepted_rate)} | {_num(s.first_accepted_mean)} / {_num(s.first_accepted_median)} | "
+                     f"{s.llm_calls} | "
                      f"{s.tokens:,} | {s.cost_usd:.4f} |")
     return lines
 
 
 def _task_table(tasks: Sequence[dict[str, Any]], several_runs: bool) -> list[str]:
     head = "| run | task |" if several_runs else "| task |"
-    lines = [f"{head} level | status | success | best speedup | vs compile | attempts | first correct | tokens | "
+    lines = [f"{head} level | status | success | best speedup | vs compile | attempts | first accepted | tokens | "
              "cost (USD) |", "|---" * (11 if several_runs else 10) + "|"]
     for t in tasks:
         key = f"| {_cell(t['run_id'])} | {_cell(t['task'])} |" if several_runs else f"| {_cell(t['task'])} |"
         lines.append(f"{key} {_num(t.get('level'), '{}')} | {_cell(t.get('status') or '—')} | "
                      f"{'yes' if t.get('success') else 'no'} | {_x(t.get('best_speedup'))} | "
                      f"{_x(t.get('best_speedup_vs_compile'))} | {t.get('attempts', 0)} | "
-                     f"{_num(t.get('attempts_to_first_correct'), '{}')} | {int(t.get('tokens') or 0):,} | "
+                     f"{_num(t.get('attempts_to_first_accepted'), '{}')} | {int(t.get('tokens') or 0):,} | "
                      f"{float(t.get('cost_usd') or 0.0):.4f} |")
     return lines
 

@@ -19,8 +19,8 @@ from stark_ray.records import AGENT_DEBUG, AGENT_PLAN_CODE, AGENT_REFERENCE, AGE
 # what became of an attempt -> (legend label, colour); the order is the legend's
 OUTCOMES: dict[str, tuple[str, str]] = {
     "reference": ("reference", "#333333"),
-    "accepted": ("correct and timed", "#2ca02c"),
-    "rejected": ("correct, rejected (flag)", "#ff7f0e"),
+    "accepted": ("accepted", "#2ca02c"),
+    "rejected": ("passed the checks, rejected (flag)", "#ff7f0e"),
     "wrong": ("wrong output", "#d62728"),
     "build": ("did not parse or build", "#9e9e9e"),
     "failed": ("crashed, raised or timed out", "#9467bd"),
@@ -44,11 +44,11 @@ class PictureNode:
 
 
 def outcome_of(row: Mapping[str, Any]) -> str:
-    """A ``judged`` row's outcome: accepted (ok), rejected (correct but flagged), wrong, build (parse, compile),
+    """A ``judged`` row's outcome: accepted, rejected (passed the checks but flagged), wrong, build (parse, compile),
     failed (runtime, crash, timeout, untimed)."""
     if row.get("seq") == 0 or row.get("agent") == AGENT_REFERENCE:
         return "reference"
-    if row.get("ok"):
+    if row.get("accepted"):
         return "accepted"
     failure = str(row.get("failure") or "")
     if failure.startswith("rejected"):
@@ -61,7 +61,7 @@ def outcome_of(row: Mapping[str, Any]) -> str:
 
 
 def nodes_of(rows: Sequence[Mapping[str, Any]]) -> list[PictureNode]:
-    """One task's ``judged`` rows as picture nodes (node_id, parent_id, agent, ok, failure, speedup, seq)."""
+    """One task's ``judged`` rows as picture nodes (node_id, parent_id, agent, accepted, failure, speedup, seq)."""
     out = []
     for r in rows:
         outcome = outcome_of(r)

@@ -9,13 +9,14 @@ read through it once each and held in memory.
 Views (columns in ``TASK_COLUMNS`` and the docstrings of the SQL below):
 
 - ``attempts``, ``llm_calls``: the store's rows (``records.attempt_schema`` / ``llm_call_schema``).
-- ``judged``: every attempts row plus ``ok`` (:attr:`EvalResult.ok`: compiled, correct, timed and not flagged
-  ``suspicious``, ``no_kernel`` or ``unordered_stream``; flags are stored as one comma-separated string),
-  ``failure`` (NULL when ok, else the stage, or ``rejected: <flag>`` for a correct candidate kept off the leaderboard),
+- ``judged``: every attempts row plus ``accepted`` (:attr:`EvalResult.accepted`: compiled, passed the checks, timed
+  and not flagged ``suspicious``, ``no_kernel`` or ``unordered_stream``; flags are stored as one comma-separated
+  string), ``failure`` (NULL when accepted, else the stage, or ``rejected: <flag>`` for a candidate that passed the
+  checks but is kept off the leaderboard),
   ``speedup_vs_compile`` (the row's ``ref_compile_runtime_ms / runtime_ms``) and ``best_speedup_so_far`` (the
-  highest speedup of an ok candidate of the task up to this seq; NULL before the first one).
-- ``best``: the best candidate per (run_id, task), as the search's leaderboard ranks them: ok, not the
-  reference, highest speedup, then lowest runtime, then earliest. Tasks without a correct candidate have no row.
+  highest speedup of an accepted candidate of the task up to this seq; NULL before the first one).
+- ``best``: the best candidate per (run_id, task), as the search's leaderboard ranks them: accepted, not the
+  reference, highest speedup, then lowest runtime, then earliest. Tasks without an accepted candidate have no row.
 - ``tasks``: one row per (run_id, task), see :data:`TASK_COLUMNS`.
 - ``runs``: one row per run directory with the settings its ``run.json`` records (NULL where it has none).
 - ``devices``: one row per (run_id, device) — where attempts were evaluated (``<host>:gpu<N>`` or ``<host>:cpu``;
@@ -51,16 +52,17 @@ TASK_COLUMNS: dict[str, str] = {
     "status": "finished | interrupted | failed | capped, from the task's summary.json, else NULL",
     "ref_runtime_ms": "PyTorch eager reference runtime (seq 0's runtime_ms)",
     "ref_compile_runtime_ms": "torch.compile(reference) runtime when measured (seq 0's, else the best row's)",
-    "best_seq": "seq of the best candidate (NULL without a correct one)",
+    "best_seq": "seq of the best candidate (NULL without an accepted one)",
     "best_runtime_ms": "runtime of the best candidate",
     "best_speedup": "speedup of the best candidate vs eager (its reference timed in the same run)",
     "best_speedup_vs_compile": "the best candidate vs torch.compile, when measured",
-    "success": "a correct, timed, unflagged candidate exists (EvalResult.ok)",
+    "success": "an accepted candidate exists (EvalResult.accepted: passed the checks, timed, not flagged)",
     "attempts": "candidates evaluated (seq > 0; parse failures included, as the budget counts them)",
     "compiled_attempts": "candidates that compiled",
-    "correct_attempts": "ok candidates",
-    "rejected_attempts": "correct candidates flagged suspicious / no_kernel / unordered_stream",
-    "attempts_to_first_correct": "seq of the first ok candidate (= attempts finished until then), else NULL",
+    "passed_checks_attempts": "candidates that passed the correctness checks (accepted, flagged or untimed)",
+    "accepted_attempts": "accepted candidates",
+    "rejected_attempts": "candidates that passed the checks but are flagged suspicious / no_kernel / unordered_stream",
+    "attempts_to_first_accepted": "seq of the first accepted candidate (= attempts finished until then), else NULL",
     "llm_calls": "LLM calls recorded",
     "input_tokens": "prompt tokens (llm_calls rows; the attempts rows when a task has none)",
     "output_tokens": "completion tokens (same source)",
@@ -179,7 +181,8 @@ def _derived(con: duckdb.DuckDBPyConnection, runs: list[Location]) -> None:
 
 
 def _rejected_sql() -> str:
-    """SQL: the failure label of a correct row kept off the leaderboard by a flag (NULL when none applies)."""
+    """SQL: the failure label of a row that passed the checks but is kept off the leaderboard by a flag (NULL when
+    none applies)."""
     whens = " ".join(f"WHEN list_contains(_flags, {_literal(f)}) THEN {_literal('rejected: ' + f)}"
                      for f in REJECTING_FLAGS)
     return f"CASE {whens} END"
@@ -224,18 +227,18 @@ def _run_info(run: Location) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
 _JUDGED = """
 CREATE VIEW judged AS
 SELECT * EXCLUDE (_flags),
-       CASE WHEN ok THEN NULL
-            WHEN coalesce(correct, false) AND runtime_ms IS NOT NULL THEN coalesce({rejected}, 'rejected')
-            WHEN coalesce(correct, false) THEN 'untimed'
+       CASE WHEN accepted THEN NULL
+            WHEN coalesce(passed_checks, false) AND runtime_ms IS NOT NULL THEN coalesce({rejected}, 'rejected')
+            WHEN coalesce(passed_checks, false) THEN 'untimed'
             ELSE coalesce(stage, 'unknown') END AS failure,
        CASE WHEN runtime_ms > 0 THEN ref_compile_runtime_ms / runtime_ms END AS speedup_vs_compile,
-       max(CASE WHEN ok AND seq > 0 THEN speedup END)
+       max(CASE WHEN accepted AND seq > 0 THEN speedup END)
            OVER (PARTITION BY run_id, task ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
            AS best_speedup_so_far
 FROM (
     SELECT *,
-           coalesce(compiled, false) AND coalesce(correct, false) AND runtime_ms IS NOT NULL
-               AND NOT list_has_any(_flags, {flags}) AS ok
+           coalesce(compiled, false) AND coalesce(passed_checks, false) AND runtime_ms IS NOT NULL
+               AND NOT list_has_any(_flags, {flags}) AS accepted
     FROM (SELECT *, string_split(coalesce(flags, ''), ',') AS _flags FROM attempts)
 )
 """.replace("{flags}", "[" + ", ".join(_literal(f) for f in REJECTING_FLAGS) + "]")
@@ -245,7 +248,7 @@ CREATE VIEW best AS
 SELECT * EXCLUDE (_rank) FROM (
     SELECT *, row_number() OVER (PARTITION BY run_id, task
                                  ORDER BY speedup DESC NULLS LAST, runtime_ms ASC NULLS LAST, seq) AS _rank
-    FROM judged WHERE ok AND seq > 0
+    FROM judged WHERE accepted AND seq > 0
 ) WHERE _rank = 1
 """
 
@@ -259,9 +262,10 @@ WITH ref AS (
     SELECT run_id, task,
            count(*) FILTER (WHERE seq > 0) AS attempts,
            count(*) FILTER (WHERE seq > 0 AND coalesce(compiled, false)) AS compiled_attempts,
-           count(*) FILTER (WHERE seq > 0 AND ok) AS correct_attempts,
+           count(*) FILTER (WHERE seq > 0 AND coalesce(passed_checks, false)) AS passed_checks_attempts,
+           count(*) FILTER (WHERE seq > 0 AND accepted) AS accepted_attempts,
            count(*) FILTER (WHERE seq > 0 AND failure LIKE 'rejected%') AS rejected_attempts,
-           min(seq) FILTER (WHERE seq > 0 AND ok) AS attempts_to_first_correct,
+           min(seq) FILTER (WHERE seq > 0 AND accepted) AS attempts_to_first_accepted,
            sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens, sum(cost_usd) AS cost_usd
     FROM judged GROUP BY run_id, task
 ), calls AS (
@@ -285,9 +289,10 @@ SELECT k.run_id, k.task,
        b.seq IS NOT NULL AS success,
        coalesce(c.attempts, 0) AS attempts,
        coalesce(c.compiled_attempts, 0) AS compiled_attempts,
-       coalesce(c.correct_attempts, 0) AS correct_attempts,
+       coalesce(c.passed_checks_attempts, 0) AS passed_checks_attempts,
+       coalesce(c.accepted_attempts, 0) AS accepted_attempts,
        coalesce(c.rejected_attempts, 0) AS rejected_attempts,
-       c.attempts_to_first_correct,
+       c.attempts_to_first_accepted,
        coalesce(calls.llm_calls, 0) AS llm_calls,
        CAST(CASE WHEN calls.llm_calls > 0 THEN calls.input_tokens ELSE coalesce(c.input_tokens, 0) END AS BIGINT)
            AS input_tokens,

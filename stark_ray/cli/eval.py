@@ -48,7 +48,7 @@ def eval_candidate(
     memory_budget: MemoryBudget = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a report.")] = False,
 ) -> None:
-    """Compile, check and time one candidate against the task's reference. Exit 0 when it is correct."""
+    """Compile, check and time one candidate against the task's reference. Exit 0 when it is accepted."""
     import json
     from dataclasses import asdict
 
@@ -86,11 +86,11 @@ def eval_candidate(
         result = service.evaluate(the_task, source)
     result = named_as(result, candidate.name)
     if as_json:
-        typer.echo(json.dumps({**asdict(result), "ok": result.ok, "task": the_task.name, "backend": backend,
+        typer.echo(json.dumps({**asdict(result), "accepted": result.accepted, "task": the_task.name, "backend": backend,
                                "candidate": str(candidate), "reference_alone_ms": reference.runtime_ms}))
     else:
         typer.echo(eval_report(the_task.name, candidate.name, result))
-    raise typer.Exit(0 if result.ok else 1)
+    raise typer.Exit(0 if result.accepted else 1)
 
 
 _IMPORTED_AS = re.compile(r"\bcandidate\.py\b")  # the name the evaluator imports every candidate under
@@ -108,8 +108,8 @@ def named_as(result: EvalResult, file_name: str) -> EvalResult:
 def eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str:
     from stark_ray.eval.noise import interval, is_noisy
 
-    verdict = "correct" if result.ok else (
-        f"REJECTED ({', '.join(result.flags)})" if result.correct else f"FAILED at {result.stage}")
+    verdict = "accepted" if result.accepted else (
+        f"REJECTED ({', '.join(result.flags)})" if result.passed_checks else f"FAILED at {result.stage}")
     lines = [f"{task_name}: {candidate_name}: {verdict}"]
     if result.runtime_ms is not None and result.ref_runtime_ms is not None:
         known = "" if result.speedup_err is None else f" {interval(result.speedup_err)} (95%)"

@@ -22,11 +22,11 @@ from stark_ray.search.tree import Tree
 def describe(node: Node) -> str:
     """One line of rich markup; everything that comes from a compiler, a model or a candidate is escaped."""
     r = node.result
-    if node.correct:
+    if node.accepted:
         if not r.speedup:
-            return "[green]correct[/]"
+            return "[green]accepted[/]"
         noisy = known(r.speedup_err) if is_noisy(r.speedup_err) else ""
-        return f"[green]correct[/] {r.runtime_ms:.3f} ms, {r.speedup:.2f}×{noisy}"
+        return f"[green]accepted[/] {r.runtime_ms:.3f} ms, {r.speedup:.2f}×{noisy}"
     flags = escape(f" [{', '.join(r.flags)}]") if r.flags else ""
     first = (r.error or "").splitlines()[0][:110] if r.error else ""
     return f"[red]{r.stage}[/]{flags}: {escape(first)}"
@@ -107,13 +107,13 @@ class RichReporter(Reporter):
         self.progress.stop()
         if summary.status != "finished":
             self.console.print(f"[bold yellow]run {summary.status}[/] after {summary.attempts} attempts")
-        if summary.best_correct:
+        if summary.success:
             self.console.print(
                 f"[bold green]best[/]: node {summary.best_node}, {summary.best_runtime_ms:.3f} ms vs "
                 f"reference {summary.best_ref_runtime_ms:.3f} ms timed beside it in the same evaluation = "
                 f"[bold]{summary.best_speedup:.2f}×[/]{known(summary.best_speedup_err)}")
         else:
-            self.console.print("[bold red]no correct candidate[/] in this run")
+            self.console.print("[bold red]no accepted candidate[/] in this run")
         self.console.print(
             f"{summary.attempts} attempts, {summary.failures} failed, {summary.llm_calls} LLM calls, "
             f"{summary.tokens['input'] + summary.tokens['output']} tokens, ${summary.cost:.4f}; "
@@ -153,10 +153,10 @@ class CampaignReporter(Reporter):
 
         table = Table.grid(padding=(0, 2))
         queued = stats["tasks"] - stats["running"] - stats["done"]
-        rate = stats["correct"] / stats["attempts"] if stats["attempts"] else 0.0
+        rate = stats["accepted"] / stats["attempts"] if stats["attempts"] else 0.0
         table.add_row("tasks", f"{stats['done']} done, {stats['running']} running, {max(queued, 0)} queued "
                                f"of {stats['tasks']}")
-        table.add_row("attempts", f"{stats['attempts']} ({100 * rate:.0f}% correct)")
+        table.add_row("attempts", f"{stats['attempts']} ({100 * rate:.0f}% accepted)")
         best = sorted(((s, n) for n, s in stats["best"].items() if s), reverse=True)[:5]
         table.add_row("best", ", ".join(f"{escape(n)} {s:.2f}×" for s, n in best) or "—")
         table.add_row("spent", f"{stats['tokens']} tokens, ${stats['cost']:.4f}")
@@ -172,7 +172,7 @@ class CampaignReporter(Reporter):
         self.live.update(table)
 
     def finish(self, summary: RunSummary) -> None:
-        speedup = f"{summary.best_speedup:.2f}×" if summary.best_speedup else "no correct candidate"
+        speedup = f"{summary.best_speedup:.2f}×" if summary.best_speedup else "no accepted candidate"
         self.live.console.print(f"[bold]{escape(summary.task)}[/]: {summary.status}, {summary.attempts} attempts, "
                                 f"best {speedup}, ${summary.cost:.4f}{replay_note(summary.replay_mismatches)}")
 

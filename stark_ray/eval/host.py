@@ -246,7 +246,7 @@ class CandidateHost:
         if len(timings) > 2:
             compiled_ms = timings[2].stats.median
             log += f"\ntorch.compile baseline: {timings[2].stats.describe()}"
-        result = EvalResult(compiled=True, correct=True, runtime_ms=stats.median, ref_runtime_ms=stats.median,
+        result = EvalResult(compiled=True, passed_checks=True, runtime_ms=stats.median, ref_runtime_ms=stats.median,
                             speedup=1.0, stage=STAGE_OK, log=log, ref_compile_runtime_ms=compiled_ms,
                             runtime_cv=stats.cv, ref_runtime_cv=stats.cv)
         return {"result": asdict(result)}

@@ -487,7 +487,7 @@ class _Candidate:
         flags = [f for f in WORKER_FLAGS if f in timed.get("flags", [])]
         worker_log = [f"worker: {str(line)[:300]}" for line in timed.get("log", [])][:20]
         if "rejected" in timed:
-            return EvalResult(correct=True, stage=STAGE_OK, error=str(timed.get("error", ""))[:300], flags=flags,
+            return EvalResult(passed_checks=True, stage=STAGE_OK, error=str(timed.get("error", ""))[:300], flags=flags,
                               log=excerpt("\n".join([checks, *notes, *worker_log])), **base)
         try:
             timing = measured(timed)
@@ -516,7 +516,7 @@ class _Candidate:
                 batch.release()
             self.lap("confirmation")
             if confirmation.problem:
-                raise Decided(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
+                raise Decided(EvalResult(passed_checks=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
                                        log=excerpt("\n".join(log)), **base), recycle=True)
             log.append(confirmation.note)
             if not confirmation.confirmed:
@@ -527,7 +527,7 @@ class _Candidate:
         warnings = str(loaded.get("warnings") or "")
         if warnings:
             log.append(warnings)
-        return EvalResult(correct=True, runtime_ms=new_ms, ref_runtime_ms=ref_ms, speedup=speedup, stage=STAGE_OK,
+        return EvalResult(passed_checks=True, runtime_ms=new_ms, ref_runtime_ms=ref_ms, speedup=speedup, stage=STAGE_OK,
                           log=excerpt("\n".join(log)), flags=flags, error="; ".join(rejected) or None,
                           ref_compile_runtime_ms=compiled_ms, runtime_cv=new_cv, ref_runtime_cv=ref_cv,
                           speedup_err=timing.error if math.isfinite(timing.error) else None, **base)
@@ -540,7 +540,7 @@ class _Candidate:
         if not isinstance(timed, dict):
             raise Decided(protocol_broken("no answer to time"), recycle=True)
         if "mismatch" in timed:
-            raise Decided(EvalResult(correct=False, stage=STAGE_CORRECTNESS, error=str(timed["mismatch"])[:300],
+            raise Decided(EvalResult(passed_checks=False, stage=STAGE_CORRECTNESS, error=str(timed["mismatch"])[:300],
                                    **base), recycle=True)
         return timed
 

@@ -249,7 +249,7 @@ class EvalService:
         outcome = self._on_device(self._request(MODE_REFERENCE, task, cfg), cfg)
         result = outcome_to_result(outcome, judge_limits(cfg), "judge")
         result.device = self.device_label
-        if not result.ok:
+        if not result.accepted:
             error = result.error or "unknown failure"
             if "task_error" not in result.flags:
                 error = f"task {task.name}: reference {error}"

@@ -81,7 +81,7 @@ class WorkerBatch:
             raise Decided(protocol_broken("no answer to go"), recycle=True)
         synchronize(task)
         if digests(self.box.slot_buffers) != done["digests"]:
-            raise Decided(EvalResult(compiled=True, correct=True, stage=STAGE_OK, flags=["suspicious"],
+            raise Decided(EvalResult(compiled=True, passed_checks=True, stage=STAGE_OK, flags=["suspicious"],
                                      error="suspicious: the worker answered before its outputs were final"),
                           recycle=True)
         if packed.changed(sets):

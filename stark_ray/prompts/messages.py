@@ -70,7 +70,7 @@ def debug_messages(task: TaskInfo, node: Node, window: list[Node], window_chars:
 
 def single_job(node: Node) -> str:
     r = node.result
-    if node.is_root or r.ok:
+    if node.is_root or r.accepted:
         return f"Make candidate {node.id} faster with one coherent optimization."
     log = excerpt(r.log, DEBUG_LOG_CHARS).strip()
     parts = [f"Candidate {node.id} failed at stage {r.stage!r}: {(r.error or 'no error message').strip()}",

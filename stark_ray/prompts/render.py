@@ -82,7 +82,7 @@ def describe_result(node: Node) -> str:
     if node.is_root or node.agent == AGENT_REFERENCE:
         line = (f"Result: the reference (PyTorch), runtime {_fmt_ms(r.runtime_ms)}{_spread(r.runtime_cv)}, timed "
                 "alone at the start (each candidate is timed beside the reference again, in its own evaluation)")
-    elif r.ok:
+    elif r.accepted:
         line = f"Result: correct; runtime {_fmt_ms(r.runtime_ms)}{_spread(r.runtime_cv)}"
         if r.ref_runtime_ms is not None:
             line += f", the reference {_fmt_ms(r.ref_runtime_ms)}{_spread(r.ref_runtime_cv)} beside it"
@@ -132,7 +132,7 @@ def render_node(node: Node, *, level: int = FULL, parent_source: str | None = No
         parts.append(f"Instruction: {clip(node.instruction, _INSTRUCTION_CHARS[level])}")
     parts.append(describe_result(node))
     log_chars = 0 if code_elsewhere else _LOG_CHARS[level]
-    if log_chars and not node.result.ok and node.result.log.strip():
+    if log_chars and not node.result.accepted and node.result.log.strip():
         parts.append(f"Log excerpt:\n{fenced(excerpt(node.result.log, log_chars), 'text')}")
     if level != BRIEF:
         parts.append(_code_part(node, parent_source, code_elsewhere))
@@ -142,7 +142,7 @@ def render_node(node: Node, *, level: int = FULL, parent_source: str | None = No
 def _priority(others: list[Node], selected: Node) -> list[Node]:
     def key(item: tuple[int, Node]) -> tuple[int, int, float, int]:
         index, n = item
-        return (0 if n.parent == selected.id else 1, 0 if n.correct else 1, n.score if n.correct else 0.0,
+        return (0 if n.parent == selected.id else 1, 0 if n.accepted else 1, n.score if n.accepted else 0.0,
                 index)
 
     return [n for _, n in sorted(enumerate(others), key=key)]

@@ -58,7 +58,7 @@ class RunMirror:
             self.usage[name].add(u)
         best_id = self.best[name]
         # the leaderboard's first: the best only changes when a node just attached beats it
-        best = min((n for n in attached if n.correct), key=lambda n: (n.score, n.id), default=None)
+        best = min((n for n in attached if n.accepted), key=lambda n: (n.score, n.id), default=None)
         if best is not None and (best_id is None or (best.score, best.id) < (tree[best_id].score, best_id)):
             self.best[name] = best.id
             try:
@@ -79,12 +79,12 @@ class RunMirror:
         write_task_end(task_dir(self.dir, name, len(self.names)), tree, summary)
 
     def status(self, running: set[str], budget: int, capped: set[str]) -> dict[str, Any]:
-        """The live view's figures on the trees: tasks done and running, attempts, correct ones, best speedups."""
+        """The live view's figures on the trees: tasks done and running, attempts, accepted ones, best speedups."""
         trees = self.trees
         return {
             "tasks": len(self.names), "running": len(running),
             "done": sum(1 for n, t in trees.items() if n not in running and (t.evaluated >= budget or n in capped)),
             "attempts": sum(t.evaluated for t in trees.values()),
-            "correct": sum(1 for t in trees.values() for n in t if n.correct and not n.is_root),
+            "accepted": sum(1 for t in trees.values() for n in t if n.accepted and not n.is_root),
             "best": {n: b.result.speedup for n, t in trees.items() if (b := t.best()) is not None},
         }

@@ -20,7 +20,7 @@ class RunSummary:
     status: str  # finished | interrupted | failed
     attempts: int
     budget: int
-    best_correct: bool
+    success: bool  # an accepted candidate exists (the best one below)
     best_speedup: float | None
     best_node: int | None
     best_runtime_ms: float | None
@@ -43,13 +43,13 @@ def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, bu
     best = tree.best()
     return RunSummary(
         task=task, run_id=run_id, run_dir=run_dir, status=status, attempts=tree.evaluated,
-        budget=budget, best_correct=best is not None,
+        budget=budget, success=best is not None,
         best_speedup=best.result.speedup if best else None, best_node=best.id if best else None,
         best_runtime_ms=best.result.runtime_ms if best else None,
         best_ref_runtime_ms=best.result.ref_runtime_ms if best else None,
         best_speedup_err=best.result.speedup_err if best else None,
         ref_runtime_ms=tree.root.result.runtime_ms, failures=tree.failures(),
-        failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.correct)),
+        failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.accepted)),
         tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
         llm_calls=usage.calls, wall_s=round(wall_s, 2), settings=settings,
         replay_mismatches=usage.replay_mismatches,

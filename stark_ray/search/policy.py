@@ -29,12 +29,12 @@ class Policy(Protocol):
 
 
 def repairable(tree: Tree, node: Node, max_debug_chain: int) -> bool:
-    return (not node.correct and not node.is_root and tree.has_candidate(node)
+    return (not node.accepted and not node.is_root and tree.has_candidate(node)
             and tree.debug_chain(node.id) < max_debug_chain)
 
 
 def is_dead(tree: Tree, node: Node, n_child: int) -> bool:
-    return not node.is_root and len(node.children) > n_child and not any(d.correct for d in tree.descendants(node.id))
+    return not node.is_root and len(node.children) > n_child and not any(d.accepted for d in tree.descendants(node.id))
 
 
 def pruned_nodes(tree: Tree, n_child: int) -> frozenset[int]:
@@ -48,7 +48,7 @@ def pruned_nodes(tree: Tree, n_child: int) -> frozenset[int]:
         stack.extend(tree[c] for c in node.children)
     correct_below: dict[int, bool] = {}  # any correct node strictly below
     for node in reversed(order):
-        correct_below[node.id] = any(tree[c].correct or correct_below[c] for c in node.children)
+        correct_below[node.id] = any(tree[c].accepted or correct_below[c] for c in node.children)
     out: set[int] = set()
     for node in order:
         if (node.parent is not None and node.parent in out) or (
@@ -71,14 +71,14 @@ class Rules:
     def selectable(self, tree: Tree, node: Node) -> bool:
         if node.is_root and len(node.children) >= self.n_root:
             return False
-        if not (node.correct or repairable(tree, node, self.max_debug_chain)):
+        if not (node.accepted or repairable(tree, node, self.max_debug_chain)):
             return False
         return not self.pruned(tree, node)
 
     def expandable_leaves(self, tree: Tree, busy: Collection[int] = ()) -> list[Node]:
         return [n for n in self._selectable(tree)[0] if n.id not in busy]
 
-    def best_correct(self, tree: Tree, busy: Collection[int] = ()) -> Node | None:
+    def best_accepted(self, tree: Tree, busy: Collection[int] = ()) -> Node | None:
         """The best-scoring (fastest relative to the reference) selectable correct node; the reference competes
         with a score of 1."""
         return next((n for n in self._selectable(tree)[1] if n.id not in busy), None)
@@ -87,7 +87,7 @@ class Rules:
         """(selectable leaves in tree order, selectable correct nodes best first), kept until the tree grows."""
         def compute(t: Tree) -> tuple[list[Node], list[Node]]:
             leaves = [n for n in t.leaves() if self.selectable(t, n)]
-            correct = sorted((n for n in t if n.correct and self.selectable(t, n)), key=lambda n: (n.score, n.id))
+            correct = sorted((n for n in t if n.accepted and self.selectable(t, n)), key=lambda n: (n.score, n.id))
             return leaves, correct
 
         return tree.memo(("selectable", self.n_root, self.n_child, self.max_debug_chain), compute)
@@ -106,7 +106,7 @@ class EpsilonGreedy:
         # two draws whatever the tree (each selection has a random state of its own: search.memory.selection_rng)
         explore, pick = rng.random() < self.epsilon, rng.random()
         leaves = self.rules.expandable_leaves(tree, busy)
-        best = self.rules.best_correct(tree, busy)
+        best = self.rules.best_accepted(tree, busy)
         if explore and leaves:
             return leaves[int(pick * len(leaves))]
         if best is not None:

@@ -64,7 +64,7 @@ class StarkTeam(_Members):
     """Plan agent + code agent for correct nodes, debug agent for failed ones."""
 
     def request(self, tree: Tree, node: Node) -> Request:
-        if node.correct:
+        if node.accepted:
             return Request(node, MODE_IMPROVE, AGENT_PLAN_CODE, {"plan": self.window("plan", tree, node),
                                                                  "code": self.window("code", tree, node)})
         return Request(node, MODE_REPAIR, AGENT_DEBUG, {"debug": self.window("debug", tree, node)})
@@ -84,8 +84,8 @@ class SingleAgentTeam(_Members):
     ``feedback=False`` (``--policy best_of_k``) it is KernelBench's sampling agent: independent samples."""
 
     def request(self, tree: Tree, node: Node) -> Request:
-        mode = MODE_IMPROVE if node.correct else MODE_REPAIR
-        role = "plan" if node.correct else "debug"
+        mode = MODE_IMPROVE if node.accepted else MODE_REPAIR
+        role = "plan" if node.accepted else "debug"
         return Request(node, mode, AGENT_SINGLE, {"single": self.window(role, tree, node)})
 
     def run(self, request: Request) -> AgentResult:

@@ -111,14 +111,14 @@ class Tree:
         """How many repairs in a row led to this node. A node whose parent failed is a repair (the search only
         ever repairs failed nodes), whichever agent wrote it: the debug agent or the single agent."""
         count, node = 0, self.nodes[node_id]
-        while node.parent is not None and not self.nodes[node.parent].correct:
+        while node.parent is not None and not self.nodes[node.parent].accepted:
             count += 1
             node = self.nodes[node.parent]
         return count
 
     def leaderboard(self, r: int | None = None) -> list[Node]:
         """The correct candidates (the reference excluded), best score (highest speedup) first; ties by age."""
-        board = sorted((n for n in self.nodes.values() if n.correct and not n.is_root),
+        board = sorted((n for n in self.nodes.values() if n.accepted and not n.is_root),
                        key=lambda n: (n.score, n.id))
         return board if r is None else board[:r]
 
@@ -127,7 +127,7 @@ class Tree:
         return board[0] if board else None
 
     def failures(self) -> int:
-        return sum(1 for n in self.nodes.values() if not n.is_root and not n.correct)
+        return sum(1 for n in self.nodes.values() if not n.is_root and not n.accepted)
 
     def has_candidate(self, node: Node) -> bool:
         return node.result.stage != STAGE_PARSE and bool(node.source)

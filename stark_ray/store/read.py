@@ -2,7 +2,8 @@
 
 Only complete part files are read: ``<run_dir>/<table>/*/part-*.parquet`` (temporary ``.part-*.tmp`` files never
 match). :func:`attempt_rows`, :func:`call_rows` and :func:`rebuild` read them with ``pyarrow.dataset`` (what a
-resume needs, without DuckDB); a column a file lacks (written by an older version) reads as null.
+resume needs, without DuckDB); a column a file lacks (written by an older version) reads as null, or as its old
+name's values where it was renamed (``records.RENAMED_COLUMNS``).
 ``connect(run_dir)`` gives DuckDB views ``attempts`` and ``llm_calls`` over the same files. A table without files
 yet is an empty view with the schema's columns. Local directories (and ``file://`` URIs) are read by DuckDB
 itself, live; on other filesystems the part files are read once through ``pyarrow.dataset`` and registered.
@@ -21,9 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from stark_ray.records import RENAMED_COLUMNS
 from stark_ray.search.tree import Tree
 from stark_ray.store.location import Location, locate
 from stark_ray.store.parquet import PART_RE
@@ -126,16 +129,37 @@ def _create_view(con: duckdb.DuckDBPyConnection, table_loc: Location, table: str
         pattern = _sql_string(str(Path(table_loc.path) / "*" / "part-*.parquet"))
         source = f"read_parquet({pattern}, union_by_name = true, hive_partitioning = false)"
         present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        # a run written before a column existed reads it as NULL
-        columns = ", ".join(f'"{f.name}"' if f.name in present else f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"'
-                            for f in schema)
+        columns = ", ".join(_column_sql(f, present, RENAMED_COLUMNS.get(table, {}).get(f.name)) for f in schema)
         con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM {source}")
         return
     paths = [] if table_loc.fs is None else _fs_parts(table_loc)
-    data = (ds.dataset(paths, schema=schema, format="parquet", filesystem=table_loc.fs).to_table()
-            if paths else schema.empty_table())
+    data = _read_parts(paths, table, schema, table_loc.fs) if paths else schema.empty_table()
     con.register(f"_arrow_{table}", data)
     con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM _arrow_{table}")
+
+
+def _column_sql(f: pa.Field, present: set[str], old: str | None) -> str:
+    """A view's column: itself; for a renamed one, its old name's values where a file has only those; NULL in a
+    run written before the column existed."""
+    if old is not None and old in present:
+        return f'coalesce("{f.name}", "{old}") AS "{f.name}"' if f.name in present else f'"{old}" AS "{f.name}"'
+    return f'"{f.name}"' if f.name in present else f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"'
+
+
+def _read_parts(paths: list[str], table: str, schema: pa.Schema, filesystem: pafs.FileSystem | None,
+                columns: list[str] | None = None, task: str | None = None) -> pa.Table:
+    """The part files as one table of ``schema``'s columns (or ``columns``): nulls where a file lacks one, its old
+    name's values for a renamed one (``RENAMED_COLUMNS``)."""
+    renamed = {new: old for new, old in RENAMED_COLUMNS.get(table, {}).items() if columns is None or new in columns}
+    full = pa.schema([*schema, *(pa.field(old, schema.field(new).type) for new, old in renamed.items())])
+    wanted = None if columns is None else [*columns, *renamed.values()]
+    data = ds.dataset(paths, schema=full, format="parquet", filesystem=filesystem).to_table(
+        columns=wanted, filter=None if task is None else ds.field("task") == task)
+    for new, old in renamed.items():
+        i = data.schema.get_field_index(new)
+        data = data.set_column(i, new, pc.coalesce(data[new], data[old]))
+        data = data.drop_columns([old])
+    return data
 
 
 def _duck_type(t: pa.DataType) -> str:
@@ -174,8 +198,7 @@ def _table(loc: Location, table: str, task: str | None, columns: list[str] | Non
     paths = _local_parts(Path(table_loc.path)) if table_loc.fs is None else _fs_parts(table_loc)
     if not paths:
         return schema.empty_table().select(columns or schema.names)
-    data = ds.dataset(paths, schema=schema, format="parquet", filesystem=table_loc.fs)
-    return data.to_table(columns=columns, filter=None if task is None else ds.field("task") == task)
+    return _read_parts(paths, table, schema, table_loc.fs, columns, task)
 
 
 def _local_parts(table_dir: Path) -> list[str]:
