@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from stark_ray.eval.backends import available_backends, known_backend
 from stark_ray.search.policy import POLICY_FACTORIES
 
 ABLATIONS = ("none", "search_agent", "ma_only")
-BACKENDS = ("cpu_cpp", "cuda", "cuda_nvrtc", "triton")
 PROVIDERS = ("openai", "anthropic", "replay")
 
 # USD per million tokens (input, output). Overridable with AgentConfig.prices. A model missing here costs 0.
@@ -155,8 +155,8 @@ class EvalConfig:
             object.__setattr__(self, "isolate", "on" if self.isolate else "off")
         if self.isolate not in ISOLATE_MODES:
             raise ValueError(f"unknown isolate mode {self.isolate!r}; choose one of {', '.join(ISOLATE_MODES)}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if not known_backend(self.backend):
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(available_backends())}")
         if self.tolerance not in TOLERANCES:
             raise ValueError(f"unknown tolerance {self.tolerance!r}; choose one of {', '.join(TOLERANCES)}")
         if self.baseline not in BASELINES:

@@ -21,7 +21,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from stark_ray.config import BACKENDS
+from stark_ray.eval.backends import available_backends, get_backend
+from stark_ray.eval.backends.requirements import (
+    CUDA_MATCH,
+    CXX,
+    DRIVER,
+    GPU,
+    ISOLATION,
+    KEYS,
+    NINJA,
+    NVCC,
+    NVRTC,
+    RAY,
+    TORCH_CUDA,
+    TRITON,
+    WORKER_ENV,
+)
 
 Status = Literal["ok", "warn", "missing"]
 
@@ -30,15 +45,6 @@ PACKAGES_TIMEOUT_S = 90.0  # importing torch, triton and ray (slow on a cold fil
 DEVICES_TIMEOUT_S = 45.0  # torch.cuda: a hung driver ends here
 _MARK = "@@stark-doctor@@"
 
-NVCC, NINJA, CXX, DRIVER, TORCH_CUDA, GPU, CUDA_MATCH, NVRTC, TRITON, RAY, KEYS, WORKER_ENV, ISOLATION = (
-    "nvcc", "ninja", "C++ compiler", "driver", "torch CUDA", "GPU", "CUDA match", "NVRTC", "Triton", "Ray",
-    "API keys", "worker env", "isolation")
-NEEDS: dict[str, tuple[str, ...]] = {
-    "cpu_cpp": (CXX, NINJA),
-    "cuda": (NVCC, NINJA, CXX, GPU, DRIVER, TORCH_CUDA, CUDA_MATCH),
-    "cuda_nvrtc": (GPU, TORCH_CUDA, NVRTC),
-    "triton": (TRITON, GPU),  # no GPU needed with TRITON_INTERPRET=1
-}
 _CUDA_WHEELS = "install a CUDA build of torch (the cuXYZ wheel index for your CUDA: pytorch.org/get-started/locally)"
 
 _PACKAGES_PROBE = f"""
@@ -348,8 +354,8 @@ def check_isolation() -> Check:
 
 def diagnose(backend: str | None = None) -> Report:
     """Run every check; ``backend`` None picks cuda when torch sees a CUDA GPU, else cpu_cpp."""
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend is not None and backend not in available_backends():
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(available_backends())}")
     with ThreadPoolExecutor(max_workers=5) as pool:
         packages_f = pool.submit(_python_probe, _PACKAGES_PROBE, PACKAGES_TIMEOUT_S)
         nvcc_f, smi_f = pool.submit(check_nvcc), pool.submit(nvidia_smi)
@@ -383,7 +389,5 @@ def diagnose(backend: str | None = None) -> Report:
         check_worker_env(),
         check_isolation(),
     ]
-    needs = set(NEEDS.get(backend, ()))
-    if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
-        needs.discard(GPU)
+    needs = set(get_backend(backend).needs())  # what the backend says it needs here
     return Report(backend, reason, [replace(c, needed=c.name in needs) for c in checks])

@@ -12,9 +12,10 @@ from stark_ray.agents import plan as plan_agent
 from stark_ray.agents import single as single_agent
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.config import AgentConfig
+from stark_ray.eval.backends import BUILT_IN, backend_class
 from stark_ray.llm.base import Completion, LLMClient, LLMError, LLMRequest
 from stark_ray.prompts.anchors import insert_anchors
-from stark_ray.prompts.loader import ROLES, TARGETS, load, placeholders, system_prompt
+from stark_ray.prompts.loader import ROLES, load, placeholders, system_prompt
 from stark_ray.prompts.parser import extract_code
 from stark_ray.prompts.render import render_window
 from stark_ray.records import (
@@ -321,12 +322,12 @@ def test_code_agent_needs_a_valid_plan() -> None:
 
 
 # --- prompts -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", sorted(TARGETS))
+@pytest.mark.parametrize("backend", sorted(BUILT_IN))
 @pytest.mark.parametrize("role", ROLES)
 def test_system_prompts_render_for_every_role_and_backend(role: str, backend: str) -> None:
     text = system_prompt(role, backend)
     assert "{{" not in text and "class ModelNew(nn.Module)" in text
-    example = extract_code(load(f"backend_{backend}"))
+    example = extract_code(backend_class(backend).prompt_section())
     assert example.ok and example.warnings == ()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stark_ray import doctor
-from stark_ray.config import BACKENDS
+from stark_ray.eval.backends import BUILT_IN, backend_class, get_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "sk-test-Zq8vW3xK9pL2mN7rT4yU"
@@ -106,7 +106,7 @@ def test_json_lists_every_check() -> None:
     assert SECRET not in proc.stdout
     assert [set(c) for c in checks] == [{"name", "status", "detail", "fix", "needed"}] * len(checks)
     assert {c["status"] for c in checks} <= {"ok", "warn", "missing"}
-    assert {c["name"] for c in checks if c["needed"]} == set(doctor.NEEDS["cuda_nvrtc"])
+    assert {c["name"] for c in checks if c["needed"]} == set(backend_class("cuda_nvrtc").requirements)
     missing = any(c["needed"] and c["status"] == "missing" for c in checks)
     assert proc.returncode == (1 if missing else 0)
 
@@ -116,7 +116,7 @@ def test_bad_backend_is_one_line_and_exit_2() -> None:
     assert proc.returncode == 2 and proc.stdout == ""
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: unknown backend 'opencl'")
-    assert all(b in lines[0] for b in BACKENDS)
+    assert all(b in lines[0] for b in BUILT_IN)
 
 
 def test_nvcc_not_on_path_is_missing_with_a_fix(tmp_path: Path) -> None:
@@ -133,8 +133,16 @@ def test_nvcc_not_on_path_is_missing_with_a_fix(tmp_path: Path) -> None:
 # the probes, in this process, against fake tools
 
 
-def test_every_backend_has_its_needs() -> None:
-    assert set(doctor.NEEDS) == set(BACKENDS)
+def test_every_backend_needs_checks_the_doctor_makes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stark_ray.eval.backends import requirements
+
+    checks = {v for k, v in vars(requirements).items() if k.isupper()}
+    for name in BUILT_IN:
+        assert backend_class(name).requirements and set(backend_class(name).requirements) <= checks, name
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert requirements.GPU not in get_backend("triton").needs()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert requirements.GPU in get_backend("triton").needs()
     with pytest.raises(ValueError, match="unknown backend"):
         doctor.diagnose("opencl")
 

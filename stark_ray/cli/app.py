@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from stark_ray.config import BACKENDS, AgentConfig, EvalConfig, SearchConfig
+from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+from stark_ray.eval.backends import available_backends
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="STARK on Ray: LLM agents that search for faster GPU kernels.")
@@ -21,7 +22,7 @@ EXIT_USAGE = 2  # bad task file, bad settings, missing key
 SEARCH, AGENTS, EVAL = SearchConfig(), AgentConfig(), EvalConfig()
 
 # The evaluator's options, as `stark optimize` and `stark eval` both take them (defaults: EVAL's fields)
-Backend = Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(BACKENDS)}")]
+Backend = Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(available_backends())}")]
 Trials = Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")]
 Baseline = Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")]
 Tolerance = Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")]

@@ -12,7 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from stark_ray.cli.app import AGENTS, EVAL, SEARCH, app, err, fail
-from stark_ray.config import ABLATIONS, BACKENDS, TOLERANCES, AgentConfig, EvalConfig, SearchConfig
+from stark_ray.config import ABLATIONS, TOLERANCES, AgentConfig, EvalConfig, SearchConfig
+from stark_ray.eval.backends import available_backends
 from stark_ray.search.policy import POLICIES
 
 _S, _A, _E = SEARCH, AGENTS, EVAL  # the defaults the help shows (defined in config.py, once)
@@ -58,7 +59,8 @@ def campaign(
     window_chars: Annotated[int | None, typer.Option(help="Size limit of one context window in a prompt "
                                                           f"(default: {_S.window_chars}).")] = None,
     timeout: Annotated[float | None, typer.Option(help=f"Seconds per LLM call (default: {_A.timeout_s:g}).")] = None,
-    backend: Annotated[str | None, typer.Option(help=f"{' | '.join(BACKENDS)} (default: {_E.backend}).")] = None,
+    backend: Annotated[str | None, typer.Option(help=f"{' | '.join(available_backends())} "
+                                                     f"(default: {_E.backend}).")] = None,
     baseline: Annotated[str | None, typer.Option(help=f"eager | compile (default: {_E.baseline}).")] = None,
     tolerance: Annotated[str | None, typer.Option(help=f"{' | '.join(TOLERANCES)} (kernelbench: atol=rtol=1e-2) "
                                                        f"(default: {_E.tolerance}).")] = None,

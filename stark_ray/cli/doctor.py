@@ -7,13 +7,14 @@ from typing import Annotated
 import typer
 
 from stark_ray.cli.app import app, fail
-from stark_ray.config import BACKENDS
+from stark_ray.eval.backends import available_backends
 
 
 @app.command()
 def doctor(
-    backend: Annotated[str | None, typer.Option(help=f"Check what this backend needs: {' | '.join(BACKENDS)} "
-                                                     "(default: cuda when a GPU is visible, else cpu_cpp).")] = None,
+    backend: Annotated[str | None, typer.Option(help="Check what this backend needs: "
+                                                     f"{' | '.join(available_backends())} (default: cuda when a GPU "
+                                                     "is visible, else cpu_cpp).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list.")] = False,
 ) -> None:
     """Check the toolchain, the GPU and the keys this project needs; exit 1 when the backend lacks something."""
@@ -22,8 +23,8 @@ def doctor(
 
     from stark_ray.doctor import diagnose
 
-    if backend is not None and backend not in BACKENDS:
-        fail(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend is not None and backend not in available_backends():
+        fail(f"unknown backend {backend!r}; choose one of {', '.join(available_backends())}")
     report = diagnose(backend)
     if as_json:
         typer.echo(json.dumps([asdict(c) for c in report.checks]))

@@ -53,7 +53,7 @@ def eval_candidate(
     from dataclasses import asdict
 
     from stark_ray.cli.places import gpu_first
-    from stark_ray.eval.backends import available_backends
+    from stark_ray.eval.backends import backend_class
     from stark_ray.eval.service import EvalService, EvaluatorError
     from stark_ray.eval.tasks import TaskError, load_task
 
@@ -64,8 +64,10 @@ def eval_candidate(
                          tolerance=tolerance, build_dir=str(build_dir) if build_dir else None)
     except ValueError as e:
         fail(str(e))
-    if backend not in available_backends():
-        fail(f"backend {backend!r} is not available in this version; available: {', '.join(available_backends())}")
+    try:  # a backend given by its import path is imported here, once
+        backend_class(backend)
+    except ValueError as e:
+        fail(str(e))
     try:
         the_task = load_task(task)
         source = candidate.read_text(encoding="utf-8")

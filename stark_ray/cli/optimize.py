@@ -102,7 +102,7 @@ def optimize(
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
     from stark_ray.cli.places import gpu_first, kernelbench_task, writable_dir, writable_file
-    from stark_ray.eval.backends import available_backends
+    from stark_ray.eval.backends import backend_class
     from stark_ray.eval.tasks import TaskError, load_task
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials, make_client
@@ -132,8 +132,10 @@ def optimize(
                               memory_budget_gb=memory_budget, compile_timeout_s=compile_timeout)
     except ValueError as e:
         fail(str(e))
-    if backend not in available_backends():
-        fail(f"backend {backend!r} is not available in this version; available: {', '.join(available_backends())}")
+    try:  # a backend given by its import path is imported here, once
+        backend_class(backend)
+    except ValueError as e:
+        fail(str(e))
     try:  # the task and the places first (the first thing to fix), then the key, before any work
         the_task = load_task(path)
         out_dir = writable_dir(out, "--out")

@@ -106,8 +106,7 @@ class CandidateHost:
         self.tasks: OrderedDict[str, TaskState] = OrderedDict()
         self.sources = KernelSources()
         self.sources.install()
-        if backend.name == "triton":
-            self.sources.install_triton()
+        backend.record_kernels(self.sources)
         settle_torch()
         if backend.device == "cuda":
             _warm_profiler()

@@ -51,17 +51,10 @@ from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import make_inputs, same_values, share_storage
 from stark_ray.eval.judge_memory import JudgeMemory
 from stark_ray.eval.lifetime import become_subreaper, die_with_parent
-from stark_ray.eval.memory import (
-    KEPT_SHARE,
-    Footprint,
-    OverBudget,
-    check_fits,
-    meta_footprint,
-    param_bytes,
-    plan_for,
-)
+from stark_ray.eval.memory import KEPT_SHARE, Footprint, OverBudget, check_fits, meta_footprint, param_bytes, plan_for
 from stark_ray.eval.noise import Measured, interval, is_noisy, measured
 from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
+from stark_ray.eval.phase_clock import PhaseClock
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
     MODE_REFERENCE,
@@ -80,7 +73,7 @@ from stark_ray.eval.protocol import (
     WorkerRequest,
     result_from_message,
 )
-from stark_ray.eval.runner import MAX_REQUESTS, PhaseClock, Reply, WorkerProcess, WorkerSpec, WorkerStartError
+from stark_ray.eval.runner import MAX_REQUESTS, Reply, WorkerProcess, WorkerSpec, WorkerStartError
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.trees import decode_leaf_meta, decode_tree, encode_tree
 from stark_ray.eval.trials import JudgeTask, Trial, all_trials, standard_trial, synchronize

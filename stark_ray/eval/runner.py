@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from stark_ray.eval.backends import backend_path
 from stark_ray.eval.isolation import jailed
 from stark_ray.eval.lifetime import kill_strays, spawn
+from stark_ray.eval.phase_clock import START_TIMEOUT_S, PhaseClock
 from stark_ray.eval.process_tree import children, kill_tree
 from stark_ray.eval.protocol import (
-    PHASE_SETUP,
     PHASE_START,
-    PHASES,
     STACK_DUMP_SIGNAL,
     STACK_DUMP_WAIT_S,
     WorkerRequest,
@@ -54,7 +54,6 @@ MAX_LOG_READ = 8 << 20  # bytes of a worker's log read back at most (its last on
 MAX_BUILDS = 32  # build requests one conversation may make; more is taken for a broken worker
 SEND_TIMEOUT_S = 30.0  # a message to a worker that does not read it
 EXIT_GRACE_S = 10.0  # an unhealthy or closing worker gets this long to exit on its own
-START_TIMEOUT_S = 180.0  # interpreter, torch, CUDA context, device probe
 MAX_REQUESTS = 64  # a worker is recycled after this many requests (loaded extensions only accumulate)
 
 
@@ -64,7 +63,7 @@ class WorkerStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    backend: str
+    backend: str  # a backend name, or its import path (eval/backends: backend_path)
     build_dir: str
     threads: int
     compile_only: bool = False  # a compile-pool worker or a builder: no device
@@ -79,7 +78,7 @@ class WorkerSpec:
     writable: tuple[str, ...] = ()  # isolated: what it may write beside its own directory (a builder's output)
 
     def argv(self, spare: bool = False, fd: int | None = None) -> list[str]:
-        args = [sys.executable, "-m", self.module, "--backend", self.backend,
+        args = [sys.executable, "-m", self.module, "--backend", backend_path(self.backend),
                 "--build-dir", self.build_dir, "--threads", str(self.threads), *self.extra]
         if self.compile_only:
             args.append("--compile-only")
@@ -93,45 +92,6 @@ class WorkerSpec:
             args.append("--ask-builds")
             return jailed(args, writable=self.writable, readable=(self.build_dir,), hidden=self.hidden)
         return args
-
-
-class PhaseClock:
-    """Which phase a conversation is in, since when, and until when it may last (``limits`` per phase)."""
-
-    def __init__(self, limits: dict[str, float], default_s: float = START_TIMEOUT_S, phase: str = PHASE_SETUP,
-                 on_enter: Callable[[str], None] | None = None) -> None:
-        self.limits = limits
-        self.default_s = default_s
-        self.on_enter = on_enter
-        self.spent: dict[str, float] = {}
-        self.phase = phase
-        self.started = time.monotonic()
-        # what no phase change can move: a worker that says it moves on (or back) gets no more than all phases
-        self.final = self.started + sum(limits.get(p, default_s) for p in PHASES if p != PHASE_START)
-        self.deadline = min(self.started + limits.get(phase, default_s), self.final)
-        if on_enter is not None:
-            on_enter(phase)
-
-    def enter(self, phase: str) -> None:
-        """Move on to ``phase`` (its own time limit starts now). Only forward, in the order of PHASES: the same
-        phase again, an earlier one or an unknown name changes nothing (the worker says it, and it runs hostile
-        code)."""
-        order = {p: i for i, p in enumerate(PHASES)}
-        if phase not in order or order[phase] <= order.get(self.phase, -1):
-            return
-        self.close()
-        self.phase, self.started = phase, time.monotonic()
-        self.deadline = min(self.started + self.limits.get(phase, self.default_s), self.final)
-        if self.on_enter is not None:
-            self.on_enter(phase)
-
-    def close(self) -> None:
-        now = time.monotonic()
-        self.spent[self.phase] = self.spent.get(self.phase, 0.0) + now - self.started
-        self.started = now
-
-    def limit(self) -> float:
-        return self.limits.get(self.phase, self.default_s)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.backends import get_backend
+from stark_ray.eval.backends import backend_path, get_backend
 from stark_ray.eval.build_cache import cache_root, open_to_readers
 from stark_ray.eval.builds import serve_build
 from stark_ray.eval.compile_pool import CompilePool
@@ -236,8 +236,9 @@ class EvalService:
         return outcome
 
     def _request(self, mode: str, task: Task, cfg: EvalConfig, source: str | None = None) -> WorkerRequest:
-        return WorkerRequest(mode=mode, task_name=task.name, task_source=task.source, cfg=asdict(cfg),
-                             candidate_source=source)
+        # the backend by its import path: the evaluator's processes know no backend registered here
+        return WorkerRequest(mode=mode, task_name=task.name, task_source=task.source,
+                             cfg={**asdict(cfg), "backend": backend_path(cfg.backend)}, candidate_source=source)
 
     # -- evaluation -------------------------------------------------------------------------------------------
     def reference(self, task: Task, cfg: EvalConfig | None = None) -> EvalResult:

@@ -10,15 +10,9 @@ import re
 from functools import cache
 from importlib.resources import files
 
-from stark_ray.config import BACKENDS
+from stark_ray.eval.backends import backend_class
 
 ROLES = ("plan", "code", "debug", "single")
-TARGETS = {
-    "cpu_cpp": "C++ on the CPU, built with torch.utils.cpp_extension.load_inline",
-    "cuda": "CUDA C++, built with torch.utils.cpp_extension.load_inline",
-    "cuda_nvrtc": "CUDA kernels compiled at run time by NVRTC",
-    "triton": "Triton kernels",
-}
 _PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
 
 
@@ -46,7 +40,6 @@ def system_prompt(role: str, backend: str) -> str:
     """The system prompt of an agent role for a target backend."""
     if role not in ROLES:
         raise ValueError(f"unknown agent role {role!r}; choose one of {', '.join(ROLES)}")
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    return fill(f"role_{role}", target=TARGETS[backend], format=load("candidate_format").strip(),
-                backend=load(f"backend_{backend}").strip())
+    cls = backend_class(backend)  # ValueError for a backend that is not offered
+    return fill(f"role_{role}", target=cls.target, format=load("candidate_format").strip(),
+                backend=cls.prompt_section())

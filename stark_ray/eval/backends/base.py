@@ -1,26 +1,53 @@
-"""What a backend supplies to the evaluator: where tensors live, how builds are hooked, how to time a call."""
+"""A backend: one candidate format, everything about it in one object — its name, what the agents are told about
+it, what it needs from the machine, how its kernels are recognised, and what it supplies to the evaluator (where
+tensors live, how builds are hooked, how to time a call). docs/architecture.md, "Adding a backend"."""
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # timing imports torch; the parent process only needs the backend's description
+    from stark_ray.eval.kernel_sources import KernelSources
     from stark_ray.eval.timing import Timer
 
 
 class Backend(ABC):
     """One candidate format (cpu_cpp, cuda, cuda_nvrtc, triton). Instances are cheap; each worker makes one.
 
-    In the judge: ``prepare_judge`` once, then ``hardware_info`` (sent to the service as the judge's hello). In the
-    worker: ``prepare_worker`` once, then any number of candidates. In a compile-pool worker: ``prepare_compiler``
-    only. In the service: ``describe_hardware`` turns the hello into the lines the agents' prompts show.
+    Described by its class (read in the parent without torch): ``name``, ``target`` and :meth:`prompt_section` for
+    the agents' system prompts, ``requirements`` (:meth:`needs`) for ``stark doctor``, ``device`` and
+    ``precompile`` for placement. In the judge: ``prepare_judge`` once, then ``hardware_info`` (sent to the service
+    as the judge's hello). In the worker: ``prepare_worker`` once, :meth:`record_kernels`, then any number of
+    candidates. In a compile-pool worker: ``prepare_compiler`` only. In the service: ``describe_hardware`` turns the
+    hello into the lines the agents' prompts show.
     """
 
     name: ClassVar[str]
+    target: ClassVar[str]  # what a candidate is, in a few words (the agents' system prompts)
+    requirements: ClassVar[tuple[str, ...]] = ()  # stark doctor's checks it needs (eval/backends/requirements.py)
     device: str = "cpu"  # where inputs and models live: "cpu" or "cuda" (set by prepare_worker)
     precompile: ClassVar[bool] = False  # builds at import are done first in the CPU compile pool
+
+    @classmethod
+    def prompt_section(cls) -> str:
+        """The format's rules and an example for the agents' system prompts: the text file beside the backend's
+        module, with the module's name (``cuda.py`` -> ``cuda.txt``)."""
+        module = sys.modules[cls.__module__].__file__
+        assert module is not None
+        return Path(module).with_suffix(".txt").read_text(encoding="utf-8").strip()
+
+    def needs(self) -> tuple[str, ...]:
+        """The doctor's checks this backend needs here (by default its ``requirements``; may depend on the
+        environment, e.g. Triton's interpreter needs no GPU)."""
+        return self.requirements
+
+    def record_kernels(self, sources: KernelSources) -> None:
+        """Have ``sources`` record the kernels candidates of this format define, beyond what every worker records
+        (``load_inline``, ``load`` and NVRTC's sources): the kernel names ``no_kernel`` is judged against."""
+        return None
 
     @abstractmethod
     def prepare_worker(self, build_dir: Path, threads: int) -> None:

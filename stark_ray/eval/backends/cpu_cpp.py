@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from stark_ray.eval.backends.base import Backend
+from stark_ray.eval.backends.requirements import CXX, NINJA
 from stark_ray.eval.build_cache import BuildCache
 from stark_ray.eval.hardware import describe_cpu
 
@@ -27,6 +28,8 @@ def install_build_cache(build_dir: Path) -> BuildCache:
 
 class CpuCppBackend(Backend):
     name: ClassVar[str] = "cpu_cpp"
+    target: ClassVar[str] = "C++ on the CPU, built with torch.utils.cpp_extension.load_inline"
+    requirements: ClassVar[tuple[str, ...]] = (CXX, NINJA)
     # builds stay in the worker, one at a time: on a CPU target a parallel build would disturb the timing
     precompile: ClassVar[bool] = False
 

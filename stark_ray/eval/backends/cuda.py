@@ -8,11 +8,14 @@ from typing import ClassVar
 
 from stark_ray.eval.backends import gpu
 from stark_ray.eval.backends.cpu_cpp import install_build_cache
+from stark_ray.eval.backends.requirements import CUDA_MATCH, CXX, DRIVER, GPU, NINJA, NVCC, TORCH_CUDA
 from stark_ray.eval.pch import ensure_pch
 
 
 class CudaBackend(gpu.CudaDeviceBackend):
     name: ClassVar[str] = "cuda"
+    target: ClassVar[str] = "CUDA C++, built with torch.utils.cpp_extension.load_inline"
+    requirements: ClassVar[tuple[str, ...]] = (NVCC, NINJA, CXX, GPU, DRIVER, TORCH_CUDA, CUDA_MATCH)
     precompile: ClassVar[bool] = True
     notes = ("Candidates are CUDA C++ built at import with torch.utils.cpp_extension.load_inline "
              "(kernels and raw-pointer launchers in cuda_sources without torch headers; the torch wrapper "

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from stark_ray.eval.backends import gpu
+from stark_ray.eval.backends.requirements import GPU, TRITON
 from stark_ray.eval.hardware import describe_cpu
 
 if TYPE_CHECKING:
+    from stark_ray.eval.kernel_sources import KernelSources
     from stark_ray.eval.timing import Timer
 
 INTERPRETER_NOTES = ("No GPU here: Triton kernels run in Triton's interpreter on CPU tensors "
@@ -21,7 +23,17 @@ class TritonBackend(gpu.CudaDeviceBackend):
     """On the GPU when there is one; otherwise the same kernels in Triton's interpreter on the CPU."""
 
     name: ClassVar[str] = "triton"
+    target: ClassVar[str] = "Triton kernels"
+    requirements: ClassVar[tuple[str, ...]] = (TRITON, GPU)
     notes = "Candidates are Triton kernels (@triton.jit), compiled at their first launch."
+
+    def needs(self) -> tuple[str, ...]:
+        """No GPU needed where TRITON_INTERPRET=1 runs the kernels on the CPU."""
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        return tuple(r for r in self.requirements if not (interpreted and r == GPU))
+
+    def record_kernels(self, sources: KernelSources) -> None:
+        sources.install_triton()  # every @triton.jit function created from now on
 
     def prepare_worker(self, build_dir: Path, threads: int) -> None:
         import torch
