@@ -67,7 +67,7 @@ for _p in (str(REPO), str(BENCH_DIR)):  # stark_ray without installing it; this 
 import ray  # noqa: E402
 from scripted_plans import plan_reply, prompt_tag  # noqa: E402
 
-from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor  # noqa: E402
+from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor, write_specs  # noqa: E402
 from stark_ray.agents.base import AgentResult, TaskInfo  # noqa: E402
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig  # noqa: E402
 from stark_ray.eval.tasks import Task, load_task  # noqa: E402
@@ -548,8 +548,10 @@ def measure_latency(args: argparse.Namespace, work: Path) -> Latency:
     n, calls = args.callers, args.calls
     specs = _specs(n)
     search = SearchConfig(budget=calls, parallel=1, seed=0)
+    (work / "memory" / "latency").mkdir(parents=True, exist_ok=True)
+    write_specs(locate(work / "memory" / "latency"), specs)
     actor = TreeMemoryActor.options(num_cpus=0).remote(  # type: ignore[attr-defined]  # Ray's decorator
-        str(work / "memory"), "latency", specs, search, AgentConfig())
+        str(work / "memory"), "latency", search, AgentConfig())
     ray.get(actor.unfinished.remote())  # constructed
     nexts: list[list[float]] = [[] for _ in range(n)]
     adds: list[list[float]] = [[] for _ in range(n)]

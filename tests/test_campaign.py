@@ -45,10 +45,10 @@ def _report_sql_and_notebook_agree(run_dir: Path, tmp_path: Path) -> None:
     import duckdb
 
     parts = f"{run_dir}/attempts/*/part-*.parquet"
-    rows = duckdb.sql(f"SELECT count(*) FILTER (WHERE seq > 0), count(*) FILTER (WHERE seq > 0 AND correct) "
+    rows = duckdb.sql(f"SELECT count(*) FILTER (WHERE seq > 0), count(*) FILTER (WHERE seq > 0 AND passed_checks) "
                       f"FROM '{parts}'").fetchall()[0]
     calls = duckdb.sql(f"SELECT count(*) FROM '{run_dir}/llm_calls/*/part-*.parquet'").fetchall()[0][0]
-    assert rows == (12, 12) and calls > 0  # the echo candidate is the reference itself: always correct
+    assert rows == (12, 12) and calls > 0  # the echo candidate is the reference itself: it always passes
 
     sql = stark("sql", str(run_dir), "SELECT count(*) AS n, sum(attempts) AS attempts, sum(llm_calls) AS calls, "
                 "avg(CAST(success AS INT)) AS success FROM tasks", "--format", "json")

@@ -39,13 +39,13 @@ def test_run_directory_holds_best_kernel_summary_and_parquet(tmp_path: Path) -> 
     assert not list(run.rglob("*.tmp"))
 
     attempts = f"{run}/attempts/*/*.parquet"
-    rows = duckdb.sql(f"SELECT seq, node_id, parent_id, agent, stage, correct, speedup FROM '{attempts}' "
+    rows = duckdb.sql(f"SELECT seq, node_id, parent_id, agent, stage, passed_checks, speedup FROM '{attempts}' "
                       "ORDER BY seq").fetchall()
     assert [r[0] for r in rows] == [0, 1, 2, 3]
     assert rows[0][3:6] == ("reference", "ok", True)
     # ε = 0: WRONG from the root, then SLOW from the root (still the best: SLOW sleeps); then no code is left
     assert [r[4] for r in rows[1:]] == ["correctness", "ok", "parse"]
-    best = duckdb.sql(f"SELECT node_id, speedup FROM '{attempts}' WHERE correct AND seq > 0 "
+    best = duckdb.sql(f"SELECT node_id, speedup FROM '{attempts}' WHERE passed_checks AND seq > 0 "
                       "ORDER BY runtime_ms LIMIT 1").fetchall()[0]
     assert best == (summary.best_node, summary.best_speedup)
     calls = duckdb.sql(f"SELECT role, count(*) FROM '{run}/llm_calls/*/*.parquet' GROUP BY role ORDER BY role")
@@ -78,6 +78,8 @@ def test_offline_demo_finds_a_correct_faster_kernel(tmp_path: Path, shared_build
     rows = duckdb.sql(f"SELECT agent, speedup FROM '{run}/attempts/*/*.parquet' ORDER BY seq").fetchall()
     # the recorded path whatever the machine's timings (seed 5 explores where a greedy step would follow them)
     assert summary["success"] is True and summary["replay_mismatches"] == 0, summary
-    assert summary["failures_by_stage"] == {"compile": 1, "correctness": 1}
+    # a candidate the judge's wall clock did not confirm on a loaded host is flagged `suspicious`: a failure at stage
+    # "ok" (seen under a loaded CI run); the recorded path's own failures are these two
+    assert {k: v for k, v in summary["failures_by_stage"].items() if k != "ok"} == {"compile": 1, "correctness": 1}
     assert [a for (a, _) in rows] == ["reference", "plan+code", "debug", "plan+code", "plan+code", "debug"]
     assert "std::exp(" in (run / "best_kernel.py").read_text()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
+from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor, write_specs
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import Task
@@ -29,6 +29,7 @@ from stark_ray.run.campaign import Caps
 from stark_ray.run.directory import RunError
 from stark_ray.run.reporter import Reporter
 from stark_ray.search.tree import Tree
+from stark_ray.store.location import locate
 from stark_ray.store.read import attempt_rows
 
 SOURCE = "class Model: ..."
@@ -203,7 +204,9 @@ def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int
     driver.dispatch.share(classes or ["gpu"] * len(driver.evaluators))
     driver.dir, driver.run_id = tmp_path / "run", "run"
     specs = [TaskSpec(driver.infos[t.name], ok_reference()) for t in task_list]
-    memory = TreeMemoryActor.__ray_actor_class__(str(tmp_path), "run", specs, search, AgentConfig())  # type: ignore[attr-defined]
+    driver.dir.mkdir()
+    write_specs(locate(driver.dir), specs)
+    memory = TreeMemoryActor.__ray_actor_class__(str(tmp_path), "run", search, AgentConfig())  # type: ignore[attr-defined]
     driver.memory = Handle(fake, memory)
     driver.view.dir = driver.dir
     for t in task_list:

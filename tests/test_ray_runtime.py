@@ -221,9 +221,17 @@ def test_an_evaluator_that_cannot_work_ends_the_run_in_one_line(ray_cluster: str
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no run directory made
 
 
-def test_the_tree_memory_actor_restarts_from_its_rows(ray_cluster: str, tmp_path: Path,
-                                                      shared_build_dir: str) -> None:
+@pytest.mark.parametrize("padding", [0, 400_000], ids=["small", "large-specs"])
+def test_the_tree_memory_actor_restarts_from_its_rows(ray_cluster: str, tmp_path: Path, shared_build_dir: str,
+                                                      padding: int) -> None:
+    """Also when what the actor is made from is large (a campaign of hundreds of tasks; here one task file of
+    400 kB): Ray keeps such arguments in its object store, where a restart could not find them again."""
     run = ray_run(tmp_path, shared_build_dir, budget=8, run_id="memory-kill")
+    if padding:
+        big = tmp_path / "big" / TASK.name
+        big.parent.mkdir()
+        big.write_text(TASK.read_text() + "\n" + "# padding\n" * (padding // 10))
+        run = replace(run, tasks=[load_task(big)])
     run_dir = run.out / "memory-kill"
     out: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: out.setdefault("summary", run_ray(run)), daemon=True)

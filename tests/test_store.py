@@ -478,22 +478,22 @@ def test_a_remote_store_writes_the_files_of_one_flush_at_once_and_keeps_a_failed
     fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     tree, _ = sample_tree()
     lock, active, peak, broken = threading.Lock(), [0], [0], {"t3"}
-    real = PartWriter._write_fs
+    real = parquet.write_part
 
-    def slow_write(self: PartWriter, table: Any, name: str) -> str:
+    def slow_write(directory: Any, name: str, table: Any, fsync: bool = True) -> Any:
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
         try:
             time.sleep(0.05)
-            if any(f"/{t}" in str(self.loc.path) for t in broken):
+            if any(f"/{t}" in str(directory.path) for t in broken):
                 raise OSError("the store refused the write")
-            return real(self, table, name)
+            return real(directory, name, table, fsync)
         finally:
             with lock:
                 active[0] -= 1
 
-    monkeypatch.setattr(PartWriter, "_write_fs", slow_write)
+    monkeypatch.setattr(parquet, "write_part", slow_write)
     tasks = [f"t{i}" for i in range(8)]
     with RunStore("results", "run", flush_rows=100, background=False, filesystem=fs) as store:
         for t in tasks:
@@ -512,16 +512,16 @@ def test_a_write_that_failed_but_landed_is_replaced_by_its_retry_not_doubled(
     reuses the part file's name, so its rows are never on the store twice."""
     fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     tree, _ = sample_tree()
-    real, calls = PartWriter._write_fs, []
+    real, calls = parquet.write_part, []
 
-    def lands_then_fails(self: PartWriter, table: Any, name: str) -> str:
+    def lands_then_fails(directory: Any, name: str, table: Any, fsync: bool = True) -> Any:
         calls.append(name)
-        written = real(self, table, name)
+        written = real(directory, name, table, fsync)
         if len(calls) == 1:
             raise OSError("timed out waiting for the reply")
         return written
 
-    monkeypatch.setattr(PartWriter, "_write_fs", lands_then_fails)
+    monkeypatch.setattr(parquet, "write_part", lands_then_fails)
     store = RunStore("results", "run", flush_rows=100, background=False, filesystem=fs)
     store.record_node("t", tree.root)
     with pytest.raises(OSError, match="timed out"):

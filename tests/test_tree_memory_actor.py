@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from stark_ray.actors.tree_memory import GroupCommit, TaskSpec, TreeMemoryActor
+from stark_ray.actors.tree_memory import GroupCommit, TaskSpec, TreeMemoryActor, write_specs
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.config import AgentConfig, SearchConfig
 from stark_ray.records import STAGE_OK, EvalResult, LLMUsage
+from stark_ray.store.location import locate
 from stark_ray.store.read import attempt_rows, call_rows, load_trees
 
 SOURCE = "class Model: ..."
@@ -33,8 +34,10 @@ def step(text: str) -> AgentResult:
 def memory(root: Path, tasks: list[str], budget: int = 6, parallel: int = 1) -> Any:
     """The actor's class itself, made in this process (what Ray would run in the actor's)."""
     specs = [TaskSpec(TaskInfo(name, SOURCE, "cpu_cpp"), ok(1.0)) for name in tasks]
+    (root / "run").mkdir(parents=True, exist_ok=True)
+    write_specs(locate(root / "run"), specs)
     cls = TreeMemoryActor.__ray_actor_class__  # type: ignore[attr-defined]
-    return cls(str(root), "run", specs, SearchConfig(budget=budget, parallel=parallel, seed=0), AgentConfig())
+    return cls(str(root), "run", SearchConfig(budget=budget, parallel=parallel, seed=0), AgentConfig())
 
 
 def test_concurrent_adds_share_one_flush_and_each_returns_only_once_its_rows_are_on_disk(tmp_path: Path) -> None:
@@ -184,3 +187,56 @@ def test_group_commit_on_its_own() -> None:
 
     asyncio.run(main())
     assert commit.commits == 2 and sorted(written) == [*range(20), 99]
+
+
+def test_commits_start_an_interval_apart_so_adds_meanwhile_share_one() -> None:
+    """The first add is written at once; the adds that come while it is written, and while the interval after it
+    runs, share the next commit (not one file each)."""
+    written: list[list[int]] = []
+    buffered: list[int] = []
+    first_running, release = threading.Event(), threading.Event()
+
+    def flush() -> None:
+        taken = sorted(buffered)  # what was buffered when the flush began
+        buffered.clear()
+        if not written:
+            first_running.set()
+            release.wait(10)
+        written.append(taken)
+
+    commit = GroupCommit(flush, interval=2.0)
+
+    async def add(i: int) -> None:
+        buffered.append(i)
+        await commit.wait()
+        assert any(i in w for w in written)
+
+    async def main() -> None:
+        first = asyncio.ensure_future(add(0))
+        await asyncio.to_thread(first_running.wait, 10)
+        during = [asyncio.ensure_future(add(i)) for i in (1, 2, 3)]  # while the first flush runs
+        release.set()
+        await first
+        await asyncio.sleep(0.05)
+        after = [asyncio.ensure_future(add(i)) for i in (4, 5)]  # after it, within the interval
+        await asyncio.gather(*during, *after)
+
+    asyncio.run(main())
+    assert written == [[0], [1, 2, 3, 4, 5]] and commit.commits == 2
+
+
+def test_a_task_that_ends_has_its_part_files_compacted(tmp_path: Path) -> None:
+    mem = memory(tmp_path, ["a", "b"], budget=3)
+
+    async def main() -> None:
+        for _ in range(3):
+            for ticket in await mem.next_many(2):
+                await mem.add(ticket, step(ticket.task), ok(2.0))
+        assert await mem.unfinished() == []
+        await mem.close()  # waits for the compactions under way
+
+    asyncio.run(main())
+    for table in ("attempts", "llm_calls"):
+        for task in ("a", "b"):
+            assert len(list((tmp_path / "run" / table / task).glob("part-*.parquet"))) == 1, (table, task)
+    assert {t: len(tree) for t, tree in load_trees(tmp_path / "run").items()} == {"a": 4, "b": 4}

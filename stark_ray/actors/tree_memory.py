@@ -15,9 +15,10 @@ written, a ticket cut from it is refused later (``UnknownParent``), as for any n
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import ray
@@ -27,6 +28,7 @@ from stark_ray.config import AgentConfig, SearchConfig
 from stark_ray.records import EvalResult, Node
 from stark_ray.search.memory import Ticket, TreeMemory, UnknownParent, make_task_search
 from stark_ray.search.tree import Tree
+from stark_ray.store.compact import compact_finished
 from stark_ray.store.location import Location
 from stark_ray.store.read import load_trees
 from stark_ray.store.run_store import RunStore
@@ -40,7 +42,25 @@ class TaskSpec:
     reference: EvalResult | None  # None: the tree must already be in the run directory (resume)
 
 
+SPECS_FILE = "memory.json"  # in the run directory: what the actor is made from, read again at each restart
+
+
+def write_specs(run_dir: Location, specs: list[TaskSpec]) -> None:
+    """The tasks' specs where the memory actor reads them. Not constructor arguments: Ray keeps large arguments
+    (hundreds of tasks) in its object store, where a restarted actor could not find them again."""
+    data = [{"info": asdict(s.info), "reference": None if s.reference is None else asdict(s.reference)}
+            for s in specs]
+    run_dir.join(SPECS_FILE).write_text(json.dumps({"tasks": data}))
+
+
+def read_specs(run_dir: Location) -> list[TaskSpec]:
+    data = json.loads(run_dir.join(SPECS_FILE).read_text())["tasks"]
+    return [TaskSpec(TaskInfo(**t["info"]), None if t["reference"] is None else EvalResult(**t["reference"]))
+            for t in data]
+
+
 FLUSH_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)  # 15.5 s of retries before the adds waiting for a flush fail
+COMMIT_INTERVAL_S = 0.2  # a commit starts at least this long after the one before: the adds meanwhile share it
 log = logging.getLogger(__name__)
 
 
@@ -49,11 +69,15 @@ class GroupCommit:
     call has finished (it raises what that flush raised). One flush runs at a time, in a thread (the event loop
     keeps serving calls meanwhile); the calls that arrive while it runs all wait for the next one, so the busier
     the actor, the more rows each flush writes. A flush that fails with an OSError is tried again after each of
-    ``retry_delays``; the calls waiting for it fail only when the last try does."""
+    ``retry_delays``; the calls waiting for it fail only when the last try does. Commits start at least
+    ``interval`` seconds apart, so a steady stream of adds is written in batches, not a file per add."""
 
-    def __init__(self, flush: Callable[[], None], retry_delays: tuple[float, ...] = FLUSH_RETRY_DELAYS) -> None:
+    def __init__(self, flush: Callable[[], None], retry_delays: tuple[float, ...] = FLUSH_RETRY_DELAYS,
+                 interval: float = COMMIT_INTERVAL_S) -> None:
         self.flush = flush
         self.retry_delays = retry_delays  # seconds before each retry of a flush that failed with an OSError
+        self.interval = interval
+        self._started = -float("inf")  # loop time the last commit began writing
         self._next: asyncio.Future[None] | None = None  # the commit rows buffered now will be written by
         self._running: asyncio.Future[None] | None = None  # the commit whose flush runs now
         self.commits = 0  # flushes started (tests, figures)
@@ -67,6 +91,11 @@ class GroupCommit:
         await asyncio.sleep(0)  # the calls already queued on the loop buffer their rows and join this commit
         if previous is not None:
             await asyncio.wait([previous])  # one flush at a time (its outcome is its own callers')
+        loop = asyncio.get_running_loop()
+        wait = self._started + self.interval - loop.time()
+        if wait > 0:  # the adds of the next moments join this commit
+            await asyncio.sleep(wait)
+        self._started = loop.time()
         self._next, self._running = None, self._next  # rows buffered from here on wait for the next commit
         self.commits += 1
         try:
@@ -85,10 +114,11 @@ class GroupCommit:
 
 @ray.remote
 class TreeMemoryActor:
-    def __init__(self, root: str | Location, run_id: str, specs: list[TaskSpec], search: SearchConfig,
-                 agents: AgentConfig) -> None:
+    def __init__(self, root: str | Location, run_id: str, search: SearchConfig, agents: AgentConfig) -> None:
         self.store = RunStore(root, run_id, flush_rows=256, flush_s=1.0, fsync=False)
+        specs = read_specs(self.store.run_dir)  # from the run directory, at every (re)start
         self.commit = GroupCommit(self.store.flush)
+        self.compactions: set[asyncio.Future[None]] = set()  # finished tasks' part files, compacted in threads
         recorded = _recorded_trees(self.store.run_dir)
         self.memory = TreeMemory(sink=self._record)
         self.restored: dict[str, int] = {}
@@ -133,7 +163,14 @@ class TreeMemoryActor:
         tickets = self.memory.next_many(limit, exclude or ()) if limit > 0 else []
         if node is not None:
             await self.commit.wait()
+            if self.memory.finished(ticket.task):  # its last rows are written: one file per table from now on
+                self._compact(ticket.task)
         return node, tickets
+
+    def _compact(self, task: str) -> None:
+        future = asyncio.get_running_loop().run_in_executor(None, compact_finished, self.store.run_dir, task)
+        self.compactions.add(future)
+        future.add_done_callback(self.compactions.discard)
 
     async def release(self, ticket: Ticket) -> None:
         self.memory.release(ticket)
@@ -152,6 +189,8 @@ class TreeMemoryActor:
 
     async def close(self) -> None:
         self.store.close()
+        if self.compactions:  # a compaction cut short loses nothing, but one almost done may as well finish
+            await asyncio.wait(list(self.compactions), timeout=20)
 
 
 def _recorded_trees(run_dir: Location) -> dict[str, Tree]:

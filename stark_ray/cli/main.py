@@ -10,7 +10,7 @@ import typer
 from stark_ray.cli.app import app, plain_flags
 
 # the modules whose commands the app gets, in the order of its help (each registers its own on import)
-COMMANDS = ("optimize", "eval", "doctor", "campaign", "analysis")
+COMMANDS = ("optimize", "eval", "doctor", "campaign", "analysis", "compact")
 for _name in COMMANDS:
     importlib.import_module(f"stark_ray.cli.{_name}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import defaultdict
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -82,16 +83,17 @@ def write_run_file(run_dir: Location, record: dict[str, Any]) -> None:
     locate(run_dir / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def recorded_usage(run_dir: str | Path | Location, task: str) -> UsageTotals:
-    """Every LLM call of the task as recorded (a resumed run's earlier calls included)."""
-    totals = UsageTotals()
+def recorded_usage(run_dir: str | Path | Location) -> defaultdict[str, UsageTotals]:
+    """Every task's LLM calls as recorded (a resumed run's earlier calls included), read in one pass: a task
+    without any gets empty totals."""
+    totals: defaultdict[str, UsageTotals] = defaultdict(UsageTotals)
     try:
-        rows = call_rows(run_dir, task)
+        rows = call_rows(run_dir)
     except (FileNotFoundError, OSError):
         return totals
     names = set(LLMUsage.__dataclass_fields__)
     for row in rows:
-        totals.add(LLMUsage(**{k: v for k, v in row.items() if k in names}))
+        totals[row["task"]].add(LLMUsage(**{k: v for k, v in row.items() if k in names}))
     return totals
 
 

@@ -37,6 +37,7 @@ from stark_ray.search.loop import search
 from stark_ray.search.policy import make_policy
 from stark_ray.search.team import make_team
 from stark_ray.search.tree import Tree
+from stark_ray.store.compact import compact_finished
 from stark_ray.store.location import Location, locate
 from stark_ray.store.parquet import PartWriter
 from stark_ray.store.read import load_trees
@@ -67,19 +68,23 @@ class Run:
         return run
 
     def record(self, node: Node, step: AgentResult, tree: Tree) -> None:
-        self.attempts.append(attempt_row(self.id, self.task, node))
+        """The node's LLM calls, then its attempts row, each on disk before this returns."""
         for u in step.usage:
             self.usage.add(u)
         for row in llm_call_rows(self.id, self.task, node.id, step.usage):  # the Ray store's rows, same function
             self.calls.append(row)
+        self.calls.flush()
+        self.attempts.append(attempt_row(self.id, self.task, node))
         best = tree.best()
         if best is not None and best is not self.best:
             self.best = best
             write_atomic(self.dir / "best_kernel.py", best.source)
 
     def close(self) -> None:
+        """Write what is buffered, then compact the task's part files (one file per table)."""
         self.attempts.close()
         self.calls.close()
+        compact_finished(self.dir, self.task)
 
 
 def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg: AgentConfig,
@@ -102,7 +107,7 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
             run_dir = locate(resume)
             record_changes(run_dir, search_cfg)  # a raised budget: the next resume keeps it
             tree = load_trees(run_dir).get(task.name) or Tree.with_reference(task.source, reference)
-            run = Run(run_dir, task, tree, recorded_usage(run_dir, task.name))
+            run = Run(run_dir, task, tree, recorded_usage(run_dir)[task.name])
         info = TaskInfo(name=task.name, reference_source=task.source, backend=eval_cfg.backend,
                         hardware=evaluator.hardware_description())
         policy = make_policy(search_cfg.policy, search_cfg.ablation, search_cfg.epsilon, search_cfg.n_root,

@@ -17,7 +17,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from stark_ray.actors.agents import AGENT_CPUS, AGENT_WORKERS, ClientFactory, agent_pool
 from stark_ray.actors.evaluator import EvaluatorActor, evaluator_options
-from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor
+from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor, write_specs
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import Task, TaskError
@@ -128,10 +128,11 @@ def start_memory(run: RayRun, run_dir: Location, name: str, specs: list[TaskSpec
     store go to it alone (:func:`store_env`)."""
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     credentials = store_env(run_dir)
+    write_specs(run_dir, specs)  # read by the actor at each start: nothing of it held in Ray's object store
     return TreeMemoryActor.options(  # type: ignore[attr-defined]  # Ray's decorator
         name=name, max_restarts=-1, max_task_retries=-1, num_cpus=0, scheduling_strategy=here,
         runtime_env={"env_vars": credentials} if credentials else None).remote(
-        run_dir.parent, run_dir.name, specs, run.search, run.agents)
+        run_dir.parent, run_dir.name, run.search, run.agents)
 
 
 def start_evaluators(run: RayRun, embedded: bool, token: str) -> list[Any]:

@@ -34,18 +34,10 @@ from stark_ray.eval.backends import get_backend
 from stark_ray.eval.memory import OverBudget
 from stark_ray.eval.tasks import TaskError
 from stark_ray.llm.base import LLMError
-from stark_ray.llm.usage import UsageTotals
 from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
 from stark_ray.run import evaluator_deaths
 from stark_ray.run.campaign import CapTracker
-from stark_ray.run.directory import (
-    RunError,
-    new_run_dir,
-    recorded_usage,
-    run_record,
-    task_summary,
-    write_run_file,
-)
+from stark_ray.run.directory import RunError, new_run_dir, recorded_usage, run_record, task_summary, write_run_file
 from stark_ray.run.dispatch import EvalDispatch
 from stark_ray.run.evaluator_deaths import EvaluatorDeaths, Verdict
 from stark_ray.run.mirror import RunMirror
@@ -67,6 +59,7 @@ from stark_ray.run.resume import record_changes
 from stark_ray.run.summary import STATUS_FAILED, STATUS_FINISHED, STATUS_INTERRUPTED, RunSummary
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
+from stark_ray.store.compact import compact_ended
 from stark_ray.store.location import Location, locate
 
 log = logging.getLogger(__name__)
@@ -174,9 +167,10 @@ class _Driver:
         self.view.dir = self.dir
         self.memory = start_memory(run, self.dir, f"stark-memory-{self.run_id}-{token}", specs)
         snapshots = ray.get([self.memory.snapshot.remote(name) for name in self.tasks])
+        recorded = recorded_usage(self.dir) if run.resume is not None else None  # all tasks' calls, one read
         for name, snapshot in zip(self.tasks, snapshots, strict=True):
-            if run.resume is not None:  # what the earlier part of the run spent counts against the caps
-                spent = recorded_usage(self.dir, name)
+            if recorded is not None:  # what the earlier part of the run spent counts against the caps
+                spent = recorded[name]
                 self.spend.add(name, spent.cost_usd, spent.input_tokens + spent.output_tokens)
             tree = Tree.from_records(snapshot)
             self.view.load(name, tree)
@@ -437,6 +431,8 @@ class _Driver:
         summaries = []
         t0 = time.monotonic()
         snapshots = {name: self.memory.snapshot.remote(name) for name in self.tasks}  # asked all at once
+        # a fresh run's calls are the ones this driver saw; a resumed run's earlier ones are in the rows
+        usage = recorded_usage(self.dir) if self.run.resume is not None else self.view.usage
         for name, task in self.tasks.items():
             try:
                 tree = Tree.from_records(ray.get(snapshots[name]))
@@ -444,7 +440,7 @@ class _Driver:
                 tree = self.view.trees[name]
             capped = status == STATUS_FINISHED and name in self.capped and tree.evaluated < self.run.search.budget
             summary = task_summary(task, tree, self.dir, self.run_id, STATUS_CAPPED if capped else status, wall_s,
-                                   self.run.search, self.run.agents, self.run.eval, self._usage_of(name), EXECUTOR)
+                                   self.run.search, self.run.agents, self.run.eval, usage[name], EXECUTOR)
             if capped:
                 summary.settings["stopped_by"] = self.capped[name]
             try:
@@ -456,10 +452,6 @@ class _Driver:
         self.phases["finish_s"] = time.monotonic() - t0
         return summaries
 
-    def _usage_of(self, name: str) -> UsageTotals:
-        """A fresh run's calls are the ones this driver saw; a resumed run's earlier ones are in the rows."""
-        return recorded_usage(self.dir, name) if self.run.resume is not None else self.view.usage[name]
-
     def close(self) -> None:
         for ref, work in list(self.pending.items()):  # stopped early: the agent calls are not waited for
             if work.kind == _AGENT:
@@ -468,6 +460,8 @@ class _Driver:
         t0 = time.monotonic()
         stop_actors(self.agents, [*getattr(self, "evaluators", []), getattr(self, "memory", None)])
         self.phases["close_s"] = time.monotonic() - t0
+        if getattr(self, "dir", None) is not None and len(self.tasks) > 1:  # a campaign: a few files in all
+            compact_ended(self.dir)
         log.info("run %s ended: finish_s %.2f, close_s %.2f", getattr(self, "run_id", "?"),
                  self.phases.get("finish_s", 0.0), self.phases["close_s"])
 

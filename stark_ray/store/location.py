@@ -198,6 +198,14 @@ class Location:
     def write_text(self, text: str, encoding: str = "utf-8") -> None:
         self.write_bytes(text.encode(encoding))
 
+    def remove(self) -> None:
+        """Delete the file (nothing when it is already gone)."""
+        if self.fs is None:
+            Path(self.path).unlink(missing_ok=True)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self.path)
+
 
 def locate(root: str | Path | Location, filesystem: pafs.FileSystem | None = None) -> Location:
     """Resolve a local path or a URI (``file://``, ``s3://``, ...) to a :class:`Location`; with ``filesystem``

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from stark_ray.store.location import Location, locate
 
-PART_RE = re.compile(r"^part-(\d+)-[0-9a-f]+\.parquet$")
+PART_RE = re.compile(r"^part-(\d+)-[0-9a-f]+(-c)?\.parquet$")  # "-c": a compacted file (store/parts.py)
 
 
 def safe_name(name: str) -> str:
@@ -53,8 +53,9 @@ def part_names(loc: Location) -> list[str]:
 class PartWriter:
     """Append rows of one table for one task; thread-safe.
 
-    A flush happens when ``flush_rows`` rows are buffered, when a row arrives ``flush_s`` seconds or more after
-    the last flush, when :meth:`flush_if_due` finds rows waiting that long (call it from a timer), and on
+    A flush happens when ``flush_rows`` rows are buffered (in the appending thread), when :meth:`flush_if_due`
+    finds rows waiting ``flush_s`` seconds or more (call it from a timer thread: an append never writes because
+    of time, so a caller on an event loop is not held up by a write it did not ask for), on :meth:`flush` and on
     :meth:`close`. Files are written one at a time, in order, so the rows on disk are always a prefix of the
     rows appended. ``fsync`` (local only) makes each file and its rename durable against power loss; a killed
     process never leaves a partial part file either way.
@@ -91,7 +92,7 @@ class PartWriter:
     def append(self, row: dict[str, Any]) -> None:
         with self._lock:
             self._rows.append({name: row.get(name) for name in self.schema.names})
-            due = len(self._rows) >= self.flush_rows or time.monotonic() - self._last >= self.flush_s
+            due = len(self._rows) >= self.flush_rows
         if due:
             self.flush()
 
@@ -114,7 +115,7 @@ class PartWriter:
             name = f"part-{seq:06d}-{self._token}.parquet"
             try:
                 table = pa.Table.from_pylist(rows, schema=self.schema)
-                final = self._write_local(table, name) if self.loc.fs is None else self._write_fs(table, name)
+                final = write_part(self.loc, name, table, self.fsync)
             except BaseException:
                 with self._lock:  # keep the rows for the next flush, under the same name: should the failed
                     self._rows[:0] = rows  # write have landed after all (an object store's timeout), the
@@ -124,33 +125,34 @@ class PartWriter:
                 self.rows_written += len(rows)
             return final
 
-    def _write_local(self, table: pa.Table, name: str) -> Path:
-        final = Path(self.loc.path) / name
+    def close(self) -> None:
+        self.flush()
+
+
+def write_part(directory: Location, name: str, table: pa.Table, fsync: bool = True) -> Path | str:
+    """``table`` as the part file ``directory/name``, whole or not at all: locally under a temporary name, then
+    renamed (with ``fsync``: the file and the rename made durable); on an object store in place (an object appears
+    once complete); elsewhere a temporary file moved into place. Returns its path."""
+    if directory.fs is None:
+        final = Path(directory.path) / name
         tmp = final.with_name(f".{name}.tmp")
         try:
             pq.write_table(table, str(tmp))
-            if self.fsync:
+            if fsync:
                 with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
             os.replace(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        if self.fsync:
+        if fsync:
             _fsync_dir(final.parent)
         return final
-
-    def _write_fs(self, table: pa.Table, name: str) -> str:
-        """A whole part file, written the way :meth:`Location.write_bytes` writes on this filesystem (in place on
-        an object store, else a temporary file moved into place)."""
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
-        target = self.loc.join(name)
-        target.write_bytes(sink.getvalue().to_pybytes())
-        return target.path
-
-    def close(self) -> None:
-        self.flush()
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    target = directory.join(name)
+    target.write_bytes(sink.getvalue().to_pybytes())
+    return target.path
 
 
 def _fsync_dir(path: Path) -> None:

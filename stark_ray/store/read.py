@@ -1,12 +1,13 @@
 """Reading a run back: its rows, each task's search tree rebuilt, and DuckDB views for analysis.
 
-Only complete part files are read: ``<run_dir>/<table>/*/part-*.parquet`` (temporary ``.part-*.tmp`` files never
-match). :func:`attempt_rows`, :func:`call_rows` and :func:`rebuild` read them with ``pyarrow.dataset`` (what a
-resume needs, without DuckDB); a column a file lacks (written by an older version) reads as null, or as its old
-name's values where it was renamed (``records.RENAMED_COLUMNS``).
-``connect(run_dir)`` gives DuckDB views ``attempts`` and ``llm_calls`` over the same files. A table without files
-yet is an empty view with the schema's columns. Local directories (and ``file://`` URIs) are read by DuckDB
-itself, live; on other filesystems the part files are read once through ``pyarrow.dataset`` and registered.
+Only the live part files are read: the complete ``<run_dir>/<table>/*/part-*.parquet`` but those a compacted
+file replaces (:mod:`stark_ray.store.parts`; temporary ``.part-*.tmp`` files never match). :func:`attempt_rows`,
+:func:`call_rows` and :func:`rebuild` read them with ``pyarrow.dataset`` (what a resume needs, without DuckDB); a
+column a file lacks (written by an older version) reads as null, or as its old name's values where it was renamed
+(``records.RENAMED_COLUMNS``). ``connect(run_dir)`` gives DuckDB views ``attempts`` and ``llm_calls`` over the files
+live when it connects. A table without files yet is an empty view with the schema's columns. Local directories
+(and ``file://`` URIs) are read by DuckDB itself; on other filesystems the part files are read once through
+``pyarrow.dataset`` and registered.
 
 ``load_trees`` rebuilds each task's :class:`Tree` for ``--resume``. A (task, seq) written twice is an error
 (:class:`StoreError`); a gap in a task's seqs (a row lost because its process died before flushing it) keeps
@@ -22,14 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from stark_ray.records import RENAMED_COLUMNS
 from stark_ray.search.tree import Tree
 from stark_ray.store.location import Location, locate
-from stark_ray.store.parquet import PART_RE
+from stark_ray.store.parts import live_parts, read_live
 from stark_ray.store.run_store import ATTEMPTS, LLM_CALLS, schemas
 
 if TYPE_CHECKING:
@@ -124,16 +123,18 @@ def _require_dir(loc: Location) -> None:
 
 
 def _create_view(con: duckdb.DuckDBPyConnection, table_loc: Location, table: str, schema: pa.Schema) -> None:
+    """The view of a table's live part files as listed now (a compaction meanwhile changes which files hold the
+    rows, not the rows: connect again to see rows written later)."""
     columns = ", ".join(f'"{n}"' for n in schema.names)
-    if table_loc.fs is None and _local_parts(Path(table_loc.path)):
-        pattern = _sql_string(str(Path(table_loc.path) / "*" / "part-*.parquet"))
-        source = f"read_parquet({pattern}, union_by_name = true, hive_partitioning = false)"
+    paths = list(live_parts(table_loc).values())
+    if table_loc.fs is None and paths:
+        files = "[" + ", ".join(_sql_string(p) for p in paths) + "]"
+        source = f"read_parquet({files}, union_by_name = true, hive_partitioning = false)"
         present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
         columns = ", ".join(_column_sql(f, present, RENAMED_COLUMNS.get(table, {}).get(f.name)) for f in schema)
         con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM {source}")
         return
-    paths = [] if table_loc.fs is None else _fs_parts(table_loc)
-    data = _read_parts(paths, table, schema, table_loc.fs) if paths else schema.empty_table()
+    data = read_live(table_loc, table, schema) if paths else schema.empty_table()
     con.register(f"_arrow_{table}", data)
     con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM _arrow_{table}")
 
@@ -146,37 +147,12 @@ def _column_sql(f: pa.Field, present: set[str], old: str | None) -> str:
     return f'"{f.name}"' if f.name in present else f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"'
 
 
-def _read_parts(paths: list[str], table: str, schema: pa.Schema, filesystem: pafs.FileSystem | None,
-                columns: list[str] | None = None, task: str | None = None) -> pa.Table:
-    """The part files as one table of ``schema``'s columns (or ``columns``): nulls where a file lacks one, its old
-    name's values for a renamed one (``RENAMED_COLUMNS``)."""
-    renamed = {new: old for new, old in RENAMED_COLUMNS.get(table, {}).items() if columns is None or new in columns}
-    full = pa.schema([*schema, *(pa.field(old, schema.field(new).type) for new, old in renamed.items())])
-    wanted = None if columns is None else [*columns, *renamed.values()]
-    data = ds.dataset(paths, schema=full, format="parquet", filesystem=filesystem).to_table(
-        columns=wanted, filter=None if task is None else ds.field("task") == task)
-    for new, old in renamed.items():
-        i = data.schema.get_field_index(new)
-        data = data.set_column(i, new, pc.coalesce(data[new], data[old]))
-        data = data.drop_columns([old])
-    return data
-
-
 def _duck_type(t: pa.DataType) -> str:
     if pa.types.is_timestamp(t):
         return "TIMESTAMPTZ" if t.tz else "TIMESTAMP"
     return {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}.get(t, "VARCHAR")
 
 
-
-
-def _fs_parts(table_loc: Location) -> list[str]:
-    """The complete part files one directory level below ``table_loc`` on a non-local filesystem."""
-    assert table_loc.fs is not None
-    base = table_loc.path.rstrip("/") + "/"
-    infos = table_loc.fs.get_file_info(pafs.FileSelector(table_loc.path, recursive=True, allow_not_found=True))
-    return sorted(i.path for i in infos if i.type == pafs.FileType.File and PART_RE.match(i.base_name)
-                  and i.path.startswith(base) and i.path[len(base):].count("/") == 1)
 
 
 def _sql_string(text: str) -> str:
@@ -190,22 +166,10 @@ def _rows(run_dir: str | Path | Location, table: str, task: str | None,
 
 
 def _table(loc: Location, table: str, task: str | None, columns: list[str] | None = None) -> pa.Table:
-    """The complete part files of ``table`` as one Arrow table (the schema's columns; nulls where a file lacks
-    one), optionally one task's rows only."""
+    """The live part files of ``table`` as one Arrow table (the schema's columns; nulls where a file lacks one),
+    optionally one task's rows only."""
     _require_dir(loc)
-    schema = schemas()[table]
-    table_loc = loc.join(table)
-    paths = _local_parts(Path(table_loc.path)) if table_loc.fs is None else _fs_parts(table_loc)
-    if not paths:
-        return schema.empty_table().select(columns or schema.names)
-    return _read_parts(paths, table, schema, table_loc.fs, columns, task)
-
-
-def _local_parts(table_dir: Path) -> list[str]:
-    if not table_dir.is_dir():
-        return []
-    return sorted(str(f) for task_dir in table_dir.iterdir() if task_dir.is_dir()
-                  for f in task_dir.iterdir() if PART_RE.match(f.name))
+    return read_live(loc.join(table), table, schemas()[table], columns, task)
 
 
 def _refuse_duplicates(rows: list[dict[str, Any]]) -> None:

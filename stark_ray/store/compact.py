@@ -1,0 +1,167 @@
+"""Compaction: a table's many small part files rewritten as a few large ones, never visible half done.
+
+A run writes a part file per flush per task (:mod:`stark_ray.store.parquet`), so a long campaign leaves tens of
+thousands of small files that every query must open. :func:`compact_task` rewrites one task's live files as one
+file in the task's directory (the drivers do it when a task ends); :func:`compact_run` rewrites all of a run's live
+files as a few files of up to :data:`TARGET_BYTES` in ``<table>/_compacted/`` (``stark compact RUN``, and the end
+of a campaign). The rows keep their values; old runs' renamed columns come out under their new names.
+
+How it stays safe for readers (:mod:`stark_ray.store.parts`): each new file is written whole under a temporary
+name, lists in its metadata the files it replaces, and is renamed into place; only then are those files deleted.
+Readers skip files a compacted file replaces, so they see every row once at each moment, and a compaction stopped
+anywhere loses nothing (its leftovers are deleted by the next one). Writers of running tasks go on adding files
+meanwhile: those are not in the list and stay live. Compactions of one local run take turns (a lock file); on
+other filesystems run one at a time yourself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from stark_ray.store.location import Location, locate
+from stark_ray.store.parquet import PART_RE, safe_name, write_part
+from stark_ray.store.parts import COMPACTED_DIR, REPLACES_KEY, is_compacted, part_files, read_parts, replaces
+from stark_ray.store.run_store import schemas
+
+TARGET_BYTES = 256 << 20  # a compacted file holds the rows of part files of about this much, together
+LOCK_FILE = ".compact.lock"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Compacted:
+    """What a compaction did, per table: files before and after, rows rewritten."""
+
+    files_before: dict[str, int] = field(default_factory=dict)
+    files_after: dict[str, int] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return "; ".join(f"{t}: {self.files_before[t]} -> {self.files_after[t]} files ({self.rows.get(t, 0)} rows "
+                         "rewritten)" for t in self.files_before)
+
+
+def compact_run(run_dir: str | Path | Location, target_bytes: int = TARGET_BYTES) -> Compacted:
+    """Rewrite every live part file of the run as a few files in ``<table>/_compacted/``."""
+    return _compact(locate(run_dir), None, target_bytes)
+
+
+def compact_task(run_dir: str | Path | Location, task: str) -> Compacted:
+    """Rewrite one task's live part files (in its own directories) as one file per table, in the same place."""
+    return _compact(locate(run_dir), task, None)
+
+
+def compact_finished(run_dir: str | Path | Location, task: str) -> None:
+    """:func:`compact_task` for a task that has ended; a failure is logged (its files stay as they were: nothing
+    recorded is lost, the run is only slower to read)."""
+    try:
+        compact_task(run_dir, task)
+    except Exception as e:
+        log.warning("run %s, task %r: compacting its part files failed (%s); they stay as written", run_dir, task, e)
+
+
+def compact_ended(run_dir: str | Path | Location) -> None:
+    """:func:`compact_run` at the end of a run of several tasks; a failure is logged (nothing is lost)."""
+    try:
+        done = compact_run(run_dir)
+        log.info("run %s compacted: %s", run_dir, done.describe())
+    except Exception as e:
+        log.warning("run %s: compacting its part files failed (%s); `stark compact` can do it later", run_dir, e)
+
+
+def _compact(run: Location, task: str | None, target_bytes: int | None) -> Compacted:
+    out = Compacted()
+    with _turn(run):
+        for table, schema in schemas().items():
+            table_loc = run.join(table)
+            _delete_replaced(table_loc)  # what an interrupted compaction left behind
+            files = part_files(table_loc)
+            if task is not None:
+                files = {rel: p for rel, p in files.items() if rel.partition("/")[0] == safe_name(task)}
+            out.files_before[table] = len(files)
+            groups = _groups(table_loc, files, target_bytes)
+            for group in groups:
+                out.rows[table] = out.rows.get(table, 0) + _rewrite(table_loc, table, schema, group,
+                                                                     task is None, files)
+            out.files_after[table] = out.files_before[table] - sum(len(g) - 1 for g in groups)
+    return out
+
+
+def _groups(table_loc: Location, files: dict[str, str], target_bytes: int | None) -> list[list[str]]:
+    """The files to rewrite together (each group becomes one file); groups of one are left as they are."""
+    rels = sorted(files)
+    if target_bytes is None:
+        return [rels] if len(rels) > 1 else []
+    groups: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for rel in rels:
+        n = _size(files[rel], table_loc)
+        if current and size + n > target_bytes:
+            groups.append(current)
+            current, size = [], 0
+        current.append(rel)
+        size += n
+    if current:
+        groups.append(current)
+    if len(groups) == 1 and len(groups[0]) == 1 and groups[0][0].startswith(COMPACTED_DIR + "/"):
+        return []  # already one compacted file
+    return [g for g in groups if len(g) > 1 or not g[0].startswith(COMPACTED_DIR + "/")]
+
+
+def _rewrite(table_loc: Location, table: str, schema: pa.Schema, group: list[str], into_compacted: bool,
+             files: dict[str, str]) -> int:
+    data = read_parts([files[rel] for rel in group], table, schema, table_loc.fs)
+    data = data.sort_by([("task", "ascending"), ("seq", "ascending")])
+    directory = COMPACTED_DIR if into_compacted else group[0].partition("/")[0]
+    target = table_loc.join(directory)
+    target.mkdir()
+    existing = [int(m.group(1)) for rel in part_files(table_loc) if rel.startswith(directory + "/")
+                and (m := PART_RE.match(rel.partition("/")[2]))]
+    name = f"part-{max(existing, default=-1) + 1:06d}-{uuid.uuid4().hex[:8]}-c.parquet"
+    meta = {**(data.schema.metadata or {}), REPLACES_KEY: json.dumps(group).encode()}
+    write_part(target, name, data.replace_schema_metadata(meta), fsync=True)
+    for rel in group:  # the new file is in place and replaces these: readers already skip them
+        table_loc.join(*rel.split("/")).remove()
+    return data.num_rows
+
+
+def _delete_replaced(table_loc: Location) -> None:
+    files = part_files(table_loc)
+    for rel, path in files.items():
+        if is_compacted(rel.rpartition("/")[2]):
+            for gone in replaces(path, table_loc.fs):
+                if gone in files:
+                    table_loc.join(*gone.split("/")).remove()
+
+
+def _size(path: str, table_loc: Location) -> int:
+    if table_loc.fs is None:
+        return os.path.getsize(path)
+    return int(table_loc.fs.get_file_info(path).size or 0)
+
+
+@contextlib.contextmanager
+def _turn(run: Location) -> Iterator[None]:
+    """Hold the run's compaction lock (local runs; elsewhere compactions must not overlap)."""
+    if run.fs is not None:
+        yield
+        return
+    Path(run.path).mkdir(parents=True, exist_ok=True)
+    fd = os.open(os.path.join(run.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
