@@ -34,6 +34,7 @@ class SearchConfig:
     epsilon: float = 0.3
     n_root: int = 5  # the root gets at most this many children
     n_child: int = 3  # a node with more than this many children, all failed, is pruned
+    n_child_max: int = 8  # no node gets more children than this (the root: n_root), so exploitation spreads; 0: no cap
     top_r: int = 5  # leaderboard entries shown to the plan agent
     k: int = 0  # Best-of-K width; 0 = the whole budget goes to root children
     max_debug_chain: int = 2  # at most this many debug fixes in a row on one lineage
@@ -52,8 +53,9 @@ class SearchConfig:
             raise ValueError(f"unknown ablation {self.ablation!r}; choose one of {', '.join(ABLATIONS)}")
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
-        if self.n_root < 1 or self.n_child < 0 or self.top_r < 0 or self.k < 0 or self.max_debug_chain < 0:
-            raise ValueError("n_root must be >= 1; n_child, top_r, k and max_debug_chain >= 0")
+        if (self.n_root < 1 or self.n_child < 0 or self.n_child_max < 0 or self.top_r < 0 or self.k < 0
+                or self.max_debug_chain < 0):
+            raise ValueError("n_root must be >= 1; n_child, n_child_max, top_r, k and max_debug_chain >= 0")
         if self.window_chars < 1000:
             raise ValueError(f"window_chars must be >= 1000, got {self.window_chars}")
 

@@ -144,6 +144,8 @@ def test_campaign_command_mistakes_get_one_line(tmp_path: Path) -> None:
                        ('[tasks]\nfiles = "x.py"\n', "[tasks] files must be a list of strings, got 'x.py'"),
                        ('[run]\nevaluators = "two"\n' + files, "[run] evaluators must be an integer, got 'two'"),
                        ('[run]\nevaluators = 0\n' + files, "[run] evaluators must be >= 1"),
+                       ('[run]\nmax_in_flight = 0\n' + files, "[run] max_in_flight must be >= 1"),
+                       ('[search]\nn_child_max = -1\n' + files, "n_child_max"),
                        ('[caps]\nmax_cost = "5"\n' + files, "[caps] max_cost must be a number, got '5'"),
                        ('[agents]\ntimeout_s = [1]\n' + files, "[agents] timeout_s must be a number")):
         cfg.write_text(text)

@@ -41,8 +41,7 @@ class Harness:
 
     def run(self, client: ScriptedClient, cfg: SearchConfig) -> Tree:
         tree = Tree.with_reference(self.task.source, self.reference)
-        policy = make_policy(cfg.policy, cfg.ablation, cfg.epsilon, cfg.n_root, cfg.n_child,
-                             cfg.max_debug_chain, cfg.k)
+        policy = make_policy(cfg)
         team = make_team(client, AgentConfig(), cfg, self.info)
         search(tree, policy, team, self.evaluate, cfg.budget, cfg.seed)
         return tree

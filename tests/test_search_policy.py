@@ -7,8 +7,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from search_helpers import add, bad, hand_built, ok, reference_tree
 
+from stark_ray.config import SearchConfig
 from stark_ray.records import AGENT_DEBUG, STAGE_CORRECTNESS, STAGE_PARSE
-from stark_ray.search.policy import BestOfK, EpsilonGreedy, Greedy, Rules, is_dead, make_policy, pruned_nodes
+from stark_ray.search.policy import (
+    BestOfK,
+    EpsilonGreedy,
+    Greedy,
+    Rules,
+    is_dead,
+    make_policy,
+    pruned_nodes,
+    rules_of,
+)
 from stark_ray.search.tree import Tree
 
 
@@ -25,6 +35,17 @@ def test_epsilon_zero_always_picks_the_best_accepted_node() -> None:
     t = hand_built()
     assert set(draws(EpsilonGreedy(0.0), t, 300)) == {9}
     assert set(draws(Greedy(), t, 300)) == {9}
+
+
+def test_a_full_node_is_not_exploited_again_and_the_next_best_is() -> None:
+    t = hand_built()  # 9 (4 ms) is the best, then 4 (5 ms)
+    for _ in range(3):
+        add(t, 9, ok(5.5))  # three children, slower than 9 and 4
+    assert EpsilonGreedy(0.0, Rules(n_child_max=4)).select(t, random.Random(0)).id == 9
+    add(t, 9, ok(5.5))  # four: full
+    assert EpsilonGreedy(0.0, Rules(n_child_max=4)).select(t, random.Random(0)).id == 4
+    assert EpsilonGreedy(0.0, Rules(n_child_max=0)).select(t, random.Random(0)).id == 9  # 0: no cap
+    assert make_policy(SearchConfig(n_child_max=4)).rules.n_child_max == 4  # type: ignore[attr-defined]
 
 
 def test_exploration_covers_every_expandable_leaf_uniformly() -> None:
@@ -159,11 +180,11 @@ def test_best_of_k_with_repair_debugs_each_sample_along_its_own_chain() -> None:
 
 
 def test_make_policy_maps_ablations() -> None:
-    assert isinstance(make_policy("epsilon_greedy"), EpsilonGreedy)
-    assert isinstance(make_policy("greedy"), Greedy)
-    p = make_policy("epsilon_greedy", ablation="ma_only")
+    assert isinstance(make_policy(SearchConfig(policy="epsilon_greedy")), EpsilonGreedy)
+    assert isinstance(make_policy(SearchConfig(policy="greedy")), Greedy)
+    p = make_policy(SearchConfig(policy="epsilon_greedy", ablation="ma_only"))
     assert isinstance(p, BestOfK) and p.repair
-    assert isinstance(make_policy("best_of_k", k=4), BestOfK)
+    assert isinstance(make_policy(SearchConfig(policy="best_of_k", k=4)), BestOfK)
 
 
 @settings(max_examples=150, deadline=None)
@@ -214,8 +235,8 @@ def test_a_policy_added_to_the_table_is_taken_by_the_settings_and_made_for_the_s
 
     with pytest.raises(ValueError, match="unknown policy 'deepest'"):
         SearchConfig(policy="deepest")
-    monkeypatch.setitem(POLICY_FACTORIES, "deepest", lambda knobs: Deepest(knobs.rules))
+    monkeypatch.setitem(POLICY_FACTORIES, "deepest", lambda knobs: Deepest(rules_of(knobs)))
     cfg = SearchConfig(policy="deepest", n_child=1)
-    policy = make_policy(cfg.policy, cfg.ablation, cfg.epsilon, cfg.n_root, cfg.n_child, cfg.max_debug_chain, cfg.k)
+    policy = make_policy(cfg)
     assert isinstance(policy, Deepest) and policy.rules.n_child == 1
     assert policy.select(hand_built(), random.Random(0)).id == 8  # depth 3: nodes 8 and 9

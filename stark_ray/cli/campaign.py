@@ -14,6 +14,7 @@ import typer
 from stark_ray.cli.app import AGENTS, EVAL, SEARCH, app, err, fail
 from stark_ray.config import ABLATIONS, TOLERANCES, AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.backends import available_backends
+from stark_ray.run.campaign import MAX_IN_FLIGHT
 from stark_ray.search.policy import POLICIES
 
 _S, _A, _E = SEARCH, AGENTS, EVAL  # the defaults the help shows (defined in config.py, once)
@@ -51,6 +52,8 @@ def campaign(
                       ] = None,
     n_child: Annotated[int | None, typer.Option(help="Prune a node with more failed children than this "
                                                      f"(default: {_S.n_child}).")] = None,
+    n_child_max: Annotated[int | None, typer.Option(help="No node but the root gets more children than this (0: "
+                                                         f"no cap; default: {_S.n_child_max}).")] = None,
     top_r: Annotated[int | None, typer.Option(help="Leaderboard entries shown to the plan agent "
                                                    f"(default: {_S.top_r}).")] = None,
     k: Annotated[int | None, typer.Option(help=f"Best-of-K width (0: the whole budget) (default: {_S.k}).")] = None,
@@ -86,6 +89,8 @@ def campaign(
                                                show_default=False)] = None,
     evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU at the start; "
                                                         "more wait for the autoscaler).")] = None,
+    max_in_flight: Annotated[int | None, typer.Option(help="Agent calls and evaluations outstanding at once, over "
+                                                           f"all tasks (default: {MAX_IN_FLIGHT}).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view.")] = False,
 ) -> None:
     """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
@@ -103,7 +108,8 @@ def campaign(
         "tasks": {"files": tasks, "kernelbench": kernelbench, "levels": levels, "ids": ids, "names": names,
                   "subset": subset},
         "search": {"budget": budget, "parallel": parallel, "policy": policy, "ablation": ablation,
-                   "epsilon": epsilon, "seed": seed, "n_root": n_root, "n_child": n_child, "top_r": top_r, "k": k,
+                   "epsilon": epsilon, "seed": seed, "n_root": n_root, "n_child": n_child,
+                   "n_child_max": n_child_max, "top_r": top_r, "k": k,
                    "max_debug_chain": max_debug_chain, "window_chars": window_chars},
         "agents": {"provider": provider, "model": model, "base_url": base_url, "timeout_s": timeout,
                    "cassette": str(cassette) if cassette else None},
@@ -111,7 +117,7 @@ def campaign(
                  "isolate": isolate, "memory_budget_gb": memory_budget, "compile_timeout_s": compile_timeout},
         "caps": {"max_cost": max_cost, "max_tokens": max_tokens, "task_max_cost": task_max_cost,
                  "task_max_tokens": task_max_tokens},
-        "run": {"out": out, "address": address, "evaluators": evaluators},
+        "run": {"out": out, "address": address, "evaluators": evaluators, "max_in_flight": max_in_flight},
     }
     try:
         file_cfg = load_config(config) if config else {}
@@ -121,8 +127,9 @@ def campaign(
     except (CampaignError, TypeError) as e:
         fail(f"{config}: {e}" if config and isinstance(e, TypeError) else str(e))
     run_cfg = merged["run"]
-    if evaluators is not None and evaluators < 1:
-        fail("--evaluators must be >= 1")
+    for option, value in (("--evaluators", evaluators), ("--max-in-flight", max_in_flight)):
+        if value is not None and value < 1:
+            fail(f"{option} must be >= 1")
     reporter = reporter_for(True) if quiet else _campaignreporter_for()
     if resume is not None:  # the recorded campaign; --budget, --parallel, the caps, where it runs may change
         run_dir = existing_dir(resume, "--resume", "campaign directory")
@@ -131,12 +138,13 @@ def campaign(
                  "--cassette": cassette, "--backend": backend, "--baseline": baseline, "--trials": trials,
                  "--seed": seed, "--isolate": isolate, "--memory-budget": memory_budget,
                  "--compile-timeout": compile_timeout, "--policy": policy, "--ablation": ablation,
-                 "--epsilon": epsilon, "--n-root": n_root, "--n-child": n_child, "--top-r": top_r, "--k": k,
+                 "--epsilon": epsilon, "--n-root": n_root, "--n-child": n_child,
+                 "--n-child-max": n_child_max, "--top-r": top_r, "--k": k,
                  "--max-debug-chain": max_debug_chain, "--window-chars": window_chars, "--timeout": timeout,
                  "--tolerance": tolerance, "--out": out, "--config": config}
         try:
             refuse_changes([option for option, value in fixed.items() if value not in (None, [])],
-                           "--budget, --parallel, the spending caps, --address and --evaluators")
+                           "--budget, --parallel, the spending caps, --address, --evaluators and --max-in-flight")
             run = resumed(run_dir, budget, parallel)
             if run.finished:
                 typer.echo(run.finished_line(run_dir))
@@ -145,8 +153,8 @@ def campaign(
         except (RunError, ConfigError, ValueError, TypeError) as e:
             fail(f"--resume {resume}: {e}")
         run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
-                           address=address, caps=caps,
-                           evaluators=evaluators), reporter)
+                           address=address, caps=caps, evaluators=evaluators,
+                           max_in_flight=max_in_flight or MAX_IN_FLIGHT), reporter)
         return
     sel = merged["tasks"]
     try:
@@ -166,7 +174,8 @@ def campaign(
     out_dir = writable_dir(str(run_cfg.get("out") or "runs"), "--out")
     gpu_first(eval_cfg.backend, run_cfg.get("address"), run_cfg.get("evaluators"))
     run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"),
-                       caps=caps, evaluators=run_cfg.get("evaluators")), reporter)
+                       caps=caps, evaluators=run_cfg.get("evaluators"),
+                       max_in_flight=run_cfg.get("max_in_flight") or MAX_IN_FLIGHT), reporter)
 
 
 def _campaignreporter_for() -> Any:

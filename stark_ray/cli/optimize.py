@@ -27,6 +27,7 @@ from stark_ray.cli.app import (
     interrupt,
 )
 from stark_ray.config import ABLATIONS, AgentConfig, EvalConfig, SearchConfig
+from stark_ray.run.campaign import MAX_IN_FLIGHT
 from stark_ray.search.policy import POLICIES
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ def optimize(
     record: Annotated[Path | None, typer.Option(help="Record every LLM exchange to this JSONL.")] = None,
     n_root: Annotated[int, typer.Option(help="The root gets at most this many children.")] = SEARCH.n_root,
     n_child: Annotated[int, typer.Option(help="Prune a node with more failed children than this.")] = SEARCH.n_child,
+    n_child_max: Annotated[int, typer.Option(help="No node but the root gets more children than this (0: no "
+                                                  "cap).")] = SEARCH.n_child_max,
     top_r: Annotated[int, typer.Option(help="Leaderboard entries shown to the plan agent.")] = SEARCH.top_r,
     k: Annotated[int, typer.Option(help="Best-of-K width (0: the whole budget).")] = SEARCH.k,
     trials: Trials = EVAL.trials,
@@ -99,6 +102,8 @@ def optimize(
     evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU of the cluster "
                                                         "at the start; more wait for the autoscaler).",
                                                    show_default=False)] = None,
+    max_in_flight: Annotated[int, typer.Option(help="Ray: agent calls and evaluations outstanding at once.",
+                                               min=1)] = MAX_IN_FLIGHT,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
     from stark_ray.cli.places import gpu_first, kernelbench_task, writable_dir, writable_file
@@ -112,7 +117,7 @@ def optimize(
     if evaluators is not None and evaluators < 1:
         fail("--evaluators must be >= 1")
     if resume is not None:
-        _resume(ctx, resume, executor, address, quiet, evaluators)
+        _resume(ctx, resume, executor, address, quiet, evaluators, max_in_flight)
         return
     path = _one_task(task, ref_path) if kernelbench is None and level is None and problem is None else \
         kernelbench_task(kernelbench, level, problem, given=task or ref_path)
@@ -120,7 +125,7 @@ def optimize(
         fail(f"--cassette replays recorded replies; it cannot be combined with --provider {provider}")
     try:
         search_cfg = SearchConfig(budget=budget, policy=policy, ablation=ablation, epsilon=epsilon,
-                                  n_root=n_root, n_child=n_child, top_r=top_r, k=k, seed=seed,
+                                  n_root=n_root, n_child=n_child, n_child_max=n_child_max, top_r=top_r, k=k, seed=seed,
                                   max_debug_chain=max_debug_chain, window_chars=window_chars, parallel=parallel)
         agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model or "",
                                 base_url=base_url, cassette=str(cassette) if cassette else None,
@@ -154,7 +159,7 @@ def optimize(
         from stark_ray.run.ray_driver import RayRun
 
         run_on_ray(RayRun([the_task], search_cfg, agent_cfg, eval_cfg, out_dir, address=address,
-                           evaluators=evaluators), reporter)
+                           evaluators=evaluators, max_in_flight=max_in_flight), reporter)
         return
     run_locally(the_task, client, search_cfg, agent_cfg, eval_cfg, out_dir, reporter)
 
@@ -208,11 +213,12 @@ def run_on_ray(run: RayRun, reporter: Reporter) -> None:
         fail(f"{type(e).__name__}: {e}{kept}", 1)
 
 
-RESUME_OPTIONS = frozenset({"resume", "budget", "parallel", "address", "quiet", "evaluators", "executor"})
+RESUME_OPTIONS = frozenset({"resume", "budget", "parallel", "address", "quiet", "evaluators", "executor",
+                            "max_in_flight"})
 
 
 def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None, quiet: bool,
-            evaluators: int | None = None) -> None:
+            evaluators: int | None = None, max_in_flight: int = MAX_IN_FLIGHT) -> None:
     """Continue a run: its task(s) and settings come from its run.json; --budget and --parallel may change
     (see stark_ray/run/resume.py), anything else given is refused; a finished run says so at once. It goes on
     with the executor that made it, or the one --executor names."""
@@ -247,7 +253,7 @@ def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None,
                      run_dir)
         return
     run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
-                       address=address, evaluators=evaluators), reporter_for(quiet))
+                       address=address, evaluators=evaluators, max_in_flight=max_in_flight), reporter_for(quiet))
 
 
 class QuietReporter:

@@ -155,7 +155,8 @@ SECTIONS = {"tasks", "search", "agents", "eval", "caps", "run"}
 # the keys of the sections that are no settings dataclass: the task selection and where the campaign runs
 TASK_KEYS: dict[str, Any] = {"files": list[str], "kernelbench": str, "levels": list[int], "ids": list[int],
                              "names": list[str], "subset": str}
-RUN_KEYS: dict[str, Any] = {"out": str, "address": str, "evaluators": int}
+RUN_KEYS: dict[str, Any] = {"out": str, "address": str, "evaluators": int, "max_in_flight": int}
+MAX_IN_FLIGHT = 64  # [run] max_in_flight's default: agent calls plus evaluations outstanding at once, all tasks
 NOT_IN_FILES = {"eval": {"hidden_paths"}}  # set by the run itself
 
 
@@ -214,8 +215,9 @@ def check_section(path: Path, name: str, section: dict[str, Any]) -> None:
             raise CampaignError(f"{path}: [{name}] has no key {key!r}; its keys are {', '.join(sorted(known))}")
         if not fits(value, known[key]):
             raise CampaignError(f"{path}: [{name}] {key} must be {type_name(known[key])}, got {value!r}")
-    if name == "run" and section.get("evaluators") is not None and section["evaluators"] < 1:
-        raise CampaignError(f"{path}: [run] evaluators must be >= 1, got {section['evaluators']}")
+    for key in ("evaluators", "max_in_flight"):
+        if name == "run" and section.get(key) is not None and section[key] < 1:
+            raise CampaignError(f"{path}: [run] {key} must be >= 1, got {section[key]}")
 
 
 def load_config(path: Path) -> dict[str, dict[str, Any]]:

@@ -110,8 +110,7 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
             run = Run(run_dir, task, tree, recorded_usage(run_dir)[task.name])
         info = TaskInfo(name=task.name, reference_source=task.source, backend=eval_cfg.backend,
                         hardware=evaluator.hardware_description())
-        policy = make_policy(search_cfg.policy, search_cfg.ablation, search_cfg.epsilon, search_cfg.n_root,
-                             search_cfg.n_child, search_cfg.max_debug_chain, search_cfg.k)
+        policy = make_policy(search_cfg)
         team = make_team(client, agent_cfg, search_cfg, info)
 
         def on_attempt(node: Node, step: AgentResult) -> None:

@@ -21,14 +21,13 @@ from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor, write_specs
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import Task, TaskError
-from stark_ray.run.campaign import Caps
+from stark_ray.run.campaign import MAX_IN_FLIGHT, Caps
 from stark_ray.run.directory import RunError
 from stark_ray.run.local_ray import LocalRay, RayStartError, quiet_error_broadcasts, start_local_ray
 from stark_ray.store.location import Location, locate
 from stark_ray.store.read import StoreError, call_rows, load_trees
 
 STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
-MAX_IN_FLIGHT = 64  # agent calls plus evaluations outstanding at once, over all tasks
 
 
 @dataclass

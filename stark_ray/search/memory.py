@@ -122,8 +122,7 @@ def make_task_search(name: str, tree: Tree, search: SearchConfig, agents: AgentC
                      client: LLMClient | None = None) -> TaskSearch:
     """A task's search as the run's settings say (a tree rebuilt from records, for a resume or a restarted memory,
     continues as the uninterrupted search would: see :func:`selection_rng`)."""
-    policy = make_policy(search.policy, search.ablation, search.epsilon, search.n_root, search.n_child,
-                         search.max_debug_chain, search.k)
+    policy = make_policy(search)
     team = make_team(client, agents, search, info)  # type: ignore[arg-type]  # no client: windows only
     return TaskSearch(name, tree, policy, team, search.budget, search.seed, search.parallel)
 

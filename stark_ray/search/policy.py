@@ -3,17 +3,18 @@
 Vocabulary (STARK.md):
 - *repairable*: a failed node that holds a candidate (it compiled or not, ran or not) and whose debug chain is
   shorter than ``max_debug_chain``; selecting it sends it to the debug agent.
-- *expandable*: a node some agent can work on: a correct node (plan + code) or a repairable failed one.
+- *expandable*: a node some agent can work on: an accepted node (plan + code) or a repairable failed one.
 - *root throttling*: the root gets at most ``n_root`` children; after that it is not selectable.
-- *dead branch*: a node other than the root with more than ``n_child`` children and no correct node below it;
+- *dead branch*: a node other than the root with more than ``n_child`` children and no accepted node below it;
   it and its whole subtree are not selectable. (The root is bounded by ``n_root`` alone.)
+- *full*: a node other than the root with ``n_child_max`` children (0: no cap) is not selectable itself (its
+  children are): the best node cannot take the whole budget, exploitation moves on to the next best.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Protocol
 
 from stark_ray.records import Node
@@ -60,8 +61,9 @@ def pruned_nodes(tree: Tree, n_child: int) -> frozenset[int]:
 class Rules:
     """Selectability shared by the tree policies."""
 
-    def __init__(self, n_root: int = 5, n_child: int = 3, max_debug_chain: int = 2) -> None:
+    def __init__(self, n_root: int = 5, n_child: int = 3, max_debug_chain: int = 2, n_child_max: int = 0) -> None:
         self.n_root, self.n_child, self.max_debug_chain = n_root, n_child, max_debug_chain
+        self.n_child_max = n_child_max
 
     def pruned(self, tree: Tree, node: Node) -> bool:
         """``node`` or one of its ancestors is a dead branch."""
@@ -70,6 +72,8 @@ class Rules:
 
     def selectable(self, tree: Tree, node: Node) -> bool:
         if node.is_root and len(node.children) >= self.n_root:
+            return False
+        if not node.is_root and self.n_child_max and len(node.children) >= self.n_child_max:
             return False
         if not (node.accepted or repairable(tree, node, self.max_debug_chain)):
             return False
@@ -90,7 +94,7 @@ class Rules:
             correct = sorted((n for n in t if n.accepted and self.selectable(t, n)), key=lambda n: (n.score, n.id))
             return leaves, correct
 
-        return tree.memo(("selectable", self.n_root, self.n_child, self.max_debug_chain), compute)
+        return tree.memo(("selectable", self.n_root, self.n_child, self.max_debug_chain, self.n_child_max), compute)
 
 
 class EpsilonGreedy:
@@ -144,38 +148,49 @@ class BestOfK:
         return tree.root
 
 
-@dataclass(frozen=True)
-class Knobs:
-    """What a policy is made from: SearchConfig's fields of the same names."""
-
-    epsilon: float = 0.3
-    n_root: int = 5
-    n_child: int = 3
-    max_debug_chain: int = 2
-    k: int = 0
+class Knobs(Protocol):
+    """What a policy is made from: the run's ``SearchConfig`` (its fields of these names)."""
 
     @property
-    def rules(self) -> Rules:
-        return Rules(n_root=self.n_root, n_child=self.n_child, max_debug_chain=self.max_debug_chain)
+    def policy(self) -> str: ...
+    @property
+    def ablation(self) -> str: ...
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def n_root(self) -> int: ...
+    @property
+    def n_child(self) -> int: ...
+    @property
+    def n_child_max(self) -> int: ...
+    @property
+    def max_debug_chain(self) -> int: ...
+    @property
+    def k(self) -> int: ...
+
+
+def rules_of(knobs: Knobs) -> Rules:
+    return Rules(n_root=knobs.n_root, n_child=knobs.n_child, max_debug_chain=knobs.max_debug_chain,
+                 n_child_max=knobs.n_child_max)
 
 
 # Every policy by the name --policy gives it, and how it is made. A new policy is a class with ``select`` (the
 # Policy protocol above) and one entry here; SearchConfig, the CLI's help and both executors take it from this
 # table (docs/architecture.md, "Adding a search policy").
 POLICY_FACTORIES: dict[str, Callable[[Knobs], Policy]] = {
-    "epsilon_greedy": lambda knobs: EpsilonGreedy(knobs.epsilon, knobs.rules),
-    "greedy": lambda knobs: Greedy(knobs.rules),
+    "epsilon_greedy": lambda knobs: EpsilonGreedy(knobs.epsilon, rules_of(knobs)),
+    "greedy": lambda knobs: Greedy(rules_of(knobs)),
     "best_of_k": lambda knobs: BestOfK(k=knobs.k, repair=False),
 }
 POLICIES = tuple(POLICY_FACTORIES)
 
 
-def make_policy(policy: str, ablation: str = "none", epsilon: float = 0.3, n_root: int = 5, n_child: int = 3,
-                max_debug_chain: int = 2, k: int = 0) -> Policy:
-    """The policy a run uses. ``ma_only`` means agents + Best-of-K whatever ``policy`` says."""
-    if ablation == "ma_only":
-        return BestOfK(k=k, repair=True, max_debug_chain=max_debug_chain)
-    factory = POLICY_FACTORIES.get(policy)
+def make_policy(search: Knobs) -> Policy:
+    """The policy a run's ``SearchConfig`` asks for. The ``ma_only`` ablation means agents + Best-of-K whatever
+    its ``policy`` says."""
+    if search.ablation == "ma_only":
+        return BestOfK(k=search.k, repair=True, max_debug_chain=search.max_debug_chain)
+    factory = POLICY_FACTORIES.get(search.policy)
     if factory is None:
-        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICY_FACTORIES)}")
-    return factory(Knobs(epsilon, n_root, n_child, max_debug_chain, k))
+        raise ValueError(f"unknown policy {search.policy!r}; choose one of {', '.join(POLICY_FACTORIES)}")
+    return factory(search)
