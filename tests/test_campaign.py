@@ -90,10 +90,10 @@ def _report_sql_and_notebook_agree(run_dir: Path, tmp_path: Path) -> None:
     from stark_ray.analysis.views import task_rows
 
     con = connect(run_dir)
-    judged_ok, flagged = con.sql("SELECT count(*) FILTER (WHERE ok), count(*) FILTER (WHERE NOT ok AND "
+    judged_ok, flagged = con.sql("SELECT count(*) FILTER (WHERE accepted), count(*) FILTER (WHERE NOT accepted AND "
                                  "failure = 'rejected: suspicious') FROM judged WHERE seq > 0").fetchall()[0]
     # every attempt passed the checks; on a busy box the worker can time the reference's own code at 2-4x, which
-    # the judge's clock then flags suspicious (not ok): the notebook must count what the package counts
+    # the judge's clock then flags suspicious (not accepted): the notebook must count what the package counts
     assert judged_ok + flagged == 12
     assert found["tasks"] == 3 and found["attempts"] == 12 and found["accepted"] == judged_ok
     assert found["llm_calls"] == calls

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import ray_replies
 
+from stark_ray.actors.tree_memory import SPECS_FILE
 from stark_ray.analysis.views import connect
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import load_task
@@ -69,7 +70,8 @@ def test_the_local_and_the_ray_executor_make_the_same_run(ray_cluster: str, tmp_
     ray_dir, local_dir = Path(on_ray.run_dir), Path(local.run_dir)
     assert on_ray.status == local.status == "finished" and on_ray.attempts == local.attempts == 6
 
-    assert files(ray_dir) == files(local_dir)
+    # alike but for what the memory actor is made from (Ray's placement: read again when the actor restarts)
+    assert [f for f in files(ray_dir) if f != SPECS_FILE] == files(local_dir)
     assert {"run.json", "summary.json", "best_kernel.py"} <= set(files(local_dir))
     ray_record, local_record = (json.loads((d / "run.json").read_text()) for d in (ray_dir, local_dir))
     assert (ray_record.pop("executor"), local_record.pop("executor")) == ("ray", "local")

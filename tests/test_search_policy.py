@@ -16,9 +16,10 @@ from stark_ray.search.policy import (
     Rules,
     is_dead,
     make_policy,
-    pruned_nodes,
     rules_of,
+    selectable_from_scratch,
 )
+from stark_ray.search.selection import Selection
 from stark_ray.search.tree import Tree
 
 
@@ -187,22 +188,36 @@ def test_make_policy_maps_ablations() -> None:
     assert isinstance(make_policy(SearchConfig(policy="best_of_k", k=4)), BestOfK)
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 1000), st.sampled_from(["ok", "fail", "parse"])), min_size=1,
-                max_size=60), st.integers(1, 4))
-def test_the_one_pass_pruning_is_the_definition(shape, n_child) -> None:
-    """What select uses (one pass over the tree, kept until it grows) equals is_dead on the node and its
-    ancestors, after every attach."""
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1000), st.sampled_from(["ok", "fail", "parse"]), st.integers(1, 40)),
+                min_size=1, max_size=80),
+       st.integers(1, 4), st.integers(1, 5), st.integers(0, 5), st.integers(0, 3),
+       st.lists(st.tuples(st.floats(0.0, 0.999), st.sets(st.integers(0, 80), max_size=4)), min_size=1, max_size=3))
+def test_the_selection_kept_up_to_date_is_the_definition(shape, n_child, n_root, n_child_max, chain, picks) -> None:
+    """What select uses (kept up to date at every attach: selection.py) equals the definition computed from the
+    whole tree, after every attach of random trees (parents anywhere: in-flight work lands under dead branches
+    too, and an accepted node there brings them back); the leaf chosen without making the list is the list's."""
     t = reference_tree()
-    rules = Rules(n_root=3, n_child=n_child, max_debug_chain=2)
-    for parent_pick, kind in shape:
+    rules = Rules(n_root=n_root, n_child=n_child, max_debug_chain=chain, n_child_max=n_child_max)
+    rules.selection(t)  # made on the first tree, then only told of each attach
+    for parent_pick, kind, ms in shape:
         parent = parent_pick % len(t)
-        add(t, parent, ok(5.0) if kind == "ok" else bad(STAGE_PARSE if kind == "parse" else STAGE_CORRECTNESS))
+        add(t, parent, ok(float(ms)) if kind == "ok" else bad(STAGE_PARSE if kind == "parse" else STAGE_CORRECTNESS))
+        leaves, board = selectable_from_scratch(t, rules)
+        assert [n.id for n in rules.expandable_leaves(t)] == [n.id for n in leaves]
+        assert [n.id for n in rules.selection(t).board_nodes()] == [n.id for n in board]
         want = {n.id for n in t if any(is_dead(t, m, n_child) for m in [n, *t.ancestors(n.id)])}
-        assert pruned_nodes(t, n_child) == want
         assert {n.id for n in t if rules.pruned(t, n)} == want
-        assert [n.id for n in rules.expandable_leaves(t)] == \
-            [n.id for n in t.leaves() if rules.selectable(t, n)]
+        assert [n.id for n in t.leaderboard()] == [n.id for n in sorted((n for n in t if n.accepted and not n.is_root),
+                                                                       key=lambda n: (n.score, n.id))]
+        built = Selection(t, n_root, n_child, chain, n_child_max)  # made on the whole tree at once: the same
+        assert (built.leaves, built.board, built.dead_above) == (rules.selection(t).leaves, rules.selection(t).board,
+                                                                 rules.selection(t).dead_above)
+        for pick, busy in picks:
+            free = [n for n in leaves if n.id not in busy]
+            expected = free[int(pick * len(free))] if free else None
+            assert rules.expandable_leaf(t, pick, busy) is expected
+            assert rules.best_accepted(t, busy) is next((n for n in board if n.id not in busy), None)
 
 
 def test_what_selection_keeps_is_forgotten_when_the_tree_grows() -> None:

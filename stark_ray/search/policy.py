@@ -13,11 +13,13 @@ Vocabulary (STARK.md):
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Callable, Collection
 from typing import Protocol
 
 from stark_ray.records import Node
+from stark_ray.search.selection import Selection
 from stark_ray.search.tree import Tree
 
 
@@ -38,63 +40,65 @@ def is_dead(tree: Tree, node: Node, n_child: int) -> bool:
     return not node.is_root and len(node.children) > n_child and not any(d.accepted for d in tree.descendants(node.id))
 
 
-def pruned_nodes(tree: Tree, n_child: int) -> frozenset[int]:
-    """Every node that is dead or lies below a dead node, in one pass over the tree (O(n); :func:`is_dead` on
-    each node and its ancestors would be O(n^2)). Kept by the tree until it grows."""
-    order: list[Node] = []  # pre-order: every parent before its children
-    stack = [tree.root]
-    while stack:
-        node = stack.pop()
-        order.append(node)
-        stack.extend(tree[c] for c in node.children)
-    correct_below: dict[int, bool] = {}  # any correct node strictly below
-    for node in reversed(order):
-        correct_below[node.id] = any(tree[c].accepted or correct_below[c] for c in node.children)
-    out: set[int] = set()
-    for node in order:
-        if (node.parent is not None and node.parent in out) or (
-                not node.is_root and len(node.children) > n_child and not correct_below[node.id]):
-            out.add(node.id)
-    return frozenset(out)
-
-
 class Rules:
-    """Selectability shared by the tree policies."""
+    """Selectability shared by the tree policies, kept up to date as the tree grows (:mod:`.selection`)."""
 
     def __init__(self, n_root: int = 5, n_child: int = 3, max_debug_chain: int = 2, n_child_max: int = 0) -> None:
         self.n_root, self.n_child, self.max_debug_chain = n_root, n_child, max_debug_chain
         self.n_child_max = n_child_max
 
+    def selection(self, tree: Tree) -> Selection:
+        """The tree's selectable nodes under these rules, made once and then kept up to date by every attach."""
+        key = ("selection", self.n_root, self.n_child, self.max_debug_chain, self.n_child_max)
+        return tree.watch(key, lambda t: Selection(t, self.n_root, self.n_child, self.max_debug_chain,
+                                                   self.n_child_max))
+
     def pruned(self, tree: Tree, node: Node) -> bool:
         """``node`` or one of its ancestors is a dead branch."""
-        n_child = self.n_child
-        return node.id in tree.memo(("pruned", n_child), lambda t: pruned_nodes(t, n_child))
+        return self.selection(tree).dead_above.get(node.id, 0) > 0
 
     def selectable(self, tree: Tree, node: Node) -> bool:
-        if node.is_root and len(node.children) >= self.n_root:
-            return False
-        if not node.is_root and self.n_child_max and len(node.children) >= self.n_child_max:
-            return False
-        if not (node.accepted or repairable(tree, node, self.max_debug_chain)):
-            return False
-        return not self.pruned(tree, node)
+        return self.selection(tree).selectable(node)
 
     def expandable_leaves(self, tree: Tree, busy: Collection[int] = ()) -> list[Node]:
-        return [n for n in self._selectable(tree)[0] if n.id not in busy]
+        """The selectable leaves in tree order, those in ``busy`` left out."""
+        return [n for n in self.selection(tree).leaf_nodes() if n.id not in busy]
+
+    def expandable_leaf(self, tree: Tree, pick: float, busy: Collection[int] = ()) -> Node | None:
+        """``expandable_leaves(tree, busy)[int(pick * len(...))]`` without making the list (None when empty)."""
+        ids = self.selection(tree).leaves
+        skipped = sorted(i for b in busy if (i := bisect.bisect_left(ids, b)) < len(ids) and ids[i] == b)
+        free = len(ids) - len(skipped)
+        if free <= 0:
+            return None
+        k = int(pick * free)
+        for position in skipped:  # the k-th free one lies past each busy one before it
+            if position <= k:
+                k += 1
+        return tree.nodes[ids[k]]
 
     def best_accepted(self, tree: Tree, busy: Collection[int] = ()) -> Node | None:
-        """The best-scoring (fastest relative to the reference) selectable correct node; the reference competes
+        """The best-scoring (fastest relative to the reference) selectable accepted node; the reference competes
         with a score of 1."""
-        return next((n for n in self._selectable(tree)[1] if n.id not in busy), None)
+        nodes = tree.nodes
+        return next((nodes[i] for _, i in self.selection(tree).board if i not in busy), None)
 
-    def _selectable(self, tree: Tree) -> tuple[list[Node], list[Node]]:
-        """(selectable leaves in tree order, selectable correct nodes best first), kept until the tree grows."""
-        def compute(t: Tree) -> tuple[list[Node], list[Node]]:
-            leaves = [n for n in t.leaves() if self.selectable(t, n)]
-            correct = sorted((n for n in t if n.accepted and self.selectable(t, n)), key=lambda n: (n.score, n.id))
-            return leaves, correct
 
-        return tree.memo(("selectable", self.n_root, self.n_child, self.max_debug_chain, self.n_child_max), compute)
+def selectable_from_scratch(tree: Tree, rules: Rules) -> tuple[list[Node], list[Node]]:
+    """The definition :class:`Selection` keeps up to date, computed from the whole tree (for tests): (selectable
+    leaves in tree order, selectable accepted nodes best first)."""
+    def selectable(node: Node) -> bool:
+        if node.is_root and len(node.children) >= rules.n_root:
+            return False
+        if not node.is_root and rules.n_child_max and len(node.children) >= rules.n_child_max:
+            return False
+        if not (node.accepted or repairable(tree, node, rules.max_debug_chain)):
+            return False
+        return not any(is_dead(tree, n, rules.n_child) for n in [node, *tree.ancestors(node.id)])
+
+    leaves = [n for n in tree.leaves() if selectable(n)]
+    board = sorted((n for n in tree if n.accepted and selectable(n)), key=lambda n: (n.score, n.id))
+    return leaves, board
 
 
 class EpsilonGreedy:
@@ -109,14 +113,14 @@ class EpsilonGreedy:
     def select(self, tree: Tree, rng: random.Random, busy: Collection[int] = ()) -> Node | None:
         # two draws whatever the tree (each selection has a random state of its own: search.memory.selection_rng)
         explore, pick = rng.random() < self.epsilon, rng.random()
-        leaves = self.rules.expandable_leaves(tree, busy)
+        leaf = self.rules.expandable_leaf(tree, pick, busy)
+        if explore and leaf is not None:
+            return leaf
         best = self.rules.best_accepted(tree, busy)
-        if explore and leaves:
-            return leaves[int(pick * len(leaves))]
         if best is not None:
             return best
-        if leaves:
-            return leaves[int(pick * len(leaves))]
+        if leaf is not None:
+            return leaf
         return None if tree.root.id in busy else tree.root
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -24,6 +25,8 @@ class Tree:
             raise ValueError("the root must be node 0 without a parent")
         self.nodes: dict[int, Node] = {0: root}
         self._memo: dict[Hashable, Any] = {}
+        self._watchers: dict[Hashable, Any] = {}  # kept up to date by every attach (see watch)
+        self._board: list[tuple[float, int]] = []  # (score, id) of the accepted candidates, best first
 
     @staticmethod
     def with_reference(source: str, result: EvalResult) -> Tree:
@@ -52,6 +55,17 @@ class Tree:
         self.nodes[node.id] = node
         self.nodes[node.parent].children.append(node.id)
         self._memo.clear()
+        if node.accepted:
+            bisect.insort(self._board, (node.score, node.id))
+        for watcher in self._watchers.values():
+            watcher.attached(node)
+
+    def watch(self, key: Hashable, make: Callable[[Tree], T]) -> T:
+        """``make(self)``, made once per key and then told of every attach (its ``attached(node)``, called after
+        the node is in the tree): state derived from the whole tree and kept up to date incrementally."""
+        if key not in self._watchers:
+            self._watchers[key] = make(self)
+        return self._watchers[key]  # type: ignore[no-any-return]
 
     def memo(self, key: Hashable, compute: Callable[[Tree], T]) -> T:
         """``compute(self)``, computed once per key until the tree grows (every attach forgets what was kept)."""
@@ -117,10 +131,10 @@ class Tree:
         return count
 
     def leaderboard(self, r: int | None = None) -> list[Node]:
-        """The correct candidates (the reference excluded), best score (highest speedup) first; ties by age."""
-        board = sorted((n for n in self.nodes.values() if n.accepted and not n.is_root),
-                       key=lambda n: (n.score, n.id))
-        return board if r is None else board[:r]
+        """The accepted candidates (the reference excluded), best score (highest speedup) first; ties by age.
+        Kept sorted as nodes attach: the first ``r`` cost O(r)."""
+        board = self._board if r is None else self._board[:r]
+        return [self.nodes[i] for _, i in board]
 
     def best(self) -> Node | None:
         board = self.leaderboard(1)
