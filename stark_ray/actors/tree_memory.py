@@ -28,7 +28,7 @@ from stark_ray.config import AgentConfig, SearchConfig
 from stark_ray.records import EvalResult, Node
 from stark_ray.search.memory import Ticket, TreeMemory, UnknownParent, make_task_search
 from stark_ray.search.tree import Tree
-from stark_ray.store.compact import compact_finished
+from stark_ray.store.compact import Compactor
 from stark_ray.store.location import Location
 from stark_ray.store.read import load_trees
 from stark_ray.store.run_store import RunStore
@@ -118,7 +118,7 @@ class TreeMemoryActor:
         self.store = RunStore(root, run_id, flush_rows=256, flush_s=1.0, fsync=False)
         specs = read_specs(self.store.run_dir)  # from the run directory, at every (re)start
         self.commit = GroupCommit(self.store.flush)
-        self.compactions: set[asyncio.Future[None]] = set()  # finished tasks' part files, compacted in threads
+        self.compactor = Compactor(self.store.run_dir)  # finished tasks' part files, in a niced process
         recorded = _recorded_trees(self.store.run_dir)
         self.memory = TreeMemory(sink=self._record)
         self.restored: dict[str, int] = {}
@@ -164,13 +164,8 @@ class TreeMemoryActor:
         if node is not None:
             await self.commit.wait()
             if self.memory.finished(ticket.task):  # its last rows are written: one file per table from now on
-                self._compact(ticket.task)
+                self.compactor.add(ticket.task)
         return node, tickets
-
-    def _compact(self, task: str) -> None:
-        future = asyncio.get_running_loop().run_in_executor(None, compact_finished, self.store.run_dir, task)
-        self.compactions.add(future)
-        future.add_done_callback(self.compactions.discard)
 
     async def release(self, ticket: Ticket) -> None:
         self.memory.release(ticket)
@@ -189,8 +184,8 @@ class TreeMemoryActor:
 
     async def close(self) -> None:
         self.store.close()
-        if self.compactions:  # a compaction cut short loses nothing, but one almost done may as well finish
-            await asyncio.wait(list(self.compactions), timeout=20)
+        # one cut short loses nothing; one almost done may as well finish
+        await asyncio.to_thread(self.compactor.close, 20)
 
 
 def _recorded_trees(run_dir: Location) -> dict[str, Tree]:

@@ -21,6 +21,10 @@ import fcntl
 import json
 import logging
 import os
+import shutil
+import subprocess
+import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -68,6 +72,55 @@ def compact_finished(run_dir: str | Path | Location, task: str) -> None:
         compact_task(run_dir, task)
     except Exception as e:
         log.warning("run %s, task %r: compacting its part files failed (%s); they stay as written", run_dir, task, e)
+
+
+class Compactor:
+    """Compacts tasks as they end, beside a running search: in a process of its own at the lowest CPU priority
+    (``nice 19``), the tasks that ended meanwhile together, so the search's own processes keep the CPU (a thread of
+    the memory actor doing it slowed a 2-core run's last tasks by a third). A daemon thread starts those processes
+    and waits for them; :meth:`add` returns at once."""
+
+    def __init__(self, run_dir: Location) -> None:
+        self.run_dir = run_dir
+        self.queued: list[str] = []
+        self.lock = threading.Lock()
+        self.worker: threading.Thread | None = None
+        self.runs = 0  # compaction processes started (tests)
+
+    def add(self, task: str) -> None:
+        with self.lock:
+            self.queued.append(task)
+            if self.worker is None or not self.worker.is_alive():
+                self.worker = threading.Thread(target=self._work, name="stark-compactor", daemon=True)
+                self.worker.start()
+
+    def _work(self) -> None:
+        while True:
+            with self.lock:
+                tasks, self.queued = self.queued, []
+                if not tasks:
+                    self.worker = None
+                    return
+                self.runs += 1
+            try:
+                proc = subprocess.run([*_NICE, sys.executable, "-m", "stark_ray.store.compact", str(self.run_dir),
+                                       *tasks], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, timeout=3600, check=False)
+                if proc.returncode:
+                    log.warning("compacting %s failed (exit %s): %s", ", ".join(tasks), proc.returncode,
+                                proc.stderr.decode(errors="replace")[-500:])
+            except (OSError, subprocess.TimeoutExpired) as e:  # the files stay as written: nothing is lost
+                log.warning("compacting %s failed: %s", ", ".join(tasks), e)
+
+    def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the compactions under way and queued."""
+        worker = self.worker
+        if worker is not None:
+            worker.join(timeout)
+
+
+# the lowest CPU priority, through nice(1): a preexec_fn that calls os.nice can deadlock a process with threads
+_NICE = ("nice", "-n", "19") if shutil.which("nice") else ()
 
 
 def compact_ended(run_dir: str | Path | Location) -> None:
@@ -165,3 +218,21 @@ def _turn(run: Location) -> Iterator[None]:
     finally:
         os.close(fd)
 
+
+def main(argv: list[str]) -> int:
+    """``python -m stark_ray.store.compact RUN [TASK ...]``: the tasks' files (:func:`compact_finished`), or the
+    whole run's (:func:`compact_run`) when no task is named."""
+    if not argv:
+        print("usage: python -m stark_ray.store.compact RUN [TASK ...]", file=sys.stderr)
+        return 2
+    run, tasks = locate(argv[0]), argv[1:]
+    for task in tasks:
+        compact_finished(run, task)
+    if not tasks:
+        compact_run(run)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    sys.exit(main(sys.argv[1:]))
