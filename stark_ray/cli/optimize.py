@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from stark_ray.run.ray_driver import RayRun
     from stark_ray.run.reporter import Reporter
     from stark_ray.run.summary import RunSummary
+    from stark_ray.store.location import Location
 
 
 @app.command()
@@ -165,7 +166,8 @@ def optimize(
 
 
 def run_locally(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg: AgentConfig,
-                 eval_cfg: EvalConfig, out: Path, reporter: Reporter, resume: Path | None = None) -> None:
+                 eval_cfg: EvalConfig, out: Path | Location, reporter: Reporter,
+                 resume: Path | Location | None = None) -> None:
     from stark_ray.eval.service import EvaluatorError
     from stark_ray.eval.tasks import TaskError
     from stark_ray.llm.base import LLMError
