@@ -250,7 +250,7 @@ def test_a_policy_added_to_the_table_is_taken_by_the_settings_and_made_for_the_s
 
     with pytest.raises(ValueError, match="unknown policy 'deepest'"):
         SearchConfig(policy="deepest")
-    monkeypatch.setitem(POLICY_FACTORIES, "deepest", lambda knobs: Deepest(rules_of(knobs)))
+    monkeypatch.setitem(POLICY_FACTORIES, "deepest", lambda search: Deepest(rules_of(search)))
     cfg = SearchConfig(policy="deepest", n_child=1)
     policy = make_policy(cfg)
     assert isinstance(policy, Deepest) and policy.rules.n_child == 1

@@ -16,11 +16,14 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Callable, Collection
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from stark_ray.records import Node
 from stark_ray.search.selection import Selection
 from stark_ray.search.tree import Tree
+
+if TYPE_CHECKING:  # config imports this module for its table of policies
+    from stark_ray.config import SearchConfig
 
 
 class Policy(Protocol):
@@ -152,44 +155,24 @@ class BestOfK:
         return tree.root
 
 
-class Knobs(Protocol):
-    """What a policy is made from: the run's ``SearchConfig`` (its fields of these names)."""
-
-    @property
-    def policy(self) -> str: ...
-    @property
-    def ablation(self) -> str: ...
-    @property
-    def epsilon(self) -> float: ...
-    @property
-    def n_root(self) -> int: ...
-    @property
-    def n_child(self) -> int: ...
-    @property
-    def n_child_max(self) -> int: ...
-    @property
-    def max_debug_chain(self) -> int: ...
-    @property
-    def k(self) -> int: ...
-
-
-def rules_of(knobs: Knobs) -> Rules:
-    return Rules(n_root=knobs.n_root, n_child=knobs.n_child, max_debug_chain=knobs.max_debug_chain,
-                 n_child_max=knobs.n_child_max)
+def rules_of(search: SearchConfig) -> Rules:
+    """The shared selectability rules a run's settings ask for."""
+    return Rules(n_root=search.n_root, n_child=search.n_child, max_debug_chain=search.max_debug_chain,
+                 n_child_max=search.n_child_max)
 
 
 # Every policy by the name --policy gives it, and how it is made. A new policy is a class with ``select`` (the
 # Policy protocol above) and one entry here; SearchConfig, the CLI's help and both executors take it from this
 # table (docs/architecture.md, "Adding a search policy").
-POLICY_FACTORIES: dict[str, Callable[[Knobs], Policy]] = {
-    "epsilon_greedy": lambda knobs: EpsilonGreedy(knobs.epsilon, rules_of(knobs)),
-    "greedy": lambda knobs: Greedy(rules_of(knobs)),
-    "best_of_k": lambda knobs: BestOfK(k=knobs.k, repair=False),
+POLICY_FACTORIES: dict[str, Callable[[SearchConfig], Policy]] = {
+    "epsilon_greedy": lambda search: EpsilonGreedy(search.epsilon, rules_of(search)),
+    "greedy": lambda search: Greedy(rules_of(search)),
+    "best_of_k": lambda search: BestOfK(k=search.k, repair=False),
 }
 POLICIES = tuple(POLICY_FACTORIES)
 
 
-def make_policy(search: Knobs) -> Policy:
+def make_policy(search: SearchConfig) -> Policy:
     """The policy a run's ``SearchConfig`` asks for. The ``ma_only`` ablation means agents + Best-of-K whatever
     its ``policy`` says."""
     if search.ablation == "ma_only":
