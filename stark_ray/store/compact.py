@@ -17,7 +17,6 @@ other filesystems run one at a time yourself.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -26,14 +25,14 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 
+from stark_ray.eval.locks import file_lock
 from stark_ray.store.location import Location, locate
-from stark_ray.store.parquet import PART_RE, safe_name, write_part
+from stark_ray.store.parquet import next_part_number, safe_name, write_part
 from stark_ray.store.parts import COMPACTED_DIR, REPLACES_KEY, is_compacted, part_files, read_parts, replaces
 from stark_ray.store.run_store import schemas
 
@@ -167,9 +166,7 @@ def _groups(table_loc: Location, files: dict[str, str], target_bytes: int | None
         size += n
     if current:
         groups.append(current)
-    if len(groups) == 1 and len(groups[0]) == 1 and groups[0][0].startswith(COMPACTED_DIR + "/"):
-        return []  # already one compacted file
-    return [g for g in groups if len(g) > 1 or not g[0].startswith(COMPACTED_DIR + "/")]
+    return [g for g in groups if len(g) > 1 or not g[0].startswith(COMPACTED_DIR + "/")]  # one compacted: as is
 
 
 def _rewrite(table_loc: Location, table: str, schema: pa.Schema, group: list[str], into_compacted: bool,
@@ -179,9 +176,7 @@ def _rewrite(table_loc: Location, table: str, schema: pa.Schema, group: list[str
     directory = COMPACTED_DIR if into_compacted else group[0].partition("/")[0]
     target = table_loc.join(directory)
     target.mkdir()
-    existing = [int(m.group(1)) for rel in part_files(table_loc) if rel.startswith(directory + "/")
-                and (m := PART_RE.match(rel.partition("/")[2]))]
-    name = f"part-{max(existing, default=-1) + 1:06d}-{uuid.uuid4().hex[:8]}-c.parquet"
+    name = f"part-{next_part_number(target):06d}-{uuid.uuid4().hex[:8]}-c.parquet"
     meta = {**(data.schema.metadata or {}), REPLACES_KEY: json.dumps(group).encode()}
     write_part(target, name, data.replace_schema_metadata(meta), fsync=True)
     for rel in group:  # the new file is in place and replaces these: readers already skip them
@@ -204,19 +199,9 @@ def _size(path: str, table_loc: Location) -> int:
     return int(table_loc.fs.get_file_info(path).size or 0)
 
 
-@contextlib.contextmanager
-def _turn(run: Location) -> Iterator[None]:
-    """Hold the run's compaction lock (local runs; elsewhere compactions must not overlap)."""
-    if run.fs is not None:
-        yield
-        return
-    Path(run.path).mkdir(parents=True, exist_ok=True)
-    fd = os.open(os.path.join(run.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def _turn(run: Location) -> contextlib.AbstractContextManager[None]:
+    """The run's compaction lock (local runs; elsewhere compactions must not overlap)."""
+    return contextlib.nullcontext() if run.fs is not None else file_lock(Path(run.path) / LOCK_FILE)
 
 
 def main(argv: list[str]) -> int:

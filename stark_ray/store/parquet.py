@@ -50,6 +50,11 @@ def part_names(loc: Location) -> list[str]:
     return sorted(n for n in names if PART_RE.match(n))
 
 
+def next_part_number(loc: Location) -> int:
+    """The number a new part file in ``loc`` takes: one past the highest there (0 in an empty directory)."""
+    return max((int(m.group(1)) for n in part_names(loc) if (m := PART_RE.match(n))), default=-1) + 1
+
+
 class PartWriter:
     """Append rows of one table for one task; thread-safe.
 
@@ -75,8 +80,7 @@ class PartWriter:
         self._lock = threading.Lock()  # the buffer and counters
         self._io = threading.Lock()  # one file at a time, in order
         self._token = uuid.uuid4().hex[:8]
-        existing = [int(m.group(1)) for n in part_names(self.loc) if (m := PART_RE.match(n))]
-        self._seq = max(existing, default=-1) + 1
+        self._seq = next_part_number(self.loc)
         self.rows_written = 0
 
     @property
