@@ -107,7 +107,7 @@ def read_live(table_loc: Location, table: str, schema: pa.Schema, columns: list[
         paths = list(live_parts(table_loc).values())
         try:
             return read_parts(paths, table, schema, table_loc.fs, columns, task)
-        except (FileNotFoundError, OSError) as e:
+        except OSError as e:  # FileNotFoundError, or pyarrow's error for a file that went away
             if attempt + 1 == READ_TRIES or not _vanished(paths, table_loc.fs):
                 raise
             log.debug("a part file went away while reading (a compaction): listing again (%s)", e)
