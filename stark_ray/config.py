@@ -39,6 +39,7 @@ class SearchConfig:
     k: int = 0  # Best-of-K width; 0 = the whole budget goes to root children
     max_debug_chain: int = 2  # at most this many debug fixes in a row on one lineage
     window_chars: int = 24_000  # size limit of one context window (code shown per node shrinks to fit)
+    prompt_chars: int = 100_000  # size limit of a whole user message, fixed parts included (docs/method.md)
     seed: int = 0
     parallel: int = 1  # expansions of one task in flight at once (1: the paper's sequential search)
 
@@ -58,6 +59,8 @@ class SearchConfig:
             raise ValueError("n_root must be >= 1; n_child, n_child_max, top_r, k and max_debug_chain >= 0")
         if self.window_chars < 1000:
             raise ValueError(f"window_chars must be >= 1000, got {self.window_chars}")
+        if self.prompt_chars < 4000:
+            raise ValueError(f"prompt_chars must be >= 4000, got {self.prompt_chars}")
 
 
 # the model every agent uses where none is given, per provider (a replayed run reads the cassette's)

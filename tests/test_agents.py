@@ -16,6 +16,7 @@ from stark_ray.eval.backends import BUILT_IN, backend_class
 from stark_ray.llm.base import Completion, LLMClient, LLMError, LLMRequest
 from stark_ray.prompts.anchors import insert_anchors
 from stark_ray.prompts.loader import ROLES, load, placeholders, system_prompt
+from stark_ray.prompts.messages import window_section
 from stark_ray.prompts.parser import extract_code
 from stark_ray.prompts.render import render_window
 from stark_ray.records import (
@@ -106,6 +107,19 @@ def ok_result(ms: float) -> EvalResult:
                       stage=STAGE_OK)
 
 
+PROMPT = 100_000  # prompt_chars of the agent calls below
+
+
+def win(nodes: list[Node], node: Node, limit: int = 8000) -> str:
+    """A context window as a team's request carries it: rendered."""
+    return window_section(TASK, node, nodes, limit)
+
+
+def bare() -> str:
+    """The window of the root alone."""
+    return win([root()], root())
+
+
 def root() -> Node:
     return Node(0, None, 0, REFERENCE, AGENT_REFERENCE, result=ok_result(1.0))
 
@@ -141,7 +155,8 @@ def test_fake_client_is_an_llm_client() -> None:
 def test_plan_and_code_happy_path() -> None:
     client = ScriptedClient([plan_reply(REFERENCE), code_reply()])
     cfg = AgentConfig()
-    res = code_agent.plan_and_code(client, cfg, TASK, root(), [root()], [root()], 24_000)
+    window = win([root()], root(), 24_000)
+    res = code_agent.plan_and_code(client, cfg, TASK, root(), window, window, PROMPT)
     assert res.ok and res.error is None
     assert res.source == CANDIDATE
     assert [r.role for r in client.requests] == ["plan", "code"]
@@ -161,9 +176,9 @@ def test_temperatures_follow_the_config() -> None:
     cfg = AgentConfig(temperature_plan=0.55, temperature_code=0.2, temperature_debug=0.3,
                       temperature_single=0.4, max_tokens=1234)
     client = ScriptedClient([plan_reply(REFERENCE), code_reply(), code_reply(), "PLAN: x\n" + code_reply()])
-    code_agent.plan_and_code(client, cfg, TASK, root(), [root()], [root()], 8000)
-    debug_agent.debug(client, cfg, TASK, failed(), [failed(), root()], 8000)
-    single_agent.single(client, cfg, TASK, root(), [root()], 8000)
+    code_agent.plan_and_code(client, cfg, TASK, root(), bare(), bare(), PROMPT)
+    debug_agent.debug(client, cfg, TASK, failed(), win([failed(), root()], failed()), PROMPT)
+    single_agent.single(client, cfg, TASK, root(), bare(), PROMPT)
     assert [(r.role, r.temperature) for r in client.requests] == [
         ("plan", 0.55), ("code", 0.2), ("debug", 0.3), ("single", 0.4)]
     assert {r.max_tokens for r in client.requests} == {1234}
@@ -172,7 +187,7 @@ def test_temperatures_follow_the_config() -> None:
 def test_plan_reasks_once_after_a_bad_scaffold() -> None:
     bad = plan_reply(REFERENCE).replace("c = a + b", "c = a.add(b)")
     client = ScriptedClient([bad, plan_reply(REFERENCE)])
-    step = plan_agent.plan(client, AgentConfig(), TASK, root(), [root()], 8000)
+    step = plan_agent.plan(client, AgentConfig(), TASK, root(), bare(), PROMPT)
     assert step.ok, step.error
     assert step.asks == 2 and len(client.requests) == 2 and len(step.usage) == 2
     second = client.requests[1]
@@ -185,7 +200,7 @@ def test_plan_reasks_once_after_a_bad_scaffold() -> None:
 def test_plan_gives_up_after_two_bad_replies() -> None:
     bad = plan_reply(REFERENCE) + "INSTRUCTION 7: an anchor that does not exist\n"
     client = ScriptedClient([bad, bad])
-    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), bare(), bare(), PROMPT)
     assert not res.ok and res.source is None
     assert len(client.requests) == 2 and len(res.usage) == 2
     assert res.error is not None and res.error.startswith("plan:") and "anchor 7" in res.error
@@ -196,7 +211,7 @@ def test_code_output_with_anchors_is_rejected() -> None:
     leftover = CANDIDATE.replace("class ModelNew", "# <<<IMPROVE END 2>>>\nclass ModelNew")
     for body in (leftover, leftover.replace("# <<<", "<<<")):
         client = ScriptedClient([plan_reply(REFERENCE), code_reply(body)])
-        res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+        res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), bare(), bare(), PROMPT)
         assert res.source is None and res.error is not None
         assert res.error.startswith("code:") and "anchor marker" in res.error
         assert res.scaffold is not None and len(res.usage) == 2
@@ -204,32 +219,32 @@ def test_code_output_with_anchors_is_rejected() -> None:
 
 def test_code_output_without_model_new_is_rejected() -> None:
     client = ScriptedClient([plan_reply(REFERENCE), code_reply(REFERENCE)])
-    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), bare(), bare(), PROMPT)
     assert res.source is None and "ModelNew" in (res.error or "")
 
 
 def test_truncated_code_reply_is_an_error() -> None:
     client = ScriptedClient([plan_reply(REFERENCE), "```python\n" + CANDIDATE[:200]])
-    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), bare(), bare(), PROMPT)
     assert res.source is None and "truncated" in (res.error or "")
 
 
 def test_a_reply_cut_at_the_token_limit_is_not_evaluated_even_when_its_code_parses() -> None:
     client = ScriptedClient([plan_reply(REFERENCE), code_reply()], cut={1})
-    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), bare(), bare(), PROMPT)
     assert res.source is None and res.error is not None
     assert res.error.startswith("code: the reply hit the token limit") and "not evaluated" in res.error
     client = ScriptedClient([code_reply()], cut={0})
-    res = debug_agent.debug(client, AgentConfig(), TASK, failed(), [failed(), root()], 8000)
+    res = debug_agent.debug(client, AgentConfig(), TASK, failed(), win([failed(), root()], failed()), PROMPT)
     assert res.source is None and "token limit" in (res.error or "")
     client = ScriptedClient([plan_reply(REFERENCE)], cut={0})  # a plan whose instructions may be cut short
-    step = plan_agent.plan(client, AgentConfig(), TASK, root(), [root()], 8000)
+    step = plan_agent.plan(client, AgentConfig(), TASK, root(), bare(), PROMPT)
     assert not step.ok and "token limit" in (step.error or "") and step.asks == 1
 
 
 def test_every_failed_try_of_a_call_is_in_the_usage() -> None:
     client = ScriptedClient([plan_reply(REFERENCE), code_reply()], tries={0: 2, 1: 1})
-    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), [root()], [root()], 8000)
+    res = code_agent.plan_and_code(client, AgentConfig(), TASK, root(), bare(), bare(), PROMPT)
     assert res.ok
     assert [(u.role, u.ok) for u in res.usage] == [("plan", False), ("plan", False), ("plan", True),
                                                   ("code", False), ("code", True)]
@@ -238,7 +253,7 @@ def test_every_failed_try_of_a_call_is_in_the_usage() -> None:
 def test_the_reask_quotes_a_huge_rejected_reply_only_in_part() -> None:
     huge = plan_reply(REFERENCE).replace("c = a + b", "c = a.add(b)") + "x" * 1_000_000
     client = ScriptedClient([huge, plan_reply(REFERENCE)])
-    step = plan_agent.plan(client, AgentConfig(), TASK, root(), [root()], 8000)
+    step = plan_agent.plan(client, AgentConfig(), TASK, root(), bare(), PROMPT)
     assert step.ok, step.error
     quoted = client.requests[1].messages[1].content
     assert len(quoted) <= plan_agent.REASK_QUOTE_CHARS and "characters cut" in quoted
@@ -249,7 +264,7 @@ def test_the_reask_quotes_a_huge_rejected_reply_only_in_part() -> None:
 def test_debug_prompt_carries_log_error_and_intent() -> None:
     node = failed()
     client = ScriptedClient(["The call had a typo.\n" + code_reply()])
-    res = debug_agent.debug(client, AgentConfig(), TASK, node, [node, root()], 8000)
+    res = debug_agent.debug(client, AgentConfig(), TASK, node, win([node, root()], node), PROMPT)
     assert res.ok and res.source == CANDIDATE
     req = client.requests[0]
     assert req.role == "debug" and req.temperature == 0.1
@@ -291,25 +306,27 @@ def test_garbage_replies_are_error_results(reply: str) -> None:
 def _run(agent: str, client: ScriptedClient, node: Node) -> AgentResult:
     cfg = AgentConfig()
     if agent == "plan_and_code":
-        return code_agent.plan_and_code(client, cfg, TASK, node, [node, root()], [node, root()], 8000)
+        window = win([node, root()], node)
+        return code_agent.plan_and_code(client, cfg, TASK, node, window, window, PROMPT)
     if agent == "debug":
-        return debug_agent.debug(client, cfg, TASK, node, [node, root()], 8000)
-    return single_agent.single(client, cfg, TASK, node, [node, root()], 8000)
+        return debug_agent.debug(client, cfg, TASK, node, win([node, root()], node), PROMPT)
+    return single_agent.single(client, cfg, TASK, node, win([node, root()], node), PROMPT)
 
 
 def test_single_fixes_failed_nodes_and_improves_correct_ones() -> None:
     client = ScriptedClient(["PLAN: fix the typo in empty_like\n" + code_reply(),
                              "**PLAN:** vectorize the loop\n" + code_reply(),
                              code_reply()])
-    fixed = single_agent.single(client, AgentConfig(), TASK, failed(), [failed(), root()], 8000)
+    fixed = single_agent.single(client, AgentConfig(), TASK, failed(), win([failed(), root()], failed()), PROMPT)
     assert fixed.ok
     assert fixed.instruction == "single: fix compile failure of node 2: fix the typo in empty_like"
     assert "failed at stage 'compile'" in client.requests[0].messages[0].content
     assert "main.cpp:7:20" in client.requests[0].messages[0].content
-    better = single_agent.single(client, AgentConfig(), TASK, candidate(), [candidate(), root()], 8000)
+    better = single_agent.single(client, AgentConfig(), TASK, candidate(), win([candidate(), root()], candidate()),
+                                 PROMPT)
     assert better.ok and better.instruction == "single: vectorize the loop"
     assert "Make candidate 1 faster" in client.requests[1].messages[0].content
-    no_plan = single_agent.single(client, AgentConfig(), TASK, root(), [root()], 8000)
+    no_plan = single_agent.single(client, AgentConfig(), TASK, root(), bare(), PROMPT)
     assert no_plan.ok and no_plan.instruction == f"single: {single_agent.NO_PLAN}"
     assert all(r.temperature == 0.1 and r.role == "single" for r in client.requests)
 
@@ -384,7 +401,7 @@ def test_agent_prompts_stay_bounded_on_a_deep_tree() -> None:
     nodes = deep_tree()
     node = nodes[120]
     client = ScriptedClient([code_reply()])
-    debug_agent.debug(client, AgentConfig(), TASK, node, nodes, 6000)
+    debug_agent.debug(client, AgentConfig(), TASK, node, win(nodes, node, 6000), PROMPT)
     prompt = client.requests[0].messages[0].content
     fixed = len(REFERENCE) + len(node.source) + 4000 + 3000  # reference, failing code, log, template text
     assert len(prompt) <= 6000 + fixed

@@ -11,19 +11,22 @@ from stark_ray.agents.candidate import candidate_from
 from stark_ray.agents.plan import PlanStep, plan
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import LLMClient, Message
-from stark_ray.prompts.messages import code_messages
+from stark_ray.prompts.messages import PromptTooLarge, code_messages
 from stark_ray.records import Node
 
 ROLE = "code"
 
 
 def code(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, plan_step: PlanStep,
-         window: list[Node], window_chars: int) -> AgentResult:
+         window: str, prompt_chars: int) -> AgentResult:
     """Implement ``plan_step`` on ``node``. Output that keeps an anchor or lacks ``ModelNew`` is rejected."""
     instruction = plan_step.instruction_text()
     if not plan_step.ok or plan_step.scaffold is None:
         return AgentResult(None, instruction, plan_step.scaffold, plan_step.error or "plan: no valid plan")
-    system, user = code_messages(task, node, plan_step.scaffold, plan_step.instructions, window, window_chars)
+    try:
+        system, user = code_messages(task, node, plan_step.scaffold, plan_step.instructions, window, prompt_chars)
+    except PromptTooLarge as e:
+        return AgentResult(None, instruction, plan_step.scaffold, str(e))
     reply = ask(client, cfg, ROLE, system, [Message("user", user)])
     if reply.error is not None:
         return AgentResult(None, instruction, plan_step.scaffold, reply.error, usages(reply))
@@ -31,12 +34,13 @@ def code(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, plan_s
     return AgentResult(source, instruction, plan_step.scaffold, error, usages(reply))
 
 
-def plan_and_code(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, plan_window: list[Node],
-                  code_window: list[Node], window_chars: int) -> AgentResult:
-    """Plan agent then code agent; the result carries the scaffold, the joined instructions, both usages."""
-    step = plan(client, cfg, task, node, plan_window, window_chars)
+def plan_and_code(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, plan_window: str,
+                  code_window: str, prompt_chars: int) -> AgentResult:
+    """Plan agent then code agent (each given its rendered context window); the result carries the scaffold, the
+    joined instructions, both usages."""
+    step = plan(client, cfg, task, node, plan_window, prompt_chars)
     if not step.ok:
         return AgentResult(None, step.instruction_text(), step.scaffold, step.error, list(step.usage))
-    result = code(client, cfg, task, node, step, code_window, window_chars)
+    result = code(client, cfg, task, node, step, code_window, prompt_chars)
     result.usage = [*step.usage, *result.usage]
     return result

@@ -7,7 +7,7 @@ from stark_ray.agents.call import ask, usages
 from stark_ray.agents.candidate import candidate_from
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import LLMClient, Message
-from stark_ray.prompts.messages import debug_messages
+from stark_ray.prompts.messages import PromptTooLarge, debug_messages
 from stark_ray.records import Node
 
 ROLE = "debug"
@@ -20,11 +20,15 @@ def debug_instruction(node: Node) -> str:
     return f"{head}\nintent: {intent}" if intent else head
 
 
-def debug(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, window: list[Node],
-          window_chars: int) -> AgentResult:
-    """Ask for a fixed version of ``node.source`` given its error and log excerpt. Never raises."""
+def debug(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, window: str,
+          prompt_chars: int) -> AgentResult:
+    """Ask for a fixed version of ``node.source`` given its error and log excerpt (``window``: the rendered context
+    window). Never raises."""
     instruction = debug_instruction(node)
-    system, user = debug_messages(task, node, window, window_chars)
+    try:
+        system, user = debug_messages(task, node, window, prompt_chars)
+    except PromptTooLarge as e:
+        return AgentResult(None, instruction, None, str(e))
     reply = ask(client, cfg, ROLE, system, [Message("user", user)])
     if reply.error is not None:
         return AgentResult(None, instruction, None, reply.error, usages(reply))

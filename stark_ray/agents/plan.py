@@ -13,7 +13,7 @@ from stark_ray.agents.base import TaskInfo
 from stark_ray.agents.call import ask, parse_error
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import LLMClient, Message
-from stark_ray.prompts.messages import plan_messages, plan_retry_message
+from stark_ray.prompts.messages import PromptTooLarge, plan_messages, plan_retry_message
 from stark_ray.prompts.parser import parse_plan
 from stark_ray.records import LLMUsage, Node, excerpt
 
@@ -49,10 +49,14 @@ class PlanStep:
         return "\n".join(f"{k}. {self.instructions[k].strip()}" for k in sorted(self.instructions))
 
 
-def plan(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, window: list[Node],
-         window_chars: int) -> PlanStep:
-    """Ask for a grounded instruction for ``node``; re-ask once if the scaffold check fails. Never raises."""
-    system, user = plan_messages(task, node, window, window_chars)
+def plan(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, window: str,
+         prompt_chars: int) -> PlanStep:
+    """Ask for a grounded instruction for ``node`` (``window``: the rendered context window); re-ask once if the
+    scaffold check fails. Never raises."""
+    try:
+        system, user = plan_messages(task, node, window, prompt_chars)
+    except PromptTooLarge as e:
+        return PlanStep(None, {}, [], str(e))
     messages = [Message("user", user)]
     usage: list[LLMUsage] = []
     error = "no reply"

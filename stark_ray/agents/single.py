@@ -12,7 +12,7 @@ from stark_ray.agents.candidate import candidate_from
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import LLMClient, Message
 from stark_ray.prompts.fences import normalise_newlines, strip_thinking
-from stark_ray.prompts.messages import single_messages
+from stark_ray.prompts.messages import PromptTooLarge, single_messages
 from stark_ray.prompts.parser import extract_plan_line
 from stark_ray.records import Node
 
@@ -27,10 +27,14 @@ def _instruction(node: Node, plan_line: str | None) -> str:
     return f"single: fix {node.result.stage} failure of node {node.id}: {plan}"
 
 
-def single(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, window: list[Node],
-           window_chars: int) -> AgentResult:
-    """Fix ``node`` if it failed, else optimize it, in one call. Never raises."""
-    system, user = single_messages(task, node, window, window_chars)
+def single(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, window: str,
+           prompt_chars: int) -> AgentResult:
+    """Fix ``node`` if it failed, else optimize it, in one call (``window``: the rendered context window). Never
+    raises."""
+    try:
+        system, user = single_messages(task, node, window, prompt_chars)
+    except PromptTooLarge as e:
+        return AgentResult(None, _instruction(node, None), None, str(e))
     reply = ask(client, cfg, ROLE, system, [Message("user", user)])
     if reply.error is not None or reply.text is None:
         return AgentResult(None, _instruction(node, None), None, reply.error or "single: empty reply",

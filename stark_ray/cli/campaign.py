@@ -61,6 +61,8 @@ def campaign(
                                                              f"(default: {_S.max_debug_chain}).")] = None,
     window_chars: Annotated[int | None, typer.Option(help="Size limit of one context window in a prompt "
                                                           f"(default: {_S.window_chars}).")] = None,
+    prompt_chars: Annotated[int | None, typer.Option(help="Size limit of a whole prompt, its fixed parts included "
+                                                          f"(default: {_S.prompt_chars}).")] = None,
     timeout: Annotated[float | None, typer.Option(help=f"Seconds per LLM call (default: {_A.timeout_s:g}).")] = None,
     backend: Annotated[str | None, typer.Option(help=f"{' | '.join(available_backends())} "
                                                      f"(default: {_E.backend}).")] = None,
@@ -110,7 +112,8 @@ def campaign(
         "search": {"budget": budget, "parallel": parallel, "policy": policy, "ablation": ablation,
                    "epsilon": epsilon, "seed": seed, "n_root": n_root, "n_child": n_child,
                    "n_child_max": n_child_max, "top_r": top_r, "k": k,
-                   "max_debug_chain": max_debug_chain, "window_chars": window_chars},
+                   "max_debug_chain": max_debug_chain, "window_chars": window_chars,
+                   "prompt_chars": prompt_chars},
         "agents": {"provider": provider, "model": model, "base_url": base_url, "timeout_s": timeout,
                    "cassette": str(cassette) if cassette else None},
         "eval": {"backend": backend, "baseline": baseline, "tolerance": tolerance, "trials": trials, "seed": seed,
@@ -140,7 +143,8 @@ def campaign(
                  "--compile-timeout": compile_timeout, "--policy": policy, "--ablation": ablation,
                  "--epsilon": epsilon, "--n-root": n_root, "--n-child": n_child,
                  "--n-child-max": n_child_max, "--top-r": top_r, "--k": k,
-                 "--max-debug-chain": max_debug_chain, "--window-chars": window_chars, "--timeout": timeout,
+                 "--max-debug-chain": max_debug_chain, "--window-chars": window_chars,
+                 "--prompt-chars": prompt_chars, "--timeout": timeout,
                  "--tolerance": tolerance, "--out": out, "--config": config}
         try:
             refuse_changes([option for option, value in fixed.items() if value not in (None, [])],

@@ -80,6 +80,8 @@ def optimize(
         SEARCH.max_debug_chain),
     window_chars: Annotated[int, typer.Option(help="Size limit of one context window in a prompt.")] = (
         SEARCH.window_chars),
+    prompt_chars: Annotated[int, typer.Option(help="Size limit of a whole prompt, its fixed parts included.")] = (
+        SEARCH.prompt_chars),
     timeout: Annotated[float, typer.Option(help="Seconds per LLM call.")] = AGENTS.timeout_s,
     temperature_plan: Annotated[float, typer.Option(help="Plan agent temperature.")] = AGENTS.temperature_plan,
     temperature_code: Annotated[float, typer.Option(help="Code agent temperature.")] = AGENTS.temperature_code,
@@ -127,7 +129,8 @@ def optimize(
     try:
         search_cfg = SearchConfig(budget=budget, policy=policy, ablation=ablation, epsilon=epsilon,
                                   n_root=n_root, n_child=n_child, n_child_max=n_child_max, top_r=top_r, k=k, seed=seed,
-                                  max_debug_chain=max_debug_chain, window_chars=window_chars, parallel=parallel)
+                                  max_debug_chain=max_debug_chain, window_chars=window_chars,
+                                  prompt_chars=prompt_chars, parallel=parallel)
         agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model or "",
                                 base_url=base_url, cassette=str(cassette) if cassette else None,
                                 record=str(record) if record else None, timeout_s=timeout,
