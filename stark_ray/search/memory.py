@@ -145,11 +145,15 @@ class TreeMemory:
     def __init__(self, sink: Sink | None = None) -> None:
         self.searches: dict[str, TaskSearch] = {}
         self.sink = sink
+        # the searches not known to be finished, in the order they were opened: next_many and unfinished walk
+        # these, not every task (a finished search leaves when a walk meets it, and comes back if work reaches it)
+        self._open: dict[str, TaskSearch] = {}
 
     def open(self, search: TaskSearch) -> None:
         if search.name in self.searches:
             raise ValueError(f"task {search.name} is already open")
         self.searches[search.name] = search
+        self._open[search.name] = search
 
     def __getitem__(self, task: str) -> TaskSearch:
         try:
@@ -164,27 +168,44 @@ class TreeMemory:
         """Up to ``limit`` expansions over all tasks but ``exclude``, one task after the other as each has work to
         give (one call for a driver that keeps many tasks busy)."""
         out: list[Ticket] = []
-        for search in self.searches.values():
+        ended: list[str] = []
+        for search in self._open.values():
+            if len(out) >= limit:
+                break
+            if search.finished:
+                ended.append(search.name)
+                continue
             if search.name in exclude:
                 continue
             while len(out) < limit and not search.finished and (ticket := search.next()) is not None:
                 out.append(ticket)
+        for name in ended:
+            del self._open[name]
         return out
 
     def add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> Node:
-        node = self[ticket.task].add(ticket, step, result)
+        search = self[ticket.task]
+        node = search.add(ticket, step, result)
+        self._reopen(search)
         if self.sink is not None:
             self.sink(ticket.task, node, step)
         return node
 
     def release(self, ticket: Ticket) -> None:
-        self[ticket.task].release(ticket)
+        search = self[ticket.task]
+        search.release(ticket)
+        self._reopen(search)
+
+    def _reopen(self, search: TaskSearch) -> None:
+        """A search that work came back to may have more to give (a finished one has not)."""
+        if search.name not in self._open and not search.finished:
+            self._open[search.name] = search
 
     def finished(self, task: str) -> bool:
         return self[task].finished
 
     def unfinished(self) -> list[str]:
-        return [name for name, s in self.searches.items() if not s.finished]
+        return [name for name, s in self._open.items() if not s.finished]
 
     def leaderboard(self, task: str, r: int | None = None) -> list[dict[str, Any]]:
         return [n.to_record() for n in self[task].tree.leaderboard(r)]
