@@ -40,7 +40,7 @@ for _p in (str(REPO), str(BENCH_DIR)):
 import orchestration  # noqa: E402
 
 from stark_ray.run import ray_driver  # noqa: E402
-from stark_ray.run.campaign import MAX_IN_FLIGHT  # noqa: E402
+from stark_ray.run.in_flight import FLOOR as MAX_IN_FLIGHT  # noqa: E402
 from stark_ray.store.compact import Compacted, compact_run  # noqa: E402
 from stark_ray.store.location import Location  # noqa: E402
 

@@ -14,7 +14,6 @@ import typer
 from stark_ray.cli.app import AGENTS, EVAL, SEARCH, app, err, fail
 from stark_ray.config import ABLATIONS, TOLERANCES, AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.backends import available_backends
-from stark_ray.run.campaign import MAX_IN_FLIGHT
 from stark_ray.search.policy import POLICIES
 
 _S, _A, _E = SEARCH, AGENTS, EVAL  # the defaults the help shows (defined in config.py, once)
@@ -92,7 +91,9 @@ def campaign(
     evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU at the start; "
                                                         "more wait for the autoscaler).")] = None,
     max_in_flight: Annotated[int | None, typer.Option(help="Agent calls and evaluations outstanding at once, over "
-                                                           f"all tasks (default: {MAX_IN_FLIGHT}).")] = None,
+                                                           "all tasks (default: derived from the evaluators and the "
+                                                           "measured agent and evaluation times, at least 64).")] = (
+        None),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view.")] = False,
 ) -> None:
     """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
@@ -158,7 +159,7 @@ def campaign(
             fail(f"--resume {resume}: {e}")
         run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
                            address=address, caps=caps, evaluators=evaluators,
-                           max_in_flight=max_in_flight or MAX_IN_FLIGHT), reporter)
+                           max_in_flight=max_in_flight), reporter)
         return
     sel = merged["tasks"]
     try:
@@ -179,7 +180,7 @@ def campaign(
     gpu_first(eval_cfg.backend, run_cfg.get("address"), run_cfg.get("evaluators"))
     run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"),
                        caps=caps, evaluators=run_cfg.get("evaluators"),
-                       max_in_flight=run_cfg.get("max_in_flight") or MAX_IN_FLIGHT), reporter)
+                       max_in_flight=run_cfg.get("max_in_flight")), reporter)
 
 
 def _campaignreporter_for() -> Any:

@@ -27,7 +27,6 @@ from stark_ray.cli.app import (
     interrupt,
 )
 from stark_ray.config import ABLATIONS, AgentConfig, EvalConfig, SearchConfig
-from stark_ray.run.campaign import MAX_IN_FLIGHT
 from stark_ray.search.policy import POLICIES
 
 if TYPE_CHECKING:
@@ -105,8 +104,10 @@ def optimize(
     evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU of the cluster "
                                                         "at the start; more wait for the autoscaler).",
                                                    show_default=False)] = None,
-    max_in_flight: Annotated[int, typer.Option(help="Ray: agent calls and evaluations outstanding at once.",
-                                               min=1)] = MAX_IN_FLIGHT,
+    max_in_flight: Annotated[int | None, typer.Option(help="Ray: agent calls and evaluations outstanding at once "
+                                                      "(default: derived from the evaluators and the measured agent "
+                                                      "and evaluation times, at least 64).", min=1,
+                                                 show_default=False)] = None,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
     from stark_ray.cli.places import gpu_first, kernelbench_task, writable_dir, writable_file
@@ -223,7 +224,7 @@ RESUME_OPTIONS = frozenset({"resume", "budget", "parallel", "address", "quiet", 
 
 
 def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None, quiet: bool,
-            evaluators: int | None = None, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+            evaluators: int | None = None, max_in_flight: int | None = None) -> None:
     """Continue a run: its task(s) and settings come from its run.json; --budget and --parallel may change
     (see stark_ray/run/resume.py), anything else given is refused; a finished run says so at once. It goes on
     with the executor that made it, or the one --executor names."""

@@ -156,7 +156,6 @@ SECTIONS = {"tasks", "search", "agents", "eval", "caps", "run"}
 TASK_KEYS: dict[str, Any] = {"files": list[str], "kernelbench": str, "levels": list[int], "ids": list[int],
                              "names": list[str], "subset": str}
 RUN_KEYS: dict[str, Any] = {"out": str, "address": str, "evaluators": int, "max_in_flight": int}
-MAX_IN_FLIGHT = 64  # [run] max_in_flight's default: agent calls plus evaluations outstanding at once, all tasks
 NOT_IN_FILES = {"eval": {"hidden_paths"}}  # set by the run itself
 
 

@@ -21,8 +21,9 @@ from stark_ray.actors.tree_memory import TaskSpec, TreeMemoryActor, write_specs
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import Task, TaskError
-from stark_ray.run.campaign import MAX_IN_FLIGHT, Caps
+from stark_ray.run.campaign import Caps
 from stark_ray.run.directory import RunError
+from stark_ray.run.in_flight import InFlightCap
 from stark_ray.run.local_ray import LocalRay, RayStartError, quiet_error_broadcasts, start_local_ray
 from stark_ray.store.location import Location, locate
 from stark_ray.store.read import StoreError, call_rows, load_trees
@@ -44,7 +45,7 @@ class RayRun:
     address: str | None = None  # None: an embedded local Ray; "auto" or "ray://...": join a cluster
     evaluators: int | None = None  # default: one per GPU of the cluster now (GPU backends), else one; more than
     # the cluster has wait for the autoscaler to add GPU nodes
-    max_in_flight: int = MAX_IN_FLIGHT
+    max_in_flight: int | None = None  # expansions in flight at once; None: derived as the run goes (run/in_flight.py)
     client_factory: ClientFactory | None = None  # scripted replies (tests, benchmarks)
     evaluator_cls: Any = None  # an actor class with reference/evaluate/hardware/close (benchmarks)
     runtime_env: dict[str, Any] | None = None  # for a Ray this run starts or joins
@@ -153,7 +154,7 @@ def start_evaluators(run: RayRun, embedded: bool, token: str) -> list[Any]:
 
 def start_agents(run: RayRun) -> list[Any]:
     """The agent workers, on the driver's node: one per CPU the evaluators leave (at least one, at most
-    AGENT_WORKERS), each taking its share of ``max_in_flight`` calls at once."""
+    AGENT_WORKERS), each taking its share of the in-flight cap's ceiling in calls at once."""
     cpus = int(ray.cluster_resources().get("CPU", 1))
     n = max(1, min(AGENT_WORKERS, cpus - (run.evaluators or 1)))
     consumed: frozenset[int] = frozenset()
@@ -162,7 +163,8 @@ def start_agents(run: RayRun) -> list[Any]:
         if run.resume is not None:
             consumed = replay_consumed(run.resume)  # what the rows show was served
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)  # the driver's
-    return agent_pool(n, -(-run.max_in_flight // n), run.agents, run.search, run.client_factory, consumed,
+    calls = -(-InFlightCap(run.max_in_flight).ceiling // n)
+    return agent_pool(n, calls, run.agents, run.search, run.client_factory, consumed,
                       scheduling_strategy=here)
 
 

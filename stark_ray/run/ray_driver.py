@@ -40,6 +40,7 @@ from stark_ray.run.campaign import CapTracker
 from stark_ray.run.directory import RunError, new_run_dir, recorded_usage, run_record, task_summary, write_run_file
 from stark_ray.run.dispatch import EvalDispatch
 from stark_ray.run.evaluator_deaths import EvaluatorDeaths, Verdict
+from stark_ray.run.in_flight import InFlightCap
 from stark_ray.run.mirror import RunMirror
 from stark_ray.run.placement import (
     STATUS_CAPPED,
@@ -97,8 +98,9 @@ class _Driver:
         self.asking = False  # a next_many is outstanding (at most one)
         # which evaluator times which candidate; a backend that builds in the compile pool gets every candidate
         # at once (its builds overlap the device's work)
+        self.cap = InFlightCap(run.max_in_flight)  # expansions in flight at once: fixed, or derived as the run goes
         self.dispatch: EvalDispatch[_Work] = EvalDispatch(
-            run.max_in_flight if get_backend(run.eval.backend).precompile else EVAL_WINDOW)
+            self.cap.ceiling if get_backend(run.eval.backend).precompile else EVAL_WINDOW)
         self.spend = CapTracker(run.caps)
         self.capped: dict[str, str] = {}  # task -> why no new LLM calls are made for it
         self._caps_unchecked = True  # the caps are checked against what a resumed run spent before
@@ -118,6 +120,7 @@ class _Driver:
         token = uuid.uuid4().hex[:6]  # a resumed run's actors must not collide with a dying driver's
         t0 = time.monotonic()
         self.evaluators = start_evaluators(run, self.embedded, token)
+        self.cap.evaluators = len(self.evaluators)
         self.dispatch.place([t.name for t in run.tasks], len(self.evaluators))
         home = self.dispatch.home
         # every evaluator starts its device worker now, at once, and times its tasks' references as soon as that
@@ -221,7 +224,7 @@ class _Driver:
             "cost": self.spend.total.cost, "tokens": self.spend.total.tokens,
             "evaluators": len(self.evaluators),
             "evaluating": self.dispatch.running, "waiting": len(self.dispatch.queue),
-            "busy": sum(1 for load in self.dispatch.load if load),
+            "busy": sum(1 for load in self.dispatch.load if load), "in_flight_cap": self.cap.value,
             "capped": dict(self.capped),
         })
 
@@ -254,9 +257,9 @@ class _Driver:
         return out
 
     def _room(self) -> int:
-        """Expansions that may still be started: ``max_in_flight`` less the agent calls and evaluations
+        """Expansions that may still be started: the in-flight cap less the agent calls and evaluations
         outstanding and the tickets asked of the memory and not come back yet."""
-        return self.run.max_in_flight - self.working - self.reserved
+        return self.cap.value - self.working - self.reserved
 
     def _exclude(self) -> list[str] | None:
         """The tasks the memory must not hand out work for (capped: no new LLM calls), or None when that is
@@ -313,6 +316,7 @@ class _Driver:
         if work.kind == _AGENT:
             assert work.ticket is not None
             self.agent_load[work.which] -= 1
+            self.cap.agent_done(time.monotonic() - work.since)
             try:
                 step: AgentResult = ray.get(ref) if value is _UNSET else value
             except RayTaskError as e:
@@ -342,6 +346,7 @@ class _Driver:
                 return
             except RayError as e:
                 result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {one_line(e)}")
+            self.cap.evaluated(result.eval_s)
             self._add(work.ticket, work.step, result)
         elif work.kind == _BACK:
             try:
