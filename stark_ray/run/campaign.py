@@ -33,6 +33,7 @@ import glob
 import sys
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ class CapTracker:
     caps: Caps
     total: Spend = field(default_factory=Spend)
     per_task: dict[str, Spend] = field(default_factory=dict)
+    capped: dict[str, str] = field(default_factory=dict)  # task -> why no new LLM calls are made for it
 
     def add(self, task: str, cost: float, tokens: int) -> None:
         spend = self.per_task.setdefault(task, Spend())
@@ -97,6 +99,12 @@ class CapTracker:
         if c.max_tokens is not None and t.tokens >= c.max_tokens:
             return f"campaign token cap reached ({t.tokens} of {c.max_tokens})"
         return None
+
+    def check(self, names: Iterable[str], every: Iterable[str]) -> None:
+        """``names`` have spent more: which caps are reached now (a campaign cap stops ``every`` task)."""
+        for name in every if self.campaign_reason() else names:
+            if name not in self.capped and (reason := self.task_reason(name)):
+                self.capped[name] = reason
 
     def task_reason(self, task: str) -> str | None:
         whole = self.campaign_reason()

@@ -102,7 +102,7 @@ class _Driver:
         self.dispatch: EvalDispatch[_Work] = EvalDispatch(
             self.cap.ceiling if get_backend(run.eval.backend).precompile else EVAL_WINDOW)
         self.spend = CapTracker(run.caps)
-        self.capped: dict[str, str] = {}  # task -> why no new LLM calls are made for it
+        self.capped = self.spend.capped  # task -> why no new LLM calls are made for it
         self._caps_unchecked = True  # the caps are checked against what a resumed run spent before
         self._last_progress = 0.0
         self._last_look = 0.0  # when the evaluators were last asked what their candidates go through
@@ -266,16 +266,8 @@ class _Driver:
         every task."""
         if self._caps_unchecked:  # the spend a resumed run starts with
             self._caps_unchecked = False
-            self._spent(*self.tasks)
+            self.spend.check(self.tasks, self.tasks)
         return None if len(self.capped) == len(self.tasks) else sorted(self.capped)
-
-    def _spent(self, *names: str) -> None:
-        """``names`` have spent more: which caps are reached now (a campaign cap stops every task)."""
-        if self.spend.campaign_reason():
-            names = tuple(self.tasks)
-        for name in names:
-            if name not in self.capped and (reason := self.spend.task_reason(name)):
-                self.capped[name] = reason
 
     def _ask(self) -> None:
         """One ``next_many`` when the memory may hold work no request has offered yet, and there is room."""
@@ -329,7 +321,7 @@ class _Driver:
             # the calls are spent now: the caps see them before any further work is asked for
             self.spend.add(work.ticket.task, sum(u.cost_usd for u in step.usage),
                            sum(u.input_tokens + u.output_tokens for u in step.usage))
-            self._spent(work.ticket.task)
+            self.spend.check([work.ticket.task], self.tasks)
             if step.ok and step.source:
                 self.dispatch.put(work.ticket.task, _Work(_EVAL, work.ticket, step))
                 self._send_evaluations()
