@@ -18,12 +18,11 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
 
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.config import AgentConfig, SearchConfig
 from stark_ray.records import AGENT_PLAN_CODE, STAGE_CORRECTNESS, STAGE_OK, EvalResult
-from stark_ray.run.mirror import RunMirror
+from stark_ray.run.mirror import RunMirror, status_from_scratch
 from stark_ray.search.memory import Ticket, TreeMemory, make_task_search
 from stark_ray.search.tree import Tree
 from stark_ray.store.location import locate
@@ -35,15 +34,6 @@ def result(rng: random.Random) -> EvalResult:
     speedup = rng.uniform(0.5, 4.0)
     return EvalResult(compiled=True, passed_checks=True, runtime_ms=1 / speedup, ref_runtime_ms=1.0, speedup=speedup,
                       stage=STAGE_OK)
-
-
-def counted(trees: dict[str, Tree], running: set[str], budget: int, capped: set[str]) -> dict[str, Any]:
-    return {
-        "done": sum(1 for n, t in trees.items() if n not in running and (t.evaluated >= budget or n in capped)),
-        "attempts": sum(t.evaluated for t in trees.values()),
-        "accepted": sum(1 for t in trees.values() for n in t if n.accepted and not n.is_root),
-        "best": {n: b.result.speedup for n, t in trees.items() if (b := t.best()) is not None},
-    }
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:
@@ -68,11 +58,10 @@ def live_status(n_tasks: int, budget: int, rng: random.Random) -> tuple[float, f
                 node = truth.add(rng.choice(list(truth.nodes)), "s", AGENT_PLAN_CODE, result(rng))
                 mirror.attach(name, node, AgentResult("s"))
         running = set(names[:64])
-        mirror.status(running, budget, set())
-        assert mirror.status(running, budget, set())["attempts"] == counted(mirror.trees, running, budget,
-                                                                              set())["attempts"]
+        kept, counted = mirror.status(running, budget, set()), status_from_scratch(mirror.trees, running, budget, set())
+        assert {k: kept[k] for k in counted} == counted
         new = median_ms(lambda: mirror.status(running, budget, set()), 50)
-        old = median_ms(lambda: counted(mirror.trees, running, budget, set()), 5)
+        old = median_ms(lambda: status_from_scratch(mirror.trees, running, budget, set()), 5)
     return old, new
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from stark_ray.agents.base import AgentResult
 from stark_ray.records import AGENT_PLAN_CODE, STAGE_CORRECTNESS, STAGE_OK, EvalResult, Node
-from stark_ray.run.mirror import RunMirror
+from stark_ray.run.mirror import RunMirror, status_from_scratch
 from stark_ray.search.tree import Tree
 from stark_ray.store.location import locate
 
@@ -21,16 +20,6 @@ def result(rng: random.Random) -> EvalResult:
     speedup = rng.choice([0.5, 1.2, 2.0, 3.5])
     return EvalResult(compiled=True, passed_checks=True, runtime_ms=1 / speedup, ref_runtime_ms=1.0, speedup=speedup,
                       stage=STAGE_OK)
-
-
-def counted(trees: dict[str, Tree], running: set[str], budget: int, capped: set[str]) -> dict[str, Any]:
-    """The figures by their definition, counted over every tree (what the mirror did twice a second)."""
-    return {
-        "done": sum(1 for n, t in trees.items() if n not in running and (t.evaluated >= budget or n in capped)),
-        "attempts": sum(t.evaluated for t in trees.values()),
-        "accepted": sum(1 for t in trees.values() for n in t if n.accepted and not n.is_root),
-        "best": {n: b.result.speedup for n, t in trees.items() if (b := t.best()) is not None},
-    }
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -62,5 +51,5 @@ def test_the_live_figures_kept_as_nodes_come_equal_a_count_over_the_trees(seed: 
             capped = set(rng.sample(names, rng.randrange(2)))
             status = mirror.status(running, budget, capped)
             assert {k: status[k] for k in ("done", "attempts", "accepted", "best")} == \
-                counted(mirror.trees, running, budget, capped)
+                status_from_scratch(mirror.trees, running, budget, capped)
             assert status["tasks"] == len(names) and status["running"] == len(running)

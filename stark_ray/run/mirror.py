@@ -36,8 +36,6 @@ class RunMirror:
         self.dir: Location | None = None  # the run directory, once it exists
         self.attempts = 0  # over all trees, kept with each load and attach (the live view's figures)
         self.accepted = 0
-        self.best_speedup: dict[str, float | None] = {}  # task -> its best node's speedup
-        self.attempted: dict[str, int] = {}  # task -> attempts
         self._touched: set[str] = set()  # tasks loaded or attached to since the last status
         self._spent: set[str] = set()  # tasks at the budget of the last status
         self._spent_budget: int | None = None
@@ -53,9 +51,7 @@ class RunMirror:
         self.best[name] = best.id if best else None
         self.attempts += tree.evaluated
         self.accepted += _accepted(tree.nodes.values())
-        self.attempted[name] = tree.evaluated
         self._touched.add(name)
-        self._set_best(name)
 
     def attach(self, name: str, node: Node, step: AgentResult) -> None:
         """A node the memory acknowledged (written), with the agent step that made it."""
@@ -77,14 +73,12 @@ class RunMirror:
             self.usage[name].add(u)
         self.attempts += len(attached)
         self.accepted += _accepted(attached)
-        self.attempted[name] = tree.evaluated
         self._touched.add(name)
         best_id = self.best[name]
         # the leaderboard's first: the best only changes when a node just attached beats it
         best = min((n for n in attached if n.accepted), key=lambda n: (n.score, n.id), default=None)
         if best is not None and (best_id is None or (best.score, best.id) < (tree[best_id].score, best_id)):
             self.best[name] = best.id
-            self._set_best(name)
             try:
                 write_atomic(self.task_dir(name) / "best_kernel.py", best.source)
             except OSError as e:  # a full disk, say: the rows hold it; the end of the run writes it again
@@ -102,29 +96,35 @@ class RunMirror:
         assert self.dir is not None
         write_task_end(task_dir(self.dir, name, len(self.names)), tree, summary)
 
-    def _set_best(self, name: str) -> None:
-        best_id = self.best[name]
-        if best_id is None:
-            self.best_speedup.pop(name, None)
-        else:
-            self.best_speedup[name] = self.trees[name][best_id].result.speedup
-
     def status(self, running: set[str], budget: int, capped: set[str]) -> dict[str, Any]:
         """The live view's figures on the trees: tasks done and running, attempts, accepted ones, best speedups.
-        Its cost grows with the tasks running, capped or at their budget, never with the nodes."""
+        Its cost grows with the tasks, never with the nodes (:func:`status_from_scratch` is its definition)."""
+        trees = self.trees
         if budget != self._spent_budget:  # the first call: who has spent it, counted once
-            self._spent = {n for n, a in self.attempted.items() if a >= budget}
+            self._spent = {n for n, t in trees.items() if t.evaluated >= budget}
             self._spent_budget = budget
         else:
-            self._spent.update(n for n in self._touched if self.attempted[n] >= budget)
+            self._spent.update(n for n in self._touched if trees[n].evaluated >= budget)
         self._touched.clear()
         running_spent = sum(1 for n in running if n in self._spent)
-        capped_only = sum(1 for n in capped if n in self.attempted and n not in self._spent and n not in running)
+        capped_only = sum(1 for n in capped if n in trees and n not in self._spent and n not in running)
         return {
             "tasks": len(self.names), "running": len(running),
             "done": len(self._spent) - running_spent + capped_only,
-            "attempts": self.attempts, "accepted": self.accepted, "best": dict(self.best_speedup),
+            "attempts": self.attempts, "accepted": self.accepted,
+            "best": {n: trees[n][b].result.speedup for n, b in self.best.items() if b is not None},
         }
+
+
+def status_from_scratch(trees: dict[str, Tree], running: set[str], budget: int, capped: set[str]) -> dict[str, Any]:
+    """:meth:`RunMirror.status`'s figures by their definition, counted over every tree and node (tests and
+    benchmarks hold the kept figures to it)."""
+    return {
+        "done": sum(1 for n, t in trees.items() if n not in running and (t.evaluated >= budget or n in capped)),
+        "attempts": sum(t.evaluated for t in trees.values()),
+        "accepted": sum(1 for t in trees.values() for n in t if n.accepted and not n.is_root),
+        "best": {n: b.result.speedup for n, t in trees.items() if (b := t.best()) is not None},
+    }
 
 
 def _accepted(nodes: Iterable[Node]) -> int:
