@@ -11,25 +11,14 @@ from stark_ray.agents import code as code_agent
 from stark_ray.agents import debug as debug_agent
 from stark_ray.config import AgentConfig, SearchConfig
 from stark_ray.prompts.messages import cut_window, window_room
-from stark_ray.records import AGENT_DEBUG, AGENT_PLAN_CODE, STAGE_COMPILE, EvalResult
 from stark_ray.search.team import MODE_IMPROVE, MODE_REPAIR, make_team
 from stark_ray.search.tree import Tree
-from tests.test_agents import REFERENCE, TASK, ScriptedClient, code_reply, ok_result, plan_reply
+from tests.test_agents import TASK, ScriptedClient, code_reply, deep_tree, plan_reply
 
 
 def big_tree(n: int = 120, source_chars: int = 40_000) -> Tree:
-    """A tree of large candidates (40 kB of code each, 4 kB logs on the failed ones)."""
-    tree = Tree.with_reference(REFERENCE, ok_result(10.0))
-    for i in range(1, n):
-        parent = max(0, i - 1 - i % 3)
-        body = "\n".join(f"    x{j} = {i} * {j}  # filler of node {i}" for j in range(source_chars // 40))
-        source = f"import torch\n\n\ndef kernel_{i}():\n{body}\n"
-        if i % 4 == 0:
-            result = EvalResult.failed(STAGE_COMPILE, f"error {i}", "compiler says no\n" * 250)
-        else:
-            result = ok_result(10.0 / (1 + i % 17))
-        tree.add(parent, source, AGENT_PLAN_CODE if i % 5 else AGENT_DEBUG, result, f"instruction {i}")
-    return tree
+    """test_agents' deep tree as a Tree: large candidates (40 kB of code each), long logs on the failed ones."""
+    return Tree.from_records(node.to_record() for node in deep_tree(n, source_chars))
 
 
 def test_a_request_carries_rendered_windows_of_bounded_size() -> None:
