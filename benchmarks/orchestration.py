@@ -145,6 +145,7 @@ class _Instant:
 
     def __init__(self, cfg: EvalConfig) -> None:
         self.cfg = cfg
+        self.instance = uuid.uuid4().hex  # this process of the actor (a restart is another)
 
     def reference(self, task: Task) -> EvalResult:
         return reference_result()
@@ -153,7 +154,14 @@ class _Instant:
         return instant_result(source)
 
     def hardware(self) -> dict[str, Any]:
-        return {"description": HARDWARE, "class": HARDWARE, "start_phases": {}}
+        return {"description": HARDWARE, "class": HARDWARE, "start_phases": {}, "instance": self.instance}
+
+    def activity(self) -> dict[str, tuple[str, float]]:
+        return {}
+
+    def where(self) -> dict[str, Any]:
+        """As EvaluatorActor.where: which process answers; no note of a candidate it died running."""
+        return {"pid": os.getpid(), "instance": self.instance, "died_running": None}
 
     def close(self) -> None:
         pass
@@ -319,16 +327,17 @@ def write_tasks(directory: Path, n: int) -> list[Task]:
 
 
 def _run(tasks: list[Task], budget: int, parallel: int, max_in_flight: int, out: Path | str, run_id: str,
-         profile: cProfile.Profile | None = None) -> tuple[_Clock, float, list[Any], Location]:
-    """One run_ray; returns the clock (times[0]: the loop's start, then one per attempt), when run_ray was
-    called, the summaries and the run directory."""
+         profile: cProfile.Profile | None = None,
+         clock: _Clock | None = None) -> tuple[_Clock, float, list[Any], Location]:
+    """One run_ray; returns the clock (times[0]: the loop's start, then one per attempt; a new one unless given),
+    when run_ray was called, the summaries and the run directory."""
     from stark_ray.run.ray_driver import RayRun, run_ray
 
     this = _self_module()
     run = RayRun(tasks, SearchConfig(budget=budget, parallel=parallel, seed=0), AgentConfig(),
                  EvalConfig(), out, run_id=run_id, max_in_flight=max_in_flight,
                  client_factory=this.scripted_client, evaluator_cls=this.InstantEvaluator)
-    clock = _Clock(len(tasks) * budget)
+    clock = clock or _Clock(len(tasks) * budget)
     t0 = time.perf_counter()
     if profile is not None:
         profile.enable()

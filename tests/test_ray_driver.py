@@ -332,6 +332,52 @@ def test_an_evaluator_that_never_comes_back_ends_the_run_in_one_line(
         driver.loop()
 
 
+class LostWithItsNode(Evaluator):
+    """Dies with its node during its second evaluation; Ray finds no room to restart it, so every later call fails
+    (``where`` included) and no new process ever answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost, self.calls = False, 0
+
+    def hardware(self) -> dict[str, Any]:
+        return {"description": "fake", "class": "fake", "start_phases": {}, "instance": "lost"}
+
+    def evaluate(self, task: Task, source: str) -> EvalResult:
+        self.calls += 1
+        if self.lost or self.calls == 2:
+            self.lost = True
+            raise ActorUnavailableError("The actor was restarted", None)
+        return super().evaluate(task, source)
+
+    def where(self) -> dict[str, Any]:
+        raise ActorUnavailableError("The actor is restarting", None)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(("move_after", "restart_wait"), [(0.2, 60.0), (60.0, 0.05)], ids=["moved", "given-up"])
+def test_an_evaluator_lost_with_its_node_hands_its_candidates_to_the_others_and_the_run_finishes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, move_after: float, restart_wait: float) -> None:
+    """No new process answers: after MOVE_AFTER_S its candidates go to the evaluator left (it stays paused and
+    asked), or it is given up after RESTART_WAIT_S with the same effect; either way each candidate is evaluated
+    once and nothing is charged (one death, no note), and the run finishes."""
+    monkeypatch.setattr(evaluator_deaths, "MOVE_AFTER_S", move_after)
+    monkeypatch.setattr(evaluator_deaths, "RESTART_WAIT_S", restart_wait)
+    lost, kept = LostWithItsNode(), Evaluator()
+    driver, memory = drive(tmp_path, monkeypatch, seed, tasks=3, budget=6, evaluators=[lost, kept])
+    driver.loop()
+    assert lost.lost and 0 in driver.dispatch.paused and driver.deaths.gone == ({0} if restart_wait < 1 else set())
+    for name in driver.tasks:
+        tree = memory.memory[name].tree
+        assert tree.evaluated == 6 and not memory.memory[name].in_flight
+        assert not [n for n in tree if n.result.stage == "crash"]  # nothing charged
+        evaluated = [n for n in tree if n.id and n.result.stage != "parse"]
+        assert sorted(s for s in lost.seen + kept.seen if s == name) == [name] * len(evaluated)  # each once
+    memory.store.flush()
+    rows = attempt_rows(tmp_path / "run")
+    assert sorted((r["task"], r["seq"]) for r in rows) == sorted((n, s) for n in driver.tasks for s in range(7))
+
+
 def test_a_full_disk_is_one_line_naming_resume_whatever_else_fails_after_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rows' store fails for good (ENOSPC) while best_kernel.py and every summary.json fail too: the run stops

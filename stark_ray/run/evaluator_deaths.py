@@ -10,7 +10,10 @@ The first orphan pauses the evaluator (a call sent now could reach the dead proc
   two deaths is charged; any that was at :data:`MAX_DEATHS` is charged whatever the notes say.
 - **the same process**, for :data:`ALIVE_AFTER_S`: it never died (Ray's ``ActorUnavailableError``: unreachable
   for a while); its orphans go again, uncharged.
-- **no answer** for :data:`RESTART_WAIT_S`: it is not coming back; the run stops.
+- **no answer from a new process** for :data:`MOVE_AFTER_S` (its node is gone, or the cluster has no room to
+  restart it): its orphans are judged as without a note and go to its peers; it stays paused until it answers.
+- **no answer** for :data:`RESTART_WAIT_S`: it is not coming back; the run goes on without it (and stops, in one
+  line, when no evaluator is left).
 
 An orphan whose call was sent to a process whose death was judged already (its error came after the restart's
 answer) is judged at once by that restart's note.
@@ -25,6 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from stark_ray.records import source_digest
 
 RESTART_WAIT_S = 900.0  # an evaluator that died and gives no answer for this long is not coming back
+MOVE_AFTER_S = 30.0  # the orphans of an evaluator with no new process answering for this long go to its peers
 ALIVE_AFTER_S = 10.0  # the same process answering for this long after an error was never dead
 MAX_DEATHS = 3  # evaluator deaths a candidate may be in flight for before it is charged whatever the notes say
 
@@ -59,6 +63,7 @@ class EvaluatorDeaths(Generic[W]):
         self.dead: dict[int, str | None] = {}  # evaluator -> the process that died (until an answer)
         self.orphans: dict[int, list[W]] = {}
         self.since: dict[int, float] = {}  # evaluator -> when its first orphan came back
+        self.gone: set[int] = set()  # evaluators given up: an orphan of theirs is judged at once, without a note
 
     @property
     def waiting(self) -> bool:
@@ -68,20 +73,35 @@ class EvaluatorDeaths(Generic[W]):
     def lost(self, which: int, work: W, now: float) -> Verdict[W]:
         """``work``'s call to evaluator ``which`` failed as if the actor died."""
         work.deaths += 1
+        if which in self.gone:
+            return self._judge([work], None)
         if work.instance is not None and which not in self.dead and work.instance != self.instances.get(which):
             return self._judge([work], self.notes.get(which))  # a death judged already
-        orphans = self.orphans.setdefault(which, [])
-        orphans.append(work)
-        if len(orphans) > 1:
+        self.orphans.setdefault(which, []).append(work)
+        if which in self.dead:  # its death is known: one more orphan for its answer
             return Verdict()
         self.dead[which], self.since[which] = work.instance, now
         return Verdict(pause=True)
+
+    def overdue(self, now: float) -> dict[int, Verdict[W]]:
+        """The dead evaluators whose orphans have waited :data:`MOVE_AFTER_S` for a new process: those orphans are
+        judged as without a note (sent to the peers, or charged after two deaths); the evaluator stays paused and
+        is still asked."""
+        late = [w for w, orphans in self.orphans.items() if orphans and now - self.since.get(w, now) > MOVE_AFTER_S]
+        return {which: self._judge(self.orphans.pop(which), None) for which in late}
 
     def answered(self, which: int, where: dict[str, Any] | None, now: float) -> Verdict[W]:
         """Evaluator ``which`` answered ``where`` (None: the call failed too)."""
         waited = now - self.since.setdefault(which, now)
         if where is None:
-            return Verdict(gone=True) if waited > RESTART_WAIT_S else Verdict(ask_again=True)
+            if waited <= RESTART_WAIT_S:
+                return Verdict(ask_again=True)
+            self.gone.add(which)
+            self.dead.pop(which, None)
+            self.since.pop(which, None)
+            verdict = self._judge(self.orphans.pop(which, []), None)
+            verdict.gone = True
+            return verdict
         instance = where.get("instance")
         alive = instance is not None and instance == self.dead.get(which)
         if alive and waited < ALIVE_AFTER_S:  # the dying process answered, or a blip: ask again a little later

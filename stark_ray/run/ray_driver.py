@@ -68,6 +68,7 @@ _AGENT, _EVAL, _ADD, _NEXT, _BACK = "agent", "eval", "add", "next", "back"
 _UNSET: Any = object()  # a ref's value not fetched yet
 AGENT_WORDS = {"plan+code": "plan and code agents", "debug": "debug agent", "single": "agent"}  # the live view's
 EXECUTOR = "ray"  # as run.json and the summaries name it
+ASK_EVERY_S = 0.2  # how often a dead evaluator is asked whether it is back
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
 
@@ -113,6 +114,7 @@ class _Driver:
         self.agent_load = [0] * len(self.agents)  # calls outstanding on each
         self.unwritten: str | None = None  # a summary the end of the run could not write (a full disk)
         self.deaths: EvaluatorDeaths[_Work] = EvaluatorDeaths(lambda w: w.step.source if w.step else None)
+        self.ask_at: dict[int, float] = {}  # a dead evaluator -> when to ask it ``where`` again
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -190,12 +192,16 @@ class _Driver:
         hold work that no request has offered yet (``dirty``)."""
         while True:
             self._ask()
+            self._mind_the_dead()
             idle = (all(w.kind == _BACK for w in self.pending.values()) and not self.dispatch.queue
                     and not self.deaths.waiting)
             self._progress(final=idle)
             if idle:  # nothing left but restarted evaluators to hear from: no candidate waits for them
                 return
             refs = list(self.pending)
+            if not refs:  # every evaluator is restarting: only the next question to one of them is due
+                time.sleep(ASK_EVERY_S)
+                continue
             ready = ray.wait(refs, num_returns=len(refs), timeout=0)[0]  # all that have finished, or
             if not ready:
                 ready = ray.wait(refs, num_returns=1, timeout=1.0)[0]  # the first to finish
@@ -379,15 +385,18 @@ class _Driver:
     def _act(self, which: int, verdict: Verdict[_Work]) -> None:
         """Carry out what :mod:`stark_ray.run.evaluator_deaths` decided about evaluator ``which``."""
         if verdict.gone:
-            raise RunError(f"evaluator {which} died and did not come back within "
-                           f"{evaluator_deaths.RESTART_WAIT_S:.0f} s; every "
-                           f"attempt acknowledged is recorded: continue with --resume {self.dir}")
+            left = [t for t in self.tasks if not set(self.dispatch.peers[t]) - self.deaths.gone]
+            if left:
+                raise RunError(f"evaluator {which} died and did not come back within "
+                               f"{evaluator_deaths.RESTART_WAIT_S:.0f} s, and no evaluator is left for "
+                               f"{len(left)} task(s) ({left[0]}, ...); every attempt acknowledged is recorded: "
+                               f"continue with --resume {self.dir}")
+            log.warning("evaluator %d died and did not come back: the run goes on without it", which)
         if verdict.pause:
             self.dispatch.pause(which)
             self._await_restart(which)
         if verdict.ask_again:
-            time.sleep(0.2)
-            self._await_restart(which)
+            self.ask_at[which] = time.monotonic() + ASK_EVERY_S
         for work in verdict.charge:
             assert work.ticket is not None and work.step is not None
             self._add(work.ticket, work.step, EvalResult.failed(
@@ -401,6 +410,20 @@ class _Driver:
             self.dispatch.resume(which)
         if verdict.resend or verdict.resume:
             self._send_evaluations()
+
+    def _mind_the_dead(self) -> None:
+        """Ask the dead evaluators whose next question is due; send the orphans of those that have not come back
+        for a while to their peers (:mod:`stark_ray.run.evaluator_deaths`)."""
+        if not self.deaths.dead:
+            return
+        now = time.monotonic()
+        for which in [w for w, at in self.ask_at.items() if at <= now]:
+            del self.ask_at[which]
+            self._await_restart(which)
+        for which, verdict in self.deaths.overdue(now).items():
+            log.warning("evaluator %d has not come back for %.0f s: its %d candidate(s) go to the others", which,
+                        evaluator_deaths.MOVE_AFTER_S, len(verdict.resend) + len(verdict.charge))
+            self._act(which, verdict)
 
     def _await_restart(self, which: int) -> None:
         self.pending[self.evaluators[which].where.remote()] = _Work(_BACK, which=which)
