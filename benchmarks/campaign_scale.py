@@ -60,18 +60,24 @@ def count_files(run_dir: Path) -> int:
     return sum(1 for _ in run_dir.rglob("part-*.parquet"))
 
 
+# started by a small process of its own: a child forked from this one (which holds a whole campaign's driver) would
+# count this process's pages in its peak RSS until it execs
+_SHIM = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:]); "
+         "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+         "print('rusage', u.ru_utime + u.ru_stime, u.ru_maxrss, file=sys.stderr); sys.exit(rc)")
+
+
 def measured(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Run a command; its wall and CPU seconds and peak RSS (MB), from the kernel's accounting of that child."""
+    """Run a command; its wall and CPU seconds and peak RSS (MB), from the kernel's accounting of that child (of
+    a small shim process)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run([sys.executable, "-S", "-c", _SHIM, *argv], capture_output=True, env=env, cwd=REPO,
+                          text=True, check=False)
     wall = time.perf_counter() - t0
-    out = proc.stdout.read() if proc.stdout else ""
-    err = proc.stderr.read() if proc.stderr else ""
-    code = os.waitstatus_to_exitcode(status)
-    return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-            "max_rss_mb": round(usage.ru_maxrss / 1024, 1), "rc": code,
-            "out": out.strip().splitlines()[-3:], "err": err.strip().splitlines()[-3:]}
+    lines = proc.stderr.strip().splitlines()
+    _, cpu, rss = lines[-1].split() if lines and lines[-1].startswith("rusage ") else ("", "nan", "nan")
+    return {"wall_s": round(wall, 2), "cpu_s": round(float(cpu), 2), "max_rss_mb": round(float(rss) / 1024, 1),
+            "rc": proc.returncode, "out": proc.stdout.strip().splitlines()[-3:], "err": lines[-4:-1]}
 
 
 def every_attempt_once(run_dir: Path | Location, tasks: int, budget: int) -> bool:

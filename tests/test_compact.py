@@ -12,7 +12,7 @@ import pytest
 from test_store import sample_tree, without_time, write_tree
 
 from stark_ray.store import parts
-from stark_ray.store.compact import compact_run, compact_task
+from stark_ray.store.compact import Compactor, compact_run, compact_task
 from stark_ray.store.location import Location
 from stark_ray.store.read import attempt_rows, call_rows, connect, load_trees
 from stark_ray.store.run_store import RunStore
@@ -57,6 +57,27 @@ def test_a_task_and_then_the_run_are_compacted_with_the_same_rows(tmp_path: Path
     assert snapshot(run) == before
     again = compact_run(run)  # nothing left to do
     assert again.rows == {} and len(files(run)) == 2 and snapshot(run) == before
+
+
+def test_closing_a_campaigns_compactor_stops_its_work_and_the_run_compaction_after_it_loses_nothing(
+        tmp_path: Path) -> None:
+    """At a campaign's end the memory actor's close cancels the per-task compactions (queued: dropped; running: its
+    process stopped, and waited for) so that the whole-run compaction that follows never overlaps one."""
+    run = small_files_run(tmp_path)
+    before = snapshot(run)
+    compactor = Compactor(Location(None, str(run)))
+    for task in TASKS:
+        compactor.add(task)
+    compactor.close(120, cancel=True)
+    assert compactor.worker is None or not compactor.worker.is_alive()
+    assert compactor.queued == [] and compactor.runs <= 1
+    assert compactor.proc is None or compactor.proc.poll() is not None  # nothing left running
+    compactor.add("a")  # and nothing starts after it
+    compactor.close(120)
+    assert compactor.runs <= 1
+    assert snapshot(run) == before
+    compact_run(run)
+    assert snapshot(run) == before and len(files(run)) == 2
 
 
 def test_a_compaction_stopped_before_deleting_what_it_replaced_loses_and_doubles_nothing(

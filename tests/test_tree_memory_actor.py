@@ -233,7 +233,8 @@ def test_a_task_that_ends_has_its_part_files_compacted(tmp_path: Path) -> None:
             for ticket in await mem.next_many(2):
                 await mem.add(ticket, step(ticket.task), ok(2.0))
         assert await mem.unfinished() == []
-        await mem.close()  # waits for the compactions under way
+        await asyncio.to_thread(mem.compactor.close, 120)  # the compactions under way, to their end
+        await mem.close()  # (a campaign's close stops them: the driver compacts the whole run next)
 
     asyncio.run(main())
     for table in ("attempts", "llm_calls"):

@@ -28,7 +28,7 @@ from stark_ray.config import AgentConfig, SearchConfig
 from stark_ray.records import EvalResult, Node
 from stark_ray.search.memory import Ticket, TreeMemory, UnknownParent, make_task_search
 from stark_ray.search.tree import Tree
-from stark_ray.store.compact import Compactor
+from stark_ray.store.compact import Compactor, whole_run_compacted
 from stark_ray.store.location import Location
 from stark_ray.store.read import load_trees
 from stark_ray.store.run_store import RunStore
@@ -184,8 +184,9 @@ class TreeMemoryActor:
 
     async def close(self) -> None:
         self.store.close()
-        # one cut short loses nothing; one almost done may as well finish
-        await asyncio.to_thread(self.compactor.close, 20)
+        # one cut short loses nothing: a campaign's are stopped (the whole run is compacted next); a single task's
+        # may as well finish
+        await asyncio.to_thread(self.compactor.close, 20, whole_run_compacted(len(self.memory.searches)))
 
 
 def _recorded_trees(run_dir: Location) -> dict[str, Tree]:

@@ -60,7 +60,7 @@ from stark_ray.run.resume import record_changes
 from stark_ray.run.summary import STATUS_FAILED, STATUS_FINISHED, STATUS_INTERRUPTED, RunSummary
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
-from stark_ray.store.compact import compact_ended
+from stark_ray.store.compact import compact_ended, whole_run_compacted
 from stark_ray.store.location import Location, locate
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,7 @@ class _Driver:
             if recorded is not None:  # what the earlier part of the run spent counts against the caps
                 spent = recorded[name]
                 self.spend.add(name, spent.cost_usd, spent.input_tokens + spent.output_tokens)
+                self.view.usage[name] = spent  # and in the summaries: this part's calls are added as they come
             tree = Tree.from_records(snapshot)
             self.view.load(name, tree)
             self.reporter.start(self.tasks[name], run.search.budget, tree)
@@ -451,8 +452,7 @@ class _Driver:
         summaries = []
         t0 = time.monotonic()
         snapshots = {name: self.memory.snapshot.remote(name) for name in self.tasks}  # asked all at once
-        # a fresh run's calls are the ones this driver saw; a resumed run's earlier ones are in the rows
-        usage = recorded_usage(self.dir) if self.run.resume is not None else self.view.usage
+        usage = self.view.usage  # the calls this driver saw, and a resumed run's earlier ones (read at its start)
         for name, task in self.tasks.items():
             try:
                 tree = Tree.from_records(ray.get(snapshots[name]))
@@ -480,7 +480,7 @@ class _Driver:
         t0 = time.monotonic()
         stop_actors(self.agents, [*getattr(self, "evaluators", []), getattr(self, "memory", None)])
         self.phases["close_s"] = time.monotonic() - t0
-        if getattr(self, "dir", None) is not None and len(self.tasks) > 1:  # a campaign: a few files in all
+        if getattr(self, "dir", None) is not None and whole_run_compacted(len(self.tasks)):  # a few files in all
             compact_ended(self.dir)
         log.info("run %s ended: finish_s %.2f, close_s %.2f", getattr(self, "run_id", "?"),
                  self.phases.get("finish_s", 0.0), self.phases["close_s"])

@@ -73,6 +73,12 @@ def compact_finished(run_dir: str | Path | Location, task: str) -> None:
         log.warning("run %s, task %r: compacting its part files failed (%s); they stay as written", run_dir, task, e)
 
 
+def whole_run_compacted(tasks: int) -> bool:
+    """A run of several tasks (a campaign) is compacted whole when it ends (:func:`compact_ended`): the per-task
+    compactions still queued or running then are not needed."""
+    return tasks > 1
+
+
 class Compactor:
     """Compacts tasks as they end, beside a running search: in a process of its own at the lowest CPU priority
     (``nice 19``), the tasks that ended meanwhile together, so the search's own processes keep the CPU (a thread of
@@ -84,6 +90,8 @@ class Compactor:
         self.queued: list[str] = []
         self.lock = threading.Lock()
         self.worker: threading.Thread | None = None
+        self.proc: subprocess.Popen[bytes] | None = None  # the compaction process running now
+        self.cancelled = False
         self.runs = 0  # compaction processes started (tests)
 
     def add(self, task: str) -> None:
@@ -95,24 +103,32 @@ class Compactor:
 
     def _work(self) -> None:
         while True:
-            with self.lock:
-                tasks, self.queued = self.queued, []
-                if not tasks:
-                    self.worker = None
-                    return
-                self.runs += 1
             try:
-                proc = subprocess.run([*_NICE, sys.executable, "-m", "stark_ray.store.compact", str(self.run_dir),
-                                       *tasks], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, timeout=3600, check=False)
-                if proc.returncode:
+                with self.lock:
+                    tasks, self.queued = self.queued, []
+                    if not tasks or self.cancelled:
+                        self.worker = None
+                        return
+                    self.runs += 1
+                    self.proc = proc = subprocess.Popen(
+                        [*_NICE, sys.executable, "-m", "stark_ray.store.compact", str(self.run_dir), *tasks],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                _, err = proc.communicate(timeout=3600)
+                if proc.returncode and not self.cancelled:
                     log.warning("compacting %s failed (exit %s): %s", ", ".join(tasks), proc.returncode,
-                                proc.stderr.decode(errors="replace")[-500:])
+                                err.decode(errors="replace")[-500:])
             except (OSError, subprocess.TimeoutExpired) as e:  # the files stay as written: nothing is lost
                 log.warning("compacting %s failed: %s", ", ".join(tasks), e)
 
-    def close(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the compactions under way and queued."""
+    def close(self, timeout: float, cancel: bool = False) -> None:
+        """Wait up to ``timeout`` seconds for the compactions under way and queued; with ``cancel`` (the whole run is
+        compacted next), drop the queued ones and stop the one running first (a compaction stopped anywhere loses
+        nothing), so that it never overlaps the next."""
+        if cancel:
+            with self.lock:
+                self.cancelled, self.queued = True, []
+                if self.proc is not None and self.proc.poll() is None:
+                    self.proc.terminate()
         worker = self.worker
         if worker is not None:
             worker.join(timeout)
