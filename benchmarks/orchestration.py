@@ -154,14 +154,16 @@ class _Instant:
         return instant_result(source)
 
     def hardware(self) -> dict[str, Any]:
-        return {"description": HARDWARE, "class": HARDWARE, "start_phases": {}, "instance": self.instance}
+        return {"description": HARDWARE, "class": HARDWARE, "start_phases": {}, "instance": self.instance,
+                "node": ray.get_runtime_context().get_node_id()}
 
     def activity(self) -> dict[str, tuple[str, float]]:
         return {}
 
     def where(self) -> dict[str, Any]:
         """As EvaluatorActor.where: which process answers; no note of a candidate it died running."""
-        return {"pid": os.getpid(), "instance": self.instance, "died_running": None}
+        return {"pid": os.getpid(), "instance": self.instance, "died_running": None,
+                "node": ray.get_runtime_context().get_node_id()}
 
     def close(self) -> None:
         pass

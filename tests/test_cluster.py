@@ -33,7 +33,7 @@ def env() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
-def script(*args: str, timeout: float = 600) -> dict[str, Any]:
+def script(*args: str, timeout: float = 900) -> dict[str, Any]:
     """Run the cluster script to its end; its last line (JSON)."""
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env(),
                           timeout=timeout, start_new_session=True)
@@ -70,8 +70,9 @@ def test_a_worker_node_removed_mid_campaign_moves_its_work_to_the_others(tmp_pat
     rows = assert_complete(result, str(tmp_path / "runs" / "cluster"))
     assert len(result["nodes"]) == 3 and result["head"] not in result["nodes"]  # every worker evaluated, not the head
     assert result["removed"] in result["nodes"]
-    # each candidate evaluated once to its end (the ones killed with the node never logged), and none charged
-    assert result["evaluations"] == TASKS * BUDGET
+    # every candidate evaluated to its end (a candidate logged on the removed node whose answer was lost with it
+    # is evaluated again), and none charged
+    assert TASKS * BUDGET <= result["evaluations"] <= TASKS * BUDGET + result["evaluated_on_removed"]
     assert not [r for seqs in rows.values() for r in seqs.values() if r["stage"] == "crash"]
 
 

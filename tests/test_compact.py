@@ -3,6 +3,8 @@ during and after, nothing lost when it stops half way, and writers of running ta
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_store import sample_tree, without_time, write_tree
 
-from stark_ray.store import parts
+from stark_ray.store import compact, parts
 from stark_ray.store.compact import Compactor, compact_run, compact_task
 from stark_ray.store.location import Location
 from stark_ray.store.read import attempt_rows, call_rows, connect, load_trees
@@ -60,21 +62,25 @@ def test_a_task_and_then_the_run_are_compacted_with_the_same_rows(tmp_path: Path
 
 
 def test_closing_a_campaigns_compactor_stops_its_work_and_the_run_compaction_after_it_loses_nothing(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """At a campaign's end the memory actor's close cancels the per-task compactions (queued: dropped; running: its
     process stopped, and waited for) so that the whole-run compaction that follows never overlaps one."""
     run = small_files_run(tmp_path)
     before = snapshot(run)
+    monkeypatch.setattr(compact, "_NICE", ("sh", "-c", "exec sleep 600", "x"))  # a compaction that takes long
     compactor = Compactor(Location(None, str(run)))
-    for task in TASKS:
-        compactor.add(task)
-    compactor.close(120, cancel=True)
-    assert compactor.worker is None or not compactor.worker.is_alive()
-    assert compactor.queued == [] and compactor.runs <= 1
-    assert compactor.proc is None or compactor.proc.poll() is not None  # nothing left running
+    compactor.add("a")
+    deadline = time.monotonic() + 60
+    while compactor.proc is None:  # running
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    compactor.add("b")  # queued behind it
+    compactor.close(300, cancel=True)
+    assert compactor.worker is None or not compactor.worker.is_alive()  # it returned long before 600 s
+    assert compactor.proc.returncode == -signal.SIGTERM and compactor.queued == [] and compactor.runs == 1
     compactor.add("a")  # and nothing starts after it
     compactor.close(120)
-    assert compactor.runs <= 1
+    assert compactor.runs == 1
     assert snapshot(run) == before
     compact_run(run)
     assert snapshot(run) == before and len(files(run)) == 2

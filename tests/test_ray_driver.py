@@ -86,6 +86,9 @@ class FakeRay:
     def get_runtime_context(self) -> Any:
         return SimpleNamespace(get_node_id=lambda: "node")
 
+    def nodes(self) -> list[dict[str, Any]]:
+        return [{"NodeID": "live", "Alive": True}, {"NodeID": "lost", "Alive": False}]
+
     def cancel(self, ref: Any) -> None: ...
 
     def kill(self, actor: Any, no_restart: bool = True) -> None: ...
@@ -156,23 +159,23 @@ class DyingEvaluator(Evaluator):
     Ray knows that it died, every call sent to it fails as well (its first ``where`` after the death too);
     afterwards it works again."""
 
-    def __init__(self, note: bool = True) -> None:
+    def __init__(self, note: bool = True, slow: int = 1) -> None:
         super().__init__()
-        self.note = note
+        self.note, self.slow = note, slow  # slow: its ``where`` calls that fail before the restart answers
         self.dead = self.killed = False
         self.unnoticed = 0  # calls that reach the dead process before Ray knows
         self.died_running: str | None = None
         self.instance = "first"
 
     def hardware(self) -> dict[str, Any]:
-        return {"description": "fake", "class": "fake", "start_phases": {}, "instance": self.instance}
+        return {"description": "fake", "class": "fake", "start_phases": {}, "instance": self.instance, "node": "live"}
 
     def evaluate(self, task: Task, source: str) -> EvalResult:
         if self.dead:
             raise RayActorError()
         if source.endswith("call 2") and not self.killed:
             self.dead = self.killed = True
-            self.unnoticed = 1
+            self.unnoticed = self.slow
             self.died_running = source_digest(source) if self.note else None
             raise RayActorError()
         return super().evaluate(task, source)
@@ -182,7 +185,7 @@ class DyingEvaluator(Evaluator):
             self.unnoticed -= 1
             raise RayActorError()
         self.dead, self.instance = False, "restarted"
-        return {"pid": 1, "instance": self.instance, "died_running": self.died_running}
+        return {"pid": 1, "instance": self.instance, "died_running": self.died_running, "node": "live"}
 
 
 def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int = 3, budget: int = 7,
@@ -341,7 +344,7 @@ class LostWithItsNode(Evaluator):
         self.lost, self.calls = False, 0
 
     def hardware(self) -> dict[str, Any]:
-        return {"description": "fake", "class": "fake", "start_phases": {}, "instance": "lost"}
+        return {"description": "fake", "class": "fake", "start_phases": {}, "instance": "lost", "node": "lost"}
 
     def evaluate(self, task: Task, source: str) -> EvalResult:
         self.calls += 1
@@ -365,6 +368,7 @@ def test_an_evaluator_lost_with_its_node_hands_its_candidates_to_the_others_and_
     monkeypatch.setattr(evaluator_deaths, "RESTART_WAIT_S", restart_wait)
     lost, kept = LostWithItsNode(), Evaluator()
     driver, memory = drive(tmp_path, monkeypatch, seed, tasks=3, budget=6, evaluators=[lost, kept])
+    driver.deaths.nodes = {0: "lost", 1: "live"}  # Ray says its node is dead
     driver.loop()
     assert lost.lost and 0 in driver.dispatch.paused and driver.deaths.gone == ({0} if restart_wait < 1 else set())
     for name in driver.tasks:
@@ -467,14 +471,17 @@ def test_a_task_stays_on_its_home_device_class(tmp_path: Path, monkeypatch: pyte
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("parallel", [1, 3])
+@pytest.mark.parametrize(("parallel", "slow"), [(1, 1), (3, 1), (2, 6)], ids=["p1", "p3", "slow-restart"])
 def test_a_candidate_that_kills_its_evaluator_is_charged_alone(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, parallel: int) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, parallel: int, slow: int) -> None:
     """Only the killer (named by the restarted actor) is charged; the candidates in flight beside it, and those sent
-    before the driver knew, go again: nothing is sent to the evaluator until it answers after its restart."""
-    evaluator = DyingEvaluator()
+    before the driver knew, go again: nothing is sent to the evaluator until it answers after its restart. A
+    restart slower than MOVE_AFTER_S on a node that is alive is waited for (its answer names the killer)."""
+    monkeypatch.setattr(evaluator_deaths, "MOVE_AFTER_S", 0.1)
+    evaluator = DyingEvaluator(slow=slow)
     driver, memory = drive(tmp_path, monkeypatch, seed, tasks=1, budget=6, parallel=parallel,
                            evaluators=[evaluator])
+    driver.deaths.nodes = {0: "live"}
     driver.loop()
     assert evaluator.killed and not evaluator.dead
     tree = memory.memory["t0"].tree

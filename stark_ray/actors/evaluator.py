@@ -71,12 +71,14 @@ class EvaluatorActor:
         its worker's start went (starting the worker the first time). EvaluatorError when this host cannot
         evaluate."""
         return {"description": self.service.hardware_description(), "class": self.service.hardware_class(),
-                "start_phases": self.service.hello().get("start_phases", {}), "instance": self.instance}
+                "start_phases": self.service.hello().get("start_phases", {}), "instance": self.instance,
+                "node": ray.get_runtime_context().get_node_id()}
 
     def where(self) -> dict[str, Any]:
-        """The actor's process (``instance``: which start of it) and GPU; ``died_running``: the digest of the
+        """The actor's process (``instance``: which start of it), Ray node and GPU; ``died_running``: the digest of the
         candidate that was on the device when its previous process died, if it was one."""
         return {"pid": os.getpid(), "instance": self.instance, "died_running": self.died_running,
+                "node": ray.get_runtime_context().get_node_id(),
                 "gpus": [str(g) for g in ray.get_gpu_ids()],
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 

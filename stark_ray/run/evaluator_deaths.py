@@ -10,8 +10,9 @@ The first orphan pauses the evaluator (a call sent now could reach the dead proc
   two deaths is charged; any that was at :data:`MAX_DEATHS` is charged whatever the notes say.
 - **the same process**, for :data:`ALIVE_AFTER_S`: it never died (Ray's ``ActorUnavailableError``: unreachable
   for a while); its orphans go again, uncharged.
-- **no answer from a new process** for :data:`MOVE_AFTER_S` (its node is gone, or the cluster has no room to
-  restart it): its orphans are judged as without a note and go to its peers; it stays paused until it answers.
+- **no answer from a new process** for :data:`MOVE_AFTER_S` while its node is gone (Ray says the node is dead):
+  its orphans are judged as without a note and go to its peers; it stays paused until it answers (on another
+  node). On a live node a restart is waited for, since its answer names the candidate that killed it.
 - **no answer** for :data:`RESTART_WAIT_S`: it is not coming back; the run goes on without it (and stops, in one
   line, when no evaluator is left).
 
@@ -59,6 +60,7 @@ class EvaluatorDeaths(Generic[W]):
     def __init__(self, source_of: Callable[[W], str | None]) -> None:
         self.source_of = source_of  # a candidate's source, to match a note
         self.instances: dict[int, str | None] = {}  # evaluator -> the process it last answered from
+        self.nodes: dict[int, str | None] = {}  # evaluator -> the Ray node it last answered from
         self.notes: dict[int, str | None] = {}  # evaluator -> what its last restart said it died running
         self.dead: dict[int, str | None] = {}  # evaluator -> the process that died (until an answer)
         self.orphans: dict[int, list[W]] = {}
@@ -83,12 +85,16 @@ class EvaluatorDeaths(Generic[W]):
         self.dead[which], self.since[which] = work.instance, now
         return Verdict(pause=True)
 
-    def overdue(self, now: float) -> dict[int, Verdict[W]]:
-        """The dead evaluators whose orphans have waited :data:`MOVE_AFTER_S` for a new process: those orphans are
-        judged as without a note (sent to the peers, or charged after two deaths); the evaluator stays paused and
-        is still asked."""
-        late = [w for w, orphans in self.orphans.items() if orphans and now - self.since.get(w, now) > MOVE_AFTER_S]
-        return {which: self._judge(self.orphans.pop(which), None) for which in late}
+    def late(self, now: float) -> list[int]:
+        """The dead evaluators whose orphans have waited :data:`MOVE_AFTER_S` for a new process."""
+        return [w for w, orphans in self.orphans.items() if orphans and now - self.since.get(w, now) > MOVE_AFTER_S]
+
+    def overdue(self, now: float, alive_nodes: set[str]) -> dict[int, Verdict[W]]:
+        """The :meth:`late` evaluators whose node is not among ``alive_nodes`` (or unknown): their orphans are judged
+        as without a note (sent to the peers, or charged after two deaths); the evaluator stays paused and is still
+        asked."""
+        gone = [w for w in self.late(now) if self.nodes.get(w) not in alive_nodes]
+        return {which: self._judge(self.orphans.pop(which), None) for which in gone}
 
     def answered(self, which: int, where: dict[str, Any] | None, now: float) -> Verdict[W]:
         """Evaluator ``which`` answered ``where`` (None: the call failed too)."""
@@ -115,6 +121,7 @@ class EvaluatorDeaths(Generic[W]):
             verdict = self._judge(orphans, None)
         else:
             self.instances[which], self.notes[which] = instance, where.get("died_running")
+            self.nodes[which] = where.get("node")
             verdict = self._judge(orphans, self.notes[which])
         verdict.resume = True
         return verdict

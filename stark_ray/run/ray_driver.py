@@ -115,6 +115,7 @@ class _Driver:
         self.unwritten: str | None = None  # a summary the end of the run could not write (a full disk)
         self.deaths: EvaluatorDeaths[_Work] = EvaluatorDeaths(lambda w: w.step.source if w.step else None)
         self.ask_at: dict[int, float] = {}  # a dead evaluator -> when to ask it ``where`` again
+        self._nodes_asked = 0.0  # when Ray was last asked which nodes are alive
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -138,6 +139,7 @@ class _Driver:
         self.phases["evaluators_s"] = time.monotonic() - t0
         self.worker_starts = [h["start_phases"] for h in hardware]  # where each device worker's start went
         self.deaths.instances = {i: h.get("instance") for i, h in enumerate(hardware)}
+        self.deaths.nodes = {i: h.get("node") for i, h in enumerate(hardware)}
         self.dispatch.share([h["class"] for h in hardware])
         specs = []
         self.infos: dict[str, TaskInfo] = {
@@ -386,7 +388,9 @@ class _Driver:
     def _act(self, which: int, verdict: Verdict[_Work]) -> None:
         """Carry out what :mod:`stark_ray.run.evaluator_deaths` decided about evaluator ``which``."""
         if verdict.gone:
-            left = [t for t in self.tasks if not set(self.dispatch.peers[t]) - self.deaths.gone]
+            self.cap.evaluators = len(self.evaluators) - len(self.deaths.gone)
+            left = [t for t in self.tasks if not set(self.dispatch.peers[t]) - self.deaths.gone
+                    and t not in self.capped and self.view.trees[t].evaluated < self.run.search.budget]
             if left:
                 raise RunError(f"evaluator {which} died and did not come back within "
                                f"{evaluator_deaths.RESTART_WAIT_S:.0f} s, and no evaluator is left for "
@@ -421,8 +425,13 @@ class _Driver:
         for which in [w for w, at in self.ask_at.items() if at <= now]:
             del self.ask_at[which]
             self._await_restart(which)
-        for which, verdict in self.deaths.overdue(now).items():
-            log.warning("evaluator %d has not come back for %.0f s: its %d candidate(s) go to the others", which,
+        if not self.deaths.late(now) or now - self._nodes_asked < 1.0:
+            return
+        self._nodes_asked = now  # Ray's GCS is asked at most once a second which nodes are alive
+        alive = {str(n.get("NodeID")) for n in ray.nodes() if n.get("Alive")}
+        for which, verdict in self.deaths.overdue(now, alive).items():
+            log.warning("evaluator %d has not come back for %.0f s and its node is gone: its %d candidate(s) go to "
+                        "the others", which,
                         evaluator_deaths.MOVE_AFTER_S, len(verdict.resend) + len(verdict.charge))
             self._act(which, verdict)
 

@@ -117,7 +117,11 @@ class Compactor:
                 if proc.returncode and not self.cancelled:
                     log.warning("compacting %s failed (exit %s): %s", ", ".join(tasks), proc.returncode,
                                 err.decode(errors="replace")[-500:])
-            except (OSError, subprocess.TimeoutExpired) as e:  # the files stay as written: nothing is lost
+            except subprocess.TimeoutExpired as e:  # stopped (a compaction stopped anywhere loses nothing)
+                proc.kill()
+                proc.communicate()
+                log.warning("compacting %s failed: %s", ", ".join(tasks), e)
+            except OSError as e:  # the files stay as written: nothing is lost
                 log.warning("compacting %s failed: %s", ", ".join(tasks), e)
 
     def close(self, timeout: float, cancel: bool = False) -> None:
