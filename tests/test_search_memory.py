@@ -9,7 +9,7 @@ import pytest
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.config import AgentConfig, SearchConfig
 from stark_ray.records import STAGE_OK, EvalResult
-from stark_ray.search.memory import Ticket, TreeMemory, UnknownParent, make_task_search
+from stark_ray.search.memory import StaleTicket, Ticket, TreeMemory, UnknownParent, make_task_search
 from stark_ray.search.team import MODE_IMPROVE, Request
 from stark_ray.search.tree import Tree
 
@@ -106,6 +106,31 @@ def test_a_ticket_whose_node_id_now_names_another_node_is_refused() -> None:
     lost = replace(b, request=replace(b.request, node=replace(b.request.node, source="another node 1")))
     with pytest.raises(UnknownParent):
         s.add(lost, step("x"), ok(1.0))
+
+
+def test_tickets_from_before_a_restart_never_take_the_budget_of_those_issued_since() -> None:
+    """A restarted memory rebuilt from the rows knows nothing of the tickets in flight: it issues its own for the
+    room it sees. An old ticket coming back is accepted only while the budget has room beside those: every task
+    ends with its budget, never more (a lost worker node's candidates, sent again, came back after the new ones)."""
+    before = search_for("t", budget=3, parallel=2)
+    a = before.next()
+    assert a is not None
+    before.add(a, step("a"), ok(2.0))
+    old = [before.next(), before.next()]  # in flight when the memory dies
+    assert all(t is not None for t in old)
+    after = make_task_search("t", Tree.from_records(before.tree.to_records()), SearchConfig(budget=3, parallel=2),
+                             AgentConfig(), TaskInfo("t", "class Model: ...", "cpu_cpp"))
+    new = [after.next(), after.next()]
+    assert all(t is not None for t in new)
+    with pytest.raises(StaleTicket):  # its place went to the new ones
+        after.add(old[0], step("old"), ok(1.0))  # type: ignore[arg-type]
+    for t in new:
+        after.add(t, step("new"), ok(1.0))  # type: ignore[arg-type]
+    assert after.tree.evaluated == 3 and after.finished
+    other = make_task_search("t", Tree.from_records(before.tree.to_records()), SearchConfig(budget=3, parallel=2),
+                             AgentConfig(), TaskInfo("t", "class Model: ...", "cpu_cpp"))
+    other.add(old[1], step("old"), ok(1.0))  # type: ignore[arg-type]  # room left: accepted
+    assert other.tree.evaluated == 2
 
 
 def test_a_slim_ticket_carries_no_windows_and_is_added_alike() -> None:

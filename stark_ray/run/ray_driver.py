@@ -35,11 +35,12 @@ from stark_ray.eval.memory import OverBudget
 from stark_ray.eval.tasks import TaskError
 from stark_ray.llm.base import LLMError
 from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
-from stark_ray.run import evaluator_deaths
+from stark_ray.run import evaluator_loss
 from stark_ray.run.campaign import CapTracker
 from stark_ray.run.directory import RunError, new_run_dir, recorded_usage, run_record, task_summary, write_run_file
 from stark_ray.run.dispatch import EvalDispatch
-from stark_ray.run.evaluator_deaths import EvaluatorDeaths, Verdict
+from stark_ray.run.evaluator_deaths import EvaluatorDeaths
+from stark_ray.run.evaluator_loss import EvaluatorLoss
 from stark_ray.run.in_flight import InFlightCap
 from stark_ray.run.mirror import RunMirror
 from stark_ray.run.placement import (
@@ -68,7 +69,6 @@ _AGENT, _EVAL, _ADD, _NEXT, _BACK = "agent", "eval", "add", "next", "back"
 _UNSET: Any = object()  # a ref's value not fetched yet
 AGENT_WORDS = {"plan+code": "plan and code agents", "debug": "debug agent", "single": "agent"}  # the live view's
 EXECUTOR = "ray"  # as run.json and the summaries name it
-ASK_EVERY_S = 0.2  # how often a dead evaluator is asked whether it is back
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
 
@@ -86,7 +86,7 @@ class _Work:
     since: float = field(default_factory=time.monotonic)  # when it was launched, sent or queued
 
 
-class _Driver:
+class _Driver(EvaluatorLoss):
     def __init__(self, run: RayRun, reporter: Reporter, embedded: bool = False) -> None:
         self.run, self.reporter = run, reporter
         self.embedded = embedded  # a local Ray this run started: no autoscaler will add GPUs
@@ -203,7 +203,7 @@ class _Driver:
                 return
             refs = list(self.pending)
             if not refs:  # every evaluator is restarting: only the next question to one of them is due
-                time.sleep(ASK_EVERY_S)
+                time.sleep(evaluator_loss.ASK_EVERY_S)
                 continue
             ready = ray.wait(refs, num_returns=len(refs), timeout=0)[0]  # all that have finished, or
             if not ready:
@@ -385,55 +385,8 @@ class _Driver:
             work.which, work.instance, work.since = which, self.deaths.instances.get(which), time.monotonic()
             self.pending[ref] = work
 
-    def _act(self, which: int, verdict: Verdict[_Work]) -> None:
-        """Carry out what :mod:`stark_ray.run.evaluator_deaths` decided about evaluator ``which``."""
-        if verdict.gone:
-            self.cap.evaluators = len(self.evaluators) - len(self.deaths.gone)
-            left = [t for t in self.tasks if not set(self.dispatch.peers[t]) - self.deaths.gone
-                    and t not in self.capped and self.view.trees[t].evaluated < self.run.search.budget]
-            if left:
-                raise RunError(f"evaluator {which} died and did not come back within "
-                               f"{evaluator_deaths.RESTART_WAIT_S:.0f} s, and no evaluator is left for "
-                               f"{len(left)} task(s) ({left[0]}, ...); every attempt acknowledged is recorded: "
-                               f"continue with --resume {self.dir}")
-            log.warning("evaluator %d died and did not come back: the run goes on without it", which)
-        if verdict.pause:
-            self.dispatch.pause(which)
-            self._await_restart(which)
-        if verdict.ask_again:
-            self.ask_at[which] = time.monotonic() + ASK_EVERY_S
-        for work in verdict.charge:
-            assert work.ticket is not None and work.step is not None
-            self._add(work.ticket, work.step, EvalResult.failed(
-                STAGE_CRASH, "the evaluator actor died while evaluating this candidate (it is restarted; this "
-                "candidate is not run again)"))
-        for work in verdict.resend:
-            assert work.ticket is not None
-            self.dispatch.put(work.ticket.task, work)
-        if verdict.resume:
-            log.info("evaluator %d answers again", which)
-            self.dispatch.resume(which)
-        if verdict.resend or verdict.resume:
-            self._send_evaluations()
-
-    def _mind_the_dead(self) -> None:
-        """Ask the dead evaluators whose next question is due; send the orphans of those that have not come back
-        for a while to their peers (:mod:`stark_ray.run.evaluator_deaths`)."""
-        if not self.deaths.dead:
-            return
-        now = time.monotonic()
-        for which in [w for w, at in self.ask_at.items() if at <= now]:
-            del self.ask_at[which]
-            self._await_restart(which)
-        if not self.deaths.late(now) or now - self._nodes_asked < 1.0:
-            return
-        self._nodes_asked = now  # Ray's GCS is asked at most once a second which nodes are alive
-        alive = {str(n.get("NodeID")) for n in ray.nodes() if n.get("Alive")}
-        for which, verdict in self.deaths.overdue(now, alive).items():
-            log.warning("evaluator %d has not come back for %.0f s and its node is gone: its %d candidate(s) go to "
-                        "the others", which,
-                        evaluator_deaths.MOVE_AFTER_S, len(verdict.resend) + len(verdict.charge))
-            self._act(which, verdict)
+    def _alive_nodes(self) -> set[str]:
+        return {str(n.get("NodeID")) for n in ray.nodes() if n.get("Alive")}
 
     def _await_restart(self, which: int) -> None:
         self.pending[self.evaluators[which].where.remote()] = _Work(_BACK, which=which)

@@ -50,6 +50,11 @@ class UnknownParent(LookupError):
     """The ticket's node is not in the tree (it was lost with a restart before it was written): redo the work."""
 
 
+class StaleTicket(UnknownParent):
+    """A ticket issued before a restart whose place in the budget the restarted memory has given to another:
+    its attempt is dropped (the other one does the work)."""
+
+
 def no_candidate(step: AgentResult) -> EvalResult:
     """The result of an agent step that produced nothing to evaluate (it still costs one attempt)."""
     return EvalResult.failed(STAGE_PARSE, step.error or "the agent returned no candidate")
@@ -98,11 +103,14 @@ class TaskSearch:
 
     def add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> Node:
         """Attach the child the ticket's expansion produced. A ticket this search did not issue (the memory was
-        restarted since) is accepted while its node is in the tree."""
-        self.in_flight.pop(ticket.id, None)
+        restarted since) is accepted while its node is in the tree and the budget has room beside the tickets issued
+        since: every attempt counts once against the budget."""
+        known = self.in_flight.pop(ticket.id, None) is not None
         parent = self.tree.nodes.get(ticket.parent)
         if parent is None or not _same_node(parent, ticket.request.node):
             raise UnknownParent(f"task {self.name}: node {ticket.parent} is not in the tree")
+        if not known and self.tree.evaluated + len(self.in_flight) >= self.budget:
+            raise StaleTicket(f"task {self.name}: a ticket from before a restart, its budget taken by newer ones")
         self._exhausted = False
         return self.tree.add(ticket.parent, step.source or "", ticket.request.agent, result, step.instruction,
                              step.scaffold, step.usage)
