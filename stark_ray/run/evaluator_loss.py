@@ -13,7 +13,7 @@ from stark_ray.run import evaluator_deaths
 from stark_ray.run.directory import RunError
 from stark_ray.run.evaluator_deaths import EvaluatorDeaths, Verdict
 
-log = logging.getLogger("stark_ray.run.ray_driver")
+log = logging.getLogger(__name__)
 ASK_EVERY_S = 0.2  # how often a dead evaluator is asked whether it is back
 
 
@@ -89,6 +89,5 @@ class EvaluatorLoss:
         self._nodes_asked = now  # Ray's GCS is asked at most once a second which nodes are alive
         for which, verdict in self.deaths.overdue(now, self._alive_nodes()).items():
             log.warning("evaluator %d has not come back for %.0f s and its node is gone: its %d candidate(s) go to "
-                        "the others", which,
-                        evaluator_deaths.MOVE_AFTER_S, len(verdict.resend) + len(verdict.charge))
+                        "the others", which, evaluator_deaths.MOVE_AFTER_S, len(verdict.resend) + len(verdict.charge))
             self._act(which, verdict)
