@@ -210,6 +210,9 @@ def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int
     driver.dir.mkdir()
     write_specs(locate(driver.dir), specs)
     memory = TreeMemoryActor.__ray_actor_class__(str(tmp_path), "run", search, AgentConfig())  # type: ignore[attr-defined]
+    # each call runs in an event loop of its own here, so no two adds ever share a commit: the interval between
+    # commits (which batches a busy actor's adds, tests/test_tree_memory_actor.py) would only add 0.2 s per add
+    memory.commit.interval = 0.0
     driver.memory = Handle(fake, memory)
     driver.view.dir = driver.dir
     for t in task_list:
