@@ -98,13 +98,11 @@ def campaign(
 ) -> None:
     """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
 
-    from stark_ray.cli.optimize import reporter_for, run_on_ray
     from stark_ray.cli.places import existing_dir, gpu_first, writable_dir
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
     from stark_ray.run.campaign import CampaignError, Caps, load_config, select_tasks
     from stark_ray.run.directory import RunError
-    from stark_ray.run.ray_driver import RayRun
     from stark_ray.run.resume import refuse_changes, resumed
 
     cli: dict[str, dict[str, Any]] = {
@@ -134,7 +132,15 @@ def campaign(
     for option, value in (("--evaluators", evaluators), ("--max-in-flight", max_in_flight)):
         if value is not None and value < 1:
             fail(f"{option} must be >= 1")
-    reporter = reporter_for(True) if quiet else _campaignreporter_for()
+
+    def launch(*args: Any, **kwargs: Any) -> None:
+        """The campaign on Ray. Ray and the driver are imported only here, once the options are known to be good:
+        a mistake is said in a fraction of a second."""
+        from stark_ray.cli.optimize import reporter_for, run_on_ray
+        from stark_ray.run.ray_driver import RayRun
+
+        run_on_ray(RayRun(*args, **kwargs), reporter_for(True) if quiet else _campaignreporter_for())
+
     if resume is not None:  # the recorded campaign; --budget, --parallel, the caps, where it runs may change
         run_dir = existing_dir(resume, "--resume", "campaign directory")
         fixed = {"--tasks": tasks, "--kernelbench": kernelbench, "--levels": levels, "--ids": ids, "--names": names,
@@ -157,9 +163,8 @@ def campaign(
             check_credentials(run.agents)
         except (RunError, ConfigError, ValueError, TypeError) as e:
             fail(f"--resume {resume}: {e}")
-        run_on_ray(RayRun(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir,
-                           address=address, caps=caps, evaluators=evaluators,
-                           max_in_flight=max_in_flight), reporter)
+        launch(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir, address=address,
+               caps=caps, evaluators=evaluators, max_in_flight=max_in_flight)
         return
     sel = merged["tasks"]
     try:
@@ -178,9 +183,8 @@ def campaign(
         fail(f"{config}: {e}")
     out_dir = writable_dir(str(run_cfg.get("out") or "runs"), "--out")
     gpu_first(eval_cfg.backend, run_cfg.get("address"), run_cfg.get("evaluators"))
-    run_on_ray(RayRun(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"),
-                       caps=caps, evaluators=run_cfg.get("evaluators"),
-                       max_in_flight=run_cfg.get("max_in_flight")), reporter)
+    launch(picked, search_cfg, agent_cfg, eval_cfg, out_dir, address=run_cfg.get("address"), caps=caps,
+           evaluators=run_cfg.get("evaluators"), max_in_flight=run_cfg.get("max_in_flight"))
 
 
 def _campaignreporter_for() -> Any:
