@@ -6,8 +6,7 @@ with a hot spare on a GPU). For each candidate the service sends, the judge
 
 1. keeps the task's reference (the task is checked once: forward runs, its outputs can be compared, two calls on
    the same inputs agree);
-2. judges the candidate (:mod:`stark_ray.eval.judgement`, one ``Judgement`` per candidate): has the worker
-   ``load`` it;
+2. has the worker ``load`` the candidate (this step and the next four: :mod:`stark_ray.eval.judgement`);
 3. runs every trial (:mod:`stark_ray.eval.trials`): makes the inputs and the reference's outputs here, shares a
    copy of the inputs and one slot per output tensor with the worker (:mod:`stark_ray.eval.exchange`), has it
    ``run`` the candidate, and compares the slots with its own reference outputs and its copy of the inputs with

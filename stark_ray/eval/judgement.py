@@ -1,10 +1,6 @@
-"""One candidate's judgement, inside the judge process (:mod:`stark_ray.eval.judge` keeps the task's reference and
-talks to the worker): the worker ``load``s the candidate; every trial (:mod:`stark_ray.eval.trials`) has its inputs
-and the reference's outputs made here, shares a copy of the inputs and one slot per output tensor with the worker
-(:mod:`stark_ray.eval.exchange`), has it ``run`` the candidate, and compares the slots with the reference's outputs
-and its copy of the inputs with the originals (nothing the worker says is needed to reject a wrong output, and
-nothing it says can make one pass); then the worker ``time``s it against the reference, and a speedup above
-``confirm_above`` is confirmed with the judge's own wall clock (:mod:`stark_ray.eval.confirmation`)."""
+"""One candidate's judgement inside the judge process: steps 2-6 of the list in :mod:`stark_ray.eval.judge` (load,
+the trials, the timing, the confirmation), one :class:`Judgement` per evaluation. The judge keeps the task's
+reference and talks to the worker; a judgement uses both."""
 
 from __future__ import annotations
 
