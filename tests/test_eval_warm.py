@@ -100,7 +100,9 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
 
 @pytest.fixture(scope="module")
 def service(shared_build_dir: str) -> Iterator[EvalService]:
-    cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=1, timing_trials=5, check_timeout_s=10,
+    # 20 timed rounds, the CPU's default: a speedup's error from fewer pairs is itself too loose to test (with 5,
+    # three ratios lining up by chance under load made a jumpy candidate look steady in 3 runs of 60)
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=1, timing_trials=20, check_timeout_s=10,
                      timing_timeout_s=20)
     with EvalService(cfg) as svc:
         yield svc
@@ -128,13 +130,13 @@ def test_a_crash_or_a_hang_replaces_the_worker_and_the_next_candidate_is_judged(
 
 
 def test_a_noisy_timing_is_measured_again_and_said_to_be_noisy(service: EvalService, task: Task) -> None:
-    """A speedup whose calls disagree (here a forward that sleeps 0, 2, 4, 6, 8 ms in turn: any five calls in a
-    row are spread alike, where random sleeps could bunch up in a five-round timing and look steady) is timed a
-    second time and, still noisy, comes with its uncertainty and a note; a steady one comes with its uncertainty
-    too."""
+    """A speedup whose calls disagree (here a forward that sleeps 1, 2, 4, 8, 16 ms in turn: any five calls in a
+    row are spread alike, each a factor 2 from the next, where random sleeps could bunch up and look steady) is
+    timed a second time and, still noisy, comes with its uncertainty and a note; a steady one comes with its
+    uncertainty too."""
     from stark_ray.eval.noise import is_noisy
 
-    in_turn = "time.sleep(0.002 * (next(_CALLS) % 5))\n        return x * self.s + self.t"
+    in_turn = "time.sleep(0.001 * 2 ** (next(_CALLS) % 5))\n        return x * self.s + self.t"
     counter = "import itertools\nimport time\n_CALLS = itertools.count()"
     jumpy = service.evaluate(task, candidate(in_turn, prelude=counter))
     assert jumpy.passed_checks and jumpy.speedup_err is not None and is_noisy(jumpy.speedup_err), (jumpy, jumpy.log)

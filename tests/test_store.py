@@ -43,6 +43,7 @@ from stark_ray.store.read import (
     connect,
     load_trees,
     rebuild,
+    recorded_attempts,
     task_names,
 )
 from stark_ray.store.run_store import RunStore, attempt_row, llm_call_rows
@@ -413,6 +414,8 @@ def test_a_resume_adds_files_and_never_doubles_a_node(tmp_path: Path) -> None:
         write_tree(again, "t", tree, calls, seqs=[2, 4])
     with pytest.raises(StoreError, match=r"task 't' seq 2 \(2 rows\); task 't' seq 4 \(2 rows\)"):
         load_trees(tmp_path / "run")
+    with pytest.raises(StoreError, match=r"task 't' seq 2 \(2 rows\)"):
+        recorded_attempts(tmp_path / "run")
 
 
 def test_a_gap_keeps_the_complete_prefix_and_reports_the_rest(tmp_path: Path,
@@ -430,6 +433,9 @@ def test_a_gap_keeps_the_complete_prefix_and_reports_the_rest(tmp_path: Path,
     with caplog.at_level(logging.WARNING, logger="stark_ray.store.read"):
         assert sorted(load_trees(tmp_path / "run")) == ["gap", "whole"]
     assert "'gap': seq 3 is missing; kept seqs 0..2, dropped [4, 5]" in caplog.text
+    # what a resume counts from two columns is what the rebuilt trees hold
+    assert recorded_attempts(tmp_path / "run") == {n: t.evaluated for n, t in result.trees.items()} == {
+        "gap": 2, "whole": len(tree) - 1}
 
 
 def test_rows_that_do_not_form_a_tree_are_a_store_error(tmp_path: Path) -> None:

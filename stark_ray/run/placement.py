@@ -26,7 +26,7 @@ from stark_ray.run.directory import RunError
 from stark_ray.run.in_flight import InFlightCap
 from stark_ray.run.local_ray import LocalRay, RayStartError, quiet_error_broadcasts, start_local_ray
 from stark_ray.store.location import Location, locate
-from stark_ray.store.read import StoreError, call_rows, load_trees
+from stark_ray.store.read import StoreError, call_rows, recorded_attempts
 
 STATUS_CAPPED = "capped"  # stopped by a spending cap before its budget
 
@@ -204,18 +204,18 @@ def replay_consumed(run_dir: str | Path | Location) -> frozenset[int]:
     gap) do not count: that attempt is made again and gets the same entries."""
     try:
         rows = call_rows(run_dir)
-        trees = load_trees(run_dir)
+        attempts = recorded_attempts(run_dir)  # seqs 0..attempts[task] are in the rebuilt tree
     except FileNotFoundError:
         return frozenset()
     except StoreError as e:
         raise RunError(f"{run_dir}: {e}") from None
     return frozenset(int(r["replay_entry"]) for r in rows if r.get("replay_entry") is not None
-                     and r["task"] in trees and r["seq"] in trees[r["task"]].nodes)
+                     and r["seq"] <= attempts.get(r["task"], -1))
 
 
 def recorded_tasks(run_dir: str | Path | Location) -> list[str]:
     try:
-        return list(load_trees(run_dir))
+        return list(recorded_attempts(run_dir))
     except FileNotFoundError:
         return []
     except StoreError as e:

@@ -23,7 +23,7 @@ from stark_ray.run.directory import (
     write_run_file,
 )
 from stark_ray.store.location import Location, locate
-from stark_ray.store.read import StoreError, load_trees
+from stark_ray.store.read import StoreError, recorded_attempts
 
 CHANGEABLE = ("budget", "parallel")  # SearchConfig fields a resume may set
 
@@ -69,12 +69,11 @@ def resumed(run_dir: str | Path | Location, budget: int | None = None, parallel:
     tasks, search, agents, ev = resume_settings(run_dir)
     executor = str(load_run(run_dir).get("executor") or "ray")
     try:
-        trees = load_trees(run_dir)
+        attempts = recorded_attempts(run_dir)
     except FileNotFoundError:
-        trees = {}
+        attempts = {}
     except StoreError as e:
         raise RunError(f"{run_dir}: {e}") from None
-    attempts = {name: tree.evaluated for name, tree in trees.items()}
     changes: dict[str, int] = {}
     if budget is not None:
         most = max(attempts.values(), default=0)

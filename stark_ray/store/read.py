@@ -9,7 +9,8 @@ live when it connects. A table without files yet is an empty view with the schem
 (and ``file://`` URIs) are read by DuckDB itself; on other filesystems the part files are read once through
 ``pyarrow.dataset`` and registered.
 
-``load_trees`` rebuilds each task's :class:`Tree` for ``--resume``. A (task, seq) written twice is an error
+``load_trees`` rebuilds each task's :class:`Tree` for ``--resume`` (:func:`recorded_attempts` only counts them,
+from two columns). A (task, seq) written twice is an error
 (:class:`StoreError`); a gap in a task's seqs (a row lost because its process died before flushing it) keeps
 the longest complete prefix ``0..k``: :func:`rebuild` returns the dropped seqs, :func:`load_trees` logs them.
 """
@@ -78,6 +79,27 @@ def call_rows(run_dir: str | Path | Location, task: str | None = None,
     return _rows(run_dir, LLM_CALLS, task, filesystem)
 
 
+def recorded_attempts(run_dir: str | Path | Location, filesystem: pafs.FileSystem | None = None) -> dict[str, int]:
+    """Per task, the attempts a resume continues from, as :func:`rebuild`'s tree counts them (``evaluated``: the
+    longest complete prefix of seqs ``0..k`` less the reference's row; a task without seq 0 is absent), read from
+    the ``task`` and ``seq`` columns alone: what a resume needs to know before the memory rebuilds the trees.
+    StoreError when a (task, seq) was written twice."""
+    table = _table(locate(run_dir, filesystem), ATTEMPTS, None, columns=["task", "seq"])
+    keys = list(zip(table.column("task").to_pylist(), table.column("seq").to_pylist(), strict=True))
+    _refuse_duplicates(keys)
+    seqs: dict[str, set[int]] = {}
+    for task, seq in keys:
+        seqs.setdefault(task, set()).add(seq)
+    counts: dict[str, int] = {}
+    for task, present in seqs.items():
+        k = 0
+        while k in present:
+            k += 1
+        if k:
+            counts[task] = k - 1
+    return counts
+
+
 def task_names(run_dir: str | Path | Location, filesystem: pafs.FileSystem | None = None) -> list[str]:
     """The tasks that have attempts rows, sorted."""
     table = _table(locate(run_dir, filesystem), ATTEMPTS, None, columns=["task"])
@@ -89,7 +111,7 @@ def rebuild(run_dir: str | Path | Location, filesystem: pafs.FileSystem | None =
     once, when a row's node_id is not its seq, or when the rows do not form a tree. After a gap in a task's seqs
     only the prefix ``0..k`` is kept and the rest is reported in ``dropped``; a task without seq 0 gets no tree."""
     rows = attempt_rows(run_dir, filesystem=filesystem)
-    _refuse_duplicates(rows)
+    _refuse_duplicates([(r["task"], r["seq"]) for r in rows])
     by_task: dict[str, list[dict[str, Any]]] = {}
     for r in rows:  # ordered by task, seq
         by_task.setdefault(r["task"], []).append(r)
@@ -172,8 +194,8 @@ def _table(loc: Location, table: str, task: str | None, columns: list[str] | Non
     return read_live(loc.join(table), table, schemas()[table], columns, task)
 
 
-def _refuse_duplicates(rows: list[dict[str, Any]]) -> None:
-    counts = Counter((r["task"], r["seq"]) for r in rows)
+def _refuse_duplicates(keys: list[tuple[str, int]]) -> None:
+    counts = Counter(keys)
     twice = sorted((key, n) for key, n in counts.items() if n > 1)
     if twice:
         listed = "; ".join(f"task {task!r} seq {seq} ({n} rows)" for (task, seq), n in twice)
