@@ -61,6 +61,27 @@ def test_a_task_and_then_the_run_are_compacted_with_the_same_rows(tmp_path: Path
     assert again.rows == {} and len(files(run)) == 2 and snapshot(run) == before
 
 
+def test_a_tasks_compaction_lists_and_reads_its_own_files_only(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compacting one task of a campaign opens the compacted files of its own directory and of ``_compacted``
+    (a whole run's compaction may have replaced its files), never the other tasks': thousands of tasks ending one by
+    one must not each read every other task's files."""
+    run = small_files_run(tmp_path)
+    compact_task(run, "a")
+    before = snapshot(run)
+    opened: list[str] = []
+    real = parts.replaces
+    monkeypatch.setattr(compact, "replaces", lambda path, fs: opened.append(path) or real(path, fs))
+    monkeypatch.setattr(parts, "replaces", lambda path, fs: opened.append(path) or real(path, fs))
+    listed: list[object] = []
+    real_files = parts.part_files
+    monkeypatch.setattr(compact, "part_files", lambda loc, only=None: listed.append(only) or real_files(loc, only))
+    done = compact_task(run, "b")
+    assert done.files_after == {"attempts": 1, "llm_calls": 1}
+    assert opened == [] and listed and all(only == ("b", "_compacted") for only in listed)
+    assert snapshot(run) == before
+
+
 def test_closing_a_campaigns_compactor_stops_its_work_and_the_run_compaction_after_it_loses_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """At a campaign's end the memory actor's close cancels the per-task compactions (queued: dropped; running: its

@@ -15,7 +15,6 @@ candidate that patches the process) is checked after each step: a change ends th
 from __future__ import annotations
 
 import copy
-import inspect
 import os
 import shutil
 import socket
@@ -36,12 +35,13 @@ from stark_ray.eval.backends import Backend
 from stark_ray.eval.build_log import LogTail, candidate_frame, compile_failure
 from stark_ray.eval.compare import Tolerances, compare_outputs
 from stark_ray.eval.diagnostics import compiler_log, describe_exception
-from stark_ray.eval.exchange import SharedBuffer, TensorSpec, digests, dtype_name, touch
+from stark_ray.eval.exchange import SharedBuffer, TensorSpec, digests, touch
 from stark_ray.eval.garbage import collect_after, collect_all, in_use
 from stark_ray.eval.guards import Fingerprint, nbytes_of, output_problem, poison
 from stark_ray.eval.kernel_sources import KernelSources, own_kernel_names, python_kernel_names
 from stark_ray.eval.loader import import_source
 from stark_ray.eval.memory import KEPT_SHARE, Plan, apply_cap, give_back_cached
+from stark_ray.eval.private_places import places_now, private_places, restore_places
 from stark_ray.eval.protocol import (
     OP_END,
     OP_GO,
@@ -55,9 +55,9 @@ from stark_ray.eval.protocol import (
     PHASE_COMPILE,
     PHASE_SETUP,
     PHASE_TIME,
-    WorkerRequest,
     recv_fds,
 )
+from stark_ray.eval.shared_views import fill_slots, inputs_on, map_buffers, slots_on, specs_of
 from stark_ray.eval.streams import profile_call
 from stark_ray.eval.task_state import TaskState, on_device
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
@@ -70,7 +70,6 @@ from stark_ray.eval.timing import (
     leaves_work_behind,
     time_interleaved,
 )
-from stark_ray.eval.trees import decode_tree, encode_tree
 from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
 
 Send = Callable[[dict[str, Any]], None]
@@ -116,7 +115,7 @@ class CandidateHost:
         self.healthy = True
         self.plan: Plan | None = None  # the memory plan of the task in progress, as the judge sent it
         self.home = Path.cwd()
-        self.places = _places_now()  # the worker's own, put back after each candidate
+        self.places = places_now()  # the worker's own, put back after each candidate
 
     # -- tasks ------------------------------------------------------------------------------------------------
     def task_state(self, name: str, source: str, cfg: EvalConfig) -> TaskState:
@@ -266,7 +265,7 @@ class CandidateHost:
         source = str(msg.get("candidate_source") or "")
         self.sources.reset()
         name = f"stark_candidate_{self.count}"
-        _private_places(private)  # from its import to its end (the task's files stay the worker's)
+        private_places(private)  # from its import to its end (the task's files stay the worker's)
         try:
             cand = import_source(source, name, Path.cwd(), "candidate.py")
             if self.fingerprint.changed():  # before ModelNew runs anything: the answer says what changed
@@ -302,7 +301,7 @@ class CandidateHost:
                 raw = cur.model(*cur.inputs)
                 self.backend.synchronize()
                 problem = output_problem(raw, cur.inputs, cur.state.device)
-                tree = _fill_slots(raw, cur.slots)
+                tree = fill_slots(raw, cur.slots)
                 self.backend.synchronize()
             del raw
         finally:
@@ -392,14 +391,14 @@ class CandidateHost:
         self._release(cur.buffers)
         cur.buffers, cur.staged, cur.slot_buffers, cur.graph = [], [], [], None
         fds = recv_fds(self._channel(), int(msg["fds"]))
-        bufs = self._map(fds, [TensorSpec.from_json(s) for group in msg["slots"] for s in group] +
-                         _specs_of(msg["sets"]))
+        bufs = map_buffers(fds, [TensorSpec.from_json(s) for group in msg["slots"] for s in group] +
+                         specs_of(msg["sets"]))
         cur.buffers = list(bufs.values())
         cur.slot_buffers = [bufs[i] for i in sorted({int(s["buffer"]) for group in msg["slots"] for s in group})]
         for buf in cur.buffers:  # page faults now, not inside the judge's clock
             touch(buf.data)
         for tree, slot_specs in zip(msg["sets"], msg["slots"], strict=True):
-            cur.staged.append((_inputs_on(tree, bufs), _slots_on(slot_specs, bufs)))
+            cur.staged.append((inputs_on(tree, bufs), slots_on(slot_specs, bufs)))
         if msg.get("graph") and cur.state.device == "cuda":
             cur.graph = capture_graph(lambda: self._batch(cur))
         self.backend.synchronize()
@@ -409,7 +408,7 @@ class CandidateHost:
     def _batch(cur: Loaded) -> None:
         with torch.no_grad():
             for inputs, slots in cur.staged:
-                _fill_slots(cur.model(*inputs), slots)
+                fill_slots(cur.model(*inputs), slots)
 
     def go(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         """The staged batch (its graph replayed, or every set once), then byte sums of the slots back (the judge
@@ -446,7 +445,7 @@ class CandidateHost:
             del cur
             # its module and class are cycles: what it allocated goes now where that may be much (eval/garbage.py)
             collect_after(self.backend.device, before, task_bytes)
-        _restore_places(self.places)
+        restore_places(self.places)
         here = Path.cwd()
         if here != self.home:
             os.chdir(self.home)
@@ -462,127 +461,15 @@ class CandidateHost:
             raise RuntimeError("this worker has no descriptor channel")
         return self.sock
 
-    def _map(self, fds: list[int], specs: list[TensorSpec]) -> dict[int, SharedBuffer]:
-        by_buffer = {s.buffer: s for s in specs}
-        if sorted(by_buffer) != list(range(len(fds))):
-            for fd in fds:
-                os.close(fd)
-            raise RuntimeError("the descriptors do not match the message")
-        return {i: SharedBuffer.attach(fd, by_buffer[i].nbytes, by_buffer[i].device) for i, fd in enumerate(fds)}
-
     def _attach(self, tree: Any, slot_specs: list[dict[str, Any]], count: int, old: list[SharedBuffer]
                 ) -> tuple[list[Any], dict[str, torch.Tensor], list[SharedBuffer]]:
         self._release(old)
         fds = recv_fds(self._channel(), count)
-        bufs = self._map(fds, [TensorSpec.from_json(s) for s in slot_specs] + _specs_of([tree]))
-        return _inputs_on(tree, bufs), _slots_on(slot_specs, bufs), list(bufs.values())
+        bufs = map_buffers(fds, [TensorSpec.from_json(s) for s in slot_specs] + specs_of([tree]))
+        return inputs_on(tree, bufs), slots_on(slot_specs, bufs), list(bufs.values())
 
     def _trials(self, cfg: EvalConfig) -> int:
         return cfg.timing_trials or self.backend.default_timing_trials()
-
-
-# where a candidate's process writes by default: its own directory, so that nothing it leaves (a module, a cache
-# entry) reaches the next candidate of the same worker
-PRIVATE_PLACES = ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME")
-
-
-def _private_places(directory: str) -> None:
-    for name in PRIVATE_PLACES:
-        os.environ[name] = directory
-    tempfile.tempdir = directory
-
-
-def _places_now() -> tuple[dict[str, str | None], str | None]:
-    return {name: os.environ.get(name) for name in PRIVATE_PLACES}, tempfile.tempdir
-
-
-def _restore_places(places: tuple[dict[str, str | None], str | None]) -> None:
-    env, tempdir = places
-    for name, value in env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    tempfile.tempdir = tempdir
-
-
-def build_only(req: WorkerRequest, send: Send, count: int) -> EvalResult:
-    """Import the candidate so that its extension is built into the cache (compile pool, no device)."""
-    send({"phase": PHASE_COMPILE})
-    tail = LogTail()
-    tail.mark()
-    started = time.perf_counter()
-    try:
-        import_source(req.candidate_source or "", f"stark_candidate_{count}", Path.cwd(), "candidate.py")
-    except BaseException as e:
-        return compile_failure(e, tail.since_mark(), started)
-    return EvalResult(compiled=True, stage=STAGE_OK, compile_s=time.perf_counter() - started)
-
-
-def build_extension(req: WorkerRequest, send: Send, cache_dir: Path) -> EvalResult:
-    """A builder's one build (eval/builds.py): the arguments a candidate's process sent, built into the directory
-    named (its key's subdirectory), with the key said first; nothing of the candidate runs here but its compiler."""
-    from torch.utils import cpp_extension
-
-    from stark_ray.eval.build_cache import BuildCache
-
-    send({"phase": PHASE_COMPILE})
-    tail = LogTail()
-    tail.mark()
-    started = time.perf_counter()
-    asked = req.build or {}
-    try:
-        if asked.get("arch"):
-            os.environ["TORCH_CUDA_ARCH_LIST"] = str(asked["arch"])
-        for path, text in dict(asked.get("files") or {}).items():  # a load's sources, where they were (its /tmp)
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(str(text))
-        inline = bool(asked.get("inline", True))
-        installed = cpp_extension.load_inline if inline else cpp_extension.load
-        original = inspect.unwrap(installed)  # torch's own, under every wrapper of ours
-        cache = BuildCache(Path(str(asked["out"])), use_pch=os.environ.get("STARK_RAY_PCH", "1") != "0",
-                           on_key=lambda key: send({"claim": key}), pch_root=cache_dir)
-        cache.wrap(original, is_inline=inline)(**dict(asked.get("arguments") or {}))
-    except BaseException as e:
-        return compile_failure(e, tail.since_mark(), started)
-    return EvalResult(compiled=True, stage=STAGE_OK, compile_s=time.perf_counter() - started)
-
-
-def _specs_of(trees: list[Any]) -> list[TensorSpec]:
-    found: list[TensorSpec] = []
-
-    def on_tensor(node: dict[str, Any]) -> None:
-        found.append(TensorSpec.from_json(node["spec"]))
-
-    for tree in trees:
-        decode_tree(tree, on_tensor)
-    return found
-
-
-def _inputs_on(tree: Any, bufs: dict[int, SharedBuffer]) -> list[Any]:
-    inputs = decode_tree(tree, lambda node: bufs[int(node["spec"]["buffer"])].view(TensorSpec.from_json(node["spec"])))
-    return list(inputs)
-
-
-def _slots_on(slot_specs: list[dict[str, Any]], bufs: dict[int, SharedBuffer]) -> dict[str, torch.Tensor]:
-    return {str(s["path"]): bufs[int(s["buffer"])].view(TensorSpec.from_json(s)) for s in slot_specs}
-
-
-def _fill_slots(out: Any, slots: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Copy each output tensor into the slot for its path where shape, dtype and device match; describe all."""
-
-    def on_tensor(t: torch.Tensor, path: str) -> dict[str, Any]:
-        device = t.device.type if t.device.type in ("cpu", "cuda", "meta") else "other"
-        slot = slots.get(path)
-        copied = (slot is not None and tuple(t.shape) == tuple(slot.shape) and t.dtype == slot.dtype
-                  and t.device.type == slot.device.type)
-        if copied:
-            assert slot is not None
-            slot.copy_(t.detach())
-        return {"slot": path if copied else None, "shape": list(t.shape), "dtype": dtype_name(t.dtype),
-                "device": device}
-
-    return encode_tree(out, on_tensor)
 
 
 def _clone(values: list[Any]) -> list[Any]:

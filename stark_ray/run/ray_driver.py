@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -34,7 +34,7 @@ from stark_ray.eval.backends import get_backend
 from stark_ray.eval.memory import OverBudget
 from stark_ray.eval.tasks import TaskError
 from stark_ray.llm.base import LLMError
-from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
+from stark_ray.records import STAGE_CRASH, EvalResult
 from stark_ray.run import evaluator_loss
 from stark_ray.run.campaign import CapTracker
 from stark_ray.run.directory import RunError, new_run_dir, recorded_usage, run_record, task_summary, write_run_file
@@ -42,6 +42,7 @@ from stark_ray.run.dispatch import EvalDispatch
 from stark_ray.run.evaluator_deaths import EvaluatorDeaths
 from stark_ray.run.evaluator_loss import EvaluatorLoss
 from stark_ray.run.in_flight import InFlightCap
+from stark_ray.run.live_status import LiveStatus
 from stark_ray.run.mirror import RunMirror
 from stark_ray.run.placement import (
     STATUS_CAPPED,
@@ -56,43 +57,28 @@ from stark_ray.run.placement import (
     start_memory,
     stop_actors,
 )
-from stark_ray.run.reporter import InFlight, Reporter
+from stark_ray.run.reporter import Reporter
 from stark_ray.run.resume import record_changes
 from stark_ray.run.summary import STATUS_FAILED, STATUS_FINISHED, STATUS_INTERRUPTED, RunSummary
+from stark_ray.run.work import ADD, AGENT, BACK, EVAL, NEXT, Work
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
 from stark_ray.store.compact import compact_ended, whole_run_compacted
 from stark_ray.store.location import Location, locate
 
 log = logging.getLogger(__name__)
-_AGENT, _EVAL, _ADD, _NEXT, _BACK = "agent", "eval", "add", "next", "back"
 _UNSET: Any = object()  # a ref's value not fetched yet
-AGENT_WORDS = {"plan+code": "plan and code agents", "debug": "debug agent", "single": "agent"}  # the live view's
 EXECUTOR = "ray"  # as run.json and the summaries name it
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
 
-@dataclass
-class _Work:
-    """What an object ref the driver waits on stands for."""
-
-    kind: str  # _AGENT | _EVAL | _ADD (memory.add_next) | _NEXT (memory.next_many) | _BACK (a restarted evaluator)
-    ticket: Ticket | None = None  # the expansion (agent, eval, add)
-    step: AgentResult | None = None  # its agent step (eval, add)
-    which: int = -1  # the agent worker (agent) or the evaluator (eval, back)
-    limit: int = 0  # tickets asked for (add, next): room kept for them until they come back
-    deaths: int = 0  # eval: evaluator deaths this candidate was in flight for (sent again after each)
-    instance: str | None = None  # eval: the evaluator's actor process it was sent to
-    since: float = field(default_factory=time.monotonic)  # when it was launched, sent or queued
-
-
-class _Driver(EvaluatorLoss):
+class _Driver(EvaluatorLoss, LiveStatus):
     def __init__(self, run: RayRun, reporter: Reporter, embedded: bool = False) -> None:
         self.run, self.reporter = run, reporter
         self.embedded = embedded  # a local Ray this run started: no autoscaler will add GPUs
         self.tasks = {t.name: t for t in run.tasks}
         self.view = RunMirror(t.name for t in run.tasks)  # the trees as the memory acknowledged them
-        self.pending: dict[Any, _Work] = {}  # object ref -> what it is
+        self.pending: dict[Any, Work] = {}  # object ref -> what it is
         self.working = 0  # tickets with an agent call or an evaluation outstanding
         self.reserved = 0  # tickets asked of the memory (add_next, next_many) and not come back yet
         self.dirty = True  # the memory may hold work that no request has offered: ask with next_many
@@ -100,20 +86,17 @@ class _Driver(EvaluatorLoss):
         # which evaluator times which candidate; a backend that builds in the compile pool gets every candidate
         # at once (its builds overlap the device's work)
         self.cap = InFlightCap(run.max_in_flight)  # expansions in flight at once: fixed, or derived as the run goes
-        self.dispatch: EvalDispatch[_Work] = EvalDispatch(
+        self.dispatch: EvalDispatch[Work] = EvalDispatch(
             self.cap.ceiling if get_backend(run.eval.backend).precompile else EVAL_WINDOW)
         self.spend = CapTracker(run.caps)
         self.capped = self.spend.capped  # task -> why no new LLM calls are made for it
         self._caps_unchecked = True  # the caps are checked against what a resumed run spent before
-        self._last_progress = 0.0
-        self._last_look = 0.0  # when the evaluators were last asked what their candidates go through
-        self._looking: dict[Any, int] = {}  # activity() asked and not answered yet -> the evaluator
-        self._steps: dict[int, dict[str, tuple[str, float]]] = {}  # each evaluator's last answer
+        self.start_live_status()
         self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
         self.agents = start_agents(run)  # now: they start (and import) while the evaluators and references do
         self.agent_load = [0] * len(self.agents)  # calls outstanding on each
         self.unwritten: str | None = None  # a summary the end of the run could not write (a full disk)
-        self.deaths: EvaluatorDeaths[_Work] = EvaluatorDeaths(lambda w: w.step.source if w.step else None)
+        self.deaths: EvaluatorDeaths[Work] = EvaluatorDeaths(lambda w: w.step.source if w.step else None)
         self.ask_at: dict[int, float] = {}  # a dead evaluator -> when to ask it ``where`` again
         self._nodes_asked = 0.0  # when Ray was last asked which nodes are alive
 
@@ -196,7 +179,7 @@ class _Driver(EvaluatorLoss):
         while True:
             self._ask()
             self._mind_the_dead()
-            idle = (all(w.kind == _BACK for w in self.pending.values()) and not self.dispatch.queue
+            idle = (all(w.kind == BACK for w in self.pending.values()) and not self.dispatch.queue
                     and not self.deaths.waiting)
             self._progress(final=idle)
             if idle:  # nothing left but restarted evaluators to hear from: no candidate waits for them
@@ -214,56 +197,6 @@ class _Driver(EvaluatorLoss):
                 values = [_UNSET] * len(ready)
             for ref, value in zip(ready, values, strict=True):
                 self._done(ref, value)
-
-    def _progress(self, final: bool = False) -> None:
-        now = time.monotonic()
-        if now - self._last_progress < 0.5 and not final:
-            return
-        self._last_progress = now
-        if getattr(self.reporter, "shows_expansions", False) and now - self._last_look >= 1.0:
-            self._last_look = now
-            self.reporter.expansions(self._in_flight(now))
-        report = getattr(self.reporter, "status", None)
-        if report is None:
-            return
-        running = {w.ticket.task for w in self.pending.values() if w.ticket is not None}
-        running |= {task for task, _ in self.dispatch.queue}
-        report({
-            **self.view.status(running, self.run.search.budget, set(self.capped)),
-            "cost": self.spend.total.cost, "tokens": self.spend.total.tokens,
-            "evaluators": len(self.evaluators),
-            "evaluating": self.dispatch.running, "waiting": len(self.dispatch.queue),
-            "busy": sum(1 for load in self.dispatch.load if load), "in_flight_cap": self.cap.value,
-            "capped": dict(self.capped),
-        })
-
-    def _in_flight(self, now: float) -> list[InFlight]:
-        """What each expansion in flight is doing: its agent call, its wait for an evaluator, or its evaluation's
-        step as its evaluator last said. The evaluators are asked without waiting: an answer is used once it has
-        come (a busy host answers late; the driver never blocks on it)."""
-        answered = ray.wait(list(self._looking), num_returns=len(self._looking), timeout=0)[0] if self._looking else []
-        for ref in answered:
-            which = self._looking.pop(ref)
-            with contextlib.suppress(RayError):
-                self._steps[which] = ray.get(ref)
-        busy = {w.which for w in self.pending.values() if w.kind == _EVAL}
-        for which in busy - set(self._looking.values()):
-            self._looking[self.evaluators[which].activity.remote()] = which
-        steps = {key: step for which in busy for key, step in self._steps.get(which, {}).items()}
-        out = []
-        for w in self.pending.values():
-            if w.ticket is None or w.kind not in (_AGENT, _EVAL):
-                continue
-            if w.kind == _AGENT:
-                out.append(InFlight(w.ticket.task, w.ticket.parent, AGENT_WORDS.get(w.ticket.request.agent, "agent"),
-                                    now - w.since))
-            else:
-                doing, seconds = steps.get(source_digest(w.step.source if w.step else ""), ("evaluating",
-                                                                                            now - w.since))
-                out.append(InFlight(w.ticket.task, w.ticket.parent, doing, seconds))
-        out += [InFlight(task, w.ticket.parent, "waiting for an evaluator", now - w.since)
-                for task, w in self.dispatch.queue if w.ticket is not None]
-        return out
 
     def _room(self) -> int:
         """Expansions that may still be started: the in-flight cap less the agent calls and evaluations
@@ -284,7 +217,7 @@ class _Driver(EvaluatorLoss):
         if not self.dirty or self.asking or room <= 0 or (exclude := self._exclude()) is None:
             return
         ref = self.memory.next_many.remote(room, exclude)
-        self.pending[ref] = _Work(_NEXT, limit=room)
+        self.pending[ref] = Work(NEXT, limit=room)
         self.reserved += room
         self.asking, self.dirty = True, False
 
@@ -295,7 +228,7 @@ class _Driver(EvaluatorLoss):
                 continue
             which = min(range(len(self.agents)), key=self.agent_load.__getitem__)  # the least busy worker
             ref = self.agents[which].run.remote(ticket.request, self._info(ticket.task))
-            self.pending[ref] = _Work(_AGENT, ticket, which=which)
+            self.pending[ref] = Work(AGENT, ticket, which=which)
             self.agent_load[which] += 1
             self.working += 1
 
@@ -312,70 +245,83 @@ class _Driver(EvaluatorLoss):
         return self.infos[name]
 
     def _done(self, ref: Any, value: Any = _UNSET) -> None:
-        """``ref`` has finished (``value``: what it holds, when already fetched)."""
+        """``ref`` has finished (``value``: what it holds, when already fetched): its kind's handler takes it."""
         work = self.pending.pop(ref)
-        if work.kind == _AGENT:
-            assert work.ticket is not None
-            self.agent_load[work.which] -= 1
-            self.cap.agent_done(time.monotonic() - work.since)
-            try:
-                step: AgentResult = ray.get(ref) if value is _UNSET else value
-            except RayTaskError as e:
-                cause = getattr(e, "cause", None)
-                if isinstance(cause, LLMError) and cause.fatal:
-                    raise LLMError(str(cause), cause.kind) from None  # every further call would fail alike
-                step = AgentResult(None, error=f"the agent task failed: {one_line(e)}")
-            except RayError as e:
-                step = AgentResult(None, error=f"the agent task failed: {one_line(e)}")
-            # the calls are spent now: the caps see them before any further work is asked for
-            self.spend.add(work.ticket.task, sum(u.cost_usd for u in step.usage),
-                           sum(u.input_tokens + u.output_tokens for u in step.usage))
-            self.spend.check([work.ticket.task], self.tasks)
-            if step.ok and step.source:
-                self.dispatch.put(work.ticket.task, _Work(_EVAL, work.ticket, step))
-                self._send_evaluations()
-            else:
-                self._add(work.ticket, step, no_candidate(step))
-        elif work.kind == _EVAL:
-            assert work.ticket is not None and work.step is not None
-            self.dispatch.done(work.which)
+        handler = {AGENT: self._agent_done, EVAL: self._eval_done, BACK: self._restart_done, ADD: self._add_done,
+                   NEXT: self._next_done}[work.kind]
+        handler(work, lambda: ray.get(ref) if value is _UNSET else value)
+
+    def _agent_done(self, work: Work, fetch: Callable[[], Any]) -> None:
+        """An agent step came back: its candidate waits for an evaluator; no candidate is an attempt at once."""
+        assert work.ticket is not None
+        self.agent_load[work.which] -= 1
+        self.cap.agent_done(time.monotonic() - work.since)
+        try:
+            step: AgentResult = fetch()
+        except RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, LLMError) and cause.fatal:
+                raise LLMError(str(cause), cause.kind) from None  # every further call would fail alike
+            step = AgentResult(None, error=f"the agent task failed: {one_line(e)}")
+        except RayError as e:
+            step = AgentResult(None, error=f"the agent task failed: {one_line(e)}")
+        # the calls are spent now: the caps see them before any further work is asked for
+        self.spend.add(work.ticket.task, sum(u.cost_usd for u in step.usage),
+                       sum(u.input_tokens + u.output_tokens for u in step.usage))
+        self.spend.check([work.ticket.task], self.tasks)
+        if step.ok and step.source:
+            self.dispatch.put(work.ticket.task, Work(EVAL, work.ticket, step))
             self._send_evaluations()
-            try:
-                result = ray.get(ref) if value is _UNSET else value
-            except RayActorError:  # its evaluator died: the restarted one says whom of its orphans to charge
-                self._act(work.which, self.deaths.lost(work.which, work, time.monotonic()))
-                return
-            except RayError as e:
-                result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {one_line(e)}")
-            self.cap.evaluated(result.eval_s)
-            self._add(work.ticket, work.step, result)
-        elif work.kind == _BACK:
-            try:
-                where = ray.get(ref) if value is _UNSET else value
-            except RayActorError:  # asked before Ray knew it had died, or still restarting
-                where = None
-            answer = (where if isinstance(where, dict) else {}) if where is not None else None
-            self._act(work.which, self.deaths.answered(work.which, answer, time.monotonic()))
-        elif work.kind == _ADD:
-            assert work.ticket is not None and work.step is not None
-            try:
-                node, tickets = ray.get(ref) if value is _UNSET else value
-            except RayTaskError as e:  # the store failed past the memory's retries: stop, nothing acknowledged lost
-                if not isinstance(getattr(e, "cause", None), OSError):
-                    raise
-                raise RunError(f"the run's rows could not be written ({one_line(e.cause)}); every attempt "
-                               f"acknowledged so far is recorded: continue with --resume {self.dir}") from None
-            self._came_back(work, tickets)
-            if node is not None:  # None: its parent was lost with a memory restart: the work is redone
-                name = work.ticket.task
-                self.view.attach(name, node, work.step)
-                self.reporter.attempt(node, work.step, self.view.trees[name], self.view.usage[name])
-            self._launch(tickets)
         else:
-            self.asking = False
-            tickets = ray.get(ref) if value is _UNSET else value
-            self._came_back(work, tickets)
-            self._launch(tickets)
+            self._add(work.ticket, step, no_candidate(step))
+
+    def _eval_done(self, work: Work, fetch: Callable[[], Any]) -> None:
+        """An evaluation came back: the attempt goes to the memory (its evaluator dead: the deaths decide)."""
+        assert work.ticket is not None and work.step is not None
+        self.dispatch.done(work.which)
+        self._send_evaluations()
+        try:
+            result = fetch()
+        except RayActorError:  # its evaluator died: the restarted one says whom of its orphans to charge
+            self._act(work.which, self.deaths.lost(work.which, work, time.monotonic()))
+            return
+        except RayError as e:
+            result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {one_line(e)}")
+        self.cap.evaluated(result.eval_s)
+        self._add(work.ticket, work.step, result)
+
+    def _restart_done(self, work: Work, fetch: Callable[[], Any]) -> None:
+        """A dead evaluator answered ``where`` (or not yet): the deaths decide what its orphans become."""
+        try:
+            where = fetch()
+        except RayActorError:  # asked before Ray knew it had died, or still restarting
+            where = None
+        answer = (where if isinstance(where, dict) else {}) if where is not None else None
+        self._act(work.which, self.deaths.answered(work.which, answer, time.monotonic()))
+
+    def _add_done(self, work: Work, fetch: Callable[[], Any]) -> None:
+        """The memory attached an attempt (and selected the work that takes its place): show it, launch that."""
+        assert work.ticket is not None and work.step is not None
+        try:
+            node, tickets = fetch()
+        except RayTaskError as e:  # the store failed past the memory's retries: stop, nothing acknowledged lost
+            if not isinstance(getattr(e, "cause", None), OSError):
+                raise
+            raise RunError(f"the run's rows could not be written ({one_line(e.cause)}); every attempt "
+                           f"acknowledged so far is recorded: continue with --resume {self.dir}") from None
+        self._came_back(work, tickets)
+        if node is not None:  # None: its parent was lost with a memory restart: the work is redone
+            name = work.ticket.task
+            self.view.attach(name, node, work.step)
+            self.reporter.attempt(node, work.step, self.view.trees[name], self.view.usage[name])
+        self._launch(tickets)
+
+    def _next_done(self, work: Work, fetch: Callable[[], Any]) -> None:
+        """The memory's answer to ``next_many``: launch what it selected."""
+        self.asking = False
+        tickets = fetch()
+        self._came_back(work, tickets)
+        self._launch(tickets)
 
     def _send_evaluations(self) -> None:
         """The candidates an evaluator has room for now (:mod:`stark_ray.run.dispatch`); the rest wait their turn."""
@@ -389,9 +335,9 @@ class _Driver(EvaluatorLoss):
         return {str(n.get("NodeID")) for n in ray.nodes() if n.get("Alive")}
 
     def _await_restart(self, which: int) -> None:
-        self.pending[self.evaluators[which].where.remote()] = _Work(_BACK, which=which)
+        self.pending[self.evaluators[which].where.remote()] = Work(BACK, which=which)
 
-    def _came_back(self, work: _Work, tickets: list[Ticket]) -> None:
+    def _came_back(self, work: Work, tickets: list[Ticket]) -> None:
         """The room kept for a request is free again; the memory may hold more work when the request got all
         it asked for, or selected nothing after its attach (asked for nothing)."""
         self.reserved -= work.limit
@@ -404,7 +350,7 @@ class _Driver(EvaluatorLoss):
         exclude = self._exclude()
         limit = max(0, self._room()) if exclude is not None else 0
         ref = self.memory.add_next.remote(ticket.slim(), step, result, limit, exclude or [])
-        self.pending[ref] = _Work(_ADD, ticket, step, limit=limit)
+        self.pending[ref] = Work(ADD, ticket, step, limit=limit)
         self.reserved += limit
         if limit > 0:
             self.dirty = False  # the memory selects after this attach: whatever was there is offered
@@ -436,7 +382,7 @@ class _Driver(EvaluatorLoss):
 
     def close(self) -> None:
         for ref, work in list(self.pending.items()):  # stopped early: the agent calls are not waited for
-            if work.kind == _AGENT:
+            if work.kind == AGENT:
                 with contextlib.suppress(RayError, TypeError, ValueError):
                     ray.cancel(ref)
         t0 = time.monotonic()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,14 +38,15 @@ def is_compacted(name: str) -> bool:
     return bool(m and m.group(2))
 
 
-def part_files(table_loc: Location) -> dict[str, str]:
-    """Every complete part file one directory below ``table_loc``: {``<dir>/<name>``: its path (local, or inside
-    the filesystem)}, sorted."""
+def part_files(table_loc: Location, only: Collection[str] | None = None) -> dict[str, str]:
+    """Every complete part file one directory below ``table_loc`` (or below the directories named in ``only``):
+    {``<dir>/<name>``: its path (local, or inside the filesystem)}, sorted."""
     found: dict[str, str] = {}
     if table_loc.fs is None:
         root = Path(table_loc.path)
         try:
-            dirs = sorted(d for d in root.iterdir() if d.is_dir())
+            dirs = sorted(d for d in root.iterdir() if d.is_dir()) if only is None else sorted(
+                root / name for name in only if (root / name).is_dir())
         except (FileNotFoundError, NotADirectoryError):
             return {}
         for d in dirs:
@@ -58,7 +60,8 @@ def part_files(table_loc: Location) -> dict[str, str]:
     infos = table_loc.fs.get_file_info(pafs.FileSelector(table_loc.path, recursive=True, allow_not_found=True))
     for i in sorted(infos, key=lambda i: i.path):
         rel = i.path[len(base):] if i.path.startswith(base) else ""
-        if i.type == pafs.FileType.File and rel.count("/") == 1 and PART_RE.match(i.base_name):
+        if (i.type == pafs.FileType.File and rel.count("/") == 1 and PART_RE.match(i.base_name)
+                and (only is None or rel.partition("/")[0] in only)):
             found[rel] = i.path
     return found
 

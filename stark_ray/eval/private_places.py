@@ -1,0 +1,33 @@
+"""Where a candidate's process writes by default (home, temporary files, the compilers' caches): the candidate's
+own directory while it runs, the worker's own again after it, so that nothing a candidate leaves (a module, a
+cache entry) reaches the next candidate of the same worker."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+PRIVATE_PLACES = ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME")
+
+
+def private_places(directory: str) -> None:
+    """From now on, the places a process writes by default are ``directory``."""
+    for name in PRIVATE_PLACES:
+        os.environ[name] = directory
+    tempfile.tempdir = directory
+
+
+def places_now() -> tuple[dict[str, str | None], str | None]:
+    """The places as they are now, for :func:`restore_places`."""
+    return {name: os.environ.get(name) for name in PRIVATE_PLACES}, tempfile.tempdir
+
+
+def restore_places(places: tuple[dict[str, str | None], str | None]) -> None:
+    """Put back the places :func:`places_now` saw."""
+    env, tempdir = places
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    tempfile.tempdir = tempdir
