@@ -19,13 +19,13 @@ SMALL = ("level2/6_Conv3d_Softmax_MaxPool_MaxPool", "level3/32_ConvolutionalVisi
 
 
 @pytest.fixture(scope="module")
-def refs() -> list[kernelbench.TaskRef]:
+def refs() -> list[kernelbench.KernelBenchEntry]:
     if not DATA.exists():
         pytest.skip(f"no KernelBench data at {DATA} (set STARK_KERNELBENCH)")
     return kernelbench.scan(DATA)
 
 
-def test_all_250_task_files_load_without_running(refs: list[kernelbench.TaskRef]) -> None:
+def test_all_250_task_files_load_without_running(refs: list[kernelbench.KernelBenchEntry]) -> None:
     counts = {level: sum(r.level == level for r in refs) for level in (1, 2, 3)}
     assert counts == {1: 100, 2: 100, 3: 50}
     tasks = kernelbench.load(refs)  # parsed and checked: class Model, get_inputs, get_init_inputs
@@ -34,7 +34,7 @@ def test_all_250_task_files_load_without_running(refs: list[kernelbench.TaskRef]
 
 
 @pytest.mark.slow
-def test_small_tasks_end_to_end_with_the_reference_as_candidate(refs: list[kernelbench.TaskRef],
+def test_small_tasks_end_to_end_with_the_reference_as_candidate(refs: list[kernelbench.KernelBenchEntry],
                                                                 tmp_path: Path) -> None:
     """The reference, then its own forward as ModelNew (what the GPU sweep runs): correct and timed."""
     from stark_ray.eval.service import EvalService

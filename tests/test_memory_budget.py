@@ -72,7 +72,7 @@ def _relu_task():  # type: ignore[no-untyped-def]
     path = KERNELBENCH / "level1" / "19_ReLU.py"
     if not path.exists():
         pytest.skip(f"no KernelBench data at {KERNELBENCH} (set STARK_KERNELBENCH)")
-    return kernelbench.load([kernelbench.TaskRef(1, 19, "19_ReLU", path)])[0]
+    return kernelbench.load([kernelbench.KernelBenchEntry(1, 19, "19_ReLU", path)])[0]
 
 
 CANDIDATE = "\n\nclass ModelNew(Model):\n    pass\n"

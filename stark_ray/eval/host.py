@@ -59,7 +59,6 @@ from stark_ray.eval.protocol import (
 )
 from stark_ray.eval.shared_views import fill_slots, inputs_on, map_buffers, slots_on, specs_of
 from stark_ray.eval.streams import profile_call
-from stark_ray.eval.task_state import TaskState, on_device
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.timing import (
     GPU_WARMUP_MS,
@@ -70,6 +69,7 @@ from stark_ray.eval.timing import (
     leaves_work_behind,
     time_interleaved,
 )
+from stark_ray.eval.warm_reference import WarmReference, on_device
 from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
 
 Send = Callable[[dict[str, Any]], None]
@@ -83,7 +83,7 @@ class Loaded:
     """The candidate the worker holds between ``load`` and ``end``."""
 
     model: Any
-    state: TaskState
+    state: WarmReference
     cfg: EvalConfig
     source: str
     compile_s: float
@@ -102,7 +102,7 @@ class CandidateHost:
     def __init__(self, backend: Backend, sock: socket.socket | None) -> None:
         self.backend = backend
         self.sock = sock
-        self.tasks: OrderedDict[str, TaskState] = OrderedDict()
+        self.tasks: OrderedDict[str, WarmReference] = OrderedDict()
         self.sources = KernelSources()
         self.sources.install()
         backend.record_kernels(self.sources)
@@ -118,7 +118,7 @@ class CandidateHost:
         self.places = places_now()  # the worker's own, put back after each candidate
 
     # -- tasks ------------------------------------------------------------------------------------------------
-    def task_state(self, name: str, source: str, cfg: EvalConfig) -> TaskState:
+    def warm_reference(self, name: str, source: str, cfg: EvalConfig) -> WarmReference:
         key = task_key(source, cfg.seed)
         state = self.tasks.get(key)
         if state is not None:
@@ -126,7 +126,7 @@ class CandidateHost:
             return state
         device = self.backend.device
         module, model, init_inputs = load_reference(name, source, cfg.seed, device)
-        state = TaskState(name, module, model, init_inputs, device, cfg.seed)
+        state = WarmReference(name, module, model, init_inputs, device, cfg.seed)
         self.tasks[key] = state
         self.evict(key)
         return state
@@ -167,10 +167,10 @@ class CandidateHost:
         if "plan" in mem:
             self.plan = Plan.from_json(mem["plan"])
 
-    def _sets(self, state: TaskState) -> list[list[Any]]:
+    def _sets(self, state: WarmReference) -> list[list[Any]]:
         return state.timing_sets(self.plan.timing_sets if self.plan is not None else None)
 
-    def _after_timing(self, state: TaskState) -> None:
+    def _after_timing(self, state: WarmReference) -> None:
         """Timing sets the plan does not keep go (and their memory back to the device, for the judge's trials)."""
         if self.plan is not None and not self.plan.keep_sets:
             state.release_sets()
@@ -219,7 +219,7 @@ class CandidateHost:
     def reference(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         cfg = EvalConfig(**msg["cfg"])
         send({"phase": PHASE_SETUP})
-        state = self.task_state(str(msg["task_name"]), str(msg["task_source"]), cfg)
+        state = self.warm_reference(str(msg["task_name"]), str(msg["task_source"]), cfg)
         send({"phase": PHASE_TIME})
         fns = [state.model, state.model]  # timed against itself: the ratio of the two halves shows the noise
         if cfg.baseline == "compile":
@@ -255,7 +255,7 @@ class CandidateHost:
         os.chdir(private)  # the candidate's private directory, to its end (removed then, with all it wrote)
         cfg = EvalConfig(**msg["cfg"])
         send({"phase": PHASE_SETUP})
-        state = self.task_state(str(msg["task_name"]), str(msg["task_source"]), cfg)
+        state = self.warm_reference(str(msg["task_name"]), str(msg["task_source"]), cfg)
         before = in_use(self.backend.device)
         send({"phase": PHASE_COMPILE})
         self.count += 1
@@ -491,7 +491,7 @@ def _seeded(fn: Callable[..., Any], seed: int) -> Callable[..., Any]:
     return call
 
 
-def _warmup_ms(state: TaskState) -> float:
+def _warmup_ms(state: WarmReference) -> float:
     return GPU_WARMUP_MS if state.device == "cuda" else 0.0
 
 

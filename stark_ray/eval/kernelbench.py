@@ -25,7 +25,9 @@ _FILE = re.compile(r"(\d+)_(.+)\.py")
 
 
 @dataclass(frozen=True)
-class TaskRef:
+class KernelBenchEntry:
+    """One task file of a KernelBench checkout, found but not loaded (:func:`load` makes it a Task)."""
+
     level: int
     id: int
     name: str  # the file stem, e.g. "17_Conv2d_InstanceNorm_Divide"
@@ -47,7 +49,7 @@ def levels_root(root: str | Path) -> Path:
     raise TaskError(f"{p}: no level1/ … level4/ directories (is it a KernelBench checkout?)")
 
 
-def scan(root: str | Path) -> list[TaskRef]:
+def scan(root: str | Path) -> list[KernelBenchEntry]:
     """Every ``{id}_{Name}.py`` under the level directories, by level then id."""
     refs = []
     for level_dir in levels_root(root).glob("level*"):
@@ -57,12 +59,12 @@ def scan(root: str | Path) -> list[TaskRef]:
         for f in level_dir.glob("*.py"):
             fm = _FILE.fullmatch(f.name)
             if fm:
-                refs.append(TaskRef(int(m.group(1)), int(fm.group(1)), f.stem, f))
+                refs.append(KernelBenchEntry(int(m.group(1)), int(fm.group(1)), f.stem, f))
     return sorted(refs, key=lambda r: (r.level, r.id, r.name))
 
 
 def select(root: str | Path, levels: Iterable[int] | None = None, ids: Iterable[int] | None = None,
-           names: Iterable[str] | None = None, subset: str = "all") -> list[TaskRef]:
+           names: Iterable[str] | None = None, subset: str = "all") -> list[KernelBenchEntry]:
     """The tasks matching every given filter. ``names`` match case-insensitively as substrings of the file
     stem. Asking for ids (or a subset) that the checkout lacks is an error naming them."""
     if subset not in SUBSETS:
@@ -76,7 +78,7 @@ def select(root: str | Path, levels: Iterable[int] | None = None, ids: Iterable[
     want_ids = set(ids or [])
     lowered = [n.lower() for n in names or []]
 
-    def keep(r: TaskRef) -> bool:
+    def keep(r: KernelBenchEntry) -> bool:
         if r.level not in want_levels:
             return False
         if subset == "representative" and r.id not in REPRESENTATIVE[r.level]:
@@ -101,6 +103,6 @@ def select(root: str | Path, levels: Iterable[int] | None = None, ids: Iterable[
     return chosen
 
 
-def load(refs: Iterable[TaskRef]) -> list[Task]:
+def load(refs: Iterable[KernelBenchEntry]) -> list[Task]:
     """Parse and check each selected file (nothing is executed); names carry the level."""
     return [replace(load_task(r.path), name=r.qualified) for r in refs]

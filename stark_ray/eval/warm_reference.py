@@ -18,7 +18,7 @@ def on_device(model: Any, device: str) -> Any:
 
 
 @dataclass
-class TaskState:
+class WarmReference:
     """A task's reference inside the worker: module, model, the timing inputs (the judge holds the trials')."""
 
     name: str
