@@ -1,0 +1,231 @@
+"""Speed of light: the least time a task's computation can take on a device, and how close a runtime comes to it.
+
+A task must at least move its bytes — its inputs, its outputs and its parameters, each once: nothing is computed
+without reading them, no output exists without being written — and do its arithmetic: the FLOPs of the
+reference's forward, counted per dtype by torch's own formulas (``torch.utils.flop_counter``'s registry, what
+``FlopCounterMode`` counts: matrix products, convolutions, attention) on the ``meta`` device, from shapes alone
+(nothing allocated, nothing computed: a 6 GB task is counted in milliseconds). On a device that moves
+``bandwidth`` bytes per second and does ``peak[dtype]`` FLOP/s, the memory floor is bytes / bandwidth and the
+compute floor is the sum over dtypes of FLOPs / peak; the speed of light (SOL) is the larger of the two, and the
+task is *memory-bound* or *compute-bound* by which. A runtime's SOL fraction is SOL / runtime: 1.0 is at the
+limit, 0.1 leaves 10x on the table.
+
+What the figures mean, and do not:
+- Elementwise arithmetic and reductions are not counted (torch has no formula for them): on these devices they
+  cost far less than moving their operands, so such tasks come out memory-bound, as they are.
+- The peaks are the dense (no sparsity) datasheet figures of known GPUs (:data:`KNOWN`); a float32 matrix product
+  is counted at the float32 (CUDA core) peak, torch's default for matmul (TF32 off). A kernel that computes in
+  TF32 or a lower precision can show a fraction above 1: a reason to look at its precision, not a win.
+- The bandwidth is measured on the device (a large copy), not taken from the datasheet; a short matrix-product
+  probe checks the table's peak (:func:`probe_peaks`) and stands in for it on a GPU the table does not know, and on
+  the CPU (the ``cpu_cpp`` backend), where no table could know the host.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+GB = 1e9
+TFLOPS = 1e12
+
+# dense peaks, TFLOP/s, by dtype class; datasheet memory bandwidth (GB/s), for reference only (the measured one
+# is used). The first entry whose every word is in the device's name wins: the more specific ones come first.
+KNOWN: list[tuple[tuple[str, ...], dict[str, float], float]] = [
+    (("h100", "pcie"), {"fp64": 51.0, "fp32": 51.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0}, 2000.0),
+    (("h100", "nvl"), {"fp64": 60.0, "fp32": 60.0, "bf16": 835.0, "fp16": 835.0, "fp8": 1670.0}, 3900.0),
+    (("h100",), {"fp64": 67.0, "fp32": 67.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0}, 3350.0),
+    (("h200",), {"fp64": 67.0, "fp32": 67.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0}, 4800.0),
+    (("a100", "40gb"), {"fp64": 19.5, "fp32": 19.5, "bf16": 312.0, "fp16": 312.0}, 1555.0),
+    (("a100", "pcie"), {"fp64": 19.5, "fp32": 19.5, "bf16": 312.0, "fp16": 312.0}, 1935.0),
+    (("a100",), {"fp64": 19.5, "fp32": 19.5, "bf16": 312.0, "fp16": 312.0}, 2039.0),
+    (("l40s",), {"fp32": 91.6, "bf16": 362.0, "fp16": 362.0, "fp8": 733.0}, 864.0),
+    (("b200",), {"fp64": 40.0, "fp32": 80.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0}, 8000.0),
+]
+PROBE_DISAGREES = 0.5  # a probe below this share of the table's peak is said (a throttled, shared or mislabelled GPU)
+
+
+def dtype_class(dtype: Any) -> str:
+    """``fp32``, ``bf16``, ``fp16``, ``fp8``, ``fp64``, or the dtype's own name (an integer type, ...)."""
+    name = str(dtype).removeprefix("torch.")
+    if name.startswith("float8"):
+        return "fp8"
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}.get(name, name)
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What a task's forward must do at least: FLOPs by dtype class, and the bytes of its inputs, outputs and
+    parameters (each once). ``outputs_known`` is False when the forward could not run on ``meta`` (a data-dependent
+    shape, an ``.item()``): then its outputs and FLOPs are not counted and the SOL is a lower bound."""
+
+    flops: dict[str, int]
+    input_bytes: int
+    output_bytes: int
+    param_bytes: int
+    outputs_known: bool = True
+
+    @property
+    def bytes(self) -> int:
+        return self.input_bytes + self.output_bytes + self.param_bytes
+
+    @property
+    def total_flops(self) -> int:
+        return sum(self.flops.values())
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """A device's limits: FLOP/s by dtype class, and its memory bandwidth (bytes/s); ``source`` says where they
+    came from (the table, a probe, or both)."""
+
+    device: str
+    flops: dict[str, float]
+    bandwidth: float
+    source: str = "table"
+    notes: list[str] = field(default_factory=list)
+
+    def flop_rate(self, dtype: str) -> float:
+        """The peak for ``dtype``; a dtype the device has no figure for is counted at its float32 peak."""
+        return self.flops.get(dtype) or self.flops.get("fp32") or min(self.flops.values())
+
+
+@dataclass(frozen=True)
+class SpeedOfLight:
+    """The least time a task can take on a device (ms), and which floor sets it."""
+
+    memory_ms: float
+    compute_ms: float
+    lower_bound_only: bool = False  # the forward's outputs and FLOPs could not be counted
+
+    @property
+    def ms(self) -> float:
+        return max(self.memory_ms, self.compute_ms)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_ms > self.memory_ms else "memory"
+
+    def fraction(self, runtime_ms: float | None) -> float | None:
+        """SOL / runtime (None for no runtime)."""
+        if runtime_ms is None or not runtime_ms > 0 or not math.isfinite(runtime_ms):
+            return None
+        return self.ms / runtime_ms
+
+    def describe(self) -> str:
+        """``memory-bound: speed of light 0.42 ms (memory 0.42 ms, compute 0.01 ms)``."""
+        more = "; at least (the forward's outputs could not be counted)" if self.lower_bound_only else ""
+        return (f"{self.bound}-bound: speed of light {self.ms:.3g} ms (memory {self.memory_ms:.3g} ms, compute "
+                f"{self.compute_ms:.3g} ms){more}")
+
+
+def speed_of_light(demand: Demand, peaks: Peaks) -> SpeedOfLight:
+    memory_s = demand.bytes / peaks.bandwidth
+    compute_s = sum(n / peaks.flop_rate(dtype) for dtype, n in demand.flops.items())
+    return SpeedOfLight(1e3 * memory_s, 1e3 * compute_s, not demand.outputs_known)
+
+
+def count_demand(module: Any, init_inputs: list[Any], get_inputs: Callable[[], Any] | None = None) -> Demand:
+    """The task's :class:`Demand`, its reference built and run on the ``meta`` device (shapes only)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
+
+    from stark_ray.eval.guards import nbytes_of
+    from stark_ray.eval.memory import param_bytes
+
+    flops: dict[str, int] = {}
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            formula = flop_registry.get(func._overloadpacket)
+            if formula is not None:
+                n = int(formula(*args, **(kwargs or {}), out_val=out))
+                first = next((a for a in args if isinstance(a, torch.Tensor)), out)
+                key = dtype_class(first.dtype) if isinstance(first, torch.Tensor) else "fp32"
+                flops[key] = flops.get(key, 0) + n
+            return out
+
+    with torch.device("meta"):
+        inputs = list((get_inputs or module.get_inputs)())
+        model = module.Model(*copy.deepcopy(init_inputs))
+        params = param_bytes(model)
+        try:
+            with torch.no_grad(), Counting():
+                outputs = sum(nbytes_of(model(*inputs)))
+            known = True
+        except Exception:  # a forward that needs values: its outputs and FLOPs are not known here
+            outputs, known = 0, False
+            flops.clear()
+    return Demand(flops, sum(nbytes_of(inputs)), outputs, params, known)
+
+
+def known_peaks(device_name: str) -> tuple[dict[str, float], float] | None:
+    """The table's (peaks in FLOP/s, datasheet bandwidth in bytes/s) for a device name, or None."""
+    words = device_name.lower().replace("-", " ").split()
+    text = " ".join(words)
+    for keys, tflops, gbs in KNOWN:
+        if all(k in text for k in keys):
+            return {k: v * TFLOPS for k, v in tflops.items()}, gbs * GB
+    return None
+
+
+def probe_peaks(device: str, bandwidth: float, name: str, size: int | None = None,
+                seconds: float = 0.2) -> Peaks:
+    """The device's :class:`Peaks`: the table's FLOP rates where it knows the device (checked against a
+    matrix-product probe, a disagreement said in ``notes``), the probe's where it does not; ``bandwidth`` as
+    measured (bytes/s: :func:`host_bandwidth` on the CPU, the device's facts on a GPU)."""
+    probed = {"fp32": matmul_rate(device, "fp32", size, seconds)}
+    if device != "cpu":
+        probed["bf16"] = matmul_rate(device, "bf16", size, seconds)
+    known = known_peaks(name) if device != "cpu" else None
+    if known is None:
+        return Peaks(name, probed, bandwidth, "probe")
+    table = known[0]
+    notes = [f"{dtype} probe {rate / TFLOPS:.3g} TFLOP/s is below {PROBE_DISAGREES:.0%} of the table's "
+             f"{table[dtype] / TFLOPS:.3g}" for dtype, rate in probed.items()
+             if dtype in table and rate < PROBE_DISAGREES * table[dtype]]
+    return Peaks(name, table, bandwidth, "table, checked by a probe", notes)
+
+
+def matmul_rate(device: str, dtype: str, size: int | None = None, seconds: float = 0.2) -> float:
+    """FLOP/s of square matrix products of ``dtype`` class on ``device`` (the best of several timed calls)."""
+    import torch
+
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    n = size or (8192 if device != "cpu" else 1024)
+    a = torch.randn(n, n, device=device, dtype=torch_dtype)
+    b = torch.randn(n, n, device=device, dtype=torch_dtype)
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    torch.mm(a, b)
+    sync()
+    best = math.inf
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds or best == math.inf:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best
+
+
+def host_bandwidth(nbytes: int = 256 << 20, seconds: float = 0.2) -> float:
+    """Bytes/s of a large copy in host memory (bytes read plus bytes written; the best of several): the CPU's
+    figure (a GPU's is measured with its facts, ``backends/gpu.py``)."""
+    import torch
+
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = math.inf
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds or best == math.inf:
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * src.numel() * 4 / best

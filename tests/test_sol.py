@@ -1,0 +1,109 @@
+"""The speed-of-light arithmetic on the example tasks: FLOPs and bytes against hand counts, the bound, the table,
+and the CPU's probes (what the ``cpu_cpp`` backend uses)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stark_ray.eval.sol import (
+    Demand,
+    Peaks,
+    count_demand,
+    host_bandwidth,
+    known_peaks,
+    matmul_rate,
+    probe_peaks,
+    speed_of_light,
+)
+from stark_ray.eval.tasks import build_reference, load_reference
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "tasks"
+F32 = 4
+
+
+def demand_of(name: str) -> Demand:
+    path = EXAMPLES / f"{name}.py"
+    module, _, init_inputs = load_reference(name, path.read_text(), 0, "cpu")
+    return count_demand(module, init_inputs)
+
+
+def test_elementwise_work_is_its_bytes_and_no_flops() -> None:
+    d = demand_of("1_LeakyReluScale")  # one 2048 x 2048 float input, an output like it, no parameters
+    assert d.flops == {} and (d.input_bytes, d.output_bytes, d.param_bytes) == (2048 * 2048 * F32,) * 2 + (0,)
+
+
+def test_a_linear_layer_counts_its_matrix_product_and_its_weights() -> None:
+    d = demand_of("3_LinearGelu")  # x 512 x 1024 @ W^T (1024 x 1024) + b, then GELU
+    assert d.flops == {"fp32": 2 * 512 * 1024 * 1024}
+    assert d.input_bytes == 512 * 1024 * F32 and d.output_bytes == 512 * 1024 * F32
+    assert d.param_bytes == (1024 * 1024 + 1024) * F32
+
+
+def test_a_convolution_counts_every_output_point_and_the_pooled_output() -> None:
+    d = demand_of("4_Conv2dReluMaxPool")  # 8 x 16 x 64 x 64 -> conv 3x3 to 32 channels -> 2x2 max pool
+    assert d.flops == {"fp32": 2 * 8 * 32 * 64 * 64 * 16 * 3 * 3}
+    assert d.input_bytes == 8 * 16 * 64 * 64 * F32 and d.output_bytes == 8 * 32 * 32 * 32 * F32
+    assert d.param_bytes == (32 * 16 * 3 * 3 + 32) * F32
+
+
+def test_the_bound_is_the_larger_floor_and_the_fraction_is_sol_over_runtime() -> None:
+    h200 = Peaks("NVIDIA H200", {"fp32": 67e12, "bf16": 989e12}, bandwidth=4.0e12)
+    memory = speed_of_light(Demand({}, 4_000_000_000, 4_000_000_000, 0), h200)
+    assert memory.bound == "memory" and memory.ms == pytest.approx(2.0) and memory.compute_ms == 0
+    assert memory.fraction(4.0) == pytest.approx(0.5) and memory.fraction(None) is None
+    compute = speed_of_light(Demand({"fp32": 67 * 10**12, "bf16": 989 * 10**9}, 4_000_000, 0, 0), h200)
+    assert compute.bound == "compute" and compute.ms == pytest.approx(1001.0)  # 1 s of fp32 and 1 ms of bf16
+    assert "compute-bound: speed of light 1e+03 ms" in compute.describe()
+    assert h200.flop_rate("int8") == 67e12  # no figure for it: the float32 peak
+
+
+def test_a_forward_that_needs_values_gives_a_lower_bound_said_as_such(tmp_path: Path) -> None:
+    source = (EXAMPLES / "1_LeakyReluScale.py").read_text().replace(
+        "return F.leaky_relu(x, self.negative_slope) * self.scale",
+        "return x[: int(x.sum().item() > 0) + 1] * self.scale")
+    module, _, init_inputs = load_reference("needs_values", source, 0, "cpu")
+    d = count_demand(module, init_inputs)
+    assert not d.outputs_known and d.output_bytes == 0 and d.input_bytes == 2048 * 2048 * F32
+    sol = speed_of_light(d, Peaks("cpu", {"fp32": 1e11}, 1e10))
+    assert sol.lower_bound_only and "at least" in sol.describe()
+
+
+@pytest.mark.parametrize(("name", "fp32", "bf16", "gbs"), [
+    ("NVIDIA H200", 67, 989, 4800), ("NVIDIA H100 80GB HBM3", 67, 989, 3350), ("NVIDIA H100 PCIe", 51, 756, 2000),
+    ("NVIDIA A100-SXM4-40GB", 19.5, 312, 1555), ("NVIDIA A100-SXM4-80GB", 19.5, 312, 2039),
+    ("NVIDIA L40S", 91.6, 362, 864), ("NVIDIA B200", 80, 2250, 8000),
+])
+def test_the_table_knows_the_usual_gpus_by_their_names(name: str, fp32: float, bf16: float, gbs: float) -> None:
+    known = known_peaks(name)
+    assert known is not None
+    flops, bandwidth = known
+    assert (flops["fp32"], flops["bf16"], bandwidth) == (fp32 * 1e12, bf16 * 1e12, gbs * 1e9)
+
+
+def test_an_unknown_device_and_the_cpu_are_probed() -> None:
+    assert known_peaks("NVIDIA GeForce GT 710") is None
+    rate, bandwidth = matmul_rate("cpu", "fp32", size=256, seconds=0.05), host_bandwidth(16 << 20, seconds=0.05)
+    assert rate > 1e6 and bandwidth > 1e6  # a FLOP/s and a bytes/s figure, whatever this host's load
+    peaks = probe_peaks("cpu", bandwidth, "cpu", size=256, seconds=0.05)
+    assert peaks.source == "probe" and set(peaks.flops) == {"fp32"} and peaks.bandwidth == bandwidth
+
+
+def test_counting_a_6_gb_task_allocates_nothing() -> None:
+    """KernelBench's level-1 sizes are counted from shapes alone (the meta device)."""
+    source = (EXAMPLES / "1_LeakyReluScale.py").read_text().replace("torch.randn(2048, 2048)",
+                                                                      "torch.randn(4096, 393216)")
+    module, _, init_inputs = load_reference("big", source, 0, "cpu")
+    d = count_demand(module, init_inputs)
+    assert d.input_bytes == 4096 * 393216 * F32 == d.output_bytes
+
+
+def test_build_reference_is_what_count_demand_builds() -> None:
+    """The demand is counted on the same Model(*init_inputs) the evaluator builds (its init inputs, copied)."""
+    path = EXAMPLES / "6_ResidualLayerNorm.py"
+    module, model, init_inputs = load_reference("6_ResidualLayerNorm", path.read_text(), 0, "cpu")
+    again, _ = build_reference(module, "6_ResidualLayerNorm", 0)
+    d = count_demand(module, init_inputs)
+    assert d.param_bytes == 2 * 1024 * F32 == sum(p.numel() * F32 for p in again.parameters())
+    assert d.input_bytes == 2 * 4096 * 1024 * F32 and d.output_bytes == 4096 * 1024 * F32 and d.flops == {}
