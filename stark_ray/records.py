@@ -84,6 +84,11 @@ class EvalResult:
     # the device's memory in use at its highest during the evaluation (GB), sampled by the judge every 5 ms: every
     # process on the device, CUDA contexts included (what nvidia-smi shows). None off the GPU.
     peak_memory_gb: float | None = None
+    # the task's speed of light on this device (eval/sol.py: its least bytes over the measured bandwidth, its FLOPs
+    # over the peak; ms), which floor sets it ("memory" or "compute"), and speed of light / runtime (1.0: at it)
+    sol_ms: float | None = None
+    sol_bound: str | None = None
+    sol_fraction: float | None = None
 
     @property
     def accepted(self) -> bool:
@@ -92,6 +97,10 @@ class EvalResult:
         searched from with the plan agent and counted as successes."""
         return (self.compiled and self.passed_checks and self.runtime_ms is not None
                 and not any(f in REJECTING_FLAGS for f in self.flags))
+
+    def add_line(self, line: str) -> None:
+        """One more line at the end of the log (which keeps its tail when cut)."""
+        self.log = excerpt(f"{self.log}\n{line}" if self.log else line)
 
     @staticmethod
     def failed(stage: str, error: str, log: str = "") -> EvalResult:
@@ -246,6 +255,9 @@ def attempt_schema() -> Any:
             ("speedup_err", pa.float64()),
             ("device", pa.string()),
             ("peak_memory_gb", pa.float64()),
+            ("sol_ms", pa.float64()),
+            ("sol_bound", pa.string()),
+            ("sol_fraction", pa.float64()),
         ]
     )
 

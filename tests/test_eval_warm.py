@@ -114,6 +114,11 @@ def test_one_worker_serves_candidate_after_candidate(service: EvalService, task:
     results = service.evaluate_many(task, [GOOD, candidate("return x * self.s + self.t + 1.0"), GOOD])
     assert [r.stage for r in results] == [STAGE_OK, STAGE_CORRECTNESS, STAGE_OK]
     assert service.worker_starts == starts  # no new process: the reference and the worker stayed warm
+    # each result carries the task's speed of light on this CPU (its 4096 floats in and out: memory-bound)
+    good, wrong = results[0], results[1]
+    assert good.sol_ms is not None and good.sol_ms > 0 and good.sol_bound == "memory" and good.runtime_ms
+    assert good.sol_fraction == pytest.approx(good.sol_ms / good.runtime_ms, rel=1e-3)
+    assert wrong.sol_ms == good.sol_ms and wrong.sol_fraction is None  # not timed: no fraction
 
 
 def test_a_crash_or_a_hang_replaces_the_worker_and_the_next_candidate_is_judged(service: EvalService,

@@ -32,7 +32,8 @@ NAME = "1_LeakyReluScale"
 # candidate's peak memory, the log that reports them, and the prompts' tokens: prompts show the runtimes);
 # everything else in a row is the search's own doing
 MEASURED = {"run_id", "recorded_at", "runtime_ms", "ref_runtime_ms", "speedup", "speedup_err", "compile_s", "eval_s",
-            "ref_compile_runtime_ms", "runtime_cv", "ref_runtime_cv", "peak_memory_gb", "log", "latency_s",
+            "ref_compile_runtime_ms", "runtime_cv", "ref_runtime_cv", "peak_memory_gb", "sol_ms", "sol_bound",
+            "sol_fraction", "log", "latency_s",
             "input_tokens", "cost_usd"}
 
 

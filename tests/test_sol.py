@@ -106,3 +106,13 @@ def test_the_demand_counts_the_parameters_of_the_model_the_evaluator_builds() ->
     d = count_demand(module, init_inputs)
     assert d.param_bytes == 2 * 1024 * F32 == sum(p.numel() * F32 for p in model.parameters())
     assert d.input_bytes == 2 * 4096 * 1024 * F32 and d.output_bytes == 4096 * 1024 * F32 and d.flops == {}
+
+
+def test_stark_eval_says_how_far_from_the_speed_of_light_both_sides_are() -> None:
+    from stark_ray.cli.eval import eval_report
+    from stark_ray.records import STAGE_OK, EvalResult
+
+    result = EvalResult(compiled=True, passed_checks=True, runtime_ms=2.0, ref_runtime_ms=4.0, speedup=2.0,
+                        stage=STAGE_OK, sol_ms=1.0, sol_bound="memory", sol_fraction=0.5)
+    assert "  speed of light 1.0000 ms (memory-bound): 50.0% of it, the reference's 25.0%" in eval_report(
+        "t", "c.py", result)

@@ -66,6 +66,7 @@ from stark_ray.eval.protocol import (
     result_from_message,
 )
 from stark_ray.eval.runner import MAX_REQUESTS, Reply, WorkerProcess, WorkerSpec, WorkerStartError
+from stark_ray.eval.sol import Peaks, device_peaks, stamp, task_sol
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.trials import JudgeTask, standard_trial
 from stark_ray.eval.verdicts import Decided, protocol_broken, tampered
@@ -83,8 +84,9 @@ PINGS = 5  # round trips measured to a fresh worker (the least counts)
 class Judge:
     """Serves the service's requests inside the judge process."""
 
-    def __init__(self, backend: Backend, worker: WorkerProcess, free_at_start: int = 0) -> None:
+    def __init__(self, backend: Backend, worker: WorkerProcess, free_at_start: int = 0, peaks: Peaks | None = None):
         self.backend = backend
+        self.peaks = peaks  # the device's limits, for each task's speed of light (None: not told)
         self.worker = worker
         self.tasks: OrderedDict[str, JudgeTask] = OrderedDict()
         self.round_trip_s = 0.0  # the worker's least message round trip (measure_round_trip) ...
@@ -171,6 +173,7 @@ class Judge:
         drift = task.run(make_inputs(task.get_inputs, first.seed, 1.0, device), None, private=task.fresh_inputs)
         task.draws_random = not compare_outputs(drift, first.ref, Tolerances.of(cfg)).ok
         del drift
+        task.sol = task_sol(task.module, task.init_inputs, task.get_inputs, self.peaks)
         self.tasks[key] = task
         self._evict(key)
         self._tell_plan(task)
@@ -261,9 +264,10 @@ class Judge:
         peak = self.memory.peak_bytes()
         if peak is not None:
             result.peak_memory_gb = round(peak / GB, 3)
+        stamp(result, known.sol if (known := self.tasks.get(task_key(req.task_source, cfg.seed))) else None)
         left = self.worker.sweep()
         if left:  # processes a candidate started and left running: killed, and said
-            _add_line(result, f"killed {left} process(es) the candidate left running")
+            result.add_line(f"killed {left} process(es) the candidate left running")
         healthy = self.backend.healthy()
         return {"result": asdict(result), "healthy": healthy,
                 "worker": {"starts": self.worker.starts, "promotions": self.worker.promotions,
@@ -291,7 +295,7 @@ class Judge:
                 raise TaskError(failed.error or "the reference could not be timed")
             result = result_from_message(msg["result"])
             if task.footprint is not None and task.plan is not None:  # what the budget was measured against
-                _add_line(result, f"device memory: needs {task.footprint.needs() / GB:.1f} GB of a budget of "
+                result.add_line(f"device memory: needs {task.footprint.needs() / GB:.1f} GB of a budget of "
                                   f"{task.planned_for / GB:.1f} GB ({task.footprint.describe()}); "
                                   f"{task.plan.describe()}")
             return result
@@ -323,7 +327,7 @@ class Judge:
         collect_after(self.backend.device, held, task.input_bytes)  # a cycle holding a trial's gigabytes, say
         if held is not None:  # what this candidate cost the judge's device memory, and what it kept before
             self.memory.close_interval()
-            _add_line(result, f"judge device memory: peak {self.memory.own_peak / GB:.2f} GB, "
+            result.add_line(f"judge device memory: peak {self.memory.own_peak / GB:.2f} GB, "
                               f"{held / GB:.2f} GB held before, {torch.cuda.memory_allocated() / GB:.2f} GB after; "
                               f"judge and worker together at most {self.memory.peak / GB:.2f} GB")
         release_cached(self.backend.device, RESERVED_SHARE)  # a large task's trials, freed: back to the device
@@ -378,11 +382,6 @@ class Judge:
                                    error=f"{label}: {raised.get('error', '?')}"[:300],
                                    log=excerpt(str(raised.get("log", "")))), recycle=not msg.get("healthy"))
         return msg
-
-
-def _add_line(result: EvalResult, line: str) -> None:
-    """One more line at the end of a result's log (which keeps its tail when cut)."""
-    result.log = excerpt(f"{result.log}\n{line}" if result.log else line)
 
 
 # -- the process ------------------------------------------------------------------------------------------------
@@ -444,6 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_grad_enabled(False)
         lap("judge_prepare_s")
         hello = backend.hardware_info()
+        peaks = device_peaks(backend.device, hello)  # before the free memory is read: the probe gives its back
         lap("device_info_s")
     except BaseException as e:  # a host problem (no GPU): the service reports the log's last lines
         traceback.print_exc()
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
         laps.update({f"worker_{k}": v for k, v in worker_phases.items() if isinstance(v, int | float)})
     hello["start_phases"] = laps
     free = torch.cuda.mem_get_info()[0] if backend.device == "cuda" else 0
-    judge = Judge(backend, worker, free)
+    judge = Judge(backend, worker, free, peaks)
     collect()  # what start-up made is frozen: the collection after each candidate scans only its objects
     send({"hello": hello})
     for line in sys.stdin:

@@ -211,6 +211,9 @@ def matmul_rate(device: str, dtype: str, size: int | None = None, seconds: float
         torch.mm(a, b)
         sync()
         best = min(best, time.perf_counter() - t0)
+    del a, b
+    if device != "cpu":
+        torch.cuda.empty_cache()  # the probe's memory back to the device
     return 2.0 * n ** 3 / best
 
 
@@ -229,3 +232,35 @@ def host_bandwidth(nbytes: int = 256 << 20, seconds: float = 0.2) -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - t0)
     return 2.0 * src.numel() * 4 / best
+
+
+def task_sol(module: Any, init_inputs: list[Any], get_inputs: Callable[[], Any], peaks: Peaks | None
+             ) -> SpeedOfLight | None:
+    """A task's speed of light on the device of ``peaks``; None where it cannot be told (no peaks, a task that
+    cannot be built on the meta device)."""
+    if peaks is None:
+        return None
+    try:
+        return speed_of_light(count_demand(module, init_inputs, get_inputs), peaks)
+    except Exception:  # a task whose Model cannot be made from shapes alone: no speed of light, nothing else lost
+        return None
+
+
+def device_peaks(device: str, hardware: dict[str, Any]) -> Peaks | None:
+    """The evaluation device's :class:`Peaks`: a GPU's from its facts (its measured bandwidth, its name for the
+    table) and the probe; the CPU's from the probes alone; None where they cannot be had."""
+    try:
+        if device == "cuda":
+            return probe_peaks("cuda", float(hardware["bandwidth_gbs"]) * GB, str(hardware.get("name") or "cuda"))
+        return probe_peaks("cpu", host_bandwidth(64 << 20, seconds=0.1), "cpu", seconds=0.1)
+    except Exception:  # no figure: candidates go without a speed of light
+        return None
+
+
+def stamp(result: Any, sol: SpeedOfLight | None) -> None:
+    """Set ``result``'s ``sol_ms``, ``sol_bound`` and (where it has a runtime) ``sol_fraction``."""
+    if sol is None:
+        return
+    result.sol_ms, result.sol_bound = round(sol.ms, 6), sol.bound
+    fraction = sol.fraction(result.runtime_ms)
+    result.sol_fraction = None if fraction is None else round(fraction, 4)

@@ -136,6 +136,7 @@ class JudgeTask:
     planned_for: int = 0  # the budget the plan was made for
     fresh_inputs: bool = False  # get_inputs() makes new tensors each call (the judge checks once per task)
     draws_random: bool = False  # the forward draws from torch's generators (a dropout): every call seeded alike
+    sol: Any = None  # its speed of light on this device (eval/sol.py), None where it cannot be told
 
     def get_inputs(self) -> list[Any]:
         from stark_ray.eval.tasks import make_task_inputs
