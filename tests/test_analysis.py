@@ -460,3 +460,36 @@ def test_rows_without_a_device_are_unknown_and_left_out_of_the_report(campaign: 
     with connect(campaign / "run-a") as con:
         assert rows(con, "SELECT device, evaluations FROM devices") == [{"device": "unknown", "evaluations": 12}]
     assert "## Devices" not in write_report(campaign / "run-a").read_text()
+
+
+def test_the_speed_of_light_reaches_the_tasks_view_and_the_report(tmp_path: Path) -> None:
+    """Each row's speed of light (as the judge stamps it) gives the task's bound, the reference's and the best
+    candidate's fractions, and a report section per level; a run recorded before it has none and no section."""
+    def lit(node: Node, sol_ms: float, bound: str) -> Node:
+        r = node.result
+        r.sol_ms, r.sol_bound = sol_ms, bound
+        r.sol_fraction = sol_ms / r.runtime_ms if r.runtime_ms else None
+        return node
+
+    root = tmp_path / "runs"
+    write_run(root, "lit", {
+        T1: [lit(reference(10.0), 5.0, "memory"), lit(candidate(1, timed(8.0, 10.0)), 5.0, "memory"),
+             lit(candidate(2, timed(6.0, 10.0)), 5.0, "memory"), lit(candidate(3, wrong()), 5.0, "memory")],
+        "level2/5_Gemm": [lit(reference(4.0), 0.4, "compute"), lit(candidate(1, timed(2.0, 4.0)), 0.4, "compute")],
+    })
+    with connect(root / "lit") as con:
+        tasks = by_task(con)
+    one, two = tasks[T1], tasks["level2/5_Gemm"]
+    assert (one["sol_ms"], one["sol_bound"], one["ref_sol_fraction"], one["best_sol_fraction"]) == (
+        5.0, "memory", 0.5, pytest.approx(5.0 / 6.0))  # the best is the 6 ms one
+    assert (two["sol_bound"], two["ref_sol_fraction"], two["best_sol_fraction"]) == ("compute", 0.1, 0.2)
+    overall = metrics.light(list(tasks.values()))
+    assert overall == metrics.Light(2, 1, pytest.approx(0.3), pytest.approx((5.0 / 6.0 + 0.2) / 2), 1, 1)
+    text = generate(root / "lit", tmp_path / "report").path.read_text()
+    assert "## Speed of light" in text and "| level 1 | 1 | 1 | 50.0% | 83.3% | 1 | 1 |" in text
+    assert "| level 2 | 1 | 0 | 10.0% | 20.0% | 0 | 0 |" in text
+
+    old = write_run(root, "unlit", {T1: [reference(10.0), candidate(1, timed(8.0, 10.0))]})
+    with connect(old) as con:
+        assert by_task(con)[T1]["sol_ms"] is None
+    assert "## Speed of light" not in generate(old, tmp_path / "old").path.read_text()

@@ -119,6 +119,33 @@ class Baseline:
 
 
 @dataclass(frozen=True)
+class Light:
+    """How close a group's tasks came to their speed of light (the tasks that have one)."""
+
+    tasks: int  # tasks with a speed of light
+    memory_bound: int
+    ref_median: float | None  # median SOL fraction of the references
+    best_median: float | None  # of the best candidates (tasks without one: not counted)
+    ref_near: int  # references at half their speed of light or closer: little left to win there
+    best_near: int  # best candidates at half or closer
+
+
+NEAR = 0.5  # a SOL fraction at least this is "near the limit"
+
+
+def light(tasks: Sequence[Row]) -> Light | None:
+    """None when no task of the group has a speed of light (runs recorded before it, or no device figures)."""
+    known = [t for t in tasks if t.get("sol_ms") is not None]
+    if not known:
+        return None
+    refs = [float(t["ref_sol_fraction"]) for t in known if t.get("ref_sol_fraction") is not None]
+    bests = [float(t["best_sol_fraction"]) for t in known if t.get("best_sol_fraction") is not None]
+    return Light(len(known), sum(1 for t in known if t.get("sol_bound") == "memory"),
+                 statistics.median(refs) if refs else None, statistics.median(bests) if bests else None,
+                 sum(1 for f in refs if f >= NEAR), sum(1 for f in bests if f >= NEAR))
+
+
+@dataclass(frozen=True)
 class Summary:
     """Every metric of one group of tasks (a level, a run, or all)."""
 
@@ -136,6 +163,7 @@ class Summary:
     input_tokens: int
     output_tokens: int
     cost_usd: float
+    light: Light | None = None  # None: no task of the group has a speed of light
 
     @property
     def tokens(self) -> int:
@@ -177,6 +205,7 @@ def summarize(tasks: Sequence[Row], label: str = "all", ps: Iterable[float] = FA
         input_tokens=sum(int(t.get("input_tokens") or 0) for t in tasks),
         output_tokens=sum(int(t.get("output_tokens") or 0) for t in tasks),
         cost_usd=sum(float(t.get("cost_usd") or 0.0) for t in tasks),
+        light=light(tasks),
     )
 
 

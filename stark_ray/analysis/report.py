@@ -130,6 +130,12 @@ def render(r: Report, source: Path | Location, runs: Sequence[Path | Location]) 
         out += ["## Against torch.compile", "",
                 "Only tasks whose torch.compile baseline was measured (`--baseline compile`) count.", "",
                 *_baseline_table([s for s in groups if s.compile is not None], lambda s: s.compile), ""]
+    if any(s.light is not None for s in groups):
+        out += ["## Speed of light", "",
+                "How far the references and the best candidates are from the least time each task can take on its "
+                f"device (its bytes over the measured bandwidth, its FLOPs over the peak: docs/evaluator.md); near: "
+                f"at {metrics.NEAR:.0%} of it or closer, where little is left to win.", "",
+                *_light_table(groups), ""]
     out += ["## Search", "", *_search_table(groups), ""]
     if r.runs:
         out += ["## Per run", "", *_baseline_table(r.runs, lambda s: s.eager, first="run"), "",
@@ -199,6 +205,18 @@ def _baseline_table(groups: Sequence[Summary], pick: Callable[[Summary], Baselin
         cells = " | ".join(_pct(b.fast_p.get(p)) for p in FAST_PS)
         lines.append(f"| {_cell(s.label)} | {b.tasks} | {cells} | {_x(b.geomean_speedup)} | "
                      f"{_x(b.geomean_speedup_all)} | {_x(b.mean_speedup)} |")
+    return lines
+
+
+def _light_table(groups: Sequence[Summary], first: str = "group") -> list[str]:
+    lines = [f"| {first} | tasks with one | memory-bound | reference (median) | best (median) | references near | "
+             "best near |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for s in groups:
+        if s.light is None:
+            continue
+        g = s.light
+        lines.append(f"| {_cell(s.label)} | {g.tasks} | {g.memory_bound} | {_pct(g.ref_median)} | "
+                     f"{_pct(g.best_median)} | {g.ref_near} | {g.best_near} |")
     return lines
 
 

@@ -56,6 +56,10 @@ TASK_COLUMNS: dict[str, str] = {
     "best_runtime_ms": "runtime of the best candidate",
     "best_speedup": "speedup of the best candidate vs eager (its reference timed in the same run)",
     "best_speedup_vs_compile": "the best candidate vs torch.compile, when measured",
+    "sol_ms": "the task's speed of light on its device (eval/sol.py; NULL where not told, or before it was)",
+    "sol_bound": "memory | compute: which floor sets the speed of light",
+    "ref_sol_fraction": "speed of light / the reference's runtime (1.0: at the device's limit)",
+    "best_sol_fraction": "speed of light / the best candidate's runtime",
     "success": "an accepted candidate exists (EvalResult.accepted: passed the checks, timed, not flagged)",
     "attempts": "candidates evaluated (seq > 0; parse failures included, as the budget counts them)",
     "compiled_attempts": "candidates that compiled",
@@ -256,7 +260,8 @@ _TASKS = """
 CREATE VIEW tasks AS
 WITH ref AS (
     SELECT run_id, task, any_value(runtime_ms) AS ref_runtime_ms,
-           any_value(ref_compile_runtime_ms) AS ref_compile_runtime_ms
+           any_value(ref_compile_runtime_ms) AS ref_compile_runtime_ms, any_value(sol_ms) AS sol_ms,
+           any_value(sol_bound) AS sol_bound, any_value(sol_fraction) AS ref_sol_fraction
     FROM judged WHERE seq = 0 GROUP BY run_id, task
 ), cand AS (
     SELECT run_id, task,
@@ -286,6 +291,7 @@ SELECT k.run_id, k.task,
        coalesce(b.speedup_vs_compile,
                 CASE WHEN b.runtime_ms > 0 THEN ref.ref_compile_runtime_ms / b.runtime_ms END)
            AS best_speedup_vs_compile,
+       ref.sol_ms, ref.sol_bound, ref.ref_sol_fraction, b.sol_fraction AS best_sol_fraction,
        b.seq IS NOT NULL AS success,
        coalesce(c.attempts, 0) AS attempts,
        coalesce(c.compiled_attempts, 0) AS compiled_attempts,
