@@ -255,3 +255,29 @@ def test_demo_cassettes_hold_their_written_replies_and_valid_scaffolds(folder: s
     for plan, parent in (("plan_0", task), ("plan_3", code["debug_2"]), ("plan_5", code["code_4"])):
         assert first_difference(strip_anchors(code[plan]), parent) is None, plan
         assert has_markers(code[plan]), plan
+
+
+def test_a_cassette_recorded_before_the_speed_of_light_matches_prompts_that_show_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The task's speed of light (a line under the hardware) and each node's share of it are measured figures: a
+    cassette recorded before they existed, or on a device without them, still matches by shape."""
+    from stark_ray.agents.base import TaskInfo
+    from stark_ray.prompts.render import describe_result
+    from stark_ray.records import AGENT_PLAN_CODE, STAGE_OK, EvalResult, Node
+
+    def prompt(light: str, fraction: float | None) -> LLMRequest:
+        task = TaskInfo("1_LeakyReluScale", "class Model: ...", "cpu_cpp", "CPU: AMD EPYC (x86_64)", light)
+        node = Node(id=1, parent=0, depth=1, source="...", agent=AGENT_PLAN_CODE, result=EvalResult(
+            compiled=True, passed_checks=True, runtime_ms=1.2, ref_runtime_ms=1.4, speedup=1.17, stage=STAGE_OK,
+            sol_ms=0.8 if fraction else None, sol_bound="memory", sol_fraction=fraction))
+        return req("plan", task_section(task) + "\n\n# Node 1\n" + describe_result(node))
+
+    shown = prompt("Speed of light of this task on it: 0.8 ms, memory-bound (the least time ...)", 0.667)
+    text = shown.prompt_text()
+    assert "0.8 ms, memory-bound" in text and "speedup 1.17x, 67% of the speed of light" in text
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"role": "plan", "prompt": prompt("", None).prompt_text(), "reply": "the plan"}) + "\n")
+    rp = ReplayClient(path)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        comp = rp.complete(shown)
+    assert comp.text == "the plan" and comp.extra["match"] == "shape" and rp.mismatches == 0 and not caplog.records

@@ -264,3 +264,13 @@ def stamp(result: Any, sol: SpeedOfLight | None) -> None:
     result.sol_ms, result.sol_bound = round(sol.ms, 6), sol.bound
     fraction = sol.fraction(result.runtime_ms)
     result.sol_fraction = None if fraction is None else round(fraction, 4)
+
+
+def light_line(result: Any) -> str:
+    """The line the prompts show under the hardware for a task whose reference ``result`` has a speed of light
+    ("" without one)."""
+    if getattr(result, "sol_ms", None) is None:
+        return ""
+    return (f"Speed of light of this task on it: {result.sol_ms:.4g} ms, {result.sol_bound}-bound (the least time: "
+            "its inputs, outputs and parameters moved once at the measured bandwidth, its matrix and convolution "
+            "FLOPs at the peak; a runtime's share of it is how close it comes)")

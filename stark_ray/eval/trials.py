@@ -35,7 +35,7 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all, make_inputs, trial_scale
 from stark_ray.eval.memory import TRIAL_CACHE_BYTES, Footprint, Plan, param_bytes
-from stark_ray.eval.tasks import TaskError
+from stark_ray.eval.tasks import TaskError, make_task_inputs
 
 BLOCKS = 8
 BLOCK_SCALE_DECADES = 2.0  # block factors from 10^-2 to 1
@@ -139,8 +139,6 @@ class JudgeTask:
     sol: Any = None  # its speed of light on this device (eval/sol.py), None where it cannot be told
 
     def get_inputs(self) -> list[Any]:
-        from stark_ray.eval.tasks import make_task_inputs
-
         return make_task_inputs(self.module, self.name)
 
     def held_bytes(self) -> int:

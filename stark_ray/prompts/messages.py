@@ -26,8 +26,9 @@ DEBUG_LOG_CHARS = 4000
 
 
 def task_section(task: TaskInfo) -> str:
+    hardware = task.hardware.strip() or "(not described)"
     return fill("task", name=task.name, reference=fenced(task.reference_source, "python"),
-                hardware=task.hardware.strip() or "(not described)").strip()
+                hardware=f"{hardware}\n{task.light}" if task.light else hardware).strip()
 
 
 def _is_reference(task: TaskInfo, node: Node) -> bool:

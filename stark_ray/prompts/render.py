@@ -62,6 +62,13 @@ def _spread(cv: float | None) -> str:
     return "" if cv is None or not math.isfinite(cv) else f" (calls vary by {_decimal(100 * cv, 2)}%)"
 
 
+def _light(fraction: float | None) -> str:
+    """How close a runtime comes to the task's speed of light (the task section says what that is); replays match
+    prompts with and without it alike (llm/replay.py)."""
+    return "" if fraction is None or not math.isfinite(fraction) else (
+        f", {_decimal(100 * fraction, 2)}% of the speed of light")
+
+
 def _decimal(x: float, digits: int) -> str:
     """``x`` to about ``digits`` significant digits, never in exponent form (a spread of 120% reads as 120, not
     1.2e+02)."""
@@ -81,7 +88,8 @@ def describe_result(node: Node) -> str:
     r = node.result
     if node.is_root or node.agent == AGENT_REFERENCE:
         line = (f"Result: the reference (PyTorch), runtime {_fmt_ms(r.runtime_ms)}{_spread(r.runtime_cv)}, timed "
-                "alone at the start (each candidate is timed beside the reference again, in its own evaluation)")
+                "alone at the start (each candidate is timed beside the reference again, in its own evaluation)"
+                f"{_light(r.sol_fraction)}")
     elif r.accepted:
         line = f"Result: correct; runtime {_fmt_ms(r.runtime_ms)}{_spread(r.runtime_cv)}"
         if r.ref_runtime_ms is not None:
@@ -90,6 +98,7 @@ def describe_result(node: Node) -> str:
             line += f": speedup {_decimal(r.speedup, 3)}x"
             if r.speedup_err is not None:  # always where known: a prompt's shape does not change with the noise
                 line += f" ({interval(r.speedup_err)}, 95%)"
+        line += _light(r.sol_fraction)
     else:
         line = f"Result: failed at stage {r.stage!r}: {clip(r.error or 'no error message', 300)}"
         if r.max_abs_err is not None:

@@ -32,6 +32,7 @@ from stark_ray.actors.tree_memory import TaskSpec
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.eval.backends import get_backend
 from stark_ray.eval.memory import OverBudget
+from stark_ray.eval.sol import light_line
 from stark_ray.eval.tasks import TaskError
 from stark_ray.llm.base import LLMError
 from stark_ray.records import STAGE_CRASH, EvalResult
@@ -164,6 +165,7 @@ class _Driver(EvaluatorLoss, LiveStatus):
                 self.spend.add(name, spent.cost_usd, spent.input_tokens + spent.output_tokens)
                 self.view.usage[name] = spent  # and in the summaries: this part's calls are added as they come
             tree = Tree.from_records(snapshot)
+            self.infos[name] = replace(self.infos[name], light=light_line(tree.nodes[0].result))  # its reference's
             self.view.load(name, tree)
             self.reporter.start(self.tasks[name], run.search.budget, tree)
         self.phases["memory_s"] = time.monotonic() - t1
@@ -227,7 +229,7 @@ class _Driver(EvaluatorLoss, LiveStatus):
                 self.memory.release.remote(ticket)
                 continue
             which = min(range(len(self.agents)), key=self.agent_load.__getitem__)  # the least busy worker
-            ref = self.agents[which].run.remote(ticket.request, self._info(ticket.task))
+            ref = self.agents[which].run.remote(ticket.request, self.infos[ticket.task])
             self.pending[ref] = Work(AGENT, ticket, which=which)
             self.agent_load[which] += 1
             self.working += 1
@@ -240,9 +242,6 @@ class _Driver(EvaluatorLoss, LiveStatus):
         self.run = replace(self.run, tasks=kept)
         self.tasks = {t.name: t for t in kept}
         self.view = RunMirror(t.name for t in kept)
-
-    def _info(self, name: str) -> TaskInfo:
-        return self.infos[name]
 
     def _done(self, ref: Any, value: Any = _UNSET) -> None:
         """``ref`` has finished (``value``: what it holds, when already fetched): its kind's handler takes it."""
