@@ -9,7 +9,7 @@ from rich.console import Console
 from search_helpers import add, reference_tree
 
 from stark_ray.agents.base import AgentResult
-from stark_ray.cli.progress import RichReporter
+from stark_ray.cli.progress import RichReporter, best_of
 from stark_ray.eval.tasks import Task
 from stark_ray.llm.usage import UsageTotals
 from stark_ray.records import STAGE_COMPILE, EvalResult
@@ -43,6 +43,9 @@ def test_a_resumed_runs_bar_starts_where_its_attempts_are() -> None:
     reporter.progress.stop()
     assert bar.completed == 1 and bar.fields["best"] == "2.50×"
     assert "1 recorded, resumed" in buf.getvalue()
+    lit = tree[add(tree, 0, EvalResult(compiled=True, passed_checks=True, runtime_ms=0.5, ref_runtime_ms=2.5,
+                                       speedup=5.0, stage="ok", sol_ms=0.4, sol_bound="memory", sol_fraction=0.8))]
+    assert lit.accepted and best_of(tree) == "5.00× (at 80% of SOL)"  # how close the best comes, where known
 
 
 def test_the_start_up_says_what_it_is_doing() -> None:

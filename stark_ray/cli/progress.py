@@ -40,8 +40,12 @@ def known(err: float | None) -> str:
 
 
 def best_of(tree: Tree) -> str:
+    """The best speedup, and how close that candidate comes to the task's speed of light where it is known."""
     best = tree.best()
-    return f"{best.result.speedup:.2f}×" if best and best.result.speedup else "—"
+    if not (best and best.result.speedup):
+        return "—"
+    light = best.result.sol_fraction
+    return f"{best.result.speedup:.2f}×" + (f" (at {light:.0%} of SOL)" if light is not None else "")
 
 
 def replay_note(n: int) -> str:
