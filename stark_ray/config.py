@@ -42,6 +42,8 @@ class SearchConfig:
     prompt_chars: int = 100_000  # size limit of a whole user message, fixed parts included (docs/method.md)
     seed: int = 0
     parallel: int = 1  # expansions of one task in flight at once (1: the paper's sequential search)
+    # a task stops once its best candidate reaches this share of its speed of light (eval/sol.py); 0: off
+    stop_at_sol: float = 0.0
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -59,6 +61,8 @@ class SearchConfig:
             raise ValueError("n_root must be >= 1; n_child, n_child_max, top_r, k and max_debug_chain >= 0")
         if self.window_chars < 1000:
             raise ValueError(f"window_chars must be >= 1000, got {self.window_chars}")
+        if not 0.0 <= self.stop_at_sol <= 1.0:
+            raise ValueError(f"stop_at_sol must be in [0, 1] (0: off), got {self.stop_at_sol}")
         if self.prompt_chars < 4000:
             raise ValueError(f"prompt_chars must be >= 4000, got {self.prompt_chars}")
 

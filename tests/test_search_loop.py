@@ -123,3 +123,27 @@ def test_a_model_that_stops_answering_costs_budget_but_never_stops_the_search(ha
     assert stages[0] == "ok" and stages[1:] == [STAGE_PARSE] * 3
     assert all("no scripted reply" in (n.result.error or "") for n in tree if n.result.stage == STAGE_PARSE)
     assert tree.best() is not None and tree.best().id == 1
+
+
+def test_a_search_stops_once_its_best_reaches_the_asked_share_of_the_speed_of_light(harness: Harness,
+                                                                                    tmp_path: Path) -> None:
+    """``--stop-at-sol``: real evaluations on this CPU give every accepted candidate its share of the task's speed
+    of light; asked for a share any accepted one reaches, the search ends at its first accepted candidate, with
+    budget left, and the task's summary says why."""
+    from stark_ray.llm.usage import UsageTotals
+    from stark_ray.run.directory import task_summary
+
+    cfg = SearchConfig(budget=8, seed=0, stop_at_sol=0.0001)
+    tree = Tree.with_reference(harness.task.source, harness.reference)
+    client = stark_client()
+    search(tree, make_policy(cfg), make_team(client, AgentConfig(), cfg, harness.info), harness.evaluate,
+           cfg.budget, cfg.seed, stop_at_sol=cfg.stop_at_sol)
+    accepted = [n for n in tree if n.accepted and not n.is_root]
+    assert len(accepted) == 1 and tree.evaluated < cfg.budget  # nothing was tried after the first accepted one
+    assert max(n.id for n in tree) == accepted[0].id and accepted[0].result.sol_fraction is not None
+    summary = task_summary(harness.task, tree, tmp_path, "r", "finished", 1.0, cfg, AgentConfig(), EvalConfig(),
+                           UsageTotals(), "local")
+    assert summary.settings["stopped_by"].startswith("speed of light: the best candidate runs at")
+    again = SearchConfig(budget=8, seed=0)  # off: the same search spends its budget
+    assert "stopped_by" not in task_summary(harness.task, tree, tmp_path, "r", "finished", 1.0, again,
+                                            AgentConfig(), EvalConfig(), UsageTotals(), "local").settings

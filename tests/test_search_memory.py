@@ -196,3 +196,21 @@ def test_next_many_walks_only_open_searches_and_hands_out_what_the_definition_do
         for t in got:
             fast.add(t, step("y"), ok(2.0))
     assert fast.unfinished() == [] and fast._open == {}
+
+
+def test_a_task_at_its_asked_share_of_the_speed_of_light_takes_no_more_work() -> None:
+    """``stop_at_sol`` (the Ray memory and the local loop share this): once the best candidate runs at that share of
+    the task's speed of light, nothing new is handed out and the search is finished, with budget left; work already
+    in flight still comes back."""
+    tree = Tree.with_reference("class Model: ...", ok(1.0))
+    s = make_task_search("t", tree, SearchConfig(budget=10, parallel=2, stop_at_sol=0.8), AgentConfig(),
+                         TaskInfo("t", "class Model: ...", "cpu_cpp"))
+    first, second = s.next(), None
+    assert first is not None
+    s.add(first, step("a"), replace(ok(2.0), sol_ms=0.3, sol_fraction=0.6))  # not yet near
+    second, third = s.next(), s.next()
+    assert second is not None and third is not None and not s.finished
+    s.add(second, step("b"), replace(ok(3.0), sol_ms=0.3, sol_fraction=0.9))  # the best, and near enough
+    assert s.next() is None and not s.finished  # the third is still in flight
+    s.add(third, step("c"), ok(1.2))
+    assert s.finished and tree.evaluated == 3 < s.budget

@@ -56,6 +56,9 @@ def campaign(
     top_r: Annotated[int | None, typer.Option(help="Leaderboard entries shown to the plan agent "
                                                    f"(default: {_S.top_r}).")] = None,
     k: Annotated[int | None, typer.Option(help=f"Best-of-K width (0: the whole budget) (default: {_S.k}).")] = None,
+    stop_at_sol: Annotated[float | None, typer.Option(help="Stop a task once its best candidate runs at this share "
+                                                           "of its speed of light, e.g. 0.9 (0: off; default: "
+                                                           f"{_S.stop_at_sol:g}).")] = None,
     max_debug_chain: Annotated[int | None, typer.Option(help="Repairs in a row one lineage may get "
                                                              f"(default: {_S.max_debug_chain}).")] = None,
     window_chars: Annotated[int | None, typer.Option(help="Size limit of one context window in a prompt "
@@ -110,7 +113,7 @@ def campaign(
                   "subset": subset},
         "search": {"budget": budget, "parallel": parallel, "policy": policy, "ablation": ablation,
                    "epsilon": epsilon, "seed": seed, "n_root": n_root, "n_child": n_child,
-                   "n_child_max": n_child_max, "top_r": top_r, "k": k,
+                   "n_child_max": n_child_max, "top_r": top_r, "k": k, "stop_at_sol": stop_at_sol,
                    "max_debug_chain": max_debug_chain, "window_chars": window_chars,
                    "prompt_chars": prompt_chars},
         "agents": {"provider": provider, "model": model, "base_url": base_url, "timeout_s": timeout,
@@ -149,7 +152,7 @@ def campaign(
                  "--seed": seed, "--isolate": isolate, "--memory-budget": memory_budget,
                  "--compile-timeout": compile_timeout, "--policy": policy, "--ablation": ablation,
                  "--epsilon": epsilon, "--n-root": n_root, "--n-child": n_child,
-                 "--n-child-max": n_child_max, "--top-r": top_r, "--k": k,
+                 "--n-child-max": n_child_max, "--top-r": top_r, "--k": k, "--stop-at-sol": stop_at_sol,
                  "--max-debug-chain": max_debug_chain, "--window-chars": window_chars,
                  "--prompt-chars": prompt_chars, "--timeout": timeout,
                  "--tolerance": tolerance, "--out": out, "--config": config}

@@ -74,6 +74,8 @@ def optimize(
                                                   "cap).")] = SEARCH.n_child_max,
     top_r: Annotated[int, typer.Option(help="Leaderboard entries shown to the plan agent.")] = SEARCH.top_r,
     k: Annotated[int, typer.Option(help="Best-of-K width (0: the whole budget).")] = SEARCH.k,
+    stop_at_sol: Annotated[float, typer.Option(help="Stop a task once its best candidate runs at this share of its "
+                                                    "speed of light, e.g. 0.9 (0: off).")] = SEARCH.stop_at_sol,
     trials: Trials = EVAL.trials,
     max_debug_chain: Annotated[int, typer.Option(help="Repairs in a row one lineage may get.")] = (
         SEARCH.max_debug_chain),
@@ -131,7 +133,7 @@ def optimize(
         search_cfg = SearchConfig(budget=budget, policy=policy, ablation=ablation, epsilon=epsilon,
                                   n_root=n_root, n_child=n_child, n_child_max=n_child_max, top_r=top_r, k=k, seed=seed,
                                   max_debug_chain=max_debug_chain, window_chars=window_chars,
-                                  prompt_chars=prompt_chars, parallel=parallel)
+                                  prompt_chars=prompt_chars, parallel=parallel, stop_at_sol=stop_at_sol)
         agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model or "",
                                 base_url=base_url, cassette=str(cassette) if cassette else None,
                                 record=str(record) if record else None, timeout_s=timeout,

@@ -16,6 +16,7 @@ from stark_ray.eval.tasks import Task
 from stark_ray.llm.usage import UsageTotals
 from stark_ray.records import LLMUsage
 from stark_ray.run.summary import RunSummary, summary_of
+from stark_ray.search.memory import sol_reached
 from stark_ray.search.tree import Tree
 from stark_ray.store.location import Location, locate
 from stark_ray.store.parquet import safe_name
@@ -106,8 +107,13 @@ def summary_settings(search: SearchConfig, agents: AgentConfig, ev: EvalConfig, 
 def task_summary(task: Task, tree: Tree, run_dir: str | Path | Location, run_id: str, status: str, wall_s: float,
                  search: SearchConfig, agents: AgentConfig, ev: EvalConfig, usage: UsageTotals,
                  executor: str) -> RunSummary:
-    """A task's summary, as either executor writes it."""
+    """A task's summary, as either executor writes it (one that ended at its speed of light says so in
+    ``settings["stopped_by"]``)."""
     settings = summary_settings(search, agents, ev, executor)
+    best = tree.best()
+    if tree.evaluated < search.budget and sol_reached(tree, search.stop_at_sol) and best is not None:
+        settings["stopped_by"] = (f"speed of light: the best candidate runs at {best.result.sol_fraction:.0%} of it "
+                                  f"(--stop-at-sol {search.stop_at_sol:g})")
     return summary_of(task.name, run_id, str(run_dir), tree, status, search.budget, usage, settings, wall_s)
 
 

@@ -121,7 +121,8 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
         status = STATUS_FAILED
         reporter.start(task, search_cfg.budget, tree)
         try:
-            search(tree, policy, team, evaluator.evaluate, search_cfg.budget, search_cfg.seed, on_attempt)
+            search(tree, policy, team, evaluator.evaluate, search_cfg.budget, search_cfg.seed, on_attempt,
+                   search_cfg.stop_at_sol)
             status = STATUS_FINISHED
         except KeyboardInterrupt:
             status = STATUS_INTERRUPTED

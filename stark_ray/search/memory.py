@@ -71,6 +71,7 @@ class TaskSearch:
     budget: int
     seed: int
     parallel: int = 1
+    stop_at_sol: float = 0.0  # stop once the best candidate reaches this share of the speed of light (0: never)
     in_flight: dict[int, Ticket] = field(default_factory=dict)
     # ticket ids start at a random offset: a memory restarted from its rows must not take a ticket still in flight
     # from before the restart for one of its own
@@ -83,13 +84,20 @@ class TaskSearch:
 
     @property
     def finished(self) -> bool:
-        """Nothing in flight and nothing more to do: the budget is spent, or the policy has nothing left."""
-        return not self.in_flight and (self.tree.evaluated >= self.budget or self._exhausted)
+        """Nothing in flight and nothing more to do: the budget is spent, the policy has nothing left, or the best
+        candidate is as close to the speed of light as asked."""
+        return not self.in_flight and (self.tree.evaluated >= self.budget or self._exhausted or self.near_light)
+
+    @property
+    def near_light(self) -> bool:
+        """The best candidate has reached ``stop_at_sol`` of the task's speed of light (``--stop-at-sol``)."""
+        return sol_reached(self.tree, self.stop_at_sol)
 
     def next(self) -> Ticket | None:
         """The next expansion, or None: budget spent (counting work in flight), ``parallel`` expansions already
         running, or nothing selectable until one of them comes back."""
-        if self.tree.evaluated + len(self.in_flight) >= self.budget or len(self.in_flight) >= self.parallel:
+        if (self.tree.evaluated + len(self.in_flight) >= self.budget or len(self.in_flight) >= self.parallel
+                or self.near_light):
             return None
         node = self.policy.select(self.tree, selection_rng(self.seed, self.tree.evaluated + len(self.in_flight)),
                                   self.busy)
@@ -132,7 +140,13 @@ def make_task_search(name: str, tree: Tree, search: SearchConfig, agents: AgentC
     continues as the uninterrupted search would: see :func:`selection_rng`)."""
     policy = make_policy(search)
     team = make_team(client, agents, search, info)  # type: ignore[arg-type]  # no client: windows only
-    return TaskSearch(name, tree, policy, team, search.budget, search.seed, search.parallel)
+    return TaskSearch(name, tree, policy, team, search.budget, search.seed, search.parallel, search.stop_at_sol)
+
+
+def sol_reached(tree: Tree, stop_at_sol: float) -> bool:
+    """The tree's best candidate runs at ``stop_at_sol`` of its speed of light or closer (0: never)."""
+    best = tree.best() if stop_at_sol > 0 else None
+    return best is not None and best.result.sol_fraction is not None and best.result.sol_fraction >= stop_at_sol
 
 
 def selection_rng(seed: int, index: int) -> random.Random:
