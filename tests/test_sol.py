@@ -73,7 +73,7 @@ def test_a_forward_that_needs_values_gives_a_lower_bound_said_as_such(tmp_path: 
 @pytest.mark.parametrize(("name", "fp32", "bf16", "gbs"), [
     ("NVIDIA H200", 67, 989, 4800), ("NVIDIA H100 80GB HBM3", 67, 989, 3350), ("NVIDIA H100 PCIe", 51, 756, 2000),
     ("NVIDIA A100-SXM4-40GB", 19.5, 312, 1555), ("NVIDIA A100-SXM4-80GB", 19.5, 312, 2039),
-    ("NVIDIA L40S", 91.6, 362, 864), ("NVIDIA B200", 80, 2250, 8000),
+    ("NVIDIA L40S", 91.6, 362, 864), ("NVIDIA B200", 80, 2250, 8000), ("NVIDIA H200 NVL", 60, 835, 4800),
 ])
 def test_the_table_knows_the_usual_gpus_by_their_names(name: str, fp32: float, bf16: float, gbs: float) -> None:
     known = known_peaks(name)
@@ -84,6 +84,7 @@ def test_the_table_knows_the_usual_gpus_by_their_names(name: str, fp32: float, b
 
 def test_an_unknown_device_and_the_cpu_are_probed() -> None:
     assert known_peaks("NVIDIA GeForce GT 710") is None
+    assert known_peaks("NVIDIA GH200 480GB") is None and known_peaks("NVIDIA RTX A1000") is None  # whole words
     rate, bandwidth = matmul_rate("cpu", "fp32", size=256, seconds=0.05), host_bandwidth(16 << 20, seconds=0.05)
     assert rate > 1e6 and bandwidth > 1e6  # a FLOP/s and a bytes/s figure, whatever this host's load
     peaks = probe_peaks("cpu", bandwidth, "cpu", size=256, seconds=0.05)
@@ -116,3 +117,26 @@ def test_stark_eval_says_how_far_from_the_speed_of_light_both_sides_are() -> Non
                         stage=STAGE_OK, sol_ms=1.0, sol_bound="memory", sol_fraction=0.5)
     assert "  speed of light 1.0000 ms (memory-bound): 50.0% of it, the reference's 25.0%" in eval_report(
         "t", "c.py", result)
+
+
+def test_a_run_whose_tasks_stopped_at_their_speed_of_light_resumes_as_finished(tmp_path: Path) -> None:
+    """A resume does not start evaluators for tasks that stopped at ``--stop-at-sol`` (their summary says how close
+    the best came); ``--stop-at-sol 0`` or a higher share continues them."""
+    import json
+
+    from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
+    from stark_ray.eval.tasks import Task
+    from stark_ray.run.resume import Resumed, _best_sol_fraction
+    from stark_ray.store.location import locate
+
+    (tmp_path / "summary.json").write_text(json.dumps({"task": "t", "best_sol_fraction": 0.93}))
+    share = _best_sol_fraction(locate(tmp_path))
+    assert share == 0.93 and _best_sol_fraction(locate(tmp_path / "none")) is None
+
+    def finished(stop_at_sol: float, light: float | None) -> bool:
+        search = SearchConfig(budget=5, stop_at_sol=stop_at_sol)
+        return Resumed([Task("t", tmp_path / "t.py", "")], search, AgentConfig(), EvalConfig(), {"t": 2},
+                       light={} if light is None else {"t": light}).finished
+
+    assert finished(0.9, share) and not finished(0.95, share) and not finished(0.0, share)
+    assert not finished(0.9, None) and not finished(0.9, 3.0)  # beyond 1.1: not taken at its word

@@ -152,14 +152,15 @@ def campaign(
                  "--seed": seed, "--isolate": isolate, "--memory-budget": memory_budget,
                  "--compile-timeout": compile_timeout, "--policy": policy, "--ablation": ablation,
                  "--epsilon": epsilon, "--n-root": n_root, "--n-child": n_child,
-                 "--n-child-max": n_child_max, "--top-r": top_r, "--k": k, "--stop-at-sol": stop_at_sol,
+                 "--n-child-max": n_child_max, "--top-r": top_r, "--k": k,
                  "--max-debug-chain": max_debug_chain, "--window-chars": window_chars,
                  "--prompt-chars": prompt_chars, "--timeout": timeout,
                  "--tolerance": tolerance, "--out": out, "--config": config}
         try:
             refuse_changes([option for option, value in fixed.items() if value not in (None, [])],
-                           "--budget, --parallel, the spending caps, --address, --evaluators and --max-in-flight")
-            run = resumed(run_dir, budget, parallel)
+                           "--budget, --parallel, --stop-at-sol, the spending caps, --address, --evaluators and "
+                           "--max-in-flight")
+            run = resumed(run_dir, budget, parallel, stop_at_sol)
             if run.finished:
                 typer.echo(run.finished_line(run_dir))
                 return

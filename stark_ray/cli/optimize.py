@@ -221,8 +221,8 @@ def run_on_ray(run: RayRun, reporter: Reporter) -> None:
         fail(f"{type(e).__name__}: {e}{kept}", 1)
 
 
-RESUME_OPTIONS = frozenset({"resume", "budget", "parallel", "address", "quiet", "evaluators", "executor",
-                            "max_in_flight"})
+RESUME_OPTIONS = frozenset({"resume", "budget", "parallel", "stop_at_sol", "address", "quiet", "evaluators",
+                            "executor", "max_in_flight"})
 
 
 def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None, quiet: bool,
@@ -243,7 +243,8 @@ def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None,
         refuse_changes(["TASK" if g in ("task", "ref_path") else "--" + g.replace("_", "-")
                         for g in given if g not in RESUME_OPTIONS])
         run = resumed(run_dir, ctx.params["budget"] if "budget" in given else None,
-                      ctx.params["parallel"] if "parallel" in given else None)
+                      ctx.params["parallel"] if "parallel" in given else None,
+                      ctx.params["stop_at_sol"] if "stop_at_sol" in given else None)
         if run.finished:
             typer.echo(run.finished_line(run_dir))
             return

@@ -34,11 +34,13 @@ GB = 1e9
 TFLOPS = 1e12
 
 # dense peaks, TFLOP/s, by dtype class; datasheet memory bandwidth (GB/s), for reference only (the measured one
-# is used). The first entry whose every word is in the device's name wins: the more specific ones come first.
+# is used). The first entry whose every word is a word of the device's name wins (the more specific ones come
+# first; "GH200" is not "H200", nor "RTX A1000" an A100).
 KNOWN: list[tuple[tuple[str, ...], dict[str, float], float]] = [
     (("h100", "pcie"), {"fp64": 51.0, "fp32": 51.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0}, 2000.0),
     (("h100", "nvl"), {"fp64": 60.0, "fp32": 60.0, "bf16": 835.0, "fp16": 835.0, "fp8": 1670.0}, 3900.0),
     (("h100",), {"fp64": 67.0, "fp32": 67.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0}, 3350.0),
+    (("h200", "nvl"), {"fp64": 60.0, "fp32": 60.0, "bf16": 835.0, "fp16": 835.0, "fp8": 1670.0}, 4800.0),
     (("h200",), {"fp64": 67.0, "fp32": 67.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0}, 4800.0),
     (("a100", "40gb"), {"fp64": 19.5, "fp32": 19.5, "bf16": 312.0, "fp16": 312.0}, 1555.0),
     (("a100", "pcie"), {"fp64": 19.5, "fp32": 19.5, "bf16": 312.0, "fp16": 312.0}, 1935.0),
@@ -90,8 +92,10 @@ class Peaks:
     notes: list[str] = field(default_factory=list)
 
     def flop_rate(self, dtype: str) -> float:
-        """The peak for ``dtype``; a dtype the device has no figure for is counted at its float32 peak."""
-        return self.flops.get(dtype) or self.flops.get("fp32") or min(self.flops.values())
+        """The peak for ``dtype``; float16 without a figure of its own at the bfloat16 one (the same tensor cores),
+        any other dtype without one at the float32 peak."""
+        return (self.flops.get(dtype) or (self.flops.get("bf16") if dtype == "fp16" else None)
+                or self.flops.get("fp32") or min(self.flops.values()))
 
 
 @dataclass(frozen=True)
@@ -167,10 +171,9 @@ def count_demand(module: Any, init_inputs: list[Any], get_inputs: Callable[[], A
 
 def known_peaks(device_name: str) -> tuple[dict[str, float], float] | None:
     """The table's (peaks in FLOP/s, datasheet bandwidth in bytes/s) for a device name, or None."""
-    words = device_name.lower().replace("-", " ").split()
-    text = " ".join(words)
+    words = set(device_name.lower().replace("-", " ").split())
     for keys, tflops, gbs in KNOWN:
-        if all(k in text for k in keys):
+        if all(k in words for k in keys):
             return {k: v * TFLOPS for k, v in tflops.items()}, gbs * GB
     return None
 
@@ -180,16 +183,23 @@ def probe_peaks(device: str, bandwidth: float, name: str, size: int | None = Non
     """The device's :class:`Peaks`: the table's FLOP rates where it knows the device (checked against a
     matrix-product probe, a disagreement said in ``notes``), the probe's where it does not; ``bandwidth`` as
     measured (bytes/s: :func:`host_bandwidth` on the CPU, the device's facts on a GPU)."""
-    probed = {"fp32": matmul_rate(device, "fp32", size, seconds)}
-    if device != "cpu":
-        probed["bf16"] = matmul_rate(device, "bf16", size, seconds)
+    probed: dict[str, float] = {}
+    for dtype in ("fp32", "bf16") if device != "cpu" else ("fp32",):
+        try:
+            probed[dtype] = matmul_rate(device, dtype, size, seconds)
+        except Exception:  # out of memory (a shared or partitioned GPU), no such dtype: the table's figure stands
+            continue
     known = known_peaks(name) if device != "cpu" else None
     if known is None:
+        if not probed:
+            raise RuntimeError(f"{name}: no figure (not in the table, and the probe failed)")
         return Peaks(name, probed, bandwidth, "probe")
-    table = known[0]
-    notes = [f"{dtype} probe {rate / TFLOPS:.3g} TFLOP/s is below {PROBE_DISAGREES:.0%} of the table's "
-             f"{table[dtype] / TFLOPS:.3g}" for dtype, rate in probed.items()
-             if dtype in table and rate < PROBE_DISAGREES * table[dtype]]
+    table, notes = dict(known[0]), []
+    for dtype, rate in probed.items():  # a throttled, shared or partitioned GPU: its own figure counts
+        if dtype in table and rate < PROBE_DISAGREES * table[dtype]:
+            notes.append(f"{dtype}: the probe's {rate / TFLOPS:.3g} TFLOP/s, under {PROBE_DISAGREES:.0%} of the "
+                         f"table's {table[dtype] / TFLOPS:.3g}, is used")
+            table[dtype] = rate
     return Peaks(name, table, bandwidth, "table, checked by a probe", notes)
 
 
@@ -199,22 +209,24 @@ def matmul_rate(device: str, dtype: str, size: int | None = None, seconds: float
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     n = size or (8192 if device != "cpu" else 1024)
-    a = torch.randn(n, n, device=device, dtype=torch_dtype)
-    b = torch.randn(n, n, device=device, dtype=torch_dtype)
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
-    torch.mm(a, b)
-    sync()
-    best = math.inf
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds or best == math.inf:
-        t0 = time.perf_counter()
+    try:
+        a = torch.randn(n, n, device=device, dtype=torch_dtype)
+        b = torch.randn(n, n, device=device, dtype=torch_dtype)
         torch.mm(a, b)
         sync()
-        best = min(best, time.perf_counter() - t0)
-    del a, b
-    if device != "cpu":
-        torch.cuda.empty_cache()  # the probe's memory back to the device
-    return 2.0 * n ** 3 / best
+        best = math.inf
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds or best == math.inf:
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            sync()
+            best = min(best, time.perf_counter() - t0)
+        return 2.0 * n ** 3 / best
+    finally:
+        a = b = None
+        if device != "cpu":
+            torch.cuda.empty_cache()  # the probe's memory back to the device, whatever happened
 
 
 def host_bandwidth(nbytes: int = 256 << 20, seconds: float = 0.2) -> float:
@@ -241,9 +253,11 @@ def task_sol(module: Any, init_inputs: list[Any], get_inputs: Callable[[], Any],
     if peaks is None:
         return None
     try:
-        return speed_of_light(count_demand(module, init_inputs, get_inputs), peaks)
+        demand = count_demand(module, init_inputs, get_inputs)
     except Exception:  # a task whose Model cannot be made from shapes alone: no speed of light, nothing else lost
         return None
+    # a forward that needs values (its outputs and FLOPs not counted) would give a floor too low to show or stop on
+    return speed_of_light(demand, peaks) if demand.outputs_known else None
 
 
 def device_peaks(device: str, hardware: dict[str, Any]) -> Peaks | None:
@@ -259,11 +273,14 @@ def device_peaks(device: str, hardware: dict[str, Any]) -> Peaks | None:
 
 def stamp(result: Any, sol: SpeedOfLight | None) -> None:
     """Set ``result``'s ``sol_ms``, ``sol_bound`` and (where it has a runtime) ``sol_fraction``."""
+    result.sol_ms = result.sol_bound = result.sol_fraction = None  # the judge's figures only, never a message's
     if sol is None:
         return
-    result.sol_ms, result.sol_bound = round(sol.ms, 6), sol.bound
-    fraction = sol.fraction(result.runtime_ms)
-    result.sol_fraction = None if fraction is None else round(fraction, 4)
+    result.sol_ms, result.sol_bound = float(f"{sol.ms:.6g}"), sol.bound
+    runtime = result.runtime_ms
+    if isinstance(runtime, int | float) and not isinstance(runtime, bool):
+        fraction = sol.fraction(float(runtime))
+        result.sol_fraction = None if fraction is None else float(f"{fraction:.4g}")
 
 
 def light_line(result: Any) -> str:
@@ -271,6 +288,6 @@ def light_line(result: Any) -> str:
     ("" without one)."""
     if getattr(result, "sol_ms", None) is None:
         return ""
-    return (f"Speed of light of this task on it: {result.sol_ms:.4g} ms, {result.sol_bound}-bound (the least time: "
+    return (f"Speed of light of this task on it: {result.sol_ms:.4f} ms, {result.sol_bound}-bound (the least time: "
             "its inputs, outputs and parameters moved once at the measured bandwidth, its matrix and convolution "
             "FLOPs at the peak; a runtime's share of it is how close it comes)")

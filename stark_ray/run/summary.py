@@ -35,6 +35,7 @@ class RunSummary:
     wall_s: float
     settings: dict[str, Any] = field(default_factory=dict)
     replay_mismatches: int = 0  # replayed calls whose prompt the cassette did not hold (each served in order)
+    best_sol_fraction: float | None = None  # how close the best candidate comes to the speed of light (eval/sol.py)
 
 
 def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, budget: int, usage: UsageTotals,
@@ -52,5 +53,5 @@ def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, bu
         failures_by_stage=dict(Counter(n.result.stage for n in tree if not n.is_root and not n.accepted)),
         tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
         llm_calls=usage.calls, wall_s=round(wall_s, 2), settings=settings,
-        replay_mismatches=usage.replay_mismatches,
+        replay_mismatches=usage.replay_mismatches, best_sol_fraction=best.result.sol_fraction if best else None,
     )

@@ -143,10 +143,19 @@ def make_task_search(name: str, tree: Tree, search: SearchConfig, agents: AgentC
     return TaskSearch(name, tree, policy, team, search.budget, search.seed, search.parallel, search.stop_at_sol)
 
 
+SOL_BEYOND = 1.1  # a share of the speed of light above this is not taken at its word (TF32 or lower precision, a
+# probe that measured low): it does not stop a search
+
+
 def sol_reached(tree: Tree, stop_at_sol: float) -> bool:
     """The tree's best candidate runs at ``stop_at_sol`` of its speed of light or closer (0: never)."""
     best = tree.best() if stop_at_sol > 0 else None
-    return best is not None and best.result.sol_fraction is not None and best.result.sol_fraction >= stop_at_sol
+    return sol_share_reached(best.result.sol_fraction if best is not None else None, stop_at_sol)
+
+
+def sol_share_reached(share: float | None, stop_at_sol: float) -> bool:
+    """A best candidate at ``share`` of the speed of light is as close as ``stop_at_sol`` asks (0: never)."""
+    return stop_at_sol > 0 and share is not None and stop_at_sol <= share <= SOL_BEYOND
 
 
 def selection_rng(seed: int, index: int) -> random.Random:
