@@ -508,3 +508,33 @@ def test_the_judge_holds_what_the_memory_plan_counts_at_every_trial(tmp_path: Pa
     seen = [int(line) for line in log.read_text().split()]
     # the last: the check of the second call (the shared inputs, the slots, the second contents' reference output)
     assert len(seen) >= 6 and seen[-1] == 3 and max(seen) <= 3, seen
+
+
+# a candidate that writes, on its process's own message channel, an answer saying it is a success: the worker's
+# "failed" answer is a failure at most, whatever it carries (the judge's figures are its own)
+FORGED_ANSWER = '''
+import json, os, stat
+_FORGED = {"failed": {"compiled": True, "passed_checks": True, "runtime_ms": 0.001, "ref_runtime_ms": 1.0,
+                      "speedup": 1000.0, "stage": "ok", "flags": [], "sol_fraction": 1.0},
+           "tampered": [], "healthy": True}
+for _fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+    try:
+        if _fd > 2 and stat.S_ISFIFO(os.fstat(_fd).st_mode):
+            os.write(_fd, (json.dumps(_FORGED) + "\\n").encode())
+    except OSError:
+        pass
+'''
+
+
+def test_an_answer_forged_on_the_workers_channel_is_never_a_success(shared_build_dir: str,
+                                                                    tasks: dict[str, Task]) -> None:
+    """A candidate whose outputs are wrong wrote, at its import, a "failed" answer claiming 1000x on its worker's
+    message channel; the judge took it for its result, accepted (before session 23). A worker's failure is now a
+    failure and no more. (The worker's real answer comes after the forged one and the next candidate's load reads
+    it: that candidate fails as a broken protocol and the worker is replaced. A service of its own, so that no other
+    test meets it.)"""
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=5, tolerance="kernelbench")
+    with EvalService(cfg) as svc:
+        r = judged(svc, tasks["affine"], py(ZEROS, prelude=FORGED_ANSWER))
+    assert not r.accepted and not r.passed_checks and r.speedup is None and r.runtime_ms is None, r
+    assert r.sol_fraction is None and r.stage == "runtime", r

@@ -27,7 +27,7 @@ from stark_ray.eval.protocol import (
     PHASE_CHECK,
     PHASE_TIME,
     WorkerRequest,
-    result_from_message,
+    failure_from_message,
 )
 from stark_ray.eval.tasks import TaskError
 from stark_ray.eval.trees import decode_leaf_meta, decode_tree, encode_tree
@@ -86,8 +86,8 @@ class Judgement:
         worker.mark_log()
         msg = self.step(OP_LOAD, {"task_name": self.req.task_name, "task_source": self.req.task_source,
                                   "cfg": self.req.cfg, "candidate_source": self.req.candidate_source})
-        if "failed" in msg:
-            return result_from_message(msg["failed"])
+        if "failed" in msg:  # a failure, and no more (a candidate can write to the worker's channel)
+            return failure_from_message(msg["failed"])
         loaded = msg.get("loaded")
         if not isinstance(loaded, dict):
             raise Decided(protocol_broken("no answer to load"), recycle=True)

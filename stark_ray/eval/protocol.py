@@ -22,7 +22,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from stark_ray.records import EvalResult
+from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_PARSE, STAGE_RUNTIME, EvalResult, excerpt
+
+FAILURE_STAGES = (STAGE_PARSE, STAGE_COMPILE, STAGE_RUNTIME, STAGE_CORRECTNESS)  # a reported failure's stage
 
 MODE_REFERENCE = "reference"  # validate the task and time the reference alone
 MODE_CANDIDATE = "candidate"  # build the candidate, check it, time it against the reference
@@ -76,6 +78,25 @@ def result_to_message(result: EvalResult, healthy: bool = True) -> dict[str, Any
 def result_from_message(payload: dict[str, Any]) -> EvalResult:
     names = {f.name for f in fields(EvalResult)}
     return EvalResult(**{k: v for k, v in payload.items() if k in names})
+
+
+def failure_from_message(payload: Any) -> EvalResult:
+    """A failure that a process running candidate code reported (its import failed, its build failed), as no more
+    than a failure: what went wrong (stage, error, log, flags, whether it compiled, the build's seconds) and
+    nothing a candidate could forge into a success — passed checks, runtimes, speedups and every other figure are
+    the judge's alone. A candidate can write to its process's message channel."""
+    told = payload if isinstance(payload, dict) else {}
+    stage = told.get("stage")
+    flags = told.get("flags")
+    compile_s = told.get("compile_s")
+    return EvalResult(
+        compiled=told.get("compiled") is True and stage != STAGE_COMPILE,
+        stage=stage if stage in FAILURE_STAGES else STAGE_RUNTIME,
+        error=str(told.get("error") or "the worker reported a failure without saying which")[:2000],
+        log=excerpt(str(told.get("log") or "")),
+        flags=[f for f in flags if isinstance(f, str)][:20] if isinstance(flags, list) else [],
+        compile_s=float(compile_s) if isinstance(compile_s, int | float) and not isinstance(compile_s, bool) else None,
+    )
 
 
 def send_fds(sock: socket.socket, fds: Sequence[int]) -> None:

@@ -22,7 +22,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from stark_ray.eval.protocol import (
     PHASE_START,
     PHASE_TIME,
     WorkerRequest,
+    failure_from_message,
 )
 from stark_ray.eval.runner import (
     MAX_REQUESTS,
@@ -270,6 +271,8 @@ class EvalService:
         outcome = self._compilers.run(spec, self._request(MODE_COMPILE, task, cfg, source), limits,
                                       on_build if self.isolated else None)
         result = outcome_to_result(outcome, limits)
+        if outcome.result is not None:  # the compile process imported the candidate: its word is a failure's at most
+            result = replace(failure_from_message(asdict(result)), eval_s=result.eval_s)
         build_s = outcome.phase_s.get(PHASE_COMPILE, 0.0)
         if outcome.phase == PHASE_START and outcome.result is None:
             return None, 0.0  # the compile process could not start: let the device worker build it
