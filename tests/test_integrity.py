@@ -530,11 +530,23 @@ def test_an_answer_forged_on_the_workers_channel_is_never_a_success(shared_build
                                                                     tasks: dict[str, Task]) -> None:
     """A candidate whose outputs are wrong wrote, at its import, a "failed" answer claiming 1000x on its worker's
     message channel; the judge took it for its result, accepted (before session 23). A worker's failure is now a
-    failure and no more. (The worker's real answer comes after the forged one and the next candidate's load reads
-    it: that candidate fails as a broken protocol and the worker is replaced. A service of its own, so that no other
-    test meets it.)"""
+    failure and no more. (The worker's real answer comes after the forged one; the next candidate's load would read
+    it, unless the worker is replaced: after a failed load the judge pings it with a token chosen then, and any other
+    answer first replaces it.)"""
     cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=5, tolerance="kernelbench")
     with EvalService(cfg) as svc:
         r = judged(svc, tasks["affine"], py(ZEROS, prelude=FORGED_ANSWER))
+        starts = svc.worker_starts
+        after = judged(svc, tasks["affine"], py(HONEST))  # its worker was replaced: no stale answer for this one
+        wrong = judged(svc, tasks["affine"], candidate_without_model())  # a plain failed load keeps its worker
+        steady = svc.worker_starts
+        last = judged(svc, tasks["affine"], py(HONEST))
     assert not r.accepted and not r.passed_checks and r.speedup is None and r.runtime_ms is None, r
     assert r.sol_fraction is None and r.stage == "runtime", r
+    assert passed(after), (after.stage, after.error)
+    assert starts == 1 and steady == 2  # one worker replaced, after the forged answer only
+    assert wrong.stage == "compile" and passed(last) and svc.worker_starts == 2, (wrong.error, last.error)
+
+
+def candidate_without_model() -> str:
+    return "import torch\n\nclass NotModelNew(torch.nn.Module):\n    pass\n"

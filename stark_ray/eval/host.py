@@ -188,7 +188,7 @@ class CandidateHost:
             OP_REFERENCE: self.reference, OP_LOAD: self.load, OP_RUN: self.run, OP_TIME: self.time,
             OP_STAGE: self.stage, OP_GO: self.go, OP_END: self.end, OP_RELEASE: self.release}
         if op == OP_PING:
-            return {"pong": True, "tampered": [], "healthy": self.healthy}
+            return {"pong": msg.get("token", True), "tampered": [], "healthy": self.healthy}
         step = steps.get(str(op))
         if step is None or (op not in (OP_REFERENCE, OP_LOAD, OP_END, OP_RELEASE) and self.current is None):
             return {"error": f"unexpected step {op!r}"}

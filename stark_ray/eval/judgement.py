@@ -5,6 +5,7 @@ reference and talks to the worker; a judgement uses both."""
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from stark_ray.eval.phase_clock import PhaseClock
 from stark_ray.eval.protocol import (
     OP_GO,
     OP_LOAD,
+    OP_PING,
     OP_RUN,
     OP_TIME,
     PHASE_CHECK,
@@ -66,6 +68,18 @@ class Judgement:
     def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
         return self.judge._step(op, payload, self.clock, fds, label)
 
+    def in_step(self) -> None:
+        """After a failed load, the worker's next answer must be the one to a ping whose token is chosen now; any
+        other (its real answer, behind one the candidate forged on its channel) and the worker is replaced, so that
+        the next candidate is not judged on a stale answer."""
+        token = secrets.token_hex(8)
+        try:
+            answered = self.step(OP_PING, {"token": token}).get("pong") == token
+        except Decided:
+            answered = False
+        if not answered:
+            self.judge.worker.kill()
+
     def go(self) -> Callable[[], dict[str, Any]]:
         """The confirmation batch's ``go`` (see :class:`worker_batch.Conversation`)."""
         worker = self.judge.worker
@@ -87,6 +101,7 @@ class Judgement:
         msg = self.step(OP_LOAD, {"task_name": self.req.task_name, "task_source": self.req.task_source,
                                   "cfg": self.req.cfg, "candidate_source": self.req.candidate_source})
         if "failed" in msg:  # a failure, and no more (a candidate can write to the worker's channel)
+            self.in_step()
             return failure_from_message(msg["failed"])
         loaded = msg.get("loaded")
         if not isinstance(loaded, dict):
