@@ -342,9 +342,13 @@ def test_an_honest_candidate_of_the_same_speed_is_timed_as_such(service: EvalSer
     from stark_ray.eval.noise import is_noisy
 
     r = judged(service, tasks["matmul"], matmul("return x @ self.w"))
-    # about 1x, or a timing the evaluator itself calls noisy (a loaded 2-core box measured 2.4x +-64% once)
-    assert r.accepted and r.speedup is not None and (0.5 < r.speedup < 2 or is_noisy(r.speedup_err)), (
-        r.error, r.speedup, r.speedup_err)
+    # never taken for much faster: about 1x, or a timing the evaluator itself calls noisy (a loaded 2-core box
+    # measured 2.4x +-64% once), or a noisy claim above 2x that the judge's wall clock did not bear out (2.2x +-26%
+    # by the worker, 0.52x by the judge: flagged suspicious, not accepted)
+    assert r.passed_checks and r.speedup is not None, (r.error, r.speedup)
+    unconfirmed = "suspicious" in r.flags and is_noisy(r.speedup_err)
+    assert (r.accepted and (0.5 < r.speedup < 2 or is_noisy(r.speedup_err))) or unconfirmed, (
+        r.error, r.speedup, r.speedup_err, r.flags)
 
 
 def test_confirm_above_zero_sends_a_candidate_of_the_same_speed_through_the_wall_clock(
