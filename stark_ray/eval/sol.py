@@ -213,16 +213,7 @@ def matmul_rate(device: str, dtype: str, size: int | None = None, seconds: float
     try:
         a = torch.randn(n, n, device=device, dtype=torch_dtype)
         b = torch.randn(n, n, device=device, dtype=torch_dtype)
-        torch.mm(a, b)
-        sync()
-        best = math.inf
-        started = time.perf_counter()
-        while time.perf_counter() - started < seconds or best == math.inf:
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            sync()
-            best = min(best, time.perf_counter() - t0)
-        return 2.0 * n ** 3 / best
+        return 2.0 * n ** 3 / _best_seconds(lambda: torch.mm(a, b), sync, seconds)
     finally:
         a = b = None
         if device != "cpu":
@@ -236,14 +227,21 @@ def host_bandwidth(nbytes: int = 256 << 20, seconds: float = 0.2) -> float:
 
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
-    dst.copy_(src)
+    return 2.0 * src.numel() * 4 / _best_seconds(lambda: dst.copy_(src), lambda: None, seconds)
+
+
+def _best_seconds(call: Callable[[], Any], sync: Callable[[], Any], seconds: float) -> float:
+    """The least wall time of ``call`` (``sync`` after each) over ``seconds`` of calls, after one warm-up call."""
+    call()
+    sync()
     best = math.inf
     started = time.perf_counter()
     while time.perf_counter() - started < seconds or best == math.inf:
         t0 = time.perf_counter()
-        dst.copy_(src)
+        call()
+        sync()
         best = min(best, time.perf_counter() - t0)
-    return 2.0 * src.numel() * 4 / best
+    return best
 
 
 def task_sol(module: Any, init_inputs: list[Any], get_inputs: Callable[[], Any], peaks: Peaks | None
