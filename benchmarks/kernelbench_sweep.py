@@ -31,6 +31,10 @@ counts in both); ``needs_gb``: the least the evaluation needs by the task's meas
 check); ``task_s``: the row's wall time, loading the task included; ``confirm_s``: the judge's wall-clock
 confirmation of the speedup (with ``--confirm``, which sends every candidate through it: the reference's own
 forward has no speedup to confirm otherwise). A sweep with ``--confirm`` is best written to a CSV of its own.
+``sol_ms``, ``sol_bound``: the task's speed of light on the device and which floor sets it (eval/sol.py; empty
+where it cannot be told, and in rows from before it existed); ``ref_sol_fraction``: speed of light / the reference's
+runtime (how close PyTorch already comes); ``ref_kernels``: the reference's kernels in one call (its GPU profile).
+A CSV written before a column existed gets the new header (its rows' new cells empty) on the next run.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "benchmarks" / "results" / "kernelbench_sweep.csv"
 COLUMNS = ["level", "id", "name", "budget", "status", "error", "reference_s", "ref_ms", "ref_compile_ms",
            "candidate_s", "build_s", "checks_s", "timing_s", "timed_calls", "overhead_s", "runtime_ms", "flags",
-           "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb", "judge_s", "task_s", "confirm_s", "needs_gb"]
+           "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb", "judge_s", "task_s", "confirm_s", "needs_gb",
+           "sol_ms", "sol_bound", "ref_sol_fraction", "ref_kernels"]
 CANDIDATE = "\n\nclass ModelNew(Model):  # the reference's own forward: correct, and no kernel of its own\n    pass\n"
 
 
@@ -113,6 +118,21 @@ def latest_rows(path: Path) -> dict[tuple[str, str], dict[str, str]]:
         return {(f"level{r['level']}/{r['name']}", r["budget"]): r for r in csv.DictReader(f)}
 
 
+def upgrade_header(path: Path) -> None:
+    """Rewrite a CSV whose header lacks columns added since with today's (its rows' new cells empty)."""
+    if not path.exists():
+        return
+    with path.open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        if reader.fieldnames == COLUMNS:
+            return
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def statuses(path: Path) -> dict[tuple[str, str], str]:
     """(task, budget) -> status, for the rows of the CSV."""
     return {key: r["status"] for key, r in latest_rows(path).items()}
@@ -149,7 +169,9 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
         return row | {"status": "reference_failed", "error": one_line(str(e), 800), "smi_peak_gb": smi.peak_gb()}
     needs = re.search(r"device memory: needs ([0-9.]+) GB", reference.log or "")
     row |= {"reference_s": round(time.perf_counter() - started, 3), "ref_ms": reference.runtime_ms,
-            "ref_compile_ms": reference.ref_compile_runtime_ms, "needs_gb": needs and float(needs.group(1))}
+            "ref_compile_ms": reference.ref_compile_runtime_ms, "needs_gb": needs and float(needs.group(1)),
+            "sol_ms": reference.sol_ms, "sol_bound": reference.sol_bound, "ref_sol_fraction": reference.sol_fraction,
+            "ref_kernels": reference.kernels}
     asked = time.perf_counter()
     result = service.evaluate(task, task.source + CANDIDATE, cfg)
     wall = time.perf_counter() - asked  # what the caller waits: the build process and the judge's round trip too
@@ -179,6 +201,7 @@ def sweep(args: argparse.Namespace) -> None:
         known = statuses(args.csv)
         refs = [r for r in refs if known.get((r.qualified, args.only_failed_at), "ok") != "ok"]
     args.csv.parent.mkdir(parents=True, exist_ok=True)
+    upgrade_header(args.csv)
     new_file = not args.csv.exists()
     started = time.monotonic()
     smi = SmiSampler()
@@ -239,12 +262,30 @@ def summary(path: Path) -> None:
             if values:
                 print(f"  {what}: median {statistics.median(values):.2f}, p95 {_quantile(values, 0.95):.2f}, "
                       f"max {max(values):.2f} (n {len(values)})")
+        light(mine)
         for status, items in sorted(by_status.items()):
             if status == "ok":
                 continue
             for r in items:
                 needs = f" (needs {r['needs_gb']} GB)" if r.get("needs_gb") else ""
                 print(f"  {status}: level{r['level']}/{r['name']}{needs}: {r['error']}")
+
+
+def light(rows: list[dict[str, str]]) -> None:
+    """The references' shares of their speed of light, per level: how many are memory- or compute-bound, and how
+    close PyTorch comes (the tasks near it have little left to win)."""
+    for level in sorted({r["level"] for r in rows}):
+        known = [r for r in rows if r["level"] == level and r.get("ref_sol_fraction")]
+        if not known:
+            continue
+        shares = [float(r["ref_sol_fraction"]) for r in known]
+        memory = sum(1 for r in known if r.get("sol_bound") == "memory")
+        near = sorted((r for r in known if float(r["ref_sol_fraction"]) >= 0.5),
+                      key=lambda r: -float(r["ref_sol_fraction"]))
+        print(f"  level {level}: speed of light known for {len(known)} tasks ({memory} memory-bound, "
+              f"{len(known) - memory} compute-bound); the reference's share: median {statistics.median(shares):.2f}, "
+              f"p10 {_quantile(shares, 0.1):.2f}, p90 {_quantile(shares, 0.9):.2f}; at 50% or more: {len(near)}"
+              + "".join(f"\n    {r['name']}: {float(r['ref_sol_fraction']):.2f} ({r['sol_bound']})" for r in near))
 
 
 def main(argv: list[str] | None = None) -> None:

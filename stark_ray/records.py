@@ -89,6 +89,10 @@ class EvalResult:
     sol_ms: float | None = None
     sol_bound: str | None = None
     sol_fraction: float | None = None
+    # where one call's GPU time goes, by the profile the worker takes before timing (eval/kernel_times.py): its
+    # launches, then its kernels by name with their time and share. The candidate's process measured it: an
+    # observation for the agents, never a verdict. None off the GPU or without a profiler.
+    kernels: str | None = None
 
     @property
     def accepted(self) -> bool:
@@ -258,6 +262,7 @@ def attempt_schema() -> Any:
             ("sol_ms", pa.float64()),
             ("sol_bound", pa.string()),
             ("sol_fraction", pa.float64()),
+            ("kernels", pa.string()),
         ]
     )
 

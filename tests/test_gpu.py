@@ -76,7 +76,7 @@ def results(gpu_build_dir: str) -> Iterator[dict[str, tuple[EvalResult, int]]]:
                 by_task.setdefault(EXPECTED[f]["task"], []).append(f)
             for task_name, names in by_task.items():
                 task = load_task(task_path(task_name))
-                service.reference(task)
+                out[f"reference:{task_name}:{backend}"] = (service.reference(task), service.worker_starts)
                 # the hanging kernel last: its timeout replaces the worker, the others need not wait for it
                 names.sort(key=lambda n: "infinite_loop" in n)
                 rs = service.evaluate_many(task, [(GPU_CANDIDATES / n).read_text() for n in names])
@@ -120,11 +120,28 @@ def test_candidate_is_judged_as_expected(results: dict[str, tuple[EvalResult, in
     assert matched, summary
     if expect.startswith("ok"):
         assert r.runtime_cv is not None and r.ref_runtime_ms, summary
+        # where its time went: the profile names a kernel of its own source (the selected node's line in a prompt)
+        assert r.kernels and "ms of GPU time" in r.kernels, summary
+        source = (GPU_CANDIDATES / name).read_text()
+        assert any(k.split("::")[-1] in source for k in re.findall(r"(?:: |; )([A-Za-z_][\w:]*)", r.kernels)), (
+            f"{summary} kernels={r.kernels}")
+        if not EXPECTED[name]["task"].startswith("kernelbench:"):  # the example tasks all have a speed of light
+            assert r.sol_ms and r.sol_bound in ("memory", "compute") and r.sol_fraction, summary
     if EXPECTED[name]["task"].startswith("kernelbench:"):  # a large task's trials all went back (no cycle kept them)
         held = re.search(r"judge device memory: peak ([\d.]+) GB, ([\d.]+) GB held before, ([\d.]+) GB after", r.log)
         assert held is not None and float(held.group(3)) <= JUDGE_KEEPS_GB, summary + f" log={r.log[-500:]}"
     if expect == "ok:extra_stream":  # timed without a head start, up to a device-wide sync: an honest figure
         assert "without a head start" in r.log and r.speedup is not None and r.speedup < 2, summary
+
+
+def test_the_references_have_a_speed_of_light_and_a_kernel_profile(
+        results: dict[str, tuple[EvalResult, int]]) -> None:
+    refs = {k: r for k, (r, _) in results.items() if k.startswith("reference:")}
+    assert refs
+    for key, r in refs.items():
+        assert r.kernels and "ms of GPU time" in r.kernels, f"{key}: {r.kernels}"
+        if "kernelbench:" not in key:
+            assert r.sol_ms and r.sol_fraction and r.sol_fraction > 0, f"{key}: {r.sol_ms} {r.sol_fraction}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -125,6 +125,8 @@ def eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str:
         ref = (f", the reference's {result.sol_ms / result.ref_runtime_ms:.1%}" if result.ref_runtime_ms else "")
         lines.append(f"  speed of light {result.sol_ms:.4f} ms ({result.sol_bound}-bound): "
                      + (f"{result.sol_fraction:.1%} of it{ref}" if result.sol_fraction is not None else "not timed"))
+    if result.kernels:
+        lines.append(f"  kernels in one call: {result.kernels}")
     if result.ref_compile_runtime_ms is not None and result.runtime_ms:
         lines.append(f"  torch.compile baseline {result.ref_compile_runtime_ms:.4f} ms: speedup "
                      f"{result.ref_compile_runtime_ms / result.runtime_ms:.3f}x")

@@ -14,6 +14,7 @@ candidate that patches the process) is checked after each step: a change ends th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
@@ -39,6 +40,7 @@ from stark_ray.eval.exchange import SharedBuffer, TensorSpec, digests, touch
 from stark_ray.eval.garbage import collect_after, collect_all, in_use
 from stark_ray.eval.guards import Fingerprint, nbytes_of, output_problem, poison
 from stark_ray.eval.kernel_sources import KernelSources, own_kernel_names, python_kernel_names
+from stark_ray.eval.kernel_times import describe, kernel_times, to_message
 from stark_ray.eval.loader import import_source
 from stark_ray.eval.memory import KEPT_SHARE, Plan, apply_cap, give_back_cached
 from stark_ray.eval.private_places import places_now, private_places, restore_places
@@ -58,7 +60,7 @@ from stark_ray.eval.protocol import (
     recv_fds,
 )
 from stark_ray.eval.shared_views import fill_slots, inputs_on, map_buffers, slots_on, specs_of
-from stark_ray.eval.streams import profile_call
+from stark_ray.eval.streams import profile_call, warm_profiler
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.timing import (
     GPU_WARMUP_MS,
@@ -75,7 +77,6 @@ from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_OK, STAGE_
 Send = Callable[[dict[str, Any]], None]
 KEPT_TASKS = 32  # task references a worker keeps at most (a campaign worker moves from task to task) ...
 KEPT_CPU_BYTES = 4 << 30  # ... while what they hold stays under this on the CPU, and on a GPU under the plan's
-PROFILE_SPIN_US = 2000.0  # the spin ahead of a profiled call: longer than the host needs to launch it
 
 
 @dataclass
@@ -108,7 +109,7 @@ class CandidateHost:
         backend.record_kernels(self.sources)
         settle_torch()
         if backend.device == "cuda":
-            _warm_profiler()
+            warm_profiler()
         self.fingerprint = Fingerprint()  # after our own hooks and torch's own patches
         self.current: Loaded | None = None
         self.count = 0
@@ -221,6 +222,10 @@ class CandidateHost:
         send({"phase": PHASE_SETUP})
         state = self.warm_reference(str(msg["task_name"]), str(msg["task_source"]), cfg)
         send({"phase": PHASE_TIME})
+        kernels = None
+        if state.device == "cuda":  # where its time goes, for the prompts (none where the profiler is missing)
+            with contextlib.suppress(Exception):
+                kernels = describe(kernel_times(profile_call(state.model, list(_clone(self._sets(state)[0]))).launches))
         fns = [state.model, state.model]  # timed against itself: the ratio of the two halves shows the noise
         if cfg.baseline == "compile":
             fns.append(state.baseline_compiled())
@@ -246,7 +251,7 @@ class CandidateHost:
             log += f"\ntorch.compile baseline: {timings[2].stats.describe()}"
         result = EvalResult(compiled=True, passed_checks=True, runtime_ms=stats.median, ref_runtime_ms=stats.median,
                             speedup=1.0, stage=STAGE_OK, log=log, ref_compile_runtime_ms=compiled_ms,
-                            runtime_cv=stats.cv, ref_runtime_cv=stats.cv)
+                            runtime_cv=stats.cv, ref_runtime_cv=stats.cv, kernels=kernels)
         return {"result": asdict(result)}
 
     def load(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
@@ -321,13 +326,15 @@ class CandidateHost:
         flags: list[str] = []
         notes: list[str] = []
         head_start = True
+        kernels: dict[str, Any] = {}
         if state.device == "cuda":
             try:
-                report = profile_call(cur.model, list(_clone(self._sets(state)[0])), _spin_cycles())
+                report = profile_call(cur.model, list(_clone(self._sets(state)[0])))
             except Exception as e:  # no profiler here (CUPTI missing): say so, do not guess
                 report = None
                 notes.append(f"kernel profile unavailable: {describe_exception(e)}")
             if report is not None:
+                kernels = to_message(kernel_times(report.launches))
                 defined = self.sources.names() if self.sources.recorded else python_kernel_names(cur.source)
                 if not own_kernel_names(report.names, defined):
                     flags.append("no_kernel")
@@ -381,7 +388,7 @@ class CandidateHost:
                          "overhead not counted)")
         return {"timed": {"ref": _stats(ref_stats), "new": _stats(new_stats), "compiled_ms": compiled_ms,
                           "flags": flags, "log": [f"reference: {ref_stats.describe()}",
-                                                  f"candidate: {new_stats.describe()}", *notes]}}
+                                                  f"candidate: {new_stats.describe()}", *notes], **kernels}}
 
     def stage(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         """Map the input sets and slots of a confirmation batch (outside the judge's clock); with ``graph``, capture
@@ -495,28 +502,10 @@ def _warmup_ms(state: WarmReference) -> float:
     return GPU_WARMUP_MS if state.device == "cuda" else 0.0
 
 
-def _spin_cycles() -> int:
-    from stark_ray.eval.timing import cycles_per_us
-
-    return int(PROFILE_SPIN_US * cycles_per_us())
-
-
 def _task_failure(error: str) -> EvalResult:
     result = EvalResult.failed(STAGE_RUNTIME, error)
     result.flags.append("task_error")
     return result
-
-
-def _warm_profiler() -> None:
-    """One profiled no-op, so that the profiler's own first-use set-up happens before the fingerprint."""
-    from torch.profiler import ProfilerActivity, profile
-
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]):
-            torch.empty(1, device="cuda").add_(1)
-            torch.cuda.synchronize()
-    except Exception:  # no profiler on this host: the profile of a candidate says so
-        pass
 
 
 def preload() -> None:

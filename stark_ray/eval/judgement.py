@@ -18,6 +18,7 @@ from stark_ray.eval.confirmation import confirm
 from stark_ray.eval.exchange import ExchangeError, Outbox
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
+from stark_ray.eval.kernel_times import describe, from_message
 from stark_ray.eval.noise import Measured, interval, is_noisy, measured
 from stark_ray.eval.phase_clock import PhaseClock
 from stark_ray.eval.protocol import (
@@ -180,8 +181,10 @@ class Judgement:
         warnings = str(loaded.get("warnings") or "")
         if warnings:
             log.append(warnings)
+        breakdown = from_message(timed)  # the worker's profile of one call: shown to the agents, never a verdict
         return EvalResult(passed_checks=True, runtime_ms=new_ms, ref_runtime_ms=ref_ms, speedup=speedup, stage=STAGE_OK,
                           log=excerpt("\n".join(log)), flags=flags, error="; ".join(rejected) or None,
+                          kernels=breakdown and describe(breakdown),
                           ref_compile_runtime_ms=compiled_ms, runtime_cv=new_cv, ref_runtime_cv=ref_cv,
                           speedup_err=timing.error if math.isfinite(timing.error) else None, **base)
 

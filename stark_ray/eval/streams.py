@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+PROFILE_SPIN_US = 2000.0  # the spin ahead of a profiled call: longer than the host needs to launch it
 SPIN = "spin_kernel"  # the name torch.cuda._sleep's kernel has in a profile
 MARKER_CYCLES = 1000
 
@@ -72,9 +73,26 @@ def _kernels(prof: Any) -> list[Launch]:
     return sorted(found, key=lambda k: k.start_us)
 
 
-def profile_call(fn: Callable[..., Any], args: list[Any], spin_cycles: int) -> StreamReport:
+def warm_profiler() -> None:
+    """One profiled no-op, so that the profiler's own first-use set-up happens before the fingerprint."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]):
+            torch.empty(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
+    except Exception:  # no profiler on this host: the profile of a candidate says so
+        pass
+
+
+def profile_call(fn: Callable[..., Any], args: list[Any], spin_cycles: int | None = None) -> StreamReport:
     """Profile ``fn(*args)`` between two spins on the current stream and classify its kernels' streams."""
     from torch.profiler import ProfilerActivity, profile
+
+    from stark_ray.eval.timing import cycles_per_us
+
+    if spin_cycles is None:
+        spin_cycles = int(PROFILE_SPIN_US * cycles_per_us())
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         torch.cuda.synchronize()

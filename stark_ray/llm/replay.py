@@ -114,14 +114,17 @@ _HARDWARE = re.compile(r"^Target hardware:\n(?:[^\n]+\n?)+", re.MULTILINE)
 # a node's share of the task's speed of light (prompts/render.py): a measured figure, absent from cassettes recorded
 # before it existed or on a device without its figures
 _LIGHT = re.compile(r", \d+(?:\.\d+)?% of the speed of light")
+# a node's kernels in one call (prompts/render.py's KERNELS_LINE): names and times from a GPU profile, absent from
+# cassettes recorded before it existed or off the GPU
+_KERNELS = re.compile(r"^Kernels in one call \(GPU profile\): .*\n?", re.MULTILINE)
 
 
 def prompt_shape(prompt: str) -> str:
     """The prompt with every number and the hardware description masked (the task's speed of light on it
-    included), and the nodes' shares of the speed of light left out: prompts that differ only in measured
-    runtimes, speedups or errors (which change from run to run) or in the machine (a cassette recorded on another
-    CPU or GPU: its name, cores, SIMD) have the same shape."""
-    return _NUMBER.sub("#", _HARDWARE.sub("Target hardware:\n<hardware>\n", _LIGHT.sub("", prompt)))
+    included), and the nodes' shares of the speed of light and their kernels left out: prompts that differ only in
+    measured runtimes, speedups or errors (which change from run to run) or in the machine (a cassette recorded on
+    another CPU or GPU: its name, cores, SIMD) have the same shape."""
+    return _NUMBER.sub("#", _HARDWARE.sub("Target hardware:\n<hardware>\n", _LIGHT.sub("", _KERNELS.sub("", prompt))))
 
 
 def first_difference(recorded: str, actual: str) -> str:

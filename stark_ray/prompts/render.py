@@ -1,7 +1,8 @@
 """Render tree nodes for a prompt, and a whole context window under a character limit.
 
 A node is shown with its header (id, parent, depth, agent), its instruction, its observations (stage, error,
-runtime, speedup, flags), a log excerpt when it failed, and its code — the full source, or a unified diff
+runtime, speedup, share of the speed of light, flags; for the selected node and the reference, where its one call's
+GPU time went, kernel by kernel), a log excerpt when it failed, and its code — the full source, or a unified diff
 against its parent when that is shorter and the parent's source is known. Nodes whose code the prompt shows
 elsewhere (the selected node and the reference, normally) get a pointer instead of their code, and no log
 excerpt (the prompt shows the selected node's log with its code where it matters).
@@ -35,6 +36,8 @@ _LOG_CHARS = {FULL: 1500, CODE: 300, BRIEF: 0}
 _INSTRUCTION_CHARS = {FULL: 2000, CODE: 1200, BRIEF: 300}
 _SEP = "\n\n"
 _FOOTER_RESERVE = 90
+# the selected node's and the reference's profile of one call (eval/kernel_times.py), where the device has one
+KERNELS_LINE = "Kernels in one call (GPU profile): "
 
 
 def fenced(text: str, lang: str = "") -> str:
@@ -140,6 +143,8 @@ def render_node(node: Node, *, level: int = FULL, parent_source: str | None = No
     if node.instruction.strip():
         parts.append(f"Instruction: {clip(node.instruction, _INSTRUCTION_CHARS[level])}")
     parts.append(describe_result(node))
+    if (selected or node.is_root) and level != BRIEF and node.result.kernels:
+        parts.append(f"{KERNELS_LINE}{clip(node.result.kernels, 800)}")
     log_chars = 0 if code_elsewhere else _LOG_CHARS[level]
     if log_chars and not node.result.accepted and node.result.log.strip():
         parts.append(f"Log excerpt:\n{fenced(excerpt(node.result.log, log_chars), 'text')}")
