@@ -43,3 +43,25 @@ def test_the_averages_follow_a_change_and_ignore_missing_evaluation_times() -> N
     for _ in range(40):
         cap.agent_done(50.0)
     assert 49 < cap.agent_s < 50.1  # type: ignore[operator]
+
+
+def test_the_room_asks_the_memory_once_until_it_may_hold_more() -> None:
+    """The driver's flow control (run/room.py): a next_many asks for all the room there is and keeps it; no second
+    one while it is out, nor after an answer with less than asked (the memory had no more); an answer that filled
+    its ask means there may be more."""
+    from stark_ray.run.room import Room
+
+    room = Room(InFlightCap(fixed=4))
+    assert room.ask_next() == 4 and room.reserved == 4 and room.free() == 0
+    assert room.ask_next() == 0  # one outstanding at most
+    room.came_back(4, 1, next_many=True)  # one ticket: the memory had less than asked
+    room.working += 1
+    assert room.free() == 3 and not room.dirty and room.ask_next() == 0  # nothing unoffered: no question
+    room.working -= 1  # its attempt goes back; the add_next asks for the room there is
+    assert room.ask_add(wanted=True) == 4 and room.reserved == 4
+    room.came_back(4, 4, next_many=False)  # it got all it asked for: there may be more
+    room.working += 4
+    assert room.dirty and room.ask_next() == 0  # but no room left
+    room.working -= 1
+    assert room.ask_next() == 1
+    assert Room(InFlightCap(fixed=4)).ask_add(wanted=False) == 0  # every task capped: no work asked for

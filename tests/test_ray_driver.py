@@ -191,7 +191,7 @@ class DyingEvaluator(Evaluator):
 def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int = 3, budget: int = 7,
           parallel: int = 2, max_in_flight: int = 64, caps: Caps | None = None,
           agents: Agents | None = None, evaluators: list[Evaluator] | None = None,
-          classes: list[str] | None = None) -> tuple[ray_driver._Driver, Any]:
+          classes: list[str] | None = None) -> tuple[ray_driver.RayDriver, Any]:
     fake = FakeRay(random.Random(seed))
     agents = agents or Agents()
     monkeypatch.setattr(ray_driver, "ray", fake)
@@ -200,7 +200,7 @@ def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, tasks: int
     search = SearchConfig(budget=budget, parallel=parallel, seed=seed)
     run = ray_driver.RayRun(task_list, search, AgentConfig(), EvalConfig(), tmp_path, run_id="run",
                               max_in_flight=max_in_flight, caps=caps or Caps())
-    driver = ray_driver._Driver(run, Reporter())
+    driver = ray_driver.RayDriver(run, Reporter())
     driver.evaluators = [Handle(fake, e) for e in evaluators or [Evaluator()]]
     driver.infos = {t.name: TaskInfo(t.name, SOURCE, "cpu_cpp") for t in task_list}
     driver.dispatch.place([t.name for t in task_list], len(driver.evaluators))
@@ -230,7 +230,7 @@ def test_whatever_order_calls_finish_in_every_budget_is_spent_and_nothing_lost(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, parallel: int, max_in_flight: int) -> None:
     driver, memory = drive(tmp_path, monkeypatch, seed, parallel=parallel, max_in_flight=max_in_flight)
     driver.loop()
-    assert not driver.pending and driver.working == 0 and driver.reserved == 0
+    assert not driver.pending and driver.room.working == 0 and driver.room.reserved == 0
     for name in driver.tasks:
         search = memory.memory[name]
         assert search.tree.evaluated == 7 and not search.in_flight  # did not end early, did not overshoot

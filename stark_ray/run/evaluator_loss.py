@@ -18,7 +18,7 @@ ASK_EVERY_S = 0.2  # how often a dead evaluator is asked whether it is back
 
 
 class EvaluatorLoss:
-    """Part of the Ray driver (``ray_driver._Driver``), whose state it uses."""
+    """Part of the Ray driver (``ray_driver.RayDriver``), whose state it uses."""
 
     deaths: EvaluatorDeaths[Any]
     dispatch: Any
@@ -38,7 +38,7 @@ class EvaluatorLoss:
     def _alive_nodes(self) -> set[str]:  # the driver's: Ray's nodes that are alive
         raise NotImplementedError
 
-    def _add(self, ticket: Any, step: Any, result: EvalResult) -> None:
+    def _resume(self, expansion: Any, value: Any) -> None:  # the driver's: an expansion goes on with ``value``
         raise NotImplementedError
 
     def _send_evaluations(self) -> None:
@@ -62,8 +62,7 @@ class EvaluatorLoss:
         if verdict.ask_again:
             self.ask_at[which] = time.monotonic() + ASK_EVERY_S
         for work in verdict.charge:
-            assert work.ticket is not None and work.step is not None
-            self._add(work.ticket, work.step, EvalResult.failed(
+            self._resume(work.expansion, EvalResult.failed(
                 STAGE_CRASH, "the evaluator actor died while evaluating this candidate (it is restarted; this "
                 "candidate is not run again)"))
         for work in verdict.resend:

@@ -18,7 +18,7 @@ AGENT_WORDS = {"plan+code": "plan and code agents", "debug": "debug agent", "sin
 
 
 class LiveStatus:
-    """Part of the Ray driver (``ray_driver._Driver``), whose state it reads."""
+    """Part of the Ray driver (``ray_driver.RayDriver``), whose state it reads."""
 
     reporter: Any
     pending: dict[Any, Work]

@@ -17,28 +17,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from stark_ray.actors.tree_memory import TaskSpec
-from stark_ray.agents.base import AgentResult, TaskInfo
+from stark_ray.agents.base import AgentResult
 from stark_ray.eval.backends import get_backend
-from stark_ray.eval.memory import OverBudget
-from stark_ray.eval.sol import light_line
-from stark_ray.eval.tasks import TaskError
 from stark_ray.llm.base import LLMError
 from stark_ray.records import STAGE_CRASH, EvalResult
 from stark_ray.run import evaluator_loss
 from stark_ray.run.campaign import CapTracker
-from stark_ray.run.directory import RunError, new_run_dir, recorded_usage, run_record, task_summary, write_run_file
+from stark_ray.run.directory import RunError, task_summary
 from stark_ray.run.dispatch import EvalDispatch
 from stark_ray.run.evaluator_deaths import EvaluatorDeaths
 from stark_ray.run.evaluator_loss import EvaluatorLoss
@@ -48,45 +41,42 @@ from stark_ray.run.mirror import RunMirror
 from stark_ray.run.placement import (
     STATUS_CAPPED,
     RayRun,
-    checked_get,
     connect,
     disconnect,
     one_line,
-    recorded_tasks,
     start_agents,
-    start_evaluators,
-    start_memory,
     stop_actors,
 )
+from stark_ray.run.ray_start import EXECUTOR, RayStart
 from stark_ray.run.reporter import Reporter
-from stark_ray.run.resume import record_changes
+from stark_ray.run.room import Room
 from stark_ray.run.summary import STATUS_FAILED, STATUS_FINISHED, STATUS_INTERRUPTED, RunSummary
-from stark_ray.run.work import ADD, AGENT, BACK, EVAL, NEXT, Work
+from stark_ray.run.work import ADD, AGENT, BACK, EVAL, NEXT, Expansion, Work, ticket_of
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
 from stark_ray.store.compact import compact_ended, whole_run_compacted
-from stark_ray.store.location import Location, locate
+from stark_ray.store.location import Location
 
 log = logging.getLogger(__name__)
 _UNSET: Any = object()  # a ref's value not fetched yet
-EXECUTOR = "ray"  # as run.json and the summaries name it
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 
 
-class _Driver(EvaluatorLoss, LiveStatus):
+class RayDriver(RayStart, EvaluatorLoss, LiveStatus):
+    """A run on Ray: :meth:`start` (``ray_start.py``: evaluators, references, run directory, memory), :meth:`loop`
+    (every expansion a generator, :meth:`_expansion`, moved along as its calls finish; evaluator deaths in
+    ``evaluator_loss.py``, the live view in ``live_status.py``), :meth:`finish` (the summaries), :meth:`close`."""
+
     def __init__(self, run: RayRun, reporter: Reporter, embedded: bool = False) -> None:
         self.run, self.reporter = run, reporter
         self.embedded = embedded  # a local Ray this run started: no autoscaler will add GPUs
         self.tasks = {t.name: t for t in run.tasks}
         self.view = RunMirror(t.name for t in run.tasks)  # the trees as the memory acknowledged them
         self.pending: dict[Any, Work] = {}  # object ref -> what it is
-        self.working = 0  # tickets with an agent call or an evaluation outstanding
-        self.reserved = 0  # tickets asked of the memory (add_next, next_many) and not come back yet
-        self.dirty = True  # the memory may hold work that no request has offered: ask with next_many
-        self.asking = False  # a next_many is outstanding (at most one)
+        self.cap = InFlightCap(run.max_in_flight)  # expansions in flight at once: fixed, or derived as the run goes
+        self.room = Room(self.cap)
         # which evaluator times which candidate; a backend that builds in the compile pool gets every candidate
         # at once (its builds overlap the device's work)
-        self.cap = InFlightCap(run.max_in_flight)  # expansions in flight at once: fixed, or derived as the run goes
         self.dispatch: EvalDispatch[Work] = EvalDispatch(
             self.cap.ceiling if get_backend(run.eval.backend).precompile else EVAL_WINDOW)
         self.spend = CapTracker(run.caps)
@@ -101,83 +91,11 @@ class _Driver(EvaluatorLoss, LiveStatus):
         self.ask_at: dict[int, float] = {}  # a dead evaluator -> when to ask it ``where`` again
         self._nodes_asked = 0.0  # when Ray was last asked which nodes are alive
 
-    # -- start -----------------------------------------------------------------------------------------------
-    def start(self) -> None:
-        run = self.run
-        token = uuid.uuid4().hex[:6]  # a resumed run's actors must not collide with a dying driver's
-        t0 = time.monotonic()
-        self.evaluators = start_evaluators(run, self.embedded, token)
-        self.cap.evaluators = len(self.evaluators)
-        self.dispatch.place([t.name for t in run.tasks], len(self.evaluators))
-        home = self.dispatch.home
-        # every evaluator starts its device worker now, at once, and times its tasks' references as soon as that
-        # is up. Every reference is checked before a run directory exists; a resumed run needs them only for tasks
-        # whose tree has no row yet (killed before its reference was written)
-        hardware_refs = [e.hardware.remote() for e in self.evaluators]
-        recorded = set(recorded_tasks(run.resume)) if run.resume is not None else set()
-        pending = {t.name: self.evaluators[home[t.name]].reference.remote(t) for t in run.tasks
-                   if t.name not in recorded}
-        self.reporter.phase(f"starting {len(self.evaluators)} {run.eval.backend} evaluator(s), then timing "
-                            f"{len(pending)} reference(s)")
-        hardware = checked_get(hardware_refs)  # EvaluatorError: this host cannot evaluate (one line)
-        self.phases["evaluators_s"] = time.monotonic() - t0
-        self.worker_starts = [h["start_phases"] for h in hardware]  # where each device worker's start went
-        self.deaths.instances = {i: h.get("instance") for i, h in enumerate(hardware)}
-        self.deaths.nodes = {i: h.get("node") for i, h in enumerate(hardware)}
-        self.dispatch.share([h["class"] for h in hardware])
-        specs = []
-        self.infos: dict[str, TaskInfo] = {
-            t.name: TaskInfo(name=t.name, reference_source=t.source, backend=run.eval.backend,
-                             hardware=hardware[home[t.name]]["description"]) for t in run.tasks}
-        skipped: list[str] = []
-        for task in run.tasks:
-            try:
-                reference = checked_get(pending[task.name]) if task.name in pending else None
-            except OverBudget as e:  # this device cannot evaluate it at this budget: a campaign goes on without it
-                if len(run.tasks) == 1:
-                    raise
-                skipped.append(task.name)
-                print(f"stark: skipped: {e}", file=sys.stderr, flush=True)
-                continue
-            specs.append(TaskSpec(self.infos[task.name], reference))
-        if skipped:
-            self._skip(skipped)
-            run = self.run
-        self.phases["references_s"] = time.monotonic() - t0 - self.phases["evaluators_s"]
-        t1 = time.monotonic()
-        if run.resume is not None:
-            self.dir = locate(run.resume)
-            record_changes(self.dir, run.search)  # a raised budget or another --parallel: the next resume keeps it
-        else:
-            base = run.tasks[0].name if len(run.tasks) == 1 else "campaign"
-            out = locate(run.out)
-            self.dir = new_run_dir(out, base) if run.run_id is None else out / run.run_id
-            self.dir.mkdir()
-            write_run_file(self.dir, run_record(run.tasks, run.search, run.agents, run.eval, EXECUTOR))
-        self.run_id = self.dir.name
-        self.view.dir = self.dir
-        self.memory = start_memory(run, self.dir, f"stark-memory-{self.run_id}-{token}", specs)
-        snapshots = ray.get([self.memory.snapshot.remote(name) for name in self.tasks])
-        recorded = recorded_usage(self.dir) if run.resume is not None else None  # all tasks' calls, one read
-        for name, snapshot in zip(self.tasks, snapshots, strict=True):
-            if recorded is not None:  # what the earlier part of the run spent counts against the caps
-                spent = recorded[name]
-                self.spend.add(name, spent.cost_usd, spent.input_tokens + spent.output_tokens)
-                self.view.usage[name] = spent  # and in the summaries: this part's calls are added as they come
-            tree = Tree.from_records(snapshot)
-            self.infos[name] = replace(self.infos[name], light=light_line(tree.nodes[0].result))  # its reference's
-            self.view.load(name, tree)
-            self.reporter.start(self.tasks[name], run.search.budget, tree)
-        self.phases["memory_s"] = time.monotonic() - t1
-        log.info("run %s started: %s; device workers: %s", self.run_id,
-                 ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()), self.worker_starts)
-
     # -- the loop --------------------------------------------------------------------------------------------
     def loop(self) -> None:
         """Every agent call, evaluation, ``add_next`` and ``next_many`` is an object ref in ``pending``; whichever
-        finished first goes to ``_done``. ``add_next`` also asks for the work that replaces the attempt (the memory
-        selects right after attaching); a ``next_many`` (at most one outstanding) is sent only when the memory may
-        hold work that no request has offered yet (``dirty``)."""
+        finished first goes to ``_done``, whose handler resumes the expansion that waits for it. How much work is
+        asked of the memory, and when, is :mod:`stark_ray.run.room`'s to say."""
         while True:
             self._ask()
             self._mind_the_dead()
@@ -200,11 +118,6 @@ class _Driver(EvaluatorLoss, LiveStatus):
             for ref, value in zip(ready, values, strict=True):
                 self._done(ref, value)
 
-    def _room(self) -> int:
-        """Expansions that may still be started: the in-flight cap less the agent calls and evaluations
-        outstanding and the tickets asked of the memory and not come back yet."""
-        return self.cap.value - self.working - self.reserved
-
     def _exclude(self) -> list[str] | None:
         """The tasks the memory must not hand out work for (capped: no new LLM calls), or None when that is
         every task."""
@@ -215,33 +128,61 @@ class _Driver(EvaluatorLoss, LiveStatus):
 
     def _ask(self) -> None:
         """One ``next_many`` when the memory may hold work no request has offered yet, and there is room."""
-        room = self._room()
-        if not self.dirty or self.asking or room <= 0 or (exclude := self._exclude()) is None:
-            return
-        ref = self.memory.next_many.remote(room, exclude)
-        self.pending[ref] = Work(NEXT, limit=room)
-        self.reserved += room
-        self.asking, self.dirty = True, False
+        if (exclude := self._exclude()) is not None and (room := self.room.ask_next()):
+            ref = self.memory.next_many.remote(room, exclude)
+            self.pending[ref] = Work(NEXT, limit=room, ref=ref)
 
     def _launch(self, tickets: list[Ticket]) -> None:
+        """Start an expansion for each ticket (one whose task was capped while the memory was asked goes back)."""
         for ticket in tickets:
-            if ticket.task in self.capped:  # its cap was reached while the memory was asked: no new LLM call
+            if ticket.task in self.capped:  # no new LLM call for it
                 self.memory.release.remote(ticket)
                 continue
-            which = min(range(len(self.agents)), key=self.agent_load.__getitem__)  # the least busy worker
-            ref = self.agents[which].run.remote(ticket.request, self.infos[ticket.task])
-            self.pending[ref] = Work(AGENT, ticket, which=which)
-            self.agent_load[which] += 1
-            self.working += 1
+            self.room.working += 1
+            self._resume(self._expansion(ticket), None)
 
-    def _skip(self, names: list[str]) -> None:
-        """Go on without these tasks (their references do not fit the memory budget); none left is a TaskError."""
-        kept = [t for t in self.run.tasks if t.name not in names]
-        if not kept:
-            raise TaskError(f"no task fits the memory budget ({len(names)} skipped)")
-        self.run = replace(self.run, tasks=kept)
-        self.tasks = {t.name: t for t in kept}
-        self.view = RunMirror(t.name for t in kept)
+    def _expansion(self, ticket: Ticket) -> Expansion:
+        """One expansion, as :func:`stark_ray.search.loop.search` runs it: the agent step, its candidate's
+        evaluation, the attempt handed to the memory — each a call this generator yields (a :class:`Work`) and is
+        resumed with the value of, once it has finished (``_resume``; a failure comes back as a failed step or
+        result, see the handlers below). The memory selects the work that takes its place in the same round trip.
+        """
+        step: AgentResult = yield self._call_agent(ticket)
+        result: EvalResult = (yield Work(EVAL, ticket, step)) if step.ok and step.source else no_candidate(step)
+        self.room.working -= 1
+        node, tickets = yield self._add_next(ticket, step, result)
+        if node is not None:  # None: its parent was lost with a memory restart: the work is redone
+            self.view.attach(ticket.task, node, step)
+            self.reporter.attempt(node, step, self.view.trees[ticket.task], self.view.usage[ticket.task])
+        self._launch(tickets)
+
+    def _resume(self, expansion: Expansion | None, value: Any) -> None:
+        """Resume ``expansion`` with ``value`` (a new one: None); what it waits for next is sent (an evaluation:
+        queued for an evaluator with room)."""
+        assert expansion is not None
+        try:
+            awaited = expansion.send(value)
+        except StopIteration:
+            return
+        awaited.expansion = expansion
+        if awaited.kind == EVAL:
+            self.dispatch.put(ticket_of(awaited).task, awaited)
+            self._send_evaluations()
+        else:
+            self.pending[awaited.ref] = awaited
+
+    def _call_agent(self, ticket: Ticket) -> Work:
+        which = min(range(len(self.agents)), key=self.agent_load.__getitem__)  # the least busy worker
+        self.agent_load[which] += 1
+        return Work(AGENT, ticket, which=which, ref=self.agents[which].run.remote(ticket.request,
+                                                                                  self.infos[ticket.task]))
+
+    def _add_next(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> Work:
+        """Hand an attempt to the memory, asking in the same call for the work that may take its place."""
+        exclude = self._exclude()
+        limit = self.room.ask_add(exclude is not None)
+        return Work(ADD, ticket, step, limit=limit,
+                    ref=self.memory.add_next.remote(ticket.slim(), step, result, limit, exclude or []))
 
     def _done(self, ref: Any, value: Any = _UNSET) -> None:
         """``ref`` has finished (``value``: what it holds, when already fetched): its kind's handler takes it."""
@@ -251,8 +192,9 @@ class _Driver(EvaluatorLoss, LiveStatus):
         handler(work, lambda: ray.get(ref) if value is _UNSET else value)
 
     def _agent_done(self, work: Work, fetch: Callable[[], Any]) -> None:
-        """An agent step came back: its candidate waits for an evaluator; no candidate is an attempt at once."""
-        assert work.ticket is not None
+        """An agent step came back (a failed call: a step without a candidate); its calls count against the caps
+        before any further work is asked for."""
+        task = ticket_of(work).task
         self.agent_load[work.which] -= 1
         self.cap.agent_done(time.monotonic() - work.since)
         try:
@@ -264,19 +206,13 @@ class _Driver(EvaluatorLoss, LiveStatus):
             step = AgentResult(None, error=f"the agent task failed: {one_line(e)}")
         except RayError as e:
             step = AgentResult(None, error=f"the agent task failed: {one_line(e)}")
-        # the calls are spent now: the caps see them before any further work is asked for
-        self.spend.add(work.ticket.task, sum(u.cost_usd for u in step.usage),
-                       sum(u.input_tokens + u.output_tokens for u in step.usage))
-        self.spend.check([work.ticket.task], self.tasks)
-        if step.ok and step.source:
-            self.dispatch.put(work.ticket.task, Work(EVAL, work.ticket, step))
-            self._send_evaluations()
-        else:
-            self._add(work.ticket, step, no_candidate(step))
+        self.spend.add(task, sum(u.cost_usd for u in step.usage), sum(u.input_tokens + u.output_tokens
+                                                                       for u in step.usage))
+        self.spend.check([task], self.tasks)
+        self._resume(work.expansion, step)
 
     def _eval_done(self, work: Work, fetch: Callable[[], Any]) -> None:
-        """An evaluation came back: the attempt goes to the memory (its evaluator dead: the deaths decide)."""
-        assert work.ticket is not None and work.step is not None
+        """An evaluation came back (its evaluator dead: the deaths decide what becomes of the candidate)."""
         self.dispatch.done(work.which)
         self._send_evaluations()
         try:
@@ -287,7 +223,7 @@ class _Driver(EvaluatorLoss, LiveStatus):
         except RayError as e:
             result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {one_line(e)}")
         self.cap.evaluated(result.eval_s)
-        self._add(work.ticket, work.step, result)
+        self._resume(work.expansion, result)
 
     def _restart_done(self, work: Work, fetch: Callable[[], Any]) -> None:
         """A dead evaluator answered ``where`` (or not yet): the deaths decide what its orphans become."""
@@ -299,8 +235,7 @@ class _Driver(EvaluatorLoss, LiveStatus):
         self._act(work.which, self.deaths.answered(work.which, answer, time.monotonic()))
 
     def _add_done(self, work: Work, fetch: Callable[[], Any]) -> None:
-        """The memory attached an attempt (and selected the work that takes its place): show it, launch that."""
-        assert work.ticket is not None and work.step is not None
+        """The memory attached an attempt and selected the work that takes its place."""
         try:
             node, tickets = fetch()
         except RayTaskError as e:  # the store failed past the memory's retries: stop, nothing acknowledged lost
@@ -308,51 +243,28 @@ class _Driver(EvaluatorLoss, LiveStatus):
                 raise
             raise RunError(f"the run's rows could not be written ({one_line(e.cause)}); every attempt "
                            f"acknowledged so far is recorded: continue with --resume {self.dir}") from None
-        self._came_back(work, tickets)
-        if node is not None:  # None: its parent was lost with a memory restart: the work is redone
-            name = work.ticket.task
-            self.view.attach(name, node, work.step)
-            self.reporter.attempt(node, work.step, self.view.trees[name], self.view.usage[name])
-        self._launch(tickets)
+        self.room.came_back(work.limit, len(tickets), next_many=False)
+        self._resume(work.expansion, (node, tickets))
 
     def _next_done(self, work: Work, fetch: Callable[[], Any]) -> None:
         """The memory's answer to ``next_many``: launch what it selected."""
-        self.asking = False
         tickets = fetch()
-        self._came_back(work, tickets)
+        self.room.came_back(work.limit, len(tickets), next_many=True)
         self._launch(tickets)
 
     def _send_evaluations(self) -> None:
         """The candidates an evaluator has room for now (:mod:`stark_ray.run.dispatch`); the rest wait their turn."""
         for which, work in self.dispatch.ready():
-            assert work.ticket is not None and work.step is not None
-            ref = self.evaluators[which].evaluate.remote(self.tasks[work.ticket.task], work.step.source)
+            assert work.step is not None and work.step.source is not None
+            work.ref = self.evaluators[which].evaluate.remote(self.tasks[ticket_of(work).task], work.step.source)
             work.which, work.instance, work.since = which, self.deaths.instances.get(which), time.monotonic()
-            self.pending[ref] = work
+            self.pending[work.ref] = work
 
     def _alive_nodes(self) -> set[str]:
         return {str(n.get("NodeID")) for n in ray.nodes() if n.get("Alive")}
 
     def _await_restart(self, which: int) -> None:
         self.pending[self.evaluators[which].where.remote()] = Work(BACK, which=which)
-
-    def _came_back(self, work: Work, tickets: list[Ticket]) -> None:
-        """The room kept for a request is free again; the memory may hold more work when the request got all
-        it asked for, or selected nothing after its attach (asked for nothing)."""
-        self.reserved -= work.limit
-        if len(tickets) >= work.limit:
-            self.dirty = True
-
-    def _add(self, ticket: Ticket, step: AgentResult, result: EvalResult) -> None:
-        """Hand an attempt to the memory, asking in the same call for the work that may take its place."""
-        self.working -= 1
-        exclude = self._exclude()
-        limit = max(0, self._room()) if exclude is not None else 0
-        ref = self.memory.add_next.remote(ticket.slim(), step, result, limit, exclude or [])
-        self.pending[ref] = Work(ADD, ticket, step, limit=limit)
-        self.reserved += limit
-        if limit > 0:
-            self.dirty = False  # the memory selects after this attach: whatever was there is offered
 
     # -- end -------------------------------------------------------------------------------------------------
     def finish(self, status: str, wall_s: float) -> list[RunSummary]:
@@ -405,7 +317,7 @@ def run_ray(run: RayRun, reporter: Reporter | None = None,
     if callable(on_term):  # Ray's core installs its own SIGTERM handler (it aborts): the caller's comes back
         signal.signal(signal.SIGTERM, on_term)
     try:
-        driver = _Driver(run, reporter, embedded=started)
+        driver = RayDriver(run, reporter, embedded=started)
     except BaseException:
         if started:
             disconnect()
