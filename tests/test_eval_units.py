@@ -382,7 +382,7 @@ def test_poison_leaves_nothing_allocated_and_accepts_empty_sizes() -> None:
 def test_fingerprint_sees_a_replaced_torch_function_and_nothing_else() -> None:
     import torch.nn.functional as F
 
-    from stark_ray.eval.host import settle_torch
+    from stark_ray.eval.guards import settle_torch
 
     settle_torch()  # as in the worker, before the fingerprint
 
@@ -598,7 +598,7 @@ def test_the_confirmation_sides_share_one_staging_and_the_reference_side_is_comp
     """A large task's confirmation batch holds one private staging copy of the inputs for both sides (their buffers
     have one layout), and the reference side's outputs are compared in its own buffers, not in copies."""
     from stark_ray.eval.confirmation import PackedSets, ReferenceSide
-    from stark_ray.eval.exchange import Outbox
+    from stark_ray.eval.outbox import Outbox
     from stark_ray.eval.trials import JudgeTask
 
     template = [torch.randn(3, 5), torch.randn(4, 5).t(), 2.0]  # a transposed input: layouts kept
@@ -698,7 +698,7 @@ def test_a_build_request_without_a_name_or_sources_starts_no_builder(monkeypatch
     """An isolated worker that flooded its parent with empty build requests had a builder process started for each
     (33 of them, a minute): refused at once now."""
     from stark_ray.eval import builds
-    from stark_ray.eval.runner import WorkerSpec
+    from stark_ray.eval.launch import WorkerSpec
 
     started: list[object] = []
     monkeypatch.setattr(builds, "run_once", lambda *a, **k: started.append(a))

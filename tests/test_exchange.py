@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from stark_ray.eval.exchange import ExchangeError, Outbox, SharedBuffer, TensorSpec
+from stark_ray.eval.exchange import ExchangeError, SharedBuffer, TensorSpec
 from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+from stark_ray.eval.outbox import Outbox
 from stark_ray.eval.protocol import send_fds
 from stark_ray.eval.trees import decode_leaf_meta, decode_tree, encode_tree
 

@@ -478,7 +478,7 @@ def _kept():
 
 def get_inputs():
     main = getattr(sys.modules["__main__"], "__spec__", None)
-    if main is not None and main.name == "stark_ray.eval.judge":
+    if main is not None and main.name == "stark_ray.eval.judge_process":
         kept = _kept()
         live = sum(1 for o in gc.get_objects()
                    if isinstance(o, torch.Tensor) and tuple(o.shape) == SHAPE and id(o) not in kept)

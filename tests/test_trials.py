@@ -12,12 +12,11 @@ import torch.nn as nn
 from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import Tolerances, compare_outputs
 from stark_ray.eval.inputs import make_inputs, trial_scale
+from stark_ray.eval.perturbations import perturbable, random_source
 from stark_ray.eval.trials import (
     JudgeTask,
     all_trials,
     blocks_trial,
-    perturbable,
-    random_source,
     sensitivity_trial,
     special_trials,
     standard_trial,

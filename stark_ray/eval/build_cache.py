@@ -20,8 +20,8 @@ wrapper asks its parent for the build (:func:`set_requester`: the worker's ``--a
 *builder* (eval/builds.py): a process of its own that runs no candidate code, only torch's build of the arguments
 sent, and writes only a directory of its own. It names the key of those arguments before a compiler runs (a flag
 can make the compiler run anything: ``-wrapper``), so a build can land only under the key of its own arguments;
-the parent then publishes the library into the cache and records its digest (:func:`publish`). A candidate can
-thus spoil only the entry of arguments no honest candidate sends, and never a precompiled header (built by the
+the parent then publishes the library into the cache and records its digest (eval/build_publish.py). A candidate
+can thus spoil only the entry of arguments no honest candidate sends, and never a precompiled header (built by the
 trusted side alone, for flags that cannot run a program).
 """
 
@@ -51,7 +51,6 @@ DEFAULT_BUILD_DIR = Path("~/.cache/stark-ray/build")
 DIGEST_FILE = "stark_digest"  # in an entry's directory: the SHA-256 of its library as first loaded
 _IMPORT_LOCK = threading.RLock()  # cpp_extension's loader is swapped for the copying one during a load
 LIB_EXT = ".so"  # cpp_extension's on Linux, the only system the evaluator runs on
-MAX_ENTRY_BYTES = 1 << 30  # what a published entry may hold (a builder's output is the candidate's)
 
 # asks the parent for a build, given {"key", "inline", "arguments", "files", "arch"}; answers {"built", "log",
 # "error"}: set in an isolated worker, which cannot write the cache
@@ -321,41 +320,6 @@ def _load_finished(arguments: dict[str, Any], build_dir: Path) -> Any:
         return None
 
 
-def publish(built: Path, cache: Path) -> None:
-    """Install the build a builder made in ``built`` (a directory named by its key) as the cache's entry of that
-    key: its library (a regular file, not a link) and what the build chose, with the library's digest recorded
-    here, by the trusted side. ValueError when ``built`` holds no single library."""
-    key = built.name
-    if built.is_symlink() or not built.is_dir():  # the builder made it: a link could point anywhere
-        raise ValueError(f"the build {key} made no directory of its own")
-    files = [p for p in built.iterdir() if p.is_file() and not p.is_symlink()]
-    libraries = [p for p in files if p.name.endswith(f"_{key}{LIB_EXT}")]
-    if len(libraries) != 1:
-        raise ValueError(f"the build {key} made {len(libraries)} libraries, not one")
-    size = sum(p.lstat().st_size for p in files)
-    if size > MAX_ENTRY_BYTES:
-        raise ValueError(f"the build {key} made {size} bytes, more than {MAX_ENTRY_BYTES}")
-    staging = cache / f".{key}.publish.{os.getpid()}.{threading.get_ident()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        for p in files:
-            if p in libraries or p.name in ("stark_headers", "stark_pch"):
-                shutil.copyfile(p, staging / p.name)
-        (staging / DIGEST_FILE).write_text(file_digest(staging / libraries[0].name))
-        for p in staging.iterdir():  # readable by whoever loads it (a root evaluator's worker is nobody)
-            p.chmod(0o644)
-        staging.chmod(0o755)
-        with file_lock(cache / f"{key}.lock"):
-            target, old = cache / key, cache / f".{key}.old.{os.getpid()}.{threading.get_ident()}"
-            if target.exists():
-                target.rename(old)
-            staging.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 def _seed_choice(choice: Path, build_dir: Path) -> None:
     try:
         chosen = choice.read_text() if choice.is_file() else ""
@@ -364,22 +328,6 @@ def _seed_choice(choice: Path, build_dir: Path) -> None:
     if chosen in (HEADERS_LIGHT, HEADERS_FULL):
         build_dir.mkdir(parents=True, exist_ok=True)
         (build_dir / choice.name).write_text(chosen)
-
-
-def publish_choice(built: Path, cache: Path) -> None:
-    """What a failed build chose for its headers (``stark_headers``: light or full), kept for the next build of
-    its key, as a failed build in this process keeps it (the next one then skips the try without the header)."""
-    choice = built / "stark_headers"
-    if built.is_symlink() or not choice.is_file() or choice.is_symlink():
-        return
-    if choice.read_text() not in (HEADERS_LIGHT, HEADERS_FULL):
-        return
-    entry = cache / built.name
-    with file_lock(cache / f"{built.name}.lock"):
-        entry.mkdir(parents=True, exist_ok=True)
-        entry.chmod(0o755)
-        shutil.copyfile(choice, entry / choice.name)
-        (entry / choice.name).chmod(0o644)
 
 
 @contextlib.contextmanager

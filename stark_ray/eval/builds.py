@@ -7,7 +7,7 @@ process, isolated too, started for this one build, that runs no code of the cand
 those arguments — builds into a directory of its own, the only one it can write. It names the build's key (a hash
 of the arguments and the toolchain) before its compiler runs, and from then on its word counts for nothing: a flag
 can make the compiler run any program (``-wrapper``). What it made is published into the cache under the key it
-named first, with the library's digest recorded here (:func:`stark_ray.eval.build_cache.publish`), so a candidate
+named first, with the library's digest recorded here (:func:`stark_ray.eval.build_publish.publish`), so a candidate
 can spoil only the entry of arguments no honest candidate sends.
 
 The precompiled header the build uses is made here, by the trusted side, and only for flags that cannot run a
@@ -25,10 +25,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stark_ray.eval.build_cache import publish, publish_choice
+from stark_ray.eval.build_publish import publish, publish_choice
+from stark_ray.eval.launch import WorkerSpec
 from stark_ray.eval.pch import ensure_pch, pch_key, safe_flags
 from stark_ray.eval.protocol import MODE_BUILD, PHASE_COMPILE, PHASE_SETUP, WorkerRequest
-from stark_ray.eval.runner import WorkerSpec, run_once
+from stark_ray.eval.runner import run_once
 from stark_ray.records import STAGE_OK
 
 KEY = re.compile(r"[0-9a-f]{16}")

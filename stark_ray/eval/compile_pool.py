@@ -17,8 +17,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from stark_ray.eval.launch import WorkerSpec
 from stark_ray.eval.protocol import WorkerRequest
-from stark_ray.eval.runner import WorkerOutcome, WorkerProcess, WorkerSpec, WorkerStartError, serve_once
+from stark_ray.eval.runner import WorkerOutcome, WorkerProcess, WorkerStartError, serve_once
 
 OnBuild = Callable[[dict[str, Any], float], dict[str, Any]]
 MAX_SPARES = 2  # slots that keep a started spare

@@ -45,9 +45,10 @@ from typing import Any, Protocol
 import torch
 
 from stark_ray.eval.compare import Tolerances, compare_outputs, flatten_outputs, rebuild_outputs
-from stark_ray.eval.exchange import Outbox, TensorSpec, digests, dtype_of, touch
+from stark_ray.eval.exchange import TensorSpec, digests, dtype_of, touch
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all, make_inputs, map_tensors, same_values
+from stark_ray.eval.outbox import Outbox
 from stark_ray.eval.timing import capture_graph
 from stark_ray.eval.trials import JudgeTask, synchronize
 

@@ -11,6 +11,8 @@ harder to fool and say when a worker must not serve another candidate.
   the inputs.
 - :func:`poison`: fills memory the allocator will hand out next with 0xFF bytes (NaN in every float format),
   so outputs that a kernel leaves partly unwritten fail the comparison.
+- :func:`settle_torch` (and :func:`preload`, a spare's share of it): the patches torch makes to itself, made
+  before the fingerprint is taken.
 """
 
 from __future__ import annotations
@@ -165,3 +167,22 @@ def nbytes_of(value: Any) -> list[int]:
 def snapshot(value: Any) -> Any:
     """A copy of the outputs taken right away on the current stream (a race with other streams shows)."""
     return map_tensors(value, lambda t: t.detach().clone())
+
+
+def preload() -> None:
+    """The imports a device worker needs, done ahead (no device work): a spare does them while it waits."""
+    import torch._dynamo  # noqa: F401
+
+
+def settle_torch() -> None:
+    """Let torch make the patches it makes to itself (dynamo replaces torch.manual_seed on import, and tags
+    nn.Module.__init__ on the first torch.compile) before the fingerprint, so that a candidate using
+    torch.compile is not taken for one that tampers with torch."""
+    import torch._dynamo  # noqa: F401
+
+    try:
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+
+        install_generation_tagging_init()
+    except Exception:  # another torch version: a false alarm there shows as "tampered" in a test, not silently
+        pass

@@ -14,7 +14,6 @@ candidate that patches the process) is checked after each step: a change ends th
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import shutil
@@ -34,13 +33,11 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend
 from stark_ray.eval.build_log import LogTail, candidate_frame, compile_failure
-from stark_ray.eval.compare import Tolerances, compare_outputs
 from stark_ray.eval.diagnostics import compiler_log, describe_exception
 from stark_ray.eval.exchange import SharedBuffer, TensorSpec, digests, touch
 from stark_ray.eval.garbage import collect_after, collect_all, in_use
-from stark_ray.eval.guards import Fingerprint, nbytes_of, output_problem, poison
-from stark_ray.eval.kernel_sources import KernelSources, own_kernel_names, python_kernel_names
-from stark_ray.eval.kernel_times import describe, kernel_times, to_message
+from stark_ray.eval.guards import Fingerprint, nbytes_of, output_problem, poison, settle_torch
+from stark_ray.eval.kernel_sources import KernelSources, python_kernel_names
 from stark_ray.eval.loader import import_source
 from stark_ray.eval.memory import KEPT_SHARE, Plan, apply_cap, give_back_cached
 from stark_ray.eval.private_places import places_now, private_places, restore_places
@@ -60,19 +57,14 @@ from stark_ray.eval.protocol import (
     recv_fds,
 )
 from stark_ray.eval.shared_views import fill_slots, inputs_on, map_buffers, slots_on, specs_of
-from stark_ray.eval.streams import profile_call, warm_profiler
+from stark_ray.eval.streams import warm_profiler
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.timing import (
-    GPU_WARMUP_MS,
-    HEAD_START_US,
-    Stats,
-    TimingMismatch,
     capture_graph,
-    leaves_work_behind,
-    time_interleaved,
 )
 from stark_ray.eval.warm_reference import WarmReference, on_device
-from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_OK, STAGE_RUNTIME, EvalResult, excerpt
+from stark_ray.eval.worker_timing import Timing, time_candidate, time_reference
+from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_RUNTIME, EvalResult, excerpt
 
 Send = Callable[[dict[str, Any]], None]
 KEPT_TASKS = 32  # task references a worker keeps at most (a campaign worker moves from task to task) ...
@@ -222,37 +214,10 @@ class CandidateHost:
         send({"phase": PHASE_SETUP})
         state = self.warm_reference(str(msg["task_name"]), str(msg["task_source"]), cfg)
         send({"phase": PHASE_TIME})
-        kernels = None
-        if state.device == "cuda":  # where its time goes, for the prompts (none where the profiler is missing)
-            with contextlib.suppress(Exception):
-                kernels = describe(kernel_times(profile_call(state.model, list(_clone(self._sets(state)[0]))).launches))
-        fns = [state.model, state.model]  # timed against itself: the ratio of the two halves shows the noise
-        if cfg.baseline == "compile":
-            fns.append(state.baseline_compiled())
         try:
-            timings = time_interleaved(fns, self._sets(state), self.backend.timer(), cfg.warmup,
-                                       self._trials(cfg), None, _warmup_ms(state), cfg.timing_precision)
-        except TaskError:
-            raise
-        except torch.OutOfMemoryError as e:
-            raise TaskError(f"task {state.name}: the reference ran out of device memory while being timed "
-                            f"(the memory budget, or what else the device holds: {describe_exception(e)[:300]})"
-                            ) from None
-        except Exception as e:
-            raise TaskError(f"task {state.name}: reference forward failed: {describe_exception(e)}") from None
+            return {"result": asdict(time_reference(state, self._timing(state, cfg)))}
         finally:
             self._after_timing(state)
-        stats = Stats.of(timings[0].stats.samples + timings[1].stats.samples)
-        noise = timings[0].stats.median / timings[1].stats.median
-        log = f"reference: {stats.describe()}; self-speedup (noise) {noise:.3f}"
-        compiled_ms = None
-        if len(timings) > 2:
-            compiled_ms = timings[2].stats.median
-            log += f"\ntorch.compile baseline: {timings[2].stats.describe()}"
-        result = EvalResult(compiled=True, passed_checks=True, runtime_ms=stats.median, ref_runtime_ms=stats.median,
-                            speedup=1.0, stage=STAGE_OK, log=log, ref_compile_runtime_ms=compiled_ms,
-                            runtime_cv=stats.cv, ref_runtime_cv=stats.cv, kernels=kernels)
-        return {"result": asdict(result)}
 
     def load(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         self._forget()
@@ -317,78 +282,20 @@ class CandidateHost:
         return {"ran": {"outputs": tree, "problem": problem}}
 
     def time(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
-        """Time the candidate against the reference here (interleaved, rotating inputs), after a profile of one
-        call: its own kernels (``no_kernel``) and their streams (``unordered_stream``, ``extra_stream``)."""
+        """Time the candidate against the reference here (:func:`~stark_ray.eval.worker_timing.time_candidate`)."""
         cur = self.current
         assert cur is not None
-        state, cfg = cur.state, cur.cfg
         send({"phase": PHASE_TIME})
-        flags: list[str] = []
-        notes: list[str] = []
-        head_start = True
-        kernels: dict[str, Any] = {}
-        if state.device == "cuda":
-            try:
-                report = profile_call(cur.model, list(_clone(self._sets(state)[0])))
-            except Exception as e:  # no profiler here (CUPTI missing): say so, do not guess
-                report = None
-                notes.append(f"kernel profile unavailable: {describe_exception(e)}")
-            if report is not None:
-                kernels = to_message(kernel_times(report.launches))
-                defined = self.sources.names() if self.sources.recorded else python_kernel_names(cur.source)
-                if not own_kernel_names(report.names, defined):
-                    flags.append("no_kernel")
-                    shown = ", ".join(sorted(set(report.names))[:6]) or "nothing"
-                    notes.append(f"no kernel of its own was launched (only: {shown})")
-                if report.unordered:
-                    return {"timed": {"rejected": "unordered_stream", "error": report.describe_unordered(),
-                                      "flags": [*flags, "unordered_stream"], "log": notes}}
-                if report.side_streams:
-                    flags.append("extra_stream")
-                    head_start = False
-                    notes.append(f"its kernels use {len(report.side_streams)} more stream(s), in order with the "
-                                 "current one: both sides timed without a head start, up to a device-wide sync")
-        fns = [state.model, cur.model]
+
+        def defined() -> set[str]:  # the kernels its source defines, as recorded at its build or read from it
+            return self.sources.names() if self.sources.recorded else python_kernel_names(cur.source)
+
         seed = msg.get("seed")
-        if isinstance(seed, int):  # a reference that draws random numbers: both sides' calls after the same seed
-            fns = [_seeded(fn, seed) for fn in fns]
-            notes.append("the reference draws random numbers: every timed call of both sides comes after the same "
-                         "seed (a few microseconds each, inside the timed call)")
-        tol = Tolerances.of(cfg)
-
-        def check(out: Any, ref: Any) -> str | None:
-            c = compare_outputs(out, ref, tol)
-            return None if c.ok else c.problem
-
-        timer = self.backend.timer(head_start)
         try:
-            timings = time_interleaved(fns, self._sets(state), timer, cfg.warmup, self._trials(cfg), check,
-                                       _warmup_ms(state), cfg.timing_precision)
-            compiled_ms = None
-            if cfg.baseline == "compile":  # checked once when compiled; timed beside the eager reference
-                compiled = time_interleaved([state.model, state.baseline_compiled()], self._sets(state),
-                                            self.backend.timer(head_start), cfg.warmup, self._trials(cfg), None,
-                                            _warmup_ms(state), cfg.timing_precision)[1]
-                compiled_ms = compiled.stats.median
-                notes.append(f"torch.compile baseline: {compiled.stats.describe()}")
-        except TimingMismatch as e:
-            return {"timed": {"mismatch": f"{e} (memoised or racy output?)"}}
+            return {"timed": time_candidate(cur.model, cur.state, defined, self._timing(cur.state, cur.cfg),
+                                            seed if isinstance(seed, int) else None)}
         finally:
-            self._after_timing(state)
-        ref_t, new_t = timings
-        synced = not head_start
-        if head_start and leaves_work_behind(new_t, ref_t):
-            flags.append("extra_stream")
-            synced = True
-            notes.append(f"work left running after forward returned ({new_t.gap_ms:.3g} ms): both sides timed up "
-                         "to a device-wide sync")
-        ref_stats, new_stats = (ref_t.synced, new_t.synced) if synced else (ref_t.stats, new_t.stats)
-        if ref_t.head_us and ref_t.head_us > HEAD_START_US:
-            notes.append(f"launch-bound: timed with a {ref_t.head_us:.0f} us head start (GPU time; launch "
-                         "overhead not counted)")
-        return {"timed": {"ref": _stats(ref_stats), "new": _stats(new_stats), "compiled_ms": compiled_ms,
-                          "flags": flags, "log": [f"reference: {ref_stats.describe()}",
-                                                  f"candidate: {new_stats.describe()}", *notes], **kernels}}
+            self._after_timing(cur.state)
 
     def stage(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         """Map the input sets and slots of a confirmation batch (outside the judge's clock); with ``graph``, capture
@@ -475,53 +382,11 @@ class CandidateHost:
         bufs = map_buffers(fds, [TensorSpec.from_json(s) for s in slot_specs] + specs_of([tree]))
         return inputs_on(tree, bufs), slots_on(slot_specs, bufs), list(bufs.values())
 
-    def _trials(self, cfg: EvalConfig) -> int:
-        return cfg.timing_trials or self.backend.default_timing_trials()
-
-
-def _clone(values: list[Any]) -> list[Any]:
-    from stark_ray.eval.inputs import clone_all
-
-    return clone_all(values)
-
-
-def _stats(s: Stats) -> dict[str, Any]:
-    """A timing for the judge; the samples in round order (the judge pairs the two sides' calls round by round)."""
-    return {"median": s.median, "mean": s.mean, "std": s.std, "min": s.min, "n": s.n, "samples": list(s.samples)}
-
-
-def _seeded(fn: Callable[..., Any], seed: int) -> Callable[..., Any]:
-    def call(*args: Any) -> Any:
-        torch.manual_seed(seed)
-        return fn(*args)
-
-    return call
-
-
-def _warmup_ms(state: WarmReference) -> float:
-    return GPU_WARMUP_MS if state.device == "cuda" else 0.0
+    def _timing(self, state: WarmReference, cfg: EvalConfig) -> Timing:
+        return Timing(self.backend, cfg, self._sets(state), cfg.timing_trials or self.backend.default_timing_trials())
 
 
 def _task_failure(error: str) -> EvalResult:
     result = EvalResult.failed(STAGE_RUNTIME, error)
     result.flags.append("task_error")
     return result
-
-
-def preload() -> None:
-    """The imports a device worker needs, done ahead (no device work): a spare does them while it waits."""
-    import torch._dynamo  # noqa: F401
-
-
-def settle_torch() -> None:
-    """Let torch make the patches it makes to itself (dynamo replaces torch.manual_seed on import, and tags
-    nn.Module.__init__ on the first torch.compile) before the fingerprint, so that a candidate using
-    torch.compile is not taken for one that tampers with torch."""
-    import torch._dynamo  # noqa: F401
-
-    try:
-        from torch._dynamo.mutation_guard import install_generation_tagging_init
-
-        install_generation_tagging_init()
-    except Exception:  # another torch version: a false alarm there shows as "tampered" in a test, not silently
-        pass

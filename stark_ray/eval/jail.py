@@ -16,7 +16,7 @@ Started by path (standard library only: no package import before the world is re
    mount does not stop writes to a device) and a private ``/dev/shm``;
 4. covers, in path order: ``/tmp`` and ``/run`` with a fresh tmpfs each (a private ``/tmp``, gone with the
    worker; none of the host's sockets), every ``--hide`` path (the evaluator's home directory and working
-   directory, the run directory: :class:`stark_ray.eval.runner.WorkerSpec`) with an empty one that is then made
+   directory, the run directory: :class:`stark_ray.eval.launch.WorkerSpec`) with an empty one that is then made
    read-only (a file: ``/dev/null``), and puts back the clones of step 1 on their paths, on top: the working
    directory and ``--rw`` paths writable, the others read-only; a ``--hide`` path that lies inside something
    put back is covered after it;

@@ -1,8 +1,8 @@
 """The judge: the process that decides whether a candidate is correct and how fast it is. It never imports one.
 
-``python -m stark_ray.eval.judge --backend B ...`` is started by the service like any process of the evaluator
-(:mod:`stark_ray.eval.runner`), not isolated, and starts the worker that runs the candidates (isolated when asked,
-with a hot spare on a GPU). For each candidate the service sends, the judge
+The judge process (:mod:`stark_ray.eval.judge_process`) is started by the service like any process of the
+evaluator (:mod:`stark_ray.eval.runner`), not isolated, and starts the worker that runs the candidates (isolated
+when asked, with a hot spare on a GPU). For each candidate the service sends, the judge
 
 1. keeps the task's reference (the task is checked once: forward runs, its outputs can be compared, two calls on
    the same inputs agree);
@@ -20,36 +20,27 @@ with a hot spare on a GPU). For each candidate the service sends, the judge
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import faulthandler
-import functools
-import json
 import os
-import sys
-import threading
 import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.backends import Backend, get_backend
-from stark_ray.eval.builds import serve_build
+from stark_ray.eval.backends import Backend
 from stark_ray.eval.compare import Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.exchange import ExchangeError
-from stark_ray.eval.garbage import collect, collect_after, collect_all
+from stark_ray.eval.garbage import collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import make_inputs, same_values, share_storage
 from stark_ray.eval.judge_memory import JudgeMemory
 from stark_ray.eval.judgement import Judgement, release_cached, tensors_of
-from stark_ray.eval.lifetime import become_subreaper, die_with_parent
 from stark_ray.eval.memory import KEPT_SHARE, Footprint, OverBudget, check_fits, meta_footprint, param_bytes, plan_for
 from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
 from stark_ray.eval.phase_clock import PhaseClock
@@ -61,12 +52,11 @@ from stark_ray.eval.protocol import (
     OP_REFERENCE,
     OP_RELEASE,
     PHASE_COMPILE,
-    STACK_DUMP_SIGNAL,
     WorkerRequest,
     result_from_message,
 )
-from stark_ray.eval.runner import MAX_REQUESTS, Reply, WorkerProcess, WorkerSpec, WorkerStartError
-from stark_ray.eval.sol import Peaks, device_peaks, stamp, task_sol
+from stark_ray.eval.runner import Reply, WorkerProcess, WorkerStartError
+from stark_ray.eval.sol import Peaks, stamp, task_sol
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.trials import JudgeTask, standard_trial
 from stark_ray.eval.verdicts import Decided, protocol_broken, tampered
@@ -382,99 +372,3 @@ class Judge:
                                    error=f"{label}: {raised.get('error', '?')}"[:300],
                                    log=excerpt(str(raised.get("log", "")))), recycle=not msg.get("healthy"))
         return msg
-
-
-# -- the process ------------------------------------------------------------------------------------------------
-def _serve_build(spec: WorkerSpec, request: dict[str, Any], seconds: float) -> dict[str, Any]:
-    return serve_build(request, spec, Path(spec.build_dir), seconds)
-
-
-def _args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="stark_ray.eval.judge")
-    p.add_argument("--backend", required=True)
-    p.add_argument("--build-dir", required=True)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--isolate-worker", action="store_true", help="the worker in namespaces of its own")
-    p.add_argument("--hide", action="append", default=[], help="isolated: a path the worker does not see")
-    p.add_argument("--spare-worker", action="store_true", help="keep a hot spare of the worker")
-    p.add_argument("--max-requests", type=int, default=MAX_REQUESTS, help="candidates per worker process")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    die_with_parent()  # and what the worker's candidates detach stays below us (eval/lifetime.py)
-    become_subreaper()
-    args = _args(argv)
-    sys.stdout.flush()
-    ctrl = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    faulthandler.enable(all_threads=True)
-    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
-
-    def send(msg: dict[str, Any]) -> None:
-        ctrl.write(json.dumps(msg) + "\n")
-        ctrl.flush()
-
-    spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True,
-                      hidden=tuple(args.hide))
-    worker = WorkerProcess(spec, max_requests=args.max_requests, spare=args.spare_worker)
-    if spec.isolate:  # what it builds (cpu_cpp; a build in ModelNew's __init__) is made outside (eval/builds.py)
-        worker.on_build = functools.partial(_serve_build, spec)
-    started: list[BaseException | None] = []
-
-    def start_worker() -> None:  # beside our own start: torch, the device, its facts
-        try:
-            worker.start()
-            started.append(None)
-        except BaseException as e:
-            started.append(e)
-
-    begun = time.perf_counter()
-    laps: dict[str, float] = {}
-
-    def lap(name: str) -> None:
-        laps[name] = round(time.perf_counter() - begun - sum(laps.values()), 3)
-
-    starter = threading.Thread(target=start_worker, name="stark-worker-start", daemon=True)
-    starter.start()
-    try:
-        backend = get_backend(args.backend)
-        backend.prepare_judge(args.threads)
-        torch.set_grad_enabled(False)
-        lap("judge_prepare_s")
-        hello = backend.hardware_info()
-        peaks = device_peaks(backend.device, hello)  # before the free memory is read: the probe gives its back
-        lap("device_info_s")
-    except BaseException as e:  # a host problem (no GPU): the service reports the log's last lines
-        traceback.print_exc()
-        print(f"judge start failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        worker.close()
-        os._exit(3)
-    starter.join()
-    lap("worker_wait_s")
-    if started and started[0] is not None:
-        hello["worker_error"] = str(started[0])
-    worker_phases = worker.hello.get("start_phases")
-    if isinstance(worker_phases, dict):
-        laps.update({f"worker_{k}": v for k, v in worker_phases.items() if isinstance(v, int | float)})
-    hello["start_phases"] = laps
-    free = torch.cuda.mem_get_info()[0] if backend.device == "cuda" else 0
-    judge = Judge(backend, worker, free, peaks)
-    collect()  # what start-up made is frozen: the collection after each candidate scans only its objects
-    send({"hello": hello})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        answer = judge.handle(WorkerRequest.from_json(line), send)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        send(answer)
-        if not answer["healthy"]:
-            break
-    worker.close()
-    ctrl.close()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -15,11 +15,12 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.confirmation import confirm
-from stark_ray.eval.exchange import ExchangeError, Outbox
+from stark_ray.eval.exchange import ExchangeError
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
 from stark_ray.eval.kernel_times import describe, from_message
 from stark_ray.eval.noise import Measured, interval, is_noisy, measured
+from stark_ray.eval.outbox import Outbox
 from stark_ray.eval.phase_clock import PhaseClock
 from stark_ray.eval.protocol import (
     OP_GO,

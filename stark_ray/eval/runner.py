@@ -9,89 +9,49 @@ timeout kills the process's whole tree (ninja and the compiler included).
 
 Messages are JSON lines: requests on the process's stdin, answers on a private channel (its stdout, moved off
 fd 1 at start). A process started with ``fd_channel`` also gets one end of a Unix socket pair for file
-descriptors (the judge's shared buffers, :mod:`stark_ray.eval.exchange`).
+descriptors (the judge's shared buffers, :mod:`stark_ray.eval.exchange`). What a process is started as is
+:mod:`stark_ray.eval.launch`; one process's pipes, log and end are :mod:`stark_ray.eval.child_process`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
-import select
-import shutil
 import signal
-import site
 import socket
 import subprocess
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from stark_ray.eval.backends import backend_path
-from stark_ray.eval.isolation import jailed
-from stark_ray.eval.lifetime import kill_strays, spawn
-from stark_ray.eval.phase_clock import START_TIMEOUT_S, PhaseClock
-from stark_ray.eval.process_tree import children, kill_tree
-from stark_ray.eval.protocol import (
-    PHASE_START,
-    STACK_DUMP_SIGNAL,
-    STACK_DUMP_WAIT_S,
-    WorkerRequest,
-    result_from_message,
-    send_fds,
+from stark_ray.eval.child_process import (
+    EXIT_GRACE_S,
+    Child,
+    dump_stack,
+    end_process,
+    log_size,
+    next_message,
+    read_log,
+    spawn_child,
+    wait_ready,
+    write_all,
 )
-from stark_ray.eval.sandbox_env import worker_env
+from stark_ray.eval.launch import WorkerSpec
+from stark_ray.eval.lifetime import kill_strays
+from stark_ray.eval.phase_clock import START_TIMEOUT_S, PhaseClock
+from stark_ray.eval.protocol import PHASE_START, WorkerRequest, result_from_message, send_fds
 from stark_ray.records import EvalResult
 
-MAX_LINE = 64 << 20  # bytes in one message of a worker (a build request carries a candidate's sources)
-MAX_LOG_READ = 8 << 20  # bytes of a worker's log read back at most (its last ones)
 MAX_BUILDS = 32  # build requests one conversation may make; more is taken for a broken worker
 SEND_TIMEOUT_S = 30.0  # a message to a worker that does not read it
-EXIT_GRACE_S = 10.0  # an unhealthy or closing worker gets this long to exit on its own
 MAX_REQUESTS = 64  # a worker is recycled after this many requests (loaded extensions only accumulate)
 
 
 class WorkerStartError(RuntimeError):
     """The worker could not start at all: a problem of the host, not of a candidate."""
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    backend: str  # a backend name, or its import path (eval/backends: backend_path)
-    build_dir: str
-    threads: int
-    compile_only: bool = False  # a compile-pool worker or a builder: no device
-    device: int | None = None  # index among this process's visible GPUs (None: the default / no GPU)
-    arch: str | None = None  # TORCH_CUDA_ARCH_LIST for builds (compile workers get the GPU worker's)
-    isolate: bool = False  # in namespaces of its own: no other process visible, no network (eval/isolation.py)
-    module: str = "stark_ray.eval.worker"  # what runs: the worker (candidates) or the judge
-    fd_channel: bool = False  # a Unix socket for file descriptors beside the pipes (a device worker's)
-    extra: tuple[str, ...] = ()  # more arguments for the module
-    env: tuple[tuple[str, str], ...] = ()  # more environment variables for it
-    hidden: tuple[str, ...] = ()  # isolated: paths it does not see (eval/isolation.py: hidden_paths)
-    writable: tuple[str, ...] = ()  # isolated: what it may write beside its own directory (a builder's output)
-
-    def argv(self, spare: bool = False, fd: int | None = None) -> list[str]:
-        args = [sys.executable, "-m", self.module, "--backend", backend_path(self.backend),
-                "--build-dir", self.build_dir, "--threads", str(self.threads), *self.extra]
-        if self.compile_only:
-            args.append("--compile-only")
-        if self.arch:
-            args += ["--arch", self.arch]
-        if spare:
-            args.append("--spare")
-        if fd is not None:
-            args += ["--fd-channel", str(fd)]
-        if self.isolate:  # the cache read-only: what is missing there, a builder makes (eval/builds.py)
-            args.append("--ask-builds")
-            return jailed(args, writable=self.writable, readable=(self.build_dir,), hidden=self.hidden)
-        return args
 
 
 @dataclass
@@ -134,59 +94,6 @@ class WorkerOutcome:
         return f"exited with code {rc} before reporting"
 
 
-def _reader(stream: IO[bytes], q: queue.Queue[bytes | None]) -> None:
-    """The worker's control channel, a line each; a line longer than MAX_LINE ends it (taken for the worker's
-    end: a hostile one could otherwise fill the parent's memory)."""
-    try:
-        while True:
-            line = stream.readline(MAX_LINE + 1)
-            if not line or len(line) > MAX_LINE:
-                break
-            q.put(line)
-    finally:
-        q.put(None)
-
-
-def _write(fd: int, data: bytes, deadline: float) -> None:
-    """All of ``data`` to a non-blocking pipe before ``deadline`` (TimeoutError after it: a worker that does not
-    read its stdin cannot block its parent)."""
-    view = memoryview(data)
-    while view:
-        _, ready, _ = select.select([], [fd], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            raise TimeoutError("the worker does not read its input")
-        try:
-            view = view[os.write(fd, view):]
-        except BlockingIOError:
-            continue
-
-
-def visible_device(device: int | None, base: str | None) -> str | None:
-    """CUDA_VISIBLE_DEVICES for a worker pinned to ``device`` among the parent's visible GPUs (Ray sets the
-    parent's list for a num_gpus=1 actor: the worker keeps exactly that one)."""
-    if device is None:
-        return None
-    if base:
-        ids = [x.strip() for x in base.split(",") if x.strip()]
-        if device < len(ids):
-            return ids[device]
-    return str(device)
-
-
-@dataclass
-class _Child:
-    """One spawned worker process: its pipes, the reader of its control channel, its private directory."""
-
-    proc: subprocess.Popen[bytes]
-    queue: queue.Queue[bytes | None]
-    workdir: Path
-    spawned: float
-    sock: socket.socket | None = None  # our end of the file-descriptor channel
-    ready: bool = False  # a spare that said it waits, its imports done
-    log_fd: int = -1  # the log, as the parent opened it: read through this, never by its path (which the worker
-    # could replace with a link to a file only the parent may read)
-
-
 class WorkerProcess:
     """One worker process at a time, restarted on demand. Not thread-safe: callers serialize requests.
 
@@ -210,7 +117,7 @@ class WorkerProcess:
         self._workdir: Path | None = None
         self._log_fd = -1
         self._sock: socket.socket | None = None
-        self._spare: _Child | None = None
+        self._spare: Child | None = None
         self._mark = 0  # log offset of the conversation in progress
         # serves the builds an isolated worker asks for (eval/builds.py): (request, seconds left) -> answer
         self.on_build: Callable[[dict[str, Any], float], dict[str, Any]] | None = None
@@ -222,77 +129,24 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def _env(self, workdir: Path) -> dict[str, str]:
-        env = worker_env(workdir, self.spec.threads)
-        if self.spec.isolate:  # a cache that candidates write is theirs alone
-            env["TRITON_CACHE_DIR"] = str(workdir / "triton")
-        else:
-            env.setdefault("TRITON_CACHE_DIR", str(Path(self.spec.build_dir) / "triton"))
-        if self.spec.isolate:  # a home of its own: the evaluator's is not there (eval/jail.py)
-            user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else ""
-            if user_site and os.path.isdir(user_site):  # what was installed with pip --user stays importable
-                env["PYTHONPATH"] += os.pathsep + user_site
-            env["HOME"] = str(workdir)
-            env["XDG_CACHE_HOME"] = str(workdir / ".cache")
-        if self.spec.compile_only:
-            env["CUDA_VISIBLE_DEVICES"] = ""  # builds never touch a GPU (nor create a context on it)
-        else:
-            pinned = visible_device(self.spec.device, os.environ.get("CUDA_VISIBLE_DEVICES"))
-            if pinned is not None:
-                env["CUDA_VISIBLE_DEVICES"] = pinned
-        env.update(dict(self.spec.env))
-        return env
-
-    def _spawn(self, spare: bool = False) -> _Child:
-        workdir = Path(tempfile.mkdtemp(prefix="stark-eval-"))
-        ours, theirs = socket.socketpair() if self.spec.fd_channel else (None, None)
-        log = os.open(workdir / "worker.log", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            proc = spawn(self.spec.argv(spare, theirs.fileno() if theirs else None), self._env(workdir),
-                         direct=not self.spec.isolate, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=log, cwd=workdir, start_new_session=True,
-                         pass_fds=[theirs.fileno()] if theirs else ())
-        except BaseException:
-            os.close(log)
-            raise
-        finally:
-            if theirs is not None:
-                theirs.close()
-        assert proc.stdin is not None
-        os.set_blocking(proc.stdin.fileno(), False)
-        q: queue.Queue[bytes | None] = queue.Queue()
-        assert proc.stdout is not None
-        threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
-        return _Child(proc, q, workdir, time.monotonic(), ours, log_fd=log)
+    def _spawn(self, spare: bool = False) -> Child:
+        return spawn_child(self.spec, spare)
 
     def spare_ready(self, timeout_s: float = 0.0) -> bool:
         """Whether a spare waits with its imports done (waiting up to ``timeout_s`` for it to say so)."""
-        child = self._spare
-        deadline = time.monotonic() + timeout_s
-        while child is not None and child.proc.poll() is None and not child.ready:
-            try:
-                line = child.queue.get(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
-            except queue.Empty:
-                if time.monotonic() >= deadline:
-                    return False
-                continue
-            if line is None:
-                return False
-            with contextlib.suppress(ValueError):
-                child.ready = json.loads(line) == {"waiting": True}
-        return child is not None and child.ready and child.proc.poll() is None
+        return wait_ready(self._spare, timeout_s)
 
-    def _take_spare(self) -> _Child | None:
+    def _take_spare(self) -> Child | None:
         """The spare, told to go on (None when there is none, or it died waiting)."""
         child, self._spare = self._spare, None
         if child is None:
             return None
         try:
             assert child.proc.stdin is not None
-            _write(child.proc.stdin.fileno(), b"go\n", time.monotonic() + SEND_TIMEOUT_S)
+            write_all(child.proc.stdin.fileno(), b"go\n", time.monotonic() + SEND_TIMEOUT_S)
             return child
         except (OSError, AssertionError):
-            _end(child.proc, child.workdir, sock=child.sock, log_fd=child.log_fd)
+            end_process(child.proc, child.workdir, sock=child.sock, log_fd=child.log_fd)
             return None
 
     def start(self) -> dict[str, Any]:
@@ -323,7 +177,7 @@ class WorkerProcess:
                     self._spare = self._spawn(spare=True)
                 return self.hello
             if dead or time.monotonic() >= deadline:
-                log = self._read_log(0)
+                log = read_log(self._log_fd, 0)
                 why = "timed out" if not dead else "exited"
                 self.kill()
                 if promoted:  # the spare could not take over: a fresh start says whether the host can
@@ -348,7 +202,7 @@ class WorkerProcess:
 
     def _end_current(self, kill: bool) -> None:
         if self._proc is not None:
-            _end(self._proc, self._workdir, kill, self._sock, self._log_fd)
+            end_process(self._proc, self._workdir, kill, self._sock, self._log_fd)
         self._proc = None
         self._workdir = None
         self._log_fd = -1
@@ -359,68 +213,21 @@ class WorkerProcess:
         self.close_current()
         child, self._spare = self._spare, None
         if child is not None:
-            _end(child.proc, child.workdir, sock=child.sock, log_fd=child.log_fd)
+            end_process(child.proc, child.workdir, sock=child.sock, log_fd=child.log_fd)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def _next(self, deadline: float) -> tuple[dict[str, Any] | None, bool]:
         """The next message before ``deadline``: (message or None, whether the worker is gone)."""
         assert self._proc is not None
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                return None, False
-            try:
-                line = self._queue.get(timeout=min(deadline - now, 0.5))
-            except queue.Empty:
-                if self._proc.poll() is not None and self._queue.empty():
-                    return None, True  # dead, and a process it forked may hold the channel open
-                continue
-            if line is None:
-                return None, True
-            try:
-                msg = json.loads(line)
-            except Exception:  # not JSON, or nested too deep to parse (RecursionError): not a message
-                continue
-            if isinstance(msg, dict):
-                return msg, False
-
-    def _log_size(self) -> int:
-        try:
-            return os.fstat(self._log_fd).st_size if self._log_fd >= 0 else 0
-        except OSError:
-            return 0
-
-    def _read_log(self, offset: int) -> str:
-        """The log from ``offset`` on, read through the parent's own descriptor; at most its last MAX_LOG_READ
-        bytes."""
-        size = self._log_size()
-        start = max(offset, size - MAX_LOG_READ)
-        if size <= start:
-            return ""
-        try:
-            data = os.pread(self._log_fd, size - start, start)
-        except OSError:
-            return ""
-        text = data.decode("utf-8", errors="replace")
-        return f"[{start - offset} bytes of log left out]\n{text}" if start > offset else text
-
-    def _dump_stack(self) -> None:
-        """Ask the worker (not its compiler children) to print where it is stuck, and give it a moment."""
-        assert self._proc is not None
-        # an isolated worker is the child of `unshare`, which a SIGUSR1 would end (and the worker with it)
-        pids = children(self._proc.pid)[:1] if self.spec.isolate else [self._proc.pid]
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            for pid in pids:
-                os.kill(pid, STACK_DUMP_SIGNAL)
-            time.sleep(STACK_DUMP_WAIT_S)
+        return next_message(self._proc, self._queue, deadline)
 
     def mark_log(self) -> None:
         """What the process prints from now on is the log of the next replies (a candidate's, say)."""
-        self._mark = self._log_size()
+        self._mark = log_size(self._log_fd)
         self._builds = 0
 
     def log_since_mark(self) -> str:
-        return self._read_log(self._mark)
+        return read_log(self._log_fd, self._mark)
 
     def send(self, msg: dict[str, Any], fds: Sequence[int] = (), deadline: float | None = None) -> bool:
         """Write one message (and pass ``fds`` on the descriptor channel); False when the process is gone or does
@@ -430,7 +237,7 @@ class WorkerProcess:
         assert self._proc is not None and self._proc.stdin is not None
         try:
             limit = time.monotonic() + SEND_TIMEOUT_S
-            _write(self._proc.stdin.fileno(), (json.dumps(msg) + "\n").encode(), min(deadline or limit, limit))
+            write_all(self._proc.stdin.fileno(), (json.dumps(msg) + "\n").encode(), min(deadline or limit, limit))
             if fds:
                 if self._sock is None:
                     raise OSError("no descriptor channel")
@@ -452,7 +259,7 @@ class WorkerProcess:
                 self.kill()
                 return reply
             if msg is None:  # the phase ran out of time
-                self._dump_stack()
+                dump_stack(self._proc, self.spec.isolate)
                 reply = Reply(None, clock.phase, timed_out=True, log=self.log_since_mark())
                 self.kill()
                 return reply
@@ -522,30 +329,6 @@ class WorkerProcess:
         if self.claims:
             outcome.extra["claims"] = list(self.claims)
         return outcome
-
-
-def _end(proc: subprocess.Popen[bytes], workdir: Path | None, kill: bool = False,
-         sock: socket.socket | None = None, log_fd: int = -1) -> None:
-    """Make sure a worker process and its group are gone (``kill``: at once; else it may first exit by itself
-    when its stdin ends), and remove its directory."""
-    if sock is not None:
-        sock.close()
-    if not kill and proc.poll() is None and proc.stdin is not None:
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=EXIT_GRACE_S)
-    if proc.poll() is None:
-        kill_tree(proc.pid)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=EXIT_GRACE_S)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # anything the candidate left running in the group
-    if log_fd >= 0:
-        with contextlib.suppress(OSError):
-            os.close(log_fd)
-    if workdir is not None:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run_once(spec: WorkerSpec, request: WorkerRequest, timeouts: dict[str, float],

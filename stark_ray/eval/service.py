@@ -33,6 +33,7 @@ from stark_ray.eval.builds import serve_build
 from stark_ray.eval.compile_pool import CompilePool
 from stark_ray.eval.hardware import usable_cpus
 from stark_ray.eval.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
+from stark_ray.eval.launch import WorkerSpec, visible_device
 from stark_ray.eval.memory import OverBudget
 from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
 from stark_ray.eval.protocol import (
@@ -47,14 +48,7 @@ from stark_ray.eval.protocol import (
     WorkerRequest,
     failure_from_message,
 )
-from stark_ray.eval.runner import (
-    MAX_REQUESTS,
-    WorkerOutcome,
-    WorkerProcess,
-    WorkerSpec,
-    WorkerStartError,
-    visible_device,
-)
+from stark_ray.eval.runner import MAX_REQUESTS, WorkerOutcome, WorkerProcess, WorkerStartError
 from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.records import STAGE_COMPILE, EvalResult, source_digest
 
@@ -171,7 +165,7 @@ class EvalService:
         # takes the cores the other's batch runs on (on the CPU backend a candidate's batch ran at half speed)
         policy = (("OMP_WAIT_POLICY", "PASSIVE"),)
         self.judge = WorkerProcess(WorkerSpec(self.cfg.backend, str(self.build_dir), self.threads, device=device,
-                                              module="stark_ray.eval.judge", extra=tuple(extra), env=policy))
+                                              module="stark_ray.eval.judge_process", extra=tuple(extra), env=policy))
         self.worker_starts = 0  # the judge's word: worker processes started so far, and restarts by the spare
         self.worker_promotions = 0
         self.worker_start_phases: dict[str, Any] = {}  # where the current worker's start went

@@ -16,13 +16,12 @@
 
 Blocks and positions come from the judge's own random source, different in every evaluation. Only floating inputs
 whose values are not all whole numbers are changed (a mask or labels stored as floats keep their meaning), and
-zeros stay zeros (a triangular or sparse input keeps its structure). A special trial on which the reference is not
-finite where it was, or raises, is left out, with a note in the log.
+zeros stay zeros (a triangular or sparse input keeps its structure): eval/perturbations.py. A special trial on which
+the reference is not finite where it was, or raises, is left out, with a note in the log.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,17 +34,13 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all, make_inputs, trial_scale
 from stark_ray.eval.memory import TRIAL_CACHE_BYTES, Footprint, Plan, param_bytes
+from stark_ray.eval.perturbations import Blocks, Change, Inputs, Perturbation, change_in_place, random_source
 from stark_ray.eval.tasks import TaskError, make_task_inputs
 
-BLOCKS = 8
-BLOCK_SCALE_DECADES = 2.0  # block factors from 10^-2 to 1
 SENSITIVE_COUNTS = (2, 8, 64, 512)  # elements changed per floating input (the last one included)
 SENSITIVE_FACTORS = (4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 2.0**20, 2.0**24)
 SENSITIVE_MARGIN = 4.0  # the reference must move beyond this many times the tolerance ...
 STRONG_MARGIN = 32.0  # ... and beyond this many times where some level of the ladder does
-SAMPLE = 1 << 16  # elements looked at to tell whole-number inputs
-
-Inputs = list[Any]
 
 
 @dataclass
@@ -192,64 +187,6 @@ def standard_trial(task: JudgeTask, cfg: EvalConfig, trial: int) -> Trial:
     return task.cache.get((cfg.seed, trial, cfg.trials), build)
 
 
-def random_source(device: str) -> torch.Generator:
-    """A generator seeded from the OS: blocks and positions no candidate (and no earlier run) can know."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(secrets.randbits(63))
-    return gen
-
-
-def perturbable(t: torch.Tensor) -> bool:
-    """A floating input whose values are not all whole numbers (a mask or labels as floats are left alone)."""
-    if not t.is_floating_point() or t.numel() == 0:
-        return False
-    flat = t.detach().reshape(-1)
-    sample = flat[:: max(1, flat.numel() // SAMPLE)]
-    return not bool(torch.equal(sample, sample.round()))
-
-
-Change = Callable[[int, torch.Tensor], None]  # (the input's number among those changed, its flat values)
-
-
-def change_in_place(inputs: Inputs, change: Change) -> int:
-    """``change`` the flat (contiguous order) values of every perturbable floating input of ``inputs`` (fresh
-    tensors of the caller's own: changed in place, strides kept); how many were changed."""
-    count = 0
-    for _, t in flatten_outputs(inputs, "input"):
-        if not isinstance(t, torch.Tensor) or not perturbable(t):
-            continue
-        if t.is_contiguous():
-            change(count, t.detach().view(-1))
-        else:
-            flat = t.detach().contiguous().reshape(-1)
-            change(count, flat)
-            t.detach().copy_(flat.view(t.shape))
-        count += 1
-    return count
-
-
-class _Blocks:
-    """Each floating input scaled block by block: cuts and factors drawn once per input (the same every time the
-    trial's inputs are made)."""
-
-    def __init__(self, gen: torch.Generator) -> None:
-        self.gen = gen
-        self.drawn: dict[int, tuple[list[int], list[float]]] = {}
-
-    def __call__(self, index: int, flat: torch.Tensor) -> None:
-        if index not in self.drawn:
-            gen, n = self.gen, flat.numel()
-            blocks = min(BLOCKS, n)
-            cuts = torch.randint(1, n, (blocks - 1,), generator=gen, device=gen.device).unique() if n > 1 else None
-            edges = [0, *cuts.tolist(), n] if cuts is not None else [0, n]
-            factors = torch.pow(10.0, -BLOCK_SCALE_DECADES * torch.rand(len(edges) - 1, generator=gen,
-                                                                        device=gen.device)).tolist()
-            self.drawn[index] = (edges, factors)
-        edges, factors = self.drawn[index]
-        for a, b, f in zip(edges, edges[1:], factors, strict=False):
-            flat[a:b].mul_(f)
-
-
 def changed_copy(task: JudgeTask, make: Callable[[], Inputs], change: Change) -> tuple[Inputs, int]:
     """``make()``'s inputs changed in place, on a copy where they may be the task's own tensors (``get_inputs`` hands
     out the same tensors: ``JudgeTask.fresh_inputs`` False); how many inputs were changed. Fresh inputs are changed
@@ -279,7 +216,7 @@ def finite_where(out: Any, base: Any) -> bool:
 
 def blocks_trial(task: JudgeTask, base: Trial, gen: torch.Generator) -> tuple[Trial | None, str]:
     """Floating inputs scaled block by block (random cuts and factors): a (trial, note)."""
-    blocks = _Blocks(gen)
+    blocks = Blocks(gen)
     inputs, changed = changed_copy(task, base.make, blocks)
     if not changed:
         return None, "blocks trial left out: no floating input to scale"
@@ -295,34 +232,7 @@ def blocks_trial(task: JudgeTask, base: Trial, gen: torch.Generator) -> tuple[Tr
     return Trial(label, _changed(task, base.make, blocks), ref, base.seed, input_bytes=base.input_bytes), ""
 
 
-class _Perturbation:
-    """``count`` positions in each floating input (its last element among them, the rest at random), each with
-    its own share (1/2 to 1) of a factor; the same positions whatever the factor."""
-
-    def __init__(self, count: int, gen: torch.Generator) -> None:
-        self.count = count
-        self.gen = gen
-        self.picks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def _positions(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        gen = self.gen
-        where = torch.randint(0, n, (max(self.count - 1, 0),), generator=gen, device=gen.device)
-        where = torch.cat([where, torch.tensor([n - 1], device=gen.device)]).unique()  # each once: made alike
-        share = (0.5 + 0.5 * torch.rand(where.numel(), generator=gen, device=gen.device)).to(device)
-        where = where.to(device)
-        return where, share
-
-    def by(self, factor: float) -> Change:
-        def multiply(index: int, flat: torch.Tensor) -> None:
-            if index not in self.picks:
-                self.picks[index] = self._positions(flat.numel(), flat.device)
-            where, share = self.picks[index]
-            flat[where] = flat[where] * (share * factor).to(flat.dtype)
-
-        return multiply
-
-
-def _sensitive(task: JudgeTask, change: _Perturbation, factor: float, ref: Any, base: Trial) -> Trial:
+def _sensitive(task: JudgeTask, change: Perturbation, factor: float, ref: Any, base: Trial) -> Trial:
     return Trial(f"sensitivity trial ({change.count} elements of each floating input x{factor:g})",
                  _changed(task, base.make, change.by(factor)), ref, base.seed, input_bytes=base.input_bytes)
 
@@ -339,9 +249,9 @@ def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: T
     are GBs: one set at a time)."""
     weak, strong = tol.widened(SENSITIVE_MARGIN), tol.widened(STRONG_MARGIN)
     start_count, start_factor, want_strong = task.sensitivity  # no strong level last time: the weak one will do
-    fallback: tuple[int, int, _Perturbation] | None = None  # its level (made again: a large task's inputs are GBs)
+    fallback: tuple[int, int, Perturbation] | None = None  # its level (made again: a large task's inputs are GBs)
     for ci in range(start_count, len(SENSITIVE_COUNTS)):
-        change = _Perturbation(SENSITIVE_COUNTS[ci], gen)
+        change = Perturbation(SENSITIVE_COUNTS[ci], gen)
         for fi in range(start_factor if ci == start_count else 0, len(SENSITIVE_FACTORS)):
             factor = SENSITIVE_FACTORS[fi]
             inputs, changed = changed_copy(task, base.make, change.by(factor))

@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         from stark_ray.eval.backends import get_backend
         from stark_ray.eval.build_cache import set_requester
         from stark_ray.eval.garbage import collect
-        from stark_ray.eval.host import CandidateHost, preload
+        from stark_ray.eval.guards import preload
+        from stark_ray.eval.host import CandidateHost
         from stark_ray.eval.worker_builds import build_extension, build_only
 
         backend = get_backend(args.backend)

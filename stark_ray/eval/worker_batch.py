@@ -13,7 +13,8 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import rebuild_outputs
 from stark_ray.eval.confirmation import PackedSets, packed_slots
-from stark_ray.eval.exchange import Outbox, TensorSpec, digests
+from stark_ray.eval.exchange import TensorSpec, digests
+from stark_ray.eval.outbox import Outbox
 from stark_ray.eval.protocol import OP_STAGE
 from stark_ray.eval.trees import encode_tree
 from stark_ray.eval.trials import JudgeTask, synchronize

@@ -1,0 +1,129 @@
+"""The judge's process: ``python -m stark_ray.eval.judge_process --backend B ...``, as the service starts it.
+
+It starts the worker (in a thread, beside its own start: torch, the device, its facts and peaks), says hello with
+the start's phases, then serves one request per line of its stdin with a :class:`~stark_ray.eval.judge.Judge`,
+answering on its own channel (the original stdout; what anything prints goes to stderr) until the device is no
+longer healthy or the service closes the pipe. It dies with its parent, and what the worker's candidates detach
+stays below it (:mod:`stark_ray.eval.lifetime`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import functools
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stark_ray.eval.backends import get_backend
+from stark_ray.eval.builds import serve_build
+from stark_ray.eval.garbage import collect
+from stark_ray.eval.judge import Judge
+from stark_ray.eval.launch import WorkerSpec
+from stark_ray.eval.lifetime import become_subreaper, die_with_parent
+from stark_ray.eval.protocol import STACK_DUMP_SIGNAL, WorkerRequest
+from stark_ray.eval.runner import MAX_REQUESTS, WorkerProcess
+from stark_ray.eval.sol import device_peaks
+
+
+def _serve_build(spec: WorkerSpec, request: dict[str, Any], seconds: float) -> dict[str, Any]:
+    return serve_build(request, spec, Path(spec.build_dir), seconds)
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="stark_ray.eval.judge_process")
+    p.add_argument("--backend", required=True)
+    p.add_argument("--build-dir", required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--isolate-worker", action="store_true", help="the worker in namespaces of its own")
+    p.add_argument("--hide", action="append", default=[], help="isolated: a path the worker does not see")
+    p.add_argument("--spare-worker", action="store_true", help="keep a hot spare of the worker")
+    p.add_argument("--max-requests", type=int, default=MAX_REQUESTS, help="candidates per worker process")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    die_with_parent()  # and what the worker's candidates detach stays below us (eval/lifetime.py)
+    become_subreaper()
+    args = _args(argv)
+    sys.stdout.flush()
+    ctrl = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
+
+    def send(msg: dict[str, Any]) -> None:
+        ctrl.write(json.dumps(msg) + "\n")
+        ctrl.flush()
+
+    spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True,
+                      hidden=tuple(args.hide))
+    worker = WorkerProcess(spec, max_requests=args.max_requests, spare=args.spare_worker)
+    if spec.isolate:  # what it builds (cpu_cpp; a build in ModelNew's __init__) is made outside (eval/builds.py)
+        worker.on_build = functools.partial(_serve_build, spec)
+    started: list[BaseException | None] = []
+
+    def start_worker() -> None:  # beside our own start: torch, the device, its facts
+        try:
+            worker.start()
+            started.append(None)
+        except BaseException as e:
+            started.append(e)
+
+    begun = time.perf_counter()
+    laps: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        laps[name] = round(time.perf_counter() - begun - sum(laps.values()), 3)
+
+    starter = threading.Thread(target=start_worker, name="stark-worker-start", daemon=True)
+    starter.start()
+    try:
+        backend = get_backend(args.backend)
+        backend.prepare_judge(args.threads)
+        torch.set_grad_enabled(False)
+        lap("judge_prepare_s")
+        hello = backend.hardware_info()
+        peaks = device_peaks(backend.device, hello)  # before the free memory is read: the probe gives its back
+        lap("device_info_s")
+    except BaseException as e:  # a host problem (no GPU): the service reports the log's last lines
+        traceback.print_exc()
+        print(f"judge start failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        worker.close()
+        os._exit(3)
+    starter.join()
+    lap("worker_wait_s")
+    if started and started[0] is not None:
+        hello["worker_error"] = str(started[0])
+    worker_phases = worker.hello.get("start_phases")
+    if isinstance(worker_phases, dict):
+        laps.update({f"worker_{k}": v for k, v in worker_phases.items() if isinstance(v, int | float)})
+    hello["start_phases"] = laps
+    free = torch.cuda.mem_get_info()[0] if backend.device == "cuda" else 0
+    judge = Judge(backend, worker, free, peaks)
+    collect()  # what start-up made is frozen: the collection after each candidate scans only its objects
+    send({"hello": hello})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        answer = judge.handle(WorkerRequest.from_json(line), send)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        send(answer)
+        if not answer["healthy"]:
+            break
+    worker.close()
+    ctrl.close()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

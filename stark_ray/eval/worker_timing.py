@@ -1,0 +1,166 @@
+"""The worker's timings: the reference against itself (a task's first step), and a candidate against the reference
+(interleaved, on rotating input sets) after a profile of one of its calls — its own kernels (``no_kernel``), their
+streams (``unordered_stream``, ``extra_stream``) and where its GPU time goes (:mod:`stark_ray.eval.kernel_times`).
+
+These run in the worker, beside the candidate: what they report is its claim, which the judge checks against its
+own clock where it matters (:mod:`stark_ray.eval.judgement`, :mod:`stark_ray.eval.confirmation`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.backends import Backend
+from stark_ray.eval.compare import Tolerances, compare_outputs
+from stark_ray.eval.diagnostics import describe_exception
+from stark_ray.eval.inputs import clone_all
+from stark_ray.eval.kernel_sources import own_kernel_names
+from stark_ray.eval.kernel_times import describe, kernel_times, to_message
+from stark_ray.eval.streams import profile_call
+from stark_ray.eval.tasks import TaskError
+from stark_ray.eval.timing import (
+    GPU_WARMUP_MS,
+    HEAD_START_US,
+    Stats,
+    TimingMismatch,
+    leaves_work_behind,
+    time_interleaved,
+)
+from stark_ray.eval.warm_reference import WarmReference
+from stark_ray.records import STAGE_OK, EvalResult
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What a timing needs of the worker: its backend (timer, device), the request's settings, the task's
+    rotating input sets (as its memory plan keeps them) and how many rounds to time."""
+
+    backend: Backend
+    cfg: EvalConfig
+    sets: list[list[Any]]
+    trials: int
+
+
+def time_reference(state: WarmReference, how: Timing) -> EvalResult:
+    """The reference timed against itself (the ratio of the two halves shows the noise), and beside it
+    torch.compile's where the baseline is asked for; on a GPU, where its time goes (none without a profiler)."""
+    cfg = how.cfg
+    kernels = None
+    if state.device == "cuda":
+        with contextlib.suppress(Exception):
+            kernels = describe(kernel_times(profile_call(state.model, list(clone_all(how.sets[0]))).launches))
+    fns = [state.model, state.model]
+    if cfg.baseline == "compile":
+        fns.append(state.baseline_compiled())
+    try:
+        timings = time_interleaved(fns, how.sets, how.backend.timer(), cfg.warmup, how.trials, None,
+                                   _warmup_ms(state), cfg.timing_precision)
+    except TaskError:
+        raise
+    except torch.OutOfMemoryError as e:
+        raise TaskError(f"task {state.name}: the reference ran out of device memory while being timed "
+                        f"(the memory budget, or what else the device holds: {describe_exception(e)[:300]})"
+                        ) from None
+    except Exception as e:
+        raise TaskError(f"task {state.name}: reference forward failed: {describe_exception(e)}") from None
+    stats = Stats.of(timings[0].stats.samples + timings[1].stats.samples)
+    noise = timings[0].stats.median / timings[1].stats.median
+    log = f"reference: {stats.describe()}; self-speedup (noise) {noise:.3f}"
+    compiled_ms = None
+    if len(timings) > 2:
+        compiled_ms = timings[2].stats.median
+        log += f"\ntorch.compile baseline: {timings[2].stats.describe()}"
+    return EvalResult(compiled=True, passed_checks=True, runtime_ms=stats.median, ref_runtime_ms=stats.median,
+                      speedup=1.0, stage=STAGE_OK, log=log, ref_compile_runtime_ms=compiled_ms,
+                      runtime_cv=stats.cv, ref_runtime_cv=stats.cv, kernels=kernels)
+
+
+def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[str]], how: Timing,
+                   seed: int | None) -> dict[str, Any]:
+    """The candidate ``model`` timed against the reference, after a profile of one call on a GPU (``defined``: the
+    kernels its source defines); ``seed``: a reference that draws random numbers, every call of both sides after
+    it. The answer the judge reads: both sides' timings, or ``rejected`` (an unordered stream) or ``mismatch``."""
+    cfg = how.cfg
+    flags: list[str] = []
+    notes: list[str] = []
+    head_start = True
+    kernels: dict[str, Any] = {}
+    if state.device == "cuda":
+        try:
+            report = profile_call(model, list(clone_all(how.sets[0])))
+        except Exception as e:  # no profiler here (CUPTI missing): say so, do not guess
+            report = None
+            notes.append(f"kernel profile unavailable: {describe_exception(e)}")
+        if report is not None:
+            kernels = to_message(kernel_times(report.launches))
+            if not own_kernel_names(report.names, defined()):
+                flags.append("no_kernel")
+                shown = ", ".join(sorted(set(report.names))[:6]) or "nothing"
+                notes.append(f"no kernel of its own was launched (only: {shown})")
+            if report.unordered:
+                return {"rejected": "unordered_stream", "error": report.describe_unordered(),
+                        "flags": [*flags, "unordered_stream"], "log": notes}
+            if report.side_streams:
+                flags.append("extra_stream")
+                head_start = False
+                notes.append(f"its kernels use {len(report.side_streams)} more stream(s), in order with the "
+                             "current one: both sides timed without a head start, up to a device-wide sync")
+    fns = [state.model, model]
+    if seed is not None:
+        fns = [_seeded(fn, seed) for fn in fns]
+        notes.append("the reference draws random numbers: every timed call of both sides comes after the same "
+                     "seed (a few microseconds each, inside the timed call)")
+    tol = Tolerances.of(cfg)
+
+    def check(out: Any, ref: Any) -> str | None:
+        c = compare_outputs(out, ref, tol)
+        return None if c.ok else c.problem
+
+    try:
+        timings = time_interleaved(fns, how.sets, how.backend.timer(head_start), cfg.warmup, how.trials, check,
+                                   _warmup_ms(state), cfg.timing_precision)
+        compiled_ms = None
+        if cfg.baseline == "compile":  # checked once when compiled; timed beside the eager reference
+            compiled = time_interleaved([state.model, state.baseline_compiled()], how.sets,
+                                        how.backend.timer(head_start), cfg.warmup, how.trials, None,
+                                        _warmup_ms(state), cfg.timing_precision)[1]
+            compiled_ms = compiled.stats.median
+            notes.append(f"torch.compile baseline: {compiled.stats.describe()}")
+    except TimingMismatch as e:
+        return {"mismatch": f"{e} (memoised or racy output?)"}
+    ref_t, new_t = timings
+    synced = not head_start
+    if head_start and leaves_work_behind(new_t, ref_t):
+        flags.append("extra_stream")
+        synced = True
+        notes.append(f"work left running after forward returned ({new_t.gap_ms:.3g} ms): both sides timed up "
+                     "to a device-wide sync")
+    ref_stats, new_stats = (ref_t.synced, new_t.synced) if synced else (ref_t.stats, new_t.stats)
+    if ref_t.head_us and ref_t.head_us > HEAD_START_US:
+        notes.append(f"launch-bound: timed with a {ref_t.head_us:.0f} us head start (GPU time; launch "
+                     "overhead not counted)")
+    return {"ref": _stats(ref_stats), "new": _stats(new_stats), "compiled_ms": compiled_ms, "flags": flags,
+            "log": [f"reference: {ref_stats.describe()}", f"candidate: {new_stats.describe()}", *notes], **kernels}
+
+
+def _stats(s: Stats) -> dict[str, Any]:
+    """A timing for the judge; the samples in round order (the judge pairs the two sides' calls round by round)."""
+    return {"median": s.median, "mean": s.mean, "std": s.std, "min": s.min, "n": s.n, "samples": list(s.samples)}
+
+
+def _seeded(fn: Callable[..., Any], seed: int) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        torch.manual_seed(seed)
+        return fn(*args)
+
+    return call
+
+
+def _warmup_ms(state: WarmReference) -> float:
+    return GPU_WARMUP_MS if state.device == "cuda" else 0.0
