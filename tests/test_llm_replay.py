@@ -281,3 +281,20 @@ def test_a_cassette_recorded_before_the_speed_of_light_matches_prompts_that_show
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         comp = rp.complete(shown)
     assert comp.text == "the plan" and comp.extra["match"] == "shape" and rp.mismatches == 0 and not caplog.records
+
+
+def test_a_flag_that_one_timing_sets_is_no_change_of_shape_and_the_hint_names_the_real_change() -> None:
+    """A node measured above 10x once is flagged ``large_speedup``: the next prompts differ by that word only, which
+    a loaded host can make come and go (the demo's cassette left its path that way in a simulation). The hint for a
+    real difference names the first line that differs in shape, not the hardware (every line of which differs on
+    another machine)."""
+    from stark_ray.llm.replay import first_difference as hint_for
+
+    flagged = "## Node 3 — by plan+code\nResult: correct; speedup 10.2x\nFlags: large_speedup\n## Node 4\n"
+    plain = "## Node 3 — by plan+code\nResult: correct; speedup 9.8x\n## Node 4\n"
+    assert prompt_shape(flagged) == prompt_shape(plain)
+    assert "Flags: extra_stream" in prompt_shape(flagged.replace("large_speedup", "large_speedup, extra_stream"))
+    recorded = "Target hardware:\nCPU: AMD EPYC 7B13\nSIMD: avx2\n\n## Node 3 (selected) — by plan+code\n"
+    now = "Target hardware:\nCPU: Intel Xeon\nSIMD: avx512f\n\n## Node 3 (selected) — by debug\n"
+    hint = hint_for(recorded, now)
+    assert "by plan+code" in hint and "by debug" in hint and "SIMD" not in hint, hint

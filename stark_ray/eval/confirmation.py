@@ -5,9 +5,10 @@ candidate, which can patch them, hide work on other streams or answer from a cac
 ``EvalConfig.confirm_above`` (2 by default) is measured again by the judge:
 
 - K input sets, K chosen so that the candidate's batch lasts BATCH_TARGET_MS by its own claimed time (a claim too
-  fast only makes the batch longer; at most MAX_SETS, and as many as the judge makes in half a second), within a
-  memory budget. Both sides get K input sets and K sets of output buffers, packed one after another on a buffer
-  for each (:meth:`Outbox.pack`; the candidate's are shared with the worker: its slots), filled first with the
+  fast only makes the batch longer; at least MIN_SETS, at most MAX_SETS, and as many as the judge makes in half a
+  second), within a memory budget. Both sides get K input sets and K sets of output buffers, packed one after
+  another on a buffer for each (:meth:`Outbox.pack`; the candidate's are shared with the worker: its slots),
+  filled first with the
   first standard trial's inputs. The candidate's round also holds a message to the worker and its answer, which
   the reference's does not: with at most 64 sets (a 1 ms batch of 15 us calls) a Triton kernel at 5.97x was
   measured at 3.83x in one run and 2.86x in the next, and flagged; 256 sets make that share four times smaller;
@@ -29,8 +30,9 @@ candidate, which can patch them, hide work on other streams or answer from a cac
   calls of 11 us ran ~0.6 ms longer than its kernels). The batch speedup is the ratio of the faster round of
   each. It confirms the worker's speedup when it is at least AGREEMENT (half) of it, or 10x by itself (a call of
   microseconds carries host noise that compresses very large ratios; the worker's figure is then the one
-  reported, so a speedup that is really above 10x may be overstated). Else the result is flagged ``suspicious``
-  and kept off the leaderboard.
+  reported, so a speedup that is really above 10x may be overstated). Else the judgement measures it once more
+  (a new batch, fresh inputs; where its clock leaves time: a busy host can slow one batch), and a claim that
+  neither bears out is flagged ``suspicious`` and kept off the leaderboard.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ AGREEMENT = 0.5  # confirmed when the judge's batch speedup is at least this sha
 CONFIRMED_BY_ITSELF = 10.0  # ... or this large by itself
 BATCH_TARGET_MS = 10.0  # the candidate's batch lasts about this long, by its own claim
 MAX_SETS = 256  # packed on two buffers per side: a call of 15 us makes a batch of ~4 ms
+# at least this many where memory and time allow: a claim stretched by a busy host (5.5 ms for a 0.8 ms kernel)
+# asked for 2, and a round of 2 calls is mostly the fixed costs taken off it, whose noise then decides
+MIN_SETS = 8
 MAKE_BUDGET_S = 0.5  # at most this long to make one round's fresh input sets
 ROUNDS = 3  # the fastest of each side counts: load on the host only ever adds time
 OVERHEAD_FLOOR = 0.2  # the cost taken off leaves at least this share of a side's batch
@@ -93,7 +98,7 @@ def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out:
     """Input sets per batch: the candidate's claimed time times this is about BATCH_TARGET_MS, within the memory
     budget (``room``: what the evaluation's budget leaves; else a share of the device), and few enough that making
     a round's fresh sets (``make_s`` each) takes at most MAKE_BUDGET_S."""
-    wanted = math.ceil(BATCH_TARGET_MS / max(claimed_ms, 1e-3))
+    wanted = max(MIN_SETS, math.ceil(BATCH_TARGET_MS / max(claimed_ms, 1e-3)))
     if make_s > 0:
         wanted = min(wanted, max(1, int(MAKE_BUDGET_S / make_s)))
     # inputs: the fresh set, each side's buffers, the staging; outputs: the reference side's buffers, the slots and

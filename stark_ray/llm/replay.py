@@ -119,17 +119,30 @@ _LIGHT = re.compile(r", \d+(?:\.\d+)?% of the speed of light")
 _KERNELS = re.compile(r"^Kernels in one call \(GPU profile\): .*\n?", re.MULTILINE)
 
 
+# a node's flags (prompts/render.py) that a measured figure alone sets: a speedup above 10x by one timing
+_MEASURED_FLAGS = ("large_speedup",)
+_FLAGS = re.compile(r"^Flags: (.*)\n?", re.MULTILINE)
+
+
+def _unmeasured_flags(m: re.Match[str]) -> str:
+    kept = [f for f in m.group(1).split(", ") if f not in _MEASURED_FLAGS]
+    return f"Flags: {', '.join(kept)}\n" if kept else ""
+
+
 def prompt_shape(prompt: str) -> str:
     """The prompt with every number and the hardware description masked (the task's speed of light on it
-    included), and the nodes' shares of the speed of light and their kernels left out: prompts that differ only in
-    measured runtimes, speedups or errors (which change from run to run) or in the machine (a cassette recorded on
-    another CPU or GPU: its name, cores, SIMD) have the same shape."""
-    return _NUMBER.sub("#", _HARDWARE.sub("Target hardware:\n<hardware>\n", _LIGHT.sub("", _KERNELS.sub("", prompt))))
+    included), and the nodes' shares of the speed of light, their kernels and the flags a measured figure alone
+    sets (``large_speedup``) left out: prompts that differ only in measured runtimes, speedups or errors (which
+    change from run to run) or in the machine (a cassette recorded on another CPU or GPU: its name, cores, SIMD)
+    have the same shape."""
+    text = _FLAGS.sub(_unmeasured_flags, _LIGHT.sub("", _KERNELS.sub("", prompt)))
+    return _NUMBER.sub("#", _HARDWARE.sub("Target hardware:\n<hardware>\n", text))
 
 
 def first_difference(recorded: str, actual: str) -> str:
-    """A short hint: the first line where two prompts differ."""
-    old, new = recorded.splitlines(), actual.splitlines()
+    """A short hint: the first line where two prompts differ in shape (numbers shown as #: a machine's or a
+    timing's figures are no difference)."""
+    old, new = prompt_shape(recorded).splitlines(), prompt_shape(actual).splitlines()
     for i in range(max(len(old), len(new))):
         a = old[i] if i < len(old) else "<end>"
         b = new[i] if i < len(new) else "<end>"
