@@ -109,6 +109,7 @@ class AgentConfig:
 
 TOLERANCES = ("default", "kernelbench")
 BASELINES = ("eager", "compile")
+PROFILES = ("none", "ncu")
 
 
 ISOLATE_MODES = ("auto", "on", "off")
@@ -150,6 +151,10 @@ class EvalConfig:
     # a speedup above this is measured again by the judge's own wall clock before it counts
     # (stark_ray/eval/confirmation.py); 0: every candidate's (benchmarks/kernelbench_sweep.py --confirm)
     confirm_above: float = 2.0
+    # "ncu": each accepted candidate's top kernel counted by Nsight Compute after its evaluation, on a GPU where ncu
+    # can read the counters (else one line says why): DRAM and SM throughput, achieved occupancy and what limits
+    # it, in its observations (stark_ray/eval/ncu.py). Seconds per accepted candidate.
+    profile: str = "none"
 
     def hiding(self, *paths: object) -> EvalConfig:
         """This configuration with ``paths`` (a run directory: a path or a filesystem URI, which needs none) hidden
@@ -170,6 +175,8 @@ class EvalConfig:
             raise ValueError(f"unknown tolerance {self.tolerance!r}; choose one of {', '.join(TOLERANCES)}")
         if self.baseline not in BASELINES:
             raise ValueError(f"unknown baseline {self.baseline!r}; choose one of {', '.join(BASELINES)}")
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; choose one of {', '.join(PROFILES)}")
         if self.trials < 1 or (self.timing_trials is not None and self.timing_trials < 1):
             raise ValueError("trials and timing_trials must be >= 1")
         if not 0 <= self.timing_precision < 1:

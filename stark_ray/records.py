@@ -93,6 +93,8 @@ class EvalResult:
     # launches, then its kernels by name with their time and share. The candidate's process measured it: an
     # observation for the agents, never a verdict. None off the GPU or without a profiler.
     kernels: str | None = None
+    # --profile ncu: the top kernel's Nsight Compute counters, one line (eval/ncu.py), or why there are none
+    profile: str | None = None
 
     @property
     def accepted(self) -> bool:
@@ -263,6 +265,7 @@ def attempt_schema() -> Any:
             ("sol_bound", pa.string()),
             ("sol_fraction", pa.float64()),
             ("kernels", pa.string()),
+            ("profile", pa.string()),
         ]
     )
 

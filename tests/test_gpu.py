@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -208,3 +208,17 @@ def test_stark_eval_json_on_the_gpu(tmp_path: Path) -> None:
     for key in ("compiled", "passed_checks", "accepted", "runtime_ms", "ref_runtime_ms", "speedup", "flags", "error"):
         assert key in report
     assert report["accepted"] and report["speedup"] > 0
+
+
+def test_nsight_compute_counts_an_accepted_candidates_top_kernel(tmp_path: Path) -> None:
+    """--profile ncu: the fused candidate's own kernel counted by ncu (where this machine lets ncu read the
+    counters: a runtime that does not is a skip that says why, not a pass)."""
+    task = load_task(TASKS / "1_LeakyReluScale.py")
+    with EvalService(replace(_cfg("cuda", str(tmp_path)), profile="ncu")) as service:
+        service.reference(task)
+        r = service.evaluate(task, (GPU_CANDIDATES / "1_LeakyReluScale_cuda_fused.py").read_text())
+    assert r.accepted and r.profile, (r.error, r.profile)
+    if r.profile.startswith("no Nsight Compute profile") and any(
+            why in r.profile for why in ("not installed", "not permitted", "Failed to initialize the profiler")):
+        pytest.skip(r.profile)
+    assert r.profile.startswith("Nsight Compute, top kernel ") and "DRAM" in r.profile, r.profile

@@ -121,3 +121,15 @@ def test_stark_eval_shows_the_kernels() -> None:
     _, _, selected, _ = _nodes()
     assert "  kernels in one call: 1 launch, 0.4 ms of GPU time: relu_fused_kernel" in eval_report(
         "t", "c.py", selected.result)
+
+
+def test_the_selected_candidates_nsight_counters_are_in_the_prompt_and_a_reason_for_none_is_not() -> None:
+    task, root, selected, other = _nodes()
+    counted = "Nsight Compute, top kernel relu_fused_kernel: DRAM 88% and SM 12% of peak (memory side busier)"
+    selected.result.profile = counted
+    other.result.profile = "Nsight Compute, top kernel other_kernel: DRAM 50% and SM 50% of peak"
+    _, plan = plan_messages(task, selected, window_section(task, selected, [root, selected, other], 20_000), 100_000)
+    assert counted in plan and "other_kernel" not in plan
+    selected.result.profile = "no Nsight Compute profile: ncu is not installed here"
+    _, plan = plan_messages(task, selected, window_section(task, selected, [root, selected, other], 20_000), 100_000)
+    assert "Nsight" not in plan

@@ -25,6 +25,8 @@ SEARCH, AGENTS, EVAL = SearchConfig(), AgentConfig(), EvalConfig()
 Backend = Annotated[str, typer.Option(help=f"Candidate format: {' | '.join(available_backends())}")]
 Trials = Annotated[int, typer.Option(help="Correctness trials with fresh inputs.")]
 Baseline = Annotated[str, typer.Option(help="eager | compile (also time torch.compile(reference)).")]
+Profile = Annotated[str, typer.Option(
+    help="none | ncu (each accepted candidate's top kernel counted by Nsight Compute, on a GPU where it can).")]
 Tolerance = Annotated[str, typer.Option(help="default (per dtype) | kernelbench (atol=rtol=1e-2).")]
 BuildDir = Annotated[Path | None, typer.Option(help="Build cache (default ~/.cache/stark-ray/build).")]
 Isolate = Annotated[str, typer.Option(help="auto | on | off: generated code in namespaces of its own, no other "

@@ -69,6 +69,8 @@ def campaign(
     backend: Annotated[str | None, typer.Option(help=f"{' | '.join(available_backends())} "
                                                      f"(default: {_E.backend}).")] = None,
     baseline: Annotated[str | None, typer.Option(help=f"eager | compile (default: {_E.baseline}).")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help=f"none | ncu: Nsight Compute on each accepted candidate's top kernel (default: {_E.profile}).")] = None,
     tolerance: Annotated[str | None, typer.Option(help=f"{' | '.join(TOLERANCES)} (kernelbench: atol=rtol=1e-2) "
                                                        f"(default: {_E.tolerance}).")] = None,
     trials: Annotated[int | None, typer.Option(help=f"Correctness trials (default: {_E.trials}).")] = None,
@@ -118,7 +120,8 @@ def campaign(
                    "prompt_chars": prompt_chars},
         "agents": {"provider": provider, "model": model, "base_url": base_url, "timeout_s": timeout,
                    "cassette": str(cassette) if cassette else None},
-        "eval": {"backend": backend, "baseline": baseline, "tolerance": tolerance, "trials": trials, "seed": seed,
+        "eval": {"backend": backend, "baseline": baseline, "profile": profile, "tolerance": tolerance, "trials": trials,
+                 "seed": seed,
                  "isolate": isolate, "memory_budget_gb": memory_budget, "compile_timeout_s": compile_timeout},
         "caps": {"max_cost": max_cost, "max_tokens": max_tokens, "task_max_cost": task_max_cost,
                  "task_max_tokens": task_max_tokens},
@@ -148,7 +151,8 @@ def campaign(
         run_dir = existing_dir(resume, "--resume", "campaign directory")
         fixed = {"--tasks": tasks, "--kernelbench": kernelbench, "--levels": levels, "--ids": ids, "--names": names,
                  "--subset": subset, "--provider": provider, "--model": model, "--base-url": base_url,
-                 "--cassette": cassette, "--backend": backend, "--baseline": baseline, "--trials": trials,
+                 "--cassette": cassette, "--backend": backend, "--baseline": baseline, "--profile": profile,
+                 "--trials": trials,
                  "--seed": seed, "--isolate": isolate, "--memory-budget": memory_budget,
                  "--compile-timeout": compile_timeout, "--policy": policy, "--ablation": ablation,
                  "--epsilon": epsilon, "--n-root": n_root, "--n-child": n_child,

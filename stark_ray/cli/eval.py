@@ -17,6 +17,7 @@ from stark_ray.cli.app import (
     CompileTimeout,
     Isolate,
     MemoryBudget,
+    Profile,
     Tolerance,
     Trials,
     app,
@@ -40,6 +41,7 @@ def eval_candidate(
         help="Stop timing (after 40 rounds) once each median's relative standard error is below this; 0: "
              "always --timing-trials.")] = EVAL.timing_precision,
     baseline: Baseline = EVAL.baseline,
+    profile: Profile = EVAL.profile,
     tolerance: Tolerance = EVAL.tolerance,
     seed: Annotated[int, typer.Option(help="Seeds the inputs.")] = EVAL.seed,
     build_dir: BuildDir = None,
@@ -59,6 +61,7 @@ def eval_candidate(
 
     try:
         cfg = EvalConfig(backend=backend, trials=trials, timing_trials=timing_trials, seed=seed, baseline=baseline,
+                         profile=profile,
                          timing_precision=timing_precision, isolate=isolate, memory_budget_gb=memory_budget,
                          compile_timeout_s=compile_timeout,
                          tolerance=tolerance, build_dir=str(build_dir) if build_dir else None)
@@ -127,6 +130,8 @@ def eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str:
                      + (f"{result.sol_fraction:.1%} of it{ref}" if result.sol_fraction is not None else "not timed"))
     if result.kernels:
         lines.append(f"  kernels in one call: {result.kernels}")
+    if result.profile:
+        lines.append(f"  {result.profile}")
     if result.ref_compile_runtime_ms is not None and result.runtime_ms:
         lines.append(f"  torch.compile baseline {result.ref_compile_runtime_ms:.4f} ms: speedup "
                      f"{result.ref_compile_runtime_ms / result.runtime_ms:.3f}x")

@@ -18,6 +18,7 @@ from stark_ray.cli.app import (
     CompileTimeout,
     Isolate,
     MemoryBudget,
+    Profile,
     Tolerance,
     Trials,
     app,
@@ -92,6 +93,7 @@ def optimize(
     compile_timeout: CompileTimeout = EVAL.compile_timeout_s,
     memory_budget: MemoryBudget = None,
     baseline: Baseline = EVAL.baseline,
+    profile: Profile = EVAL.profile,
     tolerance: Tolerance = EVAL.tolerance,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
     executor: Annotated[str, typer.Option(help="ray (TreeMemory and Evaluator actors, agent tasks) | local "
@@ -140,6 +142,7 @@ def optimize(
                                 temperature_plan=temperature_plan, temperature_code=temperature_code,
                                 temperature_debug=temperature_debug, temperature_single=temperature_code)
         eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed, baseline=baseline, tolerance=tolerance,
+                              profile=profile,
                               build_dir=str(build_dir) if build_dir else None, isolate=isolate,
                               memory_budget_gb=memory_budget, compile_timeout_s=compile_timeout)
     except ValueError as e:

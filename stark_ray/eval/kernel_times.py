@@ -13,6 +13,7 @@ agents as an observation, never used for a verdict or a score. :func:`from_messa
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -108,3 +109,12 @@ def describe(b: Breakdown) -> str:
         rest = max(0.0, b.ms - sum(k.ms for k in b.kernels[:TOP]))
         parts.append(f"{_plural(b.launches - shown, 'other launch')} {rest:.4g} ms")
     return f"{head}: " + "; ".join(parts)
+
+
+_TOP = re.compile(r"ms of GPU time: (.+?) \d[\d.e+-]* ms \(")
+
+
+def top_kernel(described: str | None) -> str | None:
+    """The kernel that took the most time, from a :func:`describe` line (None: no kernel)."""
+    m = _TOP.search(described or "")
+    return m.group(1) if m else None

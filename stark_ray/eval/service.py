@@ -35,6 +35,7 @@ from stark_ray.eval.hardware import usable_cpus
 from stark_ray.eval.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
 from stark_ray.eval.launch import WorkerSpec, visible_device
 from stark_ray.eval.memory import OverBudget
+from stark_ray.eval.ncu import profile as ncu_profile
 from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
@@ -143,6 +144,8 @@ class EvalService:
                  worker_max_requests: int = MAX_REQUESTS) -> None:
         self.cfg = cfg or EvalConfig()
         self.backend = get_backend(self.cfg.backend)  # ValueError for a backend this version does not offer
+        if self.cfg.profile == "ncu" and self.backend.device != "cuda":
+            raise EvaluatorError(f"--profile ncu counts a GPU's kernels: backend {self.cfg.backend} runs on the CPU")
         self.build_dir = cache_root(self.cfg.build_dir)
         self.threads = usable_cpus()
         self.compile_workers = compile_workers or default_compile_workers(self.threads)
@@ -346,6 +349,11 @@ class EvalService:
         if build_s:  # the pool's build plus the device worker's (cached) load
             result.compile_s = build_s + (result.compile_s or 0.0)
             result.eval_s = build_s + (result.eval_s or 0.0)
+        if cfg.profile == "ncu" and result.accepted:  # Nsight Compute on its top kernel, the device ours meanwhile
+            self._doing_now(key, "profiling (ncu)")
+            with self._device_lock:
+                result.profile = ncu_profile(replace(self.judge.spec, isolate=self.isolated, hidden=self.hidden),
+                                             task.name, task.source, source, result.kernels, cfg.seed)
         return result
 
     def evaluate_many(self, task: Task, sources: Sequence[str], cfg: EvalConfig | None = None) -> list[EvalResult]:

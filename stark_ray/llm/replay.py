@@ -114,9 +114,9 @@ _HARDWARE = re.compile(r"^Target hardware:\n(?:[^\n]+\n?)+", re.MULTILINE)
 # a node's share of the task's speed of light (prompts/render.py): a measured figure, absent from cassettes recorded
 # before it existed or on a device without its figures
 _LIGHT = re.compile(r", \d+(?:\.\d+)?% of the speed of light")
-# a node's kernels in one call (prompts/render.py's KERNELS_LINE): names and times from a GPU profile, absent from
-# cassettes recorded before it existed or off the GPU
-_KERNELS = re.compile(r"^Kernels in one call \(GPU profile\): .*\n?", re.MULTILINE)
+# a node's kernels in one call and its Nsight Compute counters (prompts/render.py's KERNELS_LINE, NCU_LINE): names
+# and figures from a GPU profile, absent from cassettes recorded before they existed, off the GPU or without ncu
+_KERNELS = re.compile(r"^(?:Kernels in one call \(GPU profile\): |Nsight Compute, top kernel ).*\n?", re.MULTILINE)
 
 
 # a node's flags (prompts/render.py) that a measured figure alone sets: a speedup above 10x by one timing

@@ -38,6 +38,7 @@ _SEP = "\n\n"
 _FOOTER_RESERVE = 90
 # the selected node's and the reference's profile of one call (eval/kernel_times.py), where the device has one
 KERNELS_LINE = "Kernels in one call (GPU profile): "
+NCU_LINE = "Nsight Compute, top kernel "  # how eval/ncu.py's counters begin (its reasons for none are not shown)
 
 
 def fenced(text: str, lang: str = "") -> str:
@@ -145,6 +146,8 @@ def render_node(node: Node, *, level: int = FULL, parent_source: str | None = No
     parts.append(describe_result(node))
     if (selected or node.is_root) and level != BRIEF and node.result.kernels:
         parts.append(f"{KERNELS_LINE}{clip(node.result.kernels, 800)}")
+    if selected and level != BRIEF and (node.result.profile or "").startswith(NCU_LINE):  # counted (--profile ncu)
+        parts.append(clip(node.result.profile or "", 500))
     log_chars = 0 if code_elsewhere else _LOG_CHARS[level]
     if log_chars and not node.result.accepted and node.result.log.strip():
         parts.append(f"Log excerpt:\n{fenced(excerpt(node.result.log, log_chars), 'text')}")
