@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository: stark_ray without installing it
 TASKS = ROOT / "examples" / "tasks"
 CANDIDATES = ROOT / "examples" / "candidates"
 GPU = CANDIDATES / "gpu"
