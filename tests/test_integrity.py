@@ -335,7 +335,8 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
         assert r.speedup is not None and r.speedup > 2  # what the patched clock made the worker believe
         # a claim the wall clock does not bear out is measured once more (where the clock leaves time): a cheat
         # fails both
-        assert "; measured again: suspicious" in (r.error or "") or "no time left" in (r.error or ""), r.error
+        assert ("measured again, its rounds pooled with the first's: suspicious" in (r.error or "")
+                or "no time left" in (r.error or "")), r.error
     after = judged(service, tasks["affine"], py(HONEST))
     assert passed(after), after.error
 

@@ -133,3 +133,8 @@ def test_the_selected_candidates_nsight_counters_are_in_the_prompt_and_a_reason_
     selected.result.profile = "no Nsight Compute profile: ncu is not installed here"
     _, plan = plan_messages(task, selected, window_section(task, selected, [root, selected, other], 20_000), 100_000)
     assert "Nsight" not in plan
+
+
+def test_escape_sequences_in_a_kernels_name_never_reach_a_terminal() -> None:
+    back = from_message({"kernels": [["\x1b[2J\x1b[31mred\x07 kernel", 0.5, 1]], "launches": 1, "kernel_ms": 0.5})
+    assert back is not None and back.kernels[0].name == "[2J[31mred kernel"

@@ -156,7 +156,7 @@ def test_changed_prompt_warns_and_serves_in_order(cassette: Path, caplog: pytest
     assert rp.mismatches == 1
     [record] = caplog.records
     assert record.levelno == logging.WARNING and record.name == LOGGER
-    assert "line 4" in record.getMessage() and "plan one, edited" in record.getMessage()
+    assert "first difference" in record.getMessage() and "plan one, edited" in record.getMessage()
     assert rp.complete(PLAN_2).text == "reply plan 2"  # the rest still matches exactly
     assert rp.mismatches == 1
 

@@ -117,3 +117,38 @@ def test_a_cpu_backend_with_profile_ncu_is_one_line_at_once() -> None:
         EvalService(EvalConfig(backend="cpu_cpp", profile="ncu"))
     with pytest.raises(ValueError, match="unknown profile"):
         EvalConfig(profile="nsys")
+
+
+@pytest.mark.parametrize(("name", "base"), [
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+     "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)", "cunn_SoftMaxForward"),
+    ("void (anonymous namespace)::my_kernel<float>(float*)", "my_kernel"),
+    ("void ns::k<float>(float*, int)", "k"),
+    ("relu_kernel", "relu_kernel"),
+])
+def test_a_kernels_function_name_whatever_its_namespaces_and_templates(name: str, base: str) -> None:
+    assert ncu.kernel_base_name(name) == base
+
+
+def test_a_copy_is_never_the_kernel_counted() -> None:
+    from stark_ray.eval.kernel_times import top_kernel
+
+    described = ("3 launches, 0.5 ms of GPU time: Memcpy DtoD (Device -> Device) 0.3 ms (60%, 1 launch); "
+                 "void k<float>(float*) 0.2 ms (40%, 2 launches)")
+    assert top_kernel(described) == "void k<float>(float*)"
+    assert top_kernel("1 launch, 0.5 ms of GPU time: Memset (Device) 0.5 ms (100%, 1 launch)") is None
+
+
+def test_what_the_candidate_prints_is_never_read_as_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target's own output (a candidate can print anything) is not ncu's report: a stand-in ncu that writes no
+    report while the target prints CSV rows gives no counters."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "forged.txt").write_text(REPORT)
+    fake = bin_dir / "ncu"
+    fake.write_text(f'#!/bin/sh\ncat "{tmp_path / "forged.txt"}"\nexit 0\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    line = ncu.profile(_spec(tmp_path), "t", "class Model: ...", "class ModelNew: ...",
+                       "1 launch, 1.2 ms of GPU time: relu_kernel 1.2 ms (100%, 1 launch)", 0)
+    assert line == "no Nsight Compute profile: ncu exited with status 0 and no counters", line

@@ -31,8 +31,9 @@ candidate, which can patch them, hide work on other streams or answer from a cac
   each. It confirms the worker's speedup when it is at least AGREEMENT (half) of it, or 10x by itself (a call of
   microseconds carries host noise that compresses very large ratios; the worker's figure is then the one
   reported, so a speedup that is really above 10x may be overstated). Else the judgement measures it once more
-  (a new batch, fresh inputs; where its clock leaves time: a busy host can slow one batch), and a claim that
-  neither bears out is flagged ``suspicious`` and kept off the leaderboard.
+  (a new batch, fresh inputs; where its clock leaves time: a busy host can slow one batch) and decides on the six
+  rounds pooled (each side's fastest of all), not on a second draw; a claim they do not bear out is flagged
+  ``suspicious`` and kept off the leaderboard.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ MAX_SETS = 256  # packed on two buffers per side: a call of 15 us makes a batch 
 # at least this many where memory and time allow: a claim stretched by a busy host (5.5 ms for a 0.8 ms kernel)
 # asked for 2, and a round of 2 calls is mostly the fixed costs taken off it, whose noise then decides
 MIN_SETS = 8
+MIN_ROUND_MS = 1000.0  # ... where a round of both sides lasts at most this long by the claim (slow calls: fewer)
 MAKE_BUDGET_S = 0.5  # at most this long to make one round's fresh input sets
 ROUNDS = 3  # the fastest of each side counts: load on the host only ever adds time
 OVERHEAD_FLOOR = 0.2  # the cost taken off leaves at least this share of a side's batch
@@ -69,11 +71,22 @@ CPU_BUDGET_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
+class Walls:
+    """The rounds of a confirmation: each side's batch seconds, the fixed costs measured beside them, the batch."""
+
+    ref: list[float]
+    cand: list[float]
+    overheads: list[float]
+    k: int
+
+
+@dataclass(frozen=True)
 class Confirmation:
     confirmed: bool
     note: str  # one line for the log (and the error, when not confirmed)
     wall_speedup: float | None = None
     problem: str | None = None  # the candidate's batch outputs (or inputs) were wrong: a correctness failure
+    walls: Walls | None = None  # its rounds, for a second confirmation to pool with its own
 
 
 class CandidateSide(Protocol):
@@ -94,11 +107,13 @@ class CandidateSide(Protocol):
 
 
 def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out: Any, make_s: float = 0.0,
-              room: int | None = None) -> int:
-    """Input sets per batch: the candidate's claimed time times this is about BATCH_TARGET_MS, within the memory
-    budget (``room``: what the evaluation's budget leaves; else a share of the device), and few enough that making
-    a round's fresh sets (``make_s`` each) takes at most MAKE_BUDGET_S."""
-    wanted = max(MIN_SETS, math.ceil(BATCH_TARGET_MS / max(claimed_ms, 1e-3)))
+              room: int | None = None, speedup: float = 1.0) -> int:
+    """Input sets per batch: the candidate's claimed time times this is about BATCH_TARGET_MS, and at least MIN_SETS
+    where a round of both sides (the reference's calls ``speedup`` times the claim) stays within MIN_ROUND_MS;
+    within the memory budget (``room``: what the evaluation's budget leaves; else a share of the device), and few
+    enough that making a round's fresh sets (``make_s`` each) takes at most MAKE_BUDGET_S."""
+    least = min(MIN_SETS, int(MIN_ROUND_MS / max(claimed_ms * (1.0 + max(speedup, 0.0)), 1e-3)))
+    wanted = max(least, math.ceil(BATCH_TARGET_MS / max(claimed_ms, 1e-3)))
     if make_s > 0:
         wanted = min(wanted, max(1, int(MAKE_BUDGET_S / make_s)))
     # inputs: the fresh set, each side's buffers, the staging; outputs: the reference side's buffers, the slots and
@@ -250,20 +265,25 @@ class ReferenceSide:
 
 
 def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speedup: float, claimed_ms: float,
-            tol: Tolerances, candidate: CandidateSide, room: int | None = None) -> Confirmation:
+            tol: Tolerances, candidate: CandidateSide, room: int | None = None,
+            earlier: Walls | None = None) -> Confirmation:
     """Measure the candidate's speedup with the judge's own clock (see the module's docstring): the batch's sets
     filled first with ``make_template()``'s values; ``room``: the bytes the memory budget leaves it (None: a share
-    of the device)."""
-    started = time.perf_counter()
-    make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device)
-    synchronize(task)
-    make_s = time.perf_counter() - started
+    of the device); ``earlier``: the rounds of a confirmation that did not bear the claim out, pooled with these
+    (the same batch size; each side's fastest round of all counts)."""
     template = make_template()
-    k = set_count(task, claimed_ms, template, task.run(template, task.seed), make_s, room)
+    if earlier is not None:
+        k = earlier.k
+    else:
+        started = time.perf_counter()
+        make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device)
+        synchronize(task)
+        make_s = time.perf_counter() - started
+        k = set_count(task, claimed_ms, template, task.run(template, task.seed), make_s, room, event_speedup)
     ref = ReferenceSide(task, template, k, want_graph=True)
     del template  # the sets hold its values: not a copy more through the rounds
     try:
-        return _rounds(task, event_speedup, tol, candidate, ref, k)
+        return _rounds(task, event_speedup, tol, candidate, ref, k, earlier)
     finally:
         ref.release()
 
@@ -278,13 +298,13 @@ def _compare_round(outs: list[Any], refs: list[Any], tol: Tolerances) -> Confirm
 
 
 def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: CandidateSide, ref: ReferenceSide,
-            k: int) -> Confirmation:
+            k: int, earlier: Walls | None = None) -> Confirmation:
     graph = candidate.stage(ref.packed, ref.like, k, graph=ref.graph is not None)
     if ref.graph is not None and not graph:  # the same way on both sides
         ref.graph = None
-    ref_walls: list[float] = []
-    cand_walls: list[float] = []
-    overheads: list[float] = []
+    ref_walls: list[float] = [*earlier.ref] if earlier else []
+    cand_walls: list[float] = [*earlier.cand] if earlier else []
+    overheads: list[float] = [*earlier.overheads] if earlier else []
     for r in range(ROUNDS):
         sets = [make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device) for _ in range(k)]
         # first in the round (it writes the reference side's output buffers, which its run below writes again);
@@ -314,11 +334,13 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
     cand_s = max(min(cand_walls) - overhead - trip, OVERHEAD_FLOOR * min(cand_walls))
     wall = ref_s / cand_s if cand_s > 0 else float("inf")
     how = "as CUDA graphs" if graph else "call by call"
-    calls = (f"{ROUNDS}x{k} call(s) {how} on fresh inputs, {1e3 * cand_s / k:.3g} ms per call; fastest rounds "
+    calls = (f"{len(cand_walls)}x{k} call(s) {how} on fresh inputs, {1e3 * cand_s / k:.3g} ms per call; fastest rounds "
              f"{1e3 * min(ref_walls):.3g} ms (reference) and {1e3 * min(cand_walls):.3g} ms (of which "
              f"{1e3 * overhead:.3g} ms writing, copying and summing and {1e3 * trip:.2g} ms the message round trip)"
              + ("; outputs not compared: the reference draws random numbers" if task.draws_random else ""))
+    walls = Walls(ref_walls, cand_walls, overheads, k)
     if wall < min(AGREEMENT * event_speedup, CONFIRMED_BY_ITSELF):
         return Confirmation(False, f"suspicious: {event_speedup:.2f}x by the worker's timing but {wall:.2f}x by "
-                                   f"the judge's wall clock ({calls})", wall)
-    return Confirmation(True, f"speedup confirmed by the judge's wall clock: {wall:.2f}x ({calls})", wall)
+                                   f"the judge's wall clock ({calls})", wall, walls=walls)
+    return Confirmation(True, f"speedup confirmed by the judge's wall clock: {wall:.2f}x ({calls})", wall,
+                        walls=walls)

@@ -383,7 +383,8 @@ class CandidateHost:
         return inputs_on(tree, bufs), slots_on(slot_specs, bufs), list(bufs.values())
 
     def _timing(self, state: WarmReference, cfg: EvalConfig) -> Timing:
-        return Timing(self.backend, cfg, self._sets(state), cfg.timing_trials or self.backend.default_timing_trials())
+        return Timing(self.backend, cfg, lambda: self._sets(state),
+                      cfg.timing_trials or self.backend.default_timing_trials())
 
 
 def _task_failure(error: str) -> EvalResult:

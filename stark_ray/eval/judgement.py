@@ -180,7 +180,7 @@ class Judgement:
             log.append(warnings)
         breakdown = from_message(timed)  # the worker's profile of one call: shown to the agents, never a verdict
         return EvalResult(passed_checks=True, runtime_ms=new_ms, ref_runtime_ms=ref_ms, speedup=speedup, stage=STAGE_OK,
-                          log=excerpt("\n".join(log)), flags=flags, error="; ".join(rejected) or None,
+                          log=excerpt("\n".join(log)), flags=flags, error="; ".join(rejected)[:600] or None,
                           kernels=breakdown and describe(breakdown),
                           ref_compile_runtime_ms=compiled_ms, runtime_cv=new_cv, ref_runtime_cv=ref_cv,
                           speedup_err=timing.error if math.isfinite(timing.error) else None, **base)
@@ -198,25 +198,29 @@ class Judgement:
         return timed
 
     def confirmed(self, speedup: float, new_ms: float) -> Confirmation:
-        """The judge's wall-clock confirmation of ``speedup``; one that does not bear it out is measured once more
-        where the clock leaves time for it (a busy host can slow one batch: a claim is flagged only when neither
-        bears it out, and a candidate that is not as fast as it says is not, whatever the host)."""
-        first: Confirmation | None = None
+        """The judge's wall-clock confirmation of ``speedup``. One that does not bear it out is measured once more
+        where the clock leaves time for it, its rounds pooled with the first's (each side's fastest of all six
+        counts): a busy host that slowed one batch is given its due, and a candidate is given no second draw —
+        the reference's best round only gets better with more of them."""
+        earlier: Confirmation | None = None
         while True:
             started = time.monotonic()
             batch = WorkerBatch(self)
             try:
                 confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
-                                       new_ms, self.tol, batch, self.judge.memory.room())
+                                       new_ms, self.tol, batch, self.judge.memory.room(),
+                                       earlier.walls if earlier is not None else None)
             finally:
                 batch.release()
-            if first is not None:
-                return replace(confirmation, note=f"{first.note}; measured again: {confirmation.note}")
+            if earlier is not None:
+                first = earlier.wall_speedup or 0.0
+                return replace(confirmation, note=f"measured again, its rounds pooled with the first's: "
+                                                  f"{confirmation.note} (the first alone: {first:.2f}x)")
             if confirmation.confirmed or confirmation.problem:
                 return confirmation
             if self.clock.deadline - time.monotonic() < 2 * (time.monotonic() - started):
                 return replace(confirmation, note=f"{confirmation.note}; no time left to measure it again")
-            first = confirmation
+            earlier = confirmation
 
     def measure_again(self, first: Measured, base: dict[str, Any]) -> tuple[Measured, str]:
         """A noisy timing measured once more: the tighter of the two is kept (its figures whole, never mixed)."""

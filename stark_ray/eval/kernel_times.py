@@ -87,8 +87,13 @@ def from_message(msg: Any) -> Breakdown | None:
         ms, count = _ms(entry[1]), _count(entry[2])
         if ms is None or count is None:
             return None
-        kernels.append(KernelTime(" ".join(entry[0].split())[:NAME_CHARS], ms, count))
+        kernels.append(KernelTime(printable(entry[0], NAME_CHARS), ms, count))
     return Breakdown(kernels, launches, total)
+
+
+def printable(text: str, limit: int) -> str:
+    """``text`` as one line of printable characters (no escape sequence reaches a terminal), at most ``limit``."""
+    return "".join(ch for ch in " ".join(str(text).split()) if ch.isprintable())[:limit]
 
 
 def _plural(n: int, word: str) -> str:
@@ -111,10 +116,15 @@ def describe(b: Breakdown) -> str:
     return f"{head}: " + "; ".join(parts)
 
 
-_TOP = re.compile(r"ms of GPU time: (.+?) \d[\d.e+-]* ms \(")
+_ENTRY = re.compile(r"(.+?) \d[\d.e+-]* ms \(")
+COPIES = ("Memcpy", "Memset")  # what the profiler lists beside kernels: copies and fills, not code to count
 
 
 def top_kernel(described: str | None) -> str | None:
-    """The kernel that took the most time, from a :func:`describe` line (None: no kernel)."""
-    m = _TOP.search(described or "")
-    return m.group(1) if m else None
+    """The kernel (not a copy or a fill) that took the most time, from a :func:`describe` line (None: none)."""
+    _, found, entries = (described or "").partition("ms of GPU time: ")
+    for entry in entries.split("; ") if found else []:
+        m = _ENTRY.match(entry)
+        if m and not m.group(1).startswith(COPIES):
+            return m.group(1)
+    return None

@@ -14,6 +14,7 @@ that ran the candidate wrote what ncu read: like the kernel times, these figures
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import io
@@ -21,6 +22,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from stark_ray.eval.backends import backend_path
 from stark_ray.eval.isolation import jailed
-from stark_ray.eval.kernel_times import top_kernel
+from stark_ray.eval.kernel_times import printable, top_kernel
 from stark_ray.eval.launch import WorkerSpec, spec_env
 from stark_ray.eval.lifetime import spawn
 from stark_ray.eval.process_tree import kill_tree
@@ -49,6 +51,7 @@ LIMITS = {
     "blocks per SM": "launch__occupancy_limit_blocks",
 }
 TIMEOUT_S = 300.0
+REPORT_BYTES = 1 << 20  # read of ncu's log and of the processes' output, at most
 UNITS_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6,
             "s": 1e6}  # a duration's unit as ncu writes it -> microseconds
 
@@ -66,15 +69,20 @@ def find_ncu() -> str | None:
 
 
 def kernel_base_name(name: str) -> str:
-    """A kernel's function name as ncu filters on it: ``void ns::k<float>(float*, int)`` -> ``k``."""
-    head = name.split("(", 1)[0].strip()
-    depth, cut = 0, []
-    for ch in head:  # template arguments out
-        depth += ch == "<"
-        if depth == 0:
-            cut.append(ch)
-        depth -= ch == ">" and depth > 0
-    words = "".join(cut).split()
+    """A kernel's function name as ncu filters on it: ``void ns::(anonymous namespace)::k<float>(float*, int)``
+    -> ``k``: no return type, namespaces, template arguments or parameters."""
+    kept: list[str] = []
+    depth = 0
+    for ch in name.replace("(anonymous namespace)", ""):
+        if ch == "<":
+            depth += 1
+        elif ch == ">" and depth:
+            depth -= 1
+        elif depth == 0:
+            if ch == "(":  # the parameter list
+                break
+            kept.append(ch)
+    words = "".join(kept).split()
     return words[-1].split("::")[-1] if words else ""
 
 
@@ -121,9 +129,10 @@ def failure(text: str) -> str | None:
         if line.startswith("==ERROR=="):
             reason = " ".join(line.removeprefix("==ERROR==").split())
             if "ERR_NVGPUCTRPERM" in reason:
-                return ("the GPU's performance counters are not permitted to this user (ERR_NVGPUCTRPERM: an "
-                        "administrator sets NVreg_RestrictProfilingToAdminUsers=0, or run as root)")
-            return reason[:300]
+                return ("the GPU's performance counters are not permitted to this user (ERR_NVGPUCTRPERM; an "
+                        "isolated worker runs unprivileged: the driver's NVreg_RestrictProfilingToAdminUsers=0 lets "
+                        "it count, or --isolate off as an administrator)")
+            return printable(reason, 300)
     return None
 
 
@@ -139,7 +148,7 @@ def parse(text: str) -> Counters | None:
             if name == METRICS["duration"]:
                 value *= UNITS_US.get(unit, 1e-3)
             values[name] = value
-            kernel = kernel or " ".join((row.get("Kernel Name") or "").split())
+            kernel = kernel or printable(row.get("Kernel Name") or "", 200)
     if METRICS["dram"] not in values or METRICS["sm"] not in values:
         return None
     limits = {what: values[m] for what, m in LIMITS.items() if m in values}
@@ -147,14 +156,15 @@ def parse(text: str) -> Counters | None:
                     values.get(METRICS["duration"]), min(limits, key=limits.__getitem__) if limits else None)
 
 
-def reading(text: str, kernel: str, returncode: int | None) -> str:
-    """What a run of ncu says, one line: its counters, or why there are none (``returncode`` None: it timed out)."""
+def reading(text: str, kernel: str, returncode: int | None, reason: str | None = None) -> str:
+    """What a run of ncu says, one line: its counters, or why there are none (``returncode`` None: it timed out;
+    ``reason``: ncu's error, where it wrote one elsewhere than ``text``)."""
     if returncode is None:
         return f"no Nsight Compute profile: ncu did not finish within {TIMEOUT_S:.0f} s"
     counted = parse(text)
     if counted is not None:
         return f"Nsight Compute, top kernel {counted.describe()}"
-    reason = failure(text)
+    reason = failure(text) or reason
     if reason:
         return f"no Nsight Compute profile: {reason}"
     if "No kernels were profiled" in text:
@@ -184,16 +194,29 @@ def profile(spec: WorkerSpec, task_name: str, task_source: str, source: str, ker
         argv = command(ncu, kernel, target, str(report))
         if spec.isolate:  # as the worker: a read-only world, the build cache readable, the user's things hidden
             argv = jailed(argv, readable=(spec.build_dir,), hidden=spec.hidden)
-        proc = spawn(argv, spec_env(spec, workdir), direct=False, cwd=workdir, stdout=subprocess.PIPE,
-                     stderr=subprocess.STDOUT, start_new_session=True)
+        output = workdir / "output.txt"  # the processes' own output: a file (a pipe a stray could hold open)
+        with output.open("wb") as sink:
+            proc = spawn(argv, spec_env(spec, workdir), direct=False, cwd=workdir, stdin=subprocess.DEVNULL,
+                         stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            out, _ = proc.communicate(timeout=TIMEOUT_S)
-            code: int | None = proc.returncode
+            code: int | None = proc.wait(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)
-            out, _ = proc.communicate()
             code = None
-        logged = report.read_text(encoding="utf-8", errors="replace") if report.exists() else ""
-        return reading(f"{logged}\n{out.decode('utf-8', errors='replace')}", kernel, code)
+        finally:  # whatever it left running goes (isolated: its namespace's processes die with it)
+            kill_tree(proc.pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        logged = _head(report, REPORT_BYTES)  # ncu's own output: the counters are read from it alone
+        reason = failure(logged) or failure(_head(output, REPORT_BYTES))
+        return reading(logged, kernel, code, reason)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _head(path: Path, limit: int) -> str:
+    try:
+        with path.open("rb") as f:
+            return f.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return ""

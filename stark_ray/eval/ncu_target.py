@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_grad_enabled(False)
-    module, _, init_inputs = load_reference(args.name, Path(args.task).read_text(), args.seed, backend.device)
+    module, reference, init_inputs = load_reference(args.name, Path(args.task).read_text(), args.seed, backend.device)
+    del reference  # only its module and init inputs are needed: its parameters go back to the device
     candidate = import_file(Path(args.candidate), "stark_candidate")
     torch.manual_seed(args.seed)  # as the worker builds it: the reference's parameters
     model = on_device(candidate.ModelNew(*copy.deepcopy(init_inputs)), backend.device)

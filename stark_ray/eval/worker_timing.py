@@ -39,12 +39,17 @@ from stark_ray.records import STAGE_OK, EvalResult
 @dataclass(frozen=True)
 class Timing:
     """What a timing needs of the worker: its backend (timer, device), the request's settings, the task's
-    rotating input sets (as its memory plan keeps them) and how many rounds to time."""
+    rotating input sets (as its memory plan keeps them: made on first use, inside the timing's own error
+    handling, where a device out of memory is said as such) and how many rounds to time."""
 
     backend: Backend
     cfg: EvalConfig
-    sets: list[list[Any]]
+    timing_sets: Callable[[], list[list[Any]]]
     trials: int
+
+    @property
+    def sets(self) -> list[list[Any]]:
+        return self.timing_sets()
 
 
 def time_reference(state: WarmReference, how: Timing) -> EvalResult:

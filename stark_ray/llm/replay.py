@@ -147,7 +147,7 @@ def first_difference(recorded: str, actual: str) -> str:
         a = old[i] if i < len(old) else "<end>"
         b = new[i] if i < len(new) else "<end>"
         if a != b:
-            return f"line {i + 1}: recorded {a[:HINT_CHARS]!r}, now {b[:HINT_CHARS]!r}"
+            return f"first difference: recorded {a[:HINT_CHARS]!r}, now {b[:HINT_CHARS]!r}"
     return "same lines, different whitespace"
 
 
