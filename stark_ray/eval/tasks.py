@@ -139,6 +139,22 @@ def load_reference(name: str, source: str, seed: int, device: str) -> tuple[Modu
     return module, model, init_inputs
 
 
+@dataclass
+class BuiltReference:
+    """A task's reference as a process of the evaluator built it (:func:`load_reference`): the judge's
+    (``trials.JudgeTask``) and a worker's (``warm_reference.WarmReference``) add what each keeps of it."""
+
+    name: str
+    module: Any
+    model: Any
+    init_inputs: list[Any]
+    device: str
+    seed: int
+
+    def get_inputs(self) -> list[Any]:
+        return make_task_inputs(self.module, self.name)
+
+
 def make_task_inputs(module: ModuleType, task_name: str) -> list[Any]:
     try:
         inputs = module.get_inputs()

@@ -35,7 +35,7 @@ from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all, make_inputs, trial_scale
 from stark_ray.eval.memory import TRIAL_CACHE_BYTES, Footprint, Plan, param_bytes
 from stark_ray.eval.perturbations import Blocks, Change, Inputs, Perturbation, change_in_place, random_source
-from stark_ray.eval.tasks import TaskError, make_task_inputs
+from stark_ray.eval.tasks import BuiltReference, TaskError
 
 SENSITIVE_COUNTS = (2, 8, 64, 512)  # elements changed per floating input (the last one included)
 SENSITIVE_FACTORS = (4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 2.0**20, 2.0**24)
@@ -113,15 +113,9 @@ class TrialCache:
 
 
 @dataclass
-class JudgeTask:
+class JudgeTask(BuiltReference):
     """A task's reference inside the judge."""
 
-    name: str
-    module: Any
-    model: Any
-    init_inputs: list[Any]
-    device: str
-    seed: int
     cache: TrialCache = field(default_factory=TrialCache)
     # where the ladder of counts and factors moved the reference last time, and whether that was a strong move
     sensitivity: tuple[int, int, bool] = (0, 0, True)
@@ -132,9 +126,6 @@ class JudgeTask:
     fresh_inputs: bool = False  # get_inputs() makes new tensors each call (the judge checks once per task)
     draws_random: bool = False  # the forward draws from torch's generators (a dropout): every call seeded alike
     sol: Any = None  # its speed of light on this device (eval/sol.py), None where it cannot be told
-
-    def get_inputs(self) -> list[Any]:
-        return make_task_inputs(self.module, self.name)
 
     def held_bytes(self) -> int:
         return self.cache.used + param_bytes(self.model)

@@ -9,7 +9,7 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all
 from stark_ray.eval.memory import LARGE_SET_BYTES, param_bytes
-from stark_ray.eval.tasks import TaskError, make_task_inputs
+from stark_ray.eval.tasks import BuiltReference, TaskError
 from stark_ray.eval.timing import INPUT_SETS, make_input_sets
 
 
@@ -18,24 +18,15 @@ def on_device(model: Any, device: str) -> Any:
 
 
 @dataclass
-class WarmReference:
+class WarmReference(BuiltReference):
     """A task's reference inside the worker: module, model, the timing inputs (the judge holds the trials')."""
 
-    name: str
-    module: Any
-    model: Any
-    init_inputs: list[Any]
-    device: str
-    seed: int
     input_sets: list[list[Any]] | None = None
     compiled_model: Any = None
 
     def held_bytes(self) -> int:
         """Device (or host) memory this state keeps alive: the parameters and the timing input sets."""
         return sum(sum(nbytes_of(s)) for s in self.input_sets or []) + param_bytes(self.model)
-
-    def get_inputs(self) -> list[Any]:
-        return make_task_inputs(self.module, self.name)
 
     def timing_sets(self, count: int | None = None) -> list[list[Any]]:
         """The rotating timing input sets: ``count`` of them (the task's memory plan), else 4, or 2 for a set
