@@ -153,10 +153,11 @@ def give_back_cached() -> None:
         torch.cuda.empty_cache()
 
 
-def meta_footprint(module: Any, init_inputs: list[Any], get_inputs: Any) -> Footprint:
-    """A task's footprint from shapes alone, on the ``meta`` device (nothing allocated): its inputs and parameters,
-    and its outputs where the forward runs there (else counted as none: a lower bound). The work is taken to be the
-    outputs."""
+def on_meta(module: Any, init_inputs: list[Any], get_inputs: Any, mode: Any = None) -> tuple[int, int, int, bool]:
+    """The task's reference built and run on the ``meta`` device, from shapes alone (nothing allocated), under
+    ``mode`` where given (a ``TorchDispatchMode``: what counts its operations): the bytes of its inputs, outputs and
+    parameters, and whether the forward ran there (else its outputs count as none: it needs values, as an
+    ``.item()`` or a data-dependent shape does)."""
     import copy
 
     import torch
@@ -168,11 +169,18 @@ def meta_footprint(module: Any, init_inputs: list[Any], get_inputs: Any) -> Foot
         model = module.Model(*copy.deepcopy(init_inputs))
         params = param_bytes(model)
         try:
-            with torch.no_grad():
-                outputs = sum(nbytes_of(model(*inputs)))
-        except Exception:  # a forward that needs values (an .item(), a data-dependent shape): unknown here
-            outputs = 0
-    return Footprint(sum(nbytes_of(inputs)), outputs, outputs, params)
+            with torch.no_grad(), mode if mode is not None else contextlib.nullcontext():
+                outputs, ran = sum(nbytes_of(model(*inputs))), True
+        except Exception:
+            outputs, ran = 0, False
+    return sum(nbytes_of(inputs)), outputs, params, ran
+
+
+def meta_footprint(module: Any, init_inputs: list[Any], get_inputs: Any) -> Footprint:
+    """A task's footprint from shapes alone (:func:`on_meta`): its inputs and parameters, and its outputs where the
+    forward runs there (else counted as none: a lower bound). The work is taken to be the outputs."""
+    inputs, outputs, params, _ = on_meta(module, init_inputs, get_inputs)
+    return Footprint(inputs, outputs, outputs, params)
 
 
 def param_bytes(model: Any) -> int:

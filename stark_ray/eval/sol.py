@@ -23,7 +23,6 @@ What the figures mean, and do not:
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -139,8 +138,7 @@ def count_demand(module: Any, init_inputs: list[Any], get_inputs: Callable[[], A
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import flop_registry
 
-    from stark_ray.eval.guards import nbytes_of
-    from stark_ray.eval.memory import param_bytes
+    from stark_ray.eval.memory import on_meta
 
     flops: dict[str, int] = {}
 
@@ -155,18 +153,10 @@ def count_demand(module: Any, init_inputs: list[Any], get_inputs: Callable[[], A
                 flops[key] = flops.get(key, 0) + n
             return out
 
-    with torch.device("meta"):
-        inputs = list((get_inputs or module.get_inputs)())
-        model = module.Model(*copy.deepcopy(init_inputs))
-        params = param_bytes(model)
-        try:
-            with torch.no_grad(), Counting():
-                outputs = sum(nbytes_of(model(*inputs)))
-            known = True
-        except Exception:  # a forward that needs values: its outputs and FLOPs are not known here
-            outputs, known = 0, False
-            flops.clear()
-    return Demand(flops, sum(nbytes_of(inputs)), outputs, params, known)
+    inputs, outputs, params, known = on_meta(module, init_inputs, get_inputs or module.get_inputs, Counting())
+    if not known:  # a forward that needs values: its outputs and FLOPs are not known here
+        flops.clear()
+    return Demand(flops, inputs, outputs, params, known)
 
 
 def known_peaks(device_name: str) -> tuple[dict[str, float], float] | None:
