@@ -52,8 +52,9 @@ def excerpt(text: str, limit: int = LOG_LIMIT) -> str:
 
 
 def one_line(text: str, limit: int = 300) -> str:
-    """Collapse all whitespace (newlines included) and cut to ``limit`` characters: an error message's form."""
-    flat = " ".join(str(text).split())
+    """Collapse all whitespace (newlines included), drop what is not printable (no escape sequence a candidate
+    wrote reaches a terminal) and cut to ``limit`` characters: an error message's form."""
+    flat = "".join(ch for ch in " ".join(str(text).split()) if ch.isprintable())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 

@@ -41,7 +41,6 @@ from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import make_inputs, same_values, share_storage
 from stark_ray.eval.judge_memory import JudgeMemory
 from stark_ray.eval.judgement import Judgement, release_cached, tensors_of
-from stark_ray.eval.kernel_times import printable
 from stark_ray.eval.memory import KEPT_SHARE, Footprint, OverBudget, check_fits, meta_footprint, param_bytes, plan_for
 from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
 from stark_ray.eval.phase_clock import PhaseClock
@@ -61,7 +60,7 @@ from stark_ray.eval.sol import Peaks, stamp, task_sol
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.trials import JudgeTask, standard_trial
 from stark_ray.eval.verdicts import Decided, protocol_broken, tampered
-from stark_ray.records import STAGE_RUNTIME, EvalResult, excerpt
+from stark_ray.records import STAGE_RUNTIME, EvalResult, excerpt, one_line
 
 Send = Callable[[dict[str, Any]], None]
 KEPT_TASKS = 32  # task references the judge keeps, as the worker does
@@ -285,7 +284,7 @@ class Judge:
                 failed = result_from_message(msg["failed"])
                 raise TaskError(failed.error or "the reference could not be timed")
             result = result_from_message(msg["result"])
-            result.kernels = printable(result.kernels, 800) if isinstance(result.kernels, str) else None
+            result.kernels = one_line(result.kernels, 800) if isinstance(result.kernels, str) else None
             if task.footprint is not None and task.plan is not None:  # what the budget was measured against
                 result.add_line(f"device memory: needs {task.footprint.needs() / GB:.1f} GB of a budget of "
                                   f"{task.planned_for / GB:.1f} GB ({task.footprint.describe()}); "

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stark_ray.records import one_line
+
 TOP = 6  # kernels named; the rest are summed up
 NAME_CHARS = 90  # a kernel's name as shown (a C++ template instance's can run to thousands)
 
@@ -87,13 +89,8 @@ def from_message(msg: Any) -> Breakdown | None:
         ms, count = _ms(entry[1]), _count(entry[2])
         if ms is None or count is None:
             return None
-        kernels.append(KernelTime(printable(entry[0], NAME_CHARS), ms, count))
+        kernels.append(KernelTime(one_line(entry[0], NAME_CHARS), ms, count))
     return Breakdown(kernels, launches, total)
-
-
-def printable(text: str, limit: int) -> str:
-    """``text`` as one line of printable characters (no escape sequence reaches a terminal), at most ``limit``."""
-    return "".join(ch for ch in " ".join(str(text).split()) if ch.isprintable())[:limit]
 
 
 def _plural(n: int, word: str) -> str:

@@ -31,10 +31,11 @@ from pathlib import Path
 
 from stark_ray.eval.backends import backend_path
 from stark_ray.eval.isolation import jailed
-from stark_ray.eval.kernel_times import printable, top_kernel
+from stark_ray.eval.kernel_times import top_kernel
 from stark_ray.eval.launch import WorkerSpec, spec_env
 from stark_ray.eval.lifetime import spawn
 from stark_ray.eval.process_tree import kill_tree
+from stark_ray.records import one_line
 
 NCU_PLACES = ("/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu")
 METRICS = {
@@ -132,7 +133,7 @@ def failure(text: str) -> str | None:
                 return ("the GPU's performance counters are not permitted to this user (ERR_NVGPUCTRPERM; an "
                         "isolated worker runs unprivileged: the driver's NVreg_RestrictProfilingToAdminUsers=0 lets "
                         "it count, or --isolate off as an administrator)")
-            return printable(reason, 300)
+            return one_line(reason, 300)
     return None
 
 
@@ -148,7 +149,7 @@ def parse(text: str) -> Counters | None:
             if name == METRICS["duration"]:
                 value *= UNITS_US.get(unit, 1e-3)
             values[name] = value
-            kernel = kernel or printable(row.get("Kernel Name") or "", 200)
+            kernel = kernel or one_line(row.get("Kernel Name") or "", 200)
     if METRICS["dram"] not in values or METRICS["sm"] not in values:
         return None
     limits = {what: values[m] for what, m in LIMITS.items() if m in values}
