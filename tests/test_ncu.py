@@ -152,3 +152,19 @@ def test_what_the_candidate_prints_is_never_read_as_counters(tmp_path: Path, mon
     line = ncu.profile(_spec(tmp_path), "t", "class Model: ...", "class ModelNew: ...",
                        "1 launch, 1.2 ms of GPU time: relu_kernel 1.2 ms (100%, 1 launch)", 0)
     assert line == "no Nsight Compute profile: ncu exited with status 0 and no counters", line
+
+
+def test_a_target_out_of_device_memory_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ncu's process runs beside the judge and its worker (outside the memory budget's account): a target that ran
+    out of device memory is that reason, not a bare exit status."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "ncu"
+    fake.write_text("#!/bin/sh\necho 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.00 GiB'\n"
+                    "exit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    line = ncu.profile(_spec(tmp_path), "t", "class Model: ...", "class ModelNew: ...",
+                       "1 launch, 1.2 ms of GPU time: relu_kernel 1.2 ms (100%, 1 launch)", 0)
+    assert line.startswith("no Nsight Compute profile: the candidate ran out of device memory"), line
+    assert "\n" not in line

@@ -137,6 +137,15 @@ def failure(text: str) -> str | None:
     return None
 
 
+def out_of_memory(text: str) -> str | None:
+    """Why there are no counters where the profiled process ran out of device memory (it runs beside the judge and
+    its worker, which keep their task's state meanwhile: outside the memory budget's account), or None."""
+    if "OutOfMemoryError" in text or "CUDA out of memory" in text:
+        return ("the candidate ran out of device memory in ncu's process (beside the evaluator's kept state, "
+                "outside the memory budget)")
+    return None
+
+
 def parse(text: str) -> Counters | None:
     """The counters of the one profiled launch in ncu's CSV (``--csv``: a row per metric), or None."""
     rows = [line for line in text.splitlines() if line.startswith('"')]
@@ -209,7 +218,8 @@ def profile(spec: WorkerSpec, task_name: str, task_source: str, source: str, ker
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         logged = _head(report, REPORT_BYTES)  # ncu's own output: the counters are read from it alone
-        reason = failure(logged) or failure(_head(output, REPORT_BYTES))
+        printed = _head(output, REPORT_BYTES)
+        reason = failure(logged) or failure(printed) or out_of_memory(printed)
         return reading(logged, kernel, code, reason)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -352,7 +352,7 @@ class EvalService:
         if cfg.profile == "ncu" and result.accepted:  # Nsight Compute on its top kernel, the device ours meanwhile
             self._doing_now(key, "profiling (ncu)")
             started = time.perf_counter()
-            with self._device_lock:
+            with self._device_lock, running_note(self.running_note, source):
                 result.profile = ncu_profile(replace(self.judge.spec, isolate=self.isolated, hidden=self.hidden),
                                              task.name, task.source, source, result.kernels, cfg.seed)
             result.eval_s = (result.eval_s or 0.0) + time.perf_counter() - started
