@@ -91,6 +91,24 @@ def test_an_unknown_device_and_the_cpu_are_probed() -> None:
     assert peaks.source == "probe" and set(peaks.flops) == {"fp32"} and peaks.bandwidth == bandwidth
 
 
+def test_the_device_limits_are_said_with_the_probes_disagreement() -> None:
+    """What a speed of light is made of, one line (the judge's hello, ``stark eval``): a probe well under the
+    table's figure (a throttled or shared GPU) replaces it and says so."""
+    import stark_ray.eval.sol as sol
+
+    original = sol.matmul_rate
+    try:
+        sol.matmul_rate = lambda device, dtype, size=None, seconds=0.2: 100e12 if dtype == "bf16" else 60e12
+        peaks = probe_peaks("cuda", 4.1e12, "NVIDIA H200")
+    finally:
+        sol.matmul_rate = original
+    line = peaks.describe()
+    assert line.startswith("NVIDIA H200: bandwidth 4.1 TB/s; bf16 100 TFLOP/s, fp16 100 TFLOP/s, fp32 67 TFLOP/s, "
+                           "fp64 67 TFLOP/s, fp8 1.98e+03 TFLOP/s (table, checked by a probe; bf16: the probe's "
+                           "100 TFLOP/s, under 50% of the table's 989, is used)"), line
+    assert "\n" not in line
+
+
 def test_counting_a_6_gb_task_allocates_nothing() -> None:
     """KernelBench's level-1 sizes are counted from shapes alone (the meta device)."""
     source = (EXAMPLES / "1_LeakyReluScale.py").read_text().replace("torch.randn(2048, 2048)",
@@ -117,6 +135,8 @@ def test_stark_eval_says_how_far_from_the_speed_of_light_both_sides_are() -> Non
                         stage=STAGE_OK, sol_ms=1.0, sol_bound="memory", sol_fraction=0.5)
     assert "  speed of light 1.0000 ms (memory-bound): 50.0% of it, the reference's 25.0%" in eval_report(
         "t", "c.py", result)
+    said = eval_report("t", "c.py", result, "cpu: bandwidth 0.01 TB/s; fp32 0.1 TFLOP/s (probe)")
+    assert "  from the device's limits: cpu: bandwidth 0.01 TB/s; fp32 0.1 TFLOP/s (probe)" in said
 
 
 def test_a_run_whose_tasks_stopped_at_their_speed_of_light_resumes_as_finished(tmp_path: Path) -> None:

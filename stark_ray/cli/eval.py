@@ -89,12 +89,13 @@ def eval_candidate(
         except (TaskError, EvaluatorError) as e:
             fail(str(e))
         result = service.evaluate(the_task, source)
+        peaks = service.hello().get("peaks")
     result = named_as(result, candidate.name)
     if as_json:
         typer.echo(json.dumps({**asdict(result), "accepted": result.accepted, "task": the_task.name, "backend": backend,
                                "candidate": str(candidate), "reference_alone_ms": reference.runtime_ms}))
     else:
-        typer.echo(eval_report(the_task.name, candidate.name, result))
+        typer.echo(eval_report(the_task.name, candidate.name, result, peaks if isinstance(peaks, str) else None))
     raise typer.Exit(0 if result.accepted else 1)
 
 
@@ -110,7 +111,7 @@ def named_as(result: EvalResult, file_name: str) -> EvalResult:
                    log=result.log and _IMPORTED_AS.sub(file_name, result.log))
 
 
-def eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str:
+def eval_report(task_name: str, candidate_name: str, result: EvalResult, peaks: str | None = None) -> str:
     from stark_ray.eval.noise import interval, is_noisy
 
     verdict = "accepted" if result.accepted else (
@@ -128,6 +129,8 @@ def eval_report(task_name: str, candidate_name: str, result: EvalResult) -> str:
         ref = (f", the reference's {result.sol_ms / result.ref_runtime_ms:.1%}" if result.ref_runtime_ms else "")
         lines.append(f"  speed of light {result.sol_ms:.4f} ms ({result.sol_bound}-bound): "
                      + (f"{result.sol_fraction:.1%} of it{ref}" if result.sol_fraction is not None else "not timed"))
+        if peaks:
+            lines.append(f"  from the device's limits: {peaks}")
     if result.kernels:
         lines.append(f"  kernels in one call: {result.kernels}")
     if result.profile:

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         lap("judge_prepare_s")
         hello = backend.hardware_info()
         peaks = device_peaks(backend.device, hello)  # before the free memory is read: the probe gives its back
+        hello["peaks"] = peaks.describe() if peaks is not None else None  # what each speed of light is made of
         lap("device_info_s")
     except BaseException as e:  # a host problem (no GPU): the service reports the log's last lines
         traceback.print_exc()

@@ -90,6 +90,13 @@ class Peaks:
     source: str = "table"
     notes: list[str] = field(default_factory=list)
 
+    def describe(self) -> str:
+        """``NVIDIA H200: bandwidth 4.1 TB/s; bf16 989 TFLOP/s, fp32 67 TFLOP/s (table, checked by a probe)``, with
+        the probe's disagreements."""
+        rates = ", ".join(f"{k} {v / TFLOPS:.3g} TFLOP/s" for k, v in sorted(self.flops.items()))
+        said = "".join(f"; {note}" for note in self.notes)
+        return f"{self.device}: bandwidth {self.bandwidth / 1e12:.3g} TB/s; {rates} ({self.source}{said})"
+
     def flop_rate(self, dtype: str) -> float:
         """The peak for ``dtype``; float16 without a figure of its own at the bfloat16 one (the same tensor cores),
         any other dtype without one at the float32 peak."""
@@ -190,6 +197,8 @@ def probe_peaks(device: str, bandwidth: float, name: str, size: int | None = Non
             notes.append(f"{dtype}: the probe's {rate / TFLOPS:.3g} TFLOP/s, under {PROBE_DISAGREES:.0%} of the "
                          f"table's {table[dtype] / TFLOPS:.3g}, is used")
             table[dtype] = rate
+            if dtype == "bf16" and "fp16" in table:  # the same tensor cores, never probed apart
+                table["fp16"] = min(table["fp16"], rate)
     return Peaks(name, table, bandwidth, "table, checked by a probe", notes)
 
 
