@@ -66,6 +66,7 @@ def measure(plan: dict[str, dict[str, list[str]]], build_dir: str) -> list[dict[
     for backend, tasks in plan.items():
         cfg = EvalConfig(backend=backend, build_dir=build_dir, compile_timeout_s=900)
         with EvalService(cfg) as service:
+            print(f"{backend}: the device's limits: {service.hello().get('peaks')}", flush=True)
             for task_file, files in tasks.items():
                 task = load_task(Path(task_file))
                 ref = service.reference(task)
