@@ -67,8 +67,8 @@ def measure(plan: dict[str, dict[str, list[str]]], build_dir: str) -> list[dict[
         cfg = EvalConfig(backend=backend, build_dir=build_dir, compile_timeout_s=900)
         with EvalService(cfg) as service:
             print(f"{backend}: the device's limits: {service.hello().get('peaks')}", flush=True)
-            for task_file, files in tasks.items():
-                task = load_task(Path(task_file))
+            loaded = {task_file: load_task(Path(task_file)) for task_file in tasks}
+            for task in loaded.values():
                 ref = service.reference(task)
                 rows.append({"backend": backend, "task": task.name, "what": "reference", "runtime_ms": ref.runtime_ms,
                              "sol_ms": ref.sol_ms, "sol_bound": ref.sol_bound, "sol_fraction": ref.sol_fraction,
@@ -76,16 +76,18 @@ def measure(plan: dict[str, dict[str, list[str]]], build_dir: str) -> list[dict[
                 print(f"{backend:10s} {task.name:28s} reference {ref.runtime_ms or 0:9.4f} ms   speed of light "
                       f"{ref.sol_ms or 0:.4f} ms ({ref.sol_bound}), {_share(ref.sol_fraction)} of it\n"
                       f"{'':40s}kernels: {ref.kernels or '-'}", flush=True)
-                for f in files:
-                    r = service.evaluate(task, Path(f).read_text())
-                    rows.append({"backend": backend, "task": task.name, "what": Path(f).name,
-                                 "runtime_ms": r.runtime_ms, "sol_ms": r.sol_ms, "sol_bound": r.sol_bound,
-                                 "sol_fraction": r.sol_fraction, "speedup": r.speedup, "accepted": r.accepted,
-                                 "flags": r.flags, "kernels": r.kernels})
-                    verdict = "accepted" if r.accepted else f"NOT accepted ({r.stage}, {', '.join(r.flags)})"
-                    print(f"{'':40s}{Path(f).name}: {r.runtime_ms or 0:.4f} ms, speedup {r.speedup or 0:.2f}x, "
-                          f"{_share(r.sol_fraction)} of the speed of light, {verdict}\n"
-                          f"{'':44s}kernels: {r.kernels or '-'}", flush=True)
+            items = [(loaded[task_file], f) for task_file, files in tasks.items() for f in files]
+            # all at once: the builds run in parallel (the compile pool), the device takes each when it is built
+            results = service.evaluate_batch([(task, Path(f).read_text()) for task, f in items])
+            for (task, f), r in zip(items, results, strict=True):
+                rows.append({"backend": backend, "task": task.name, "what": Path(f).name,
+                             "runtime_ms": r.runtime_ms, "sol_ms": r.sol_ms, "sol_bound": r.sol_bound,
+                             "sol_fraction": r.sol_fraction, "speedup": r.speedup, "accepted": r.accepted,
+                             "flags": r.flags, "kernels": r.kernels})
+                verdict = "accepted" if r.accepted else f"NOT accepted ({r.stage}, {', '.join(r.flags)})"
+                print(f"{backend:10s} {task.name:28s} {Path(f).name}: {r.runtime_ms or 0:.4f} ms, speedup "
+                      f"{r.speedup or 0:.2f}x, {_share(r.sol_fraction)} of the speed of light, {verdict}\n"
+                      f"{'':44s}kernels: {r.kernels or '-'}", flush=True)
     return rows
 
 
