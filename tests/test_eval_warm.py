@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,8 +103,10 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
 def service(shared_build_dir: str) -> Iterator[EvalService]:
     # 20 timed rounds, the CPU's default: a speedup's error from fewer pairs is itself too loose to test (with 5,
     # three ratios lining up by chance under load made a jumpy candidate look steady in 3 runs of 60)
+    # one worker for many candidates (worker_candidates): the warm path, for code one trusts; by default each
+    # candidate has a process of its own (test_by_default_each_candidate_has_a_worker_of_its_own)
     cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=1, timing_trials=20, check_timeout_s=10,
-                     timing_timeout_s=20)
+                     timing_timeout_s=20, worker_candidates=64)
     with EvalService(cfg) as svc:
         yield svc
 
@@ -119,6 +122,66 @@ def test_one_worker_serves_candidate_after_candidate(service: EvalService, task:
     assert good.sol_ms is not None and good.sol_ms > 0 and good.sol_bound == "memory" and good.runtime_ms
     assert good.sol_fraction == pytest.approx(good.sol_ms / good.runtime_ms, rel=1e-3)
     assert wrong.sol_ms == good.sol_ms and wrong.sol_fraction is None  # not timed: no fraction
+
+
+# what a candidate can leave in its worker's interpreter without patching anything the fingerprint watches: a
+# global forward hook (a public torch API) and nn.Module._call_impl's code object rewritten in place (the function,
+# and so its id, unchanged); either makes a later candidate's ModelNew answer with the worker's copy of the reference
+HOOK = """
+import gc
+from torch.nn.modules.module import register_module_forward_hook
+
+
+def _answer_with_the_reference(module, args, output):
+    if type(module).__name__ == "ModelNew":
+        for o in gc.get_objects():
+            if isinstance(o, nn.Module) and type(o).__name__ == "Model":
+                return o(*args)
+    return output
+
+
+register_module_forward_hook(_answer_with_the_reference)
+"""
+CODE_SWAP = """
+import builtins
+import types
+
+_impl = nn.Module._call_impl
+builtins._stark_orig_call = types.FunctionType(_impl.__code__, _impl.__globals__, "_orig", _impl.__defaults__,
+                                               _impl.__closure__)
+
+
+def _call_impl(self, *args, **kwargs):  # runs with torch.nn.modules.module's globals: it imports what it needs
+    import builtins as _b
+    import gc as _gc
+
+    if type(self).__name__ == "ModelNew":
+        for o in _gc.get_objects():
+            if type(o).__name__ == "Model" and hasattr(o, "_modules"):
+                return _b._stark_orig_call(o, *args, **kwargs)
+    return _b._stark_orig_call(self, *args, **kwargs)
+
+
+_impl.__code__ = _call_impl.__code__
+"""
+WRONG = candidate("return torch.zeros_like(x)")
+
+
+@pytest.mark.parametrize("left", [HOOK, CODE_SWAP], ids=["global_hook", "code_swap"])
+def test_by_default_each_candidate_has_a_worker_of_its_own(service: EvalService, task: Task, left: str) -> None:
+    """``worker_candidates=1`` (the default): what one candidate leaves in its interpreter cannot answer for the
+    next (with one warm worker for both, a wrong candidate after it passes: the warm path is for trusted code)."""
+    cfg = replace(service.cfg, worker_candidates=1)
+    planted = service.evaluate(task, candidate("return x * self.s + self.t", prelude=left), cfg)
+    wrong = service.evaluate(task, WRONG, cfg)
+    assert planted.passed_checks, planted.error
+    assert wrong.stage == STAGE_CORRECTNESS and "values differ" in (wrong.error or ""), wrong.error
+    warm = replace(service.cfg, worker_candidates=64)
+    service.evaluate(task, GOOD, warm)  # a fresh worker, then the two in it
+    service.evaluate(task, candidate("return x * self.s + self.t", prelude=left), warm)
+    fooled = service.evaluate(task, WRONG, warm)
+    assert fooled.passed_checks, "the attack no longer works: this test shows nothing; write a stronger one"
+    service.evaluate(task, GOOD, cfg)  # the last in that worker: no later test of this module runs in it
 
 
 def test_a_crash_or_a_hang_replaces_the_worker_and_the_next_candidate_is_judged(service: EvalService,
@@ -286,8 +349,9 @@ def test_a_batch_answered_before_its_outputs_are_final_is_flagged(tmp_path: Path
 def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, shared_build_dir: str) -> None:
     """A device worker's spare (here on the CPU, switched on by hand) waits with its imports done; a restart
     promotes it instead of starting a process from nothing, and a new spare waits behind it."""
-    cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=3, check_timeout_s=10)
-    with EvalService(cfg, spare=True, worker_max_requests=3) as svc:
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=3, check_timeout_s=10,
+                     worker_candidates=3)
+    with EvalService(cfg, spare=True) as svc:
         assert passed(svc.evaluate(task, GOOD))
         fresh_s = svc.worker_start_phases["total_s"]
         assert svc.worker_promotions == 0

@@ -52,7 +52,8 @@ HIDDEN = (".aws", ".ssh", ".gnupg", ".azure", ".kube", ".docker", ".config/gclou
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 # sockets of the host's services (a read-only mount does not stop a connect): covered, but for the driver's
 KEEP_IN_RUN = ("/run/nvidia-persistenced",)
-PRIVATE = ("/tmp", "/run")  # a fresh, writable tmpfs each (and /dev/shm, in the worker's own /dev)
+PRIVATE = ("/tmp", "/run")  # a fresh, writable tmpfs each (and /dev/shm, in the worker's own /dev) ...
+TMPFS_SIZES = {"/tmp": "2g", "/run": "64m", "/dev/shm": "1g"}  # ... at most this big (tmpfs lives in host memory)
 # never hidden, nor a directory holding one (the root): what every program needs
 NEVER_HIDDEN = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/var", "/proc",
                 "/sys", "/dev", "/run", "/tmp", "/boot", "/nix", "/gnu", "/snap")
@@ -216,6 +217,8 @@ def build_world(writable: list[str], readable: list[str], hidden: list[str], unp
                 _mount("/dev/null", path, None, _MS_BIND)
                 continue
             mode = "mode=1777" if path in ("/tmp", "/dev/shm") else "mode=0755"
+            if path in TMPFS_SIZES:  # the host's memory, which these take from, is not the candidate's to fill
+                mode += f",size={TMPFS_SIZES[path]}"
             _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, mode)
             if what == "hidden":
                 sealed.append(path)
@@ -256,7 +259,7 @@ def _make_dev(devices: list[tuple[str, bool, int]]) -> None:
         _move(tree, path)
         os.close(tree)
     os.mkdir("/dev/shm")
-    _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={TMPFS_SIZES['/dev/shm']}")
     for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"/dev/{link}")

@@ -21,6 +21,7 @@ when asked, with a hot spare on a GPU). For each candidate the service sends, th
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import traceback
@@ -84,6 +85,7 @@ class Judge:
         self.memory = JudgeMemory(backend.device, free_at_start, worker)
         self.candidate_source: str | None = None  # the candidate being served, for a crash's location
         self.build_times: deque[float] = deque(maxlen=BUILDS_KEPT)  # its worker's latest builds (imports), seconds
+        self.seq = 0  # steps sent to the worker so far
 
     def release_others(self, allowance: int, clock: PhaseClock | None) -> None:
         """Before a new task's first trial: the other tasks' states down to ``allowance`` bytes, here and in the
@@ -285,6 +287,9 @@ class Judge:
                 raise TaskError(failed.error or "the reference could not be timed")
             result = result_from_message(msg["result"])
             result.kernels = one_line(result.kernels, 800) if isinstance(result.kernels, str) else None
+            alone = result.runtime_ms  # a worker no candidate had run in: its figure, the task's yardstick
+            task.alone_ms = float(alone) if isinstance(alone, int | float) and math.isfinite(alone) and alone > 0 \
+                else None
             if task.footprint is not None and task.plan is not None:  # what the budget was measured against
                 result.add_line(f"device memory: needs {task.footprint.needs() / GB:.1f} GB of a budget of "
                                   f"{task.planned_for / GB:.1f} GB ({task.footprint.describe()}); "
@@ -314,6 +319,7 @@ class Judge:
             result = stop.result
         finally:
             self.candidate_source = None
+            self._retire_worker(cfg)
         clock.close()
         collect_after(self.backend.device, held, task.input_bytes)  # a cycle holding a trial's gigabytes, say
         if held is not None:  # what this candidate cost the judge's device memory, and what it kept before
@@ -324,6 +330,15 @@ class Judge:
         release_cached(self.backend.device, RESERVED_SHARE)  # a large task's trials, freed: back to the device
         result.eval_s = time.perf_counter() - started
         return result
+
+    def _retire_worker(self, cfg: EvalConfig) -> None:
+        """After a candidate: its worker process ends once it has served ``cfg.worker_candidates`` (by default
+        every time): whatever the candidate left in that interpreter — code objects rewritten in place, global
+        hooks, a hook on the kept reference, threads, files in its private /tmp — ends with it, before any other
+        candidate runs. The next request gets a fresh process (the spare, where one waits)."""
+        self.worker.served += 1
+        if self.worker.alive and self.worker.served >= min(cfg.worker_candidates, self.worker.max_requests):
+            self.worker.kill()
 
     # -- talking to the worker ------------------------------------------------------------------------------
     def measure_round_trip(self, clock: PhaseClock) -> None:
@@ -343,13 +358,19 @@ class Judge:
         fields = self.memory.fields(op)
         if op != OP_PING:  # a ping measures the bare round trip
             self.memory.close_interval()
-        reply = self.worker.converse({"op": op, **payload, **fields}, clock, fds or ())
+        seq = self.next_seq()
+        reply = self.worker.converse({"op": op, "seq": seq, **payload, **fields}, clock, fds or ())
         for fd in fds or ():
             with contextlib.suppress(OSError):
                 os.close(fd)
-        return self.answer(reply, clock, label)
+        return self.answer(reply, clock, label, seq)
 
-    def answer(self, reply: Reply, clock: PhaseClock, label: str) -> dict[str, Any]:
+    def next_seq(self) -> int:
+        """The number of the next step sent to the worker (its answer carries it back)."""
+        self.seq += 1
+        return self.seq
+
+    def answer(self, reply: Reply, clock: PhaseClock, label: str, seq: int) -> dict[str, Any]:
         if reply.msg is None:
             lost = lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit(),
                                source=self.candidate_source)
@@ -361,6 +382,8 @@ class Judge:
         changed = msg.get("tampered")
         if not isinstance(changed, list) or "healthy" not in msg:
             raise Decided(protocol_broken("an answer without its fingerprint"), recycle=True)
+        if msg.get("seq") != seq:  # an answer written ahead of the worker's own (by the candidate, on its channel)
+            raise Decided(protocol_broken(f"an answer to another step than {label or 'this one'}"), recycle=True)
         if msg.get("healthy") is False:  # a sticky device error, or it tampered: it exits after this answer
             self.worker.close_current()
         if changed:

@@ -30,7 +30,7 @@ from stark_ray.eval.judge import Judge
 from stark_ray.eval.launch import WorkerSpec
 from stark_ray.eval.lifetime import become_subreaper, die_with_parent
 from stark_ray.eval.protocol import STACK_DUMP_SIGNAL, WorkerRequest
-from stark_ray.eval.runner import MAX_REQUESTS, WorkerProcess
+from stark_ray.eval.runner import WorkerProcess
 from stark_ray.eval.sol import device_peaks
 
 
@@ -46,7 +46,6 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--isolate-worker", action="store_true", help="the worker in namespaces of its own")
     p.add_argument("--hide", action="append", default=[], help="isolated: a path the worker does not see")
     p.add_argument("--spare-worker", action="store_true", help="keep a hot spare of the worker")
-    p.add_argument("--max-requests", type=int, default=MAX_REQUESTS, help="candidates per worker process")
     return p.parse_args(argv)
 
 
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
 
     spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True,
                       hidden=tuple(args.hide))
-    worker = WorkerProcess(spec, max_requests=args.max_requests, spare=args.spare_worker)
+    worker = WorkerProcess(spec, spare=args.spare_worker)  # candidates per process: EvalConfig.worker_candidates
     if spec.isolate:  # what it builds (cpu_cpp; a build in ModelNew's __init__) is made outside (eval/builds.py)
         worker.on_build = functools.partial(_serve_build, spec)
     started: list[BaseException | None] = []

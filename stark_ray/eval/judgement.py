@@ -8,6 +8,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
     from stark_ray.eval.judge import Judge
 
 LARGE_SPEEDUP = 10.0  # flagged (informational) above this
+# a claimed gain is measured by the judge where the reference ran this much slower beside the candidate than alone
+# (its threads, a spinning thread, work left running: the candidate runs in the worker that times the reference)
+REF_DRIFT = 1.15
 WORKER_FLAGS = ("no_kernel", "extra_stream", "unordered_stream")  # what the worker's profile may report
 LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial this large (inputs and slots), cached blocks go back to the device
 
@@ -86,13 +90,18 @@ class Judgement:
     def go(self) -> Callable[[], dict[str, Any]]:
         """The confirmation batch's ``go`` (see :class:`worker_batch.Conversation`)."""
         worker = self.judge.worker
-        worker.send({"op": OP_GO})  # a worker that died meanwhile: the reply says how
+        seq = self.judge.next_seq()
+        worker.send({"op": OP_GO, "seq": seq})  # a worker that died meanwhile: the reply says how
         reply = worker.await_reply(self.clock)
-        return lambda: self.judge.answer(reply, self.clock, LABEL)
+        return lambda: self.judge.answer(reply, self.clock, LABEL, seq)
 
     @property
     def round_trip_s(self) -> float:
         return self.judge.round_trip_s
+
+    def stopped(self) -> AbstractContextManager[None]:
+        """The worker's processes stopped while the judge measures its own side (see :class:`Conversation`)."""
+        return self.judge.worker.stopped()
 
     def evaluate(self) -> EvalResult:
         worker = self.judge.worker
@@ -163,17 +172,33 @@ class Judgement:
         if speedup > LARGE_SPEEDUP:
             flags.append("large_speedup")
         rejected: list[str] = [n.removeprefix("worker: ") for n in worker_log if "no kernel of its own" in n]
-        if speedup > self.cfg.confirm_above:
-            confirmation = self.confirmed(speedup, new_ms)
+        error = timing.error if math.isfinite(timing.error) else None
+        slowed = self.task.alone_ms is not None and ref_ms > REF_DRIFT * self.task.alone_ms
+        if slowed:  # the candidate runs in the worker: a claim is its word where the reference it ran beside slowed
+            alone = self.task.alone_ms
+            log.append(f"the reference ran at {ref_ms:.4g} ms beside this candidate, {ref_ms / alone:.2f}x its "
+                       f"{alone:.4g} ms alone: its speedup is measured by the judge's clock")
+        if (speedup > self.cfg.confirm_above or (slowed and speedup > 1.0)) and not rejected:
+            confirmation = self.confirmed(speedup, new_ms)  # (one with no kernel of its own is off the board)
             self.lap("confirmation")
+            if speedup <= self.cfg.confirm_above and not confirmation.precise and not confirmation.problem:
+                # asked for by the slowed reference alone, of calls too short for the judge's clock to tell: the
+                # claim stands as before (the host's load slows a reference too)
+                confirmation = replace(confirmation, confirmed=True, record=None,
+                                       note=f"{confirmation.note.removeprefix('suspicious: ')}; calls too short "
+                                            "for the judge's clock to tell: the worker's figure stands")
             if confirmation.problem:
                 raise Decided(EvalResult(passed_checks=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
                                        log=excerpt("\n".join(log)), **base), recycle=True)
             log.append(confirmation.note)
-            if not confirmation.confirmed:
+            if confirmation.unfit:
+                flags.append("unconfirmed")
+            elif not confirmation.confirmed:
                 flags.append("suspicious")
                 rejected.append(confirmation.note)
                 self.judge.worker.kill()  # its claim was not borne out: no further candidate in this process
+            elif confirmation.record is not None:  # the judge's figure, the lower, is the speedup of record
+                speedup, new_ms, new_cv, error = confirmation.record, ref_ms / confirmation.record, None, None
         log.append("evaluator time: " + ", ".join(f"{name} {s:.3f} s" for name, s in self.laps))
         warnings = str(loaded.get("warnings") or "")
         if warnings:
@@ -183,7 +208,7 @@ class Judgement:
                           log=excerpt("\n".join(log)), flags=flags, error="; ".join(rejected)[:600] or None,
                           kernels=breakdown and describe(breakdown),
                           ref_compile_runtime_ms=compiled_ms, runtime_cv=new_cv, ref_runtime_cv=ref_cv,
-                          speedup_err=timing.error if math.isfinite(timing.error) else None, **base)
+                          speedup_err=error, **base)
 
     def timed(self, base: dict[str, Any], again: bool = False) -> dict[str, Any]:
         """The worker's timing of the candidate against the reference (a Decided when its outputs differed)."""
@@ -216,7 +241,7 @@ class Judgement:
                 first = earlier.wall_speedup or 0.0
                 return replace(confirmation, note=f"measured again, its rounds pooled with the first's: "
                                                   f"{confirmation.note} (the first alone: {first:.2f}x)")
-            if confirmation.confirmed or confirmation.problem:
+            if confirmation.settled:
                 return confirmation
             if self.clock.deadline - time.monotonic() < 2 * (time.monotonic() - started):
                 return replace(confirmation, note=f"{confirmation.note}; no time left to measure it again")

@@ -55,8 +55,9 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def kill_tree(pid: int, rounds: int = 20) -> None:
-    """SIGKILL ``pid``, its process group, and all its descendants wherever their group is."""
+def freeze_tree(pid: int, rounds: int = 20) -> set[int]:
+    """SIGSTOP ``pid`` and all its descendants, top-down until no new one shows up (a stopped process cannot
+    fork): the pids stopped."""
     frozen: set[int] = set()
     for _ in range(rounds):
         new = ({pid} | descendants(pid)) - frozen
@@ -65,6 +66,18 @@ def kill_tree(pid: int, rounds: int = 20) -> None:
         for p in new:
             _signal(p, signal.SIGSTOP)
         frozen |= new
+    return frozen
+
+
+def thaw(pids: set[int]) -> None:
+    """SIGCONT each of ``pids`` (what :func:`freeze_tree` stopped)."""
+    for p in pids:
+        _signal(p, signal.SIGCONT)
+
+
+def kill_tree(pid: int, rounds: int = 20) -> None:
+    """SIGKILL ``pid``, its process group, and all its descendants wherever their group is."""
+    frozen = freeze_tree(pid, rounds)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     for p in frozen | {pid}:

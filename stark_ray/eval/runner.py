@@ -22,7 +22,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from stark_ray.eval.child_process import (
 from stark_ray.eval.launch import WorkerSpec
 from stark_ray.eval.lifetime import kill_strays
 from stark_ray.eval.phase_clock import START_TIMEOUT_S, PhaseClock
+from stark_ray.eval.process_tree import freeze_tree, thaw
 from stark_ray.eval.protocol import PHASE_START, WorkerRequest, result_from_message, send_fds
 from stark_ray.records import EvalResult
 
@@ -128,6 +129,17 @@ class WorkerProcess:
     @property
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        """The serving process and everything below it stopped (SIGSTOP) meanwhile, and let go on after: a
+        measurement of the parent's own then shares the host with nothing the candidate left running there (a
+        thread that spins while the reference is timed)."""
+        pids = freeze_tree(self._proc.pid) if self._proc is not None and self.alive else set()
+        try:
+            yield
+        finally:
+            thaw(pids)
 
     def _spawn(self, spare: bool = False) -> Child:
         return spawn_child(self.spec, spare)

@@ -49,7 +49,7 @@ from stark_ray.eval.protocol import (
     WorkerRequest,
     failure_from_message,
 )
-from stark_ray.eval.runner import MAX_REQUESTS, WorkerOutcome, WorkerProcess, WorkerStartError
+from stark_ray.eval.runner import WorkerOutcome, WorkerProcess, WorkerStartError
 from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.records import STAGE_COMPILE, EvalResult, source_digest
 
@@ -140,8 +140,7 @@ class EvalService:
     """Evaluates candidates of any task with one backend on one device. Thread-safe; close() when done."""
 
     def __init__(self, cfg: EvalConfig | None = None, device: int | None = None,
-                 compile_workers: int | None = None, spare: bool | None = None,
-                 worker_max_requests: int = MAX_REQUESTS) -> None:
+                 compile_workers: int | None = None, spare: bool | None = None) -> None:
         self.cfg = cfg or EvalConfig()
         self.backend = get_backend(self.cfg.backend)  # ValueError for a backend this version does not offer
         if self.cfg.profile == "ncu" and self.backend.device != "cuda":
@@ -156,7 +155,7 @@ class EvalService:
         if self.isolation_note:
             _say_once(self.isolation_note)
         # a GPU's worker has a hot spare: a restart (crash, timeout, recycling) costs a CUDA context, not a start
-        extra = ["--max-requests", str(worker_max_requests)]
+        extra: list[str] = []
         self.hidden = hidden_paths(self.cfg.hidden_paths) if self.isolated else ()
         if self.isolated:
             open_to_readers(self.build_dir)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
+from stark_ray.eval.compare import flatten_outputs
 from stark_ray.eval.guards import nbytes_of, snapshot
 from stark_ray.eval.inputs import clone_all, make_inputs
 from stark_ray.eval.noise import median_error
@@ -244,6 +245,10 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
                 # kept for the round's check only: the reference timed against itself and torch.compile held three
                 # 6 GB outputs at once, one more than the memory plan counts (19_ReLU out of memory at 40 GB)
                 outs[i] = sample.out if check is not None else None
+                if check is not None and i > 0 and not _on_gpu(sample.out):
+                    # the candidate's output as it stands when its call returned, before the next call runs: work a
+                    # thread of its goes on doing meanwhile (the clock stopped at the return) leaves it unfinished
+                    outs[i] = snapshot(sample.out)
                 if not warming:
                     ms[i].append(sample.ms)
                     synced[i].append(sample.synced_ms)
@@ -269,6 +274,11 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
                 break
     head = getattr(timer, "head_us", None)
     return [Timing(Stats.of(m), Stats.of(s), head) for m, s in zip(ms, synced, strict=True)]
+
+
+def _on_gpu(value: Any) -> bool:
+    """Whether ``value``'s tensors live on a GPU (the CPU's are snapshot after a candidate's timed call)."""
+    return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for _, t in flatten_outputs(value))
 
 
 def capture_graph(body: Callable[[], None], mode: str = "global") -> torch.cuda.CUDAGraph | None:

@@ -126,6 +126,7 @@ class JudgeTask(BuiltReference):
     fresh_inputs: bool = False  # get_inputs() makes new tensors each call (the judge checks once per task)
     draws_random: bool = False  # the forward draws from torch's generators (a dropout): every call seeded alike
     sol: Any = None  # its speed of light on this device (eval/sol.py), None where it cannot be told
+    alone_ms: float | None = None  # the reference timed against itself in a worker no candidate had run in
 
     def held_bytes(self) -> int:
         return self.cache.used + param_bytes(self.model)

@@ -141,8 +141,10 @@ def main(argv: list[str] | None = None) -> None:
                 with contextlib.suppress(OSError):
                     shutil.rmtree(private, ignore_errors=True)
         else:  # a device worker: each candidate in a private directory from its load to its end
-            answer = host.handle(json.loads(line), send)
-            healthy = host.healthy
+            msg = json.loads(line)
+            answer = host.handle(msg, send)
+            answer["seq"] = msg.get("seq")  # which request this answers: an answer the candidate sent ahead of it
+            healthy = host.healthy  # leaves this one a step behind, which the judge sees
         sys.stdout.flush()
         sys.stderr.flush()
         send(answer)

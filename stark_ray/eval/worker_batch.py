@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import torch
@@ -40,6 +41,10 @@ class Conversation(Protocol):
         clock has stopped."""
         ...
 
+    def stopped(self) -> AbstractContextManager[None]:
+        """The worker's processes stopped meanwhile."""
+        ...
+
 
 class WorkerBatch:
     def __init__(self, conversation: Conversation) -> None:
@@ -49,6 +54,9 @@ class WorkerBatch:
         self.packed: PackedSets | None = None  # the shared input sets (the judge's views, and its staging)
         self.slots: list[dict[str, torch.Tensor]] = []
         self.like: Any = None
+
+    def stopped(self) -> AbstractContextManager[None]:
+        return self.talk.stopped()
 
     def stage(self, sets: PackedSets, like: Any, k: int, graph: bool) -> bool:
         self.like = like  # the structure of the outputs
