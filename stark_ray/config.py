@@ -152,11 +152,12 @@ class EvalConfig:
     # (stark_ray/eval/confirmation.py), and any gain whose reference ran slower beside the candidate than alone
     # (eval/judgement.py REF_DRIFT); 0: every candidate's (benchmarks/kernelbench_sweep.py --confirm)
     confirm_above: float = 2.0
-    # candidates one worker process serves before a fresh one takes over. 1 (the default): each candidate its own
-    # process, the only setting under which nothing a candidate leaves in the interpreter (code patched in place,
-    # global hooks, threads, files in its /tmp) can reach a later candidate's verdict. More is faster for code you
-    # trust (a worker keeps the task's reference warm between candidates) (stark_ray/eval/judge.py)
-    worker_candidates: int = 1
+    # candidates one worker process serves before a fresh one takes over. 1: each candidate its own process, the
+    # only setting under which nothing a candidate leaves in the interpreter (code patched in place, global hooks,
+    # threads, files in its /tmp) can reach a later candidate's verdict. None (the default): 1 on a GPU, where a hot
+    # spare makes a fresh worker cost a CUDA context; 64 on the CPU backends (tests, CI), where a fresh worker costs
+    # 2-7 s of a small host's CPU. More is faster, for code one trusts (stark_ray/eval/judge.py)
+    worker_candidates: int | None = None
     # "ncu": each accepted candidate's top kernel counted by Nsight Compute after its evaluation, on a GPU where ncu
     # can read the counters (else one line says why): DRAM and SM throughput, achieved occupancy and what limits
     # it, in its observations (stark_ray/eval/ncu.py). Seconds per accepted candidate.
@@ -198,8 +199,9 @@ class EvalConfig:
         if isinstance(self.confirm_above, bool) or not (isinstance(self.confirm_above, int | float)
                                                        and 0 <= self.confirm_above < float("inf")):
             raise ValueError(f"confirm_above must be a speedup >= 0, got {self.confirm_above!r}")
-        if isinstance(self.worker_candidates, bool) or not isinstance(self.worker_candidates, int) \
-                or self.worker_candidates < 1:
+        if self.worker_candidates is not None and (isinstance(self.worker_candidates, bool)
+                                                   or not isinstance(self.worker_candidates, int)
+                                                   or self.worker_candidates < 1):
             raise ValueError(f"worker_candidates must be a whole number >= 1, got {self.worker_candidates!r}")
         for name in ("compile_timeout_s", "check_timeout_s", "timing_timeout_s"):
             if not 0 < getattr(self, name) < float("inf"):

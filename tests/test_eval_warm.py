@@ -103,8 +103,8 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
 def service(shared_build_dir: str) -> Iterator[EvalService]:
     # 20 timed rounds, the CPU's default: a speedup's error from fewer pairs is itself too loose to test (with 5,
     # three ratios lining up by chance under load made a jumpy candidate look steady in 3 runs of 60)
-    # one worker for many candidates (worker_candidates): the warm path, for code one trusts; by default each
-    # candidate has a process of its own (test_by_default_each_candidate_has_a_worker_of_its_own)
+    # one worker for many candidates (worker_candidates): the warm path (the CPU backends' default); with 1 each
+    # candidate has a process of its own (test_with_worker_candidates_1_each_candidate_has_a_worker_of_its_own)
     cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=1, timing_trials=20, check_timeout_s=10,
                      timing_timeout_s=20, worker_candidates=64)
     with EvalService(cfg) as svc:
@@ -168,9 +168,10 @@ WRONG = candidate("return torch.zeros_like(x)")
 
 
 @pytest.mark.parametrize("left", [HOOK, CODE_SWAP], ids=["global_hook", "code_swap"])
-def test_by_default_each_candidate_has_a_worker_of_its_own(service: EvalService, task: Task, left: str) -> None:
-    """``worker_candidates=1`` (the default): what one candidate leaves in its interpreter cannot answer for the
-    next (with one warm worker for both, a wrong candidate after it passes: the warm path is for trusted code)."""
+def test_with_worker_candidates_1_each_candidate_has_a_worker_of_its_own(service: EvalService, task: Task, left: str) -> None:
+    """``worker_candidates=1`` (a GPU's default): what one candidate leaves in its interpreter cannot answer for
+    the next (with one warm worker for both, a wrong candidate after it passes: the warm path is for trusted
+    code)."""
     cfg = replace(service.cfg, worker_candidates=1)
     planted = service.evaluate(task, candidate("return x * self.s + self.t", prelude=left), cfg)
     wrong = service.evaluate(task, WRONG, cfg)

@@ -332,12 +332,13 @@ class Judge:
         return result
 
     def _retire_worker(self, cfg: EvalConfig) -> None:
-        """After a candidate: its worker process ends once it has served ``cfg.worker_candidates`` (by default
-        every time): whatever the candidate left in that interpreter — code objects rewritten in place, global
-        hooks, a hook on the kept reference, threads, files in its private /tmp — ends with it, before any other
-        candidate runs. The next request gets a fresh process (the spare, where one waits)."""
+        """After a candidate: its worker process ends once it has served ``cfg.worker_candidates`` (on a GPU by
+        default every time): whatever the candidate left in that interpreter — code objects rewritten in place,
+        global hooks, a hook on the kept reference, threads, files in its private /tmp — ends with it, before any
+        other candidate runs. The next request gets a fresh process (the spare, where one waits)."""
+        limit = cfg.worker_candidates or (1 if self.backend.device == "cuda" else self.worker.max_requests)
         self.worker.served += 1
-        if self.worker.alive and self.worker.served >= min(cfg.worker_candidates, self.worker.max_requests):
+        if self.worker.alive and self.worker.served >= min(limit, self.worker.max_requests):
             self.worker.kill()
 
     # -- talking to the worker ------------------------------------------------------------------------------

@@ -179,14 +179,9 @@ class Judgement:
             log.append(f"the reference ran at {ref_ms:.4g} ms beside this candidate, {ref_ms / alone:.2f}x its "
                        f"{alone:.4g} ms alone: its speedup is measured by the judge's clock")
         if (speedup > self.cfg.confirm_above or (slowed and speedup > 1.0)) and not rejected:
-            confirmation = self.confirmed(speedup, new_ms)  # (one with no kernel of its own is off the board)
+            # (one with no kernel of its own is off the board); a claim the slowed reference put in doubt: strict
+            confirmation = self.confirmed(speedup, new_ms, strict=slowed)
             self.lap("confirmation")
-            if speedup <= self.cfg.confirm_above and not confirmation.precise and not confirmation.problem:
-                # asked for by the slowed reference alone, of calls too short for the judge's clock to tell: the
-                # claim stands as before (the host's load slows a reference too)
-                confirmation = replace(confirmation, confirmed=True, record=None,
-                                       note=f"{confirmation.note.removeprefix('suspicious: ')}; calls too short "
-                                            "for the judge's clock to tell: the worker's figure stands")
             if confirmation.problem:
                 raise Decided(EvalResult(passed_checks=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
                                        log=excerpt("\n".join(log)), **base), recycle=True)
@@ -222,7 +217,7 @@ class Judgement:
                                    **base), recycle=True)
         return timed
 
-    def confirmed(self, speedup: float, new_ms: float) -> Confirmation:
+    def confirmed(self, speedup: float, new_ms: float, strict: bool = False) -> Confirmation:
         """The judge's wall-clock confirmation of ``speedup``. One that does not bear it out is measured once more
         where the clock leaves time for it, its rounds pooled with the first's (each side's fastest of all six
         counts): a busy host that slowed one batch is given its due, and a candidate is given no second draw —
@@ -234,7 +229,7 @@ class Judgement:
             try:
                 confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
                                        new_ms, self.tol, batch, self.judge.memory.room(),
-                                       earlier.walls if earlier is not None else None)
+                                       earlier.walls if earlier is not None else None, strict)
             finally:
                 batch.release()
             if earlier is not None:
