@@ -168,7 +168,8 @@ WRONG = candidate("return torch.zeros_like(x)")
 
 
 @pytest.mark.parametrize("left", [HOOK, CODE_SWAP], ids=["global_hook", "code_swap"])
-def test_with_worker_candidates_1_each_candidate_has_a_worker_of_its_own(service: EvalService, task: Task, left: str) -> None:
+def test_with_worker_candidates_1_each_candidate_has_a_worker_of_its_own(service: EvalService, task: Task,
+                                                                         left: str) -> None:
     """``worker_candidates=1`` (a GPU's default): what one candidate leaves in its interpreter cannot answer for
     the next (with one warm worker for both, a wrong candidate after it passes: the warm path is for trusted
     code)."""
