@@ -184,6 +184,7 @@ def test_with_worker_candidates_1_each_candidate_has_a_worker_of_its_own(service
     fooled = service.evaluate(task, WRONG, warm)
     assert fooled.passed_checks, "the attack no longer works: this test shows nothing; write a stronger one"
     service.evaluate(task, GOOD, cfg)  # the last in that worker: no later test of this module runs in it
+    assert passed(service.evaluate(task, GOOD))  # and the module's next tests find a worker started, as before
 
 
 def test_a_crash_or_a_hang_replaces_the_worker_and_the_next_candidate_is_judged(service: EvalService,
