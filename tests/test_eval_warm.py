@@ -124,9 +124,10 @@ def test_one_worker_serves_candidate_after_candidate(service: EvalService, task:
     assert wrong.sol_ms == good.sol_ms and wrong.sol_fraction is None  # not timed: no fraction
 
 
-# what a candidate can leave in its worker's interpreter without patching anything the fingerprint watches: a
-# global forward hook (a public torch API) and nn.Module._call_impl's code object rewritten in place (the function,
-# and so its id, unchanged); either makes a later candidate's ModelNew answer with the worker's copy of the reference
+# what a candidate can leave in its worker's interpreter to answer for a later candidate's ModelNew with the worker's
+# copy of the reference: a global forward hook (a public torch API), nn.Module._call_impl's code object rewritten in
+# place (the function, and so its id, unchanged), an implementation of an aten operator registered with torch's
+# dispatcher (here zeros_like; a C++ candidate can do the same with TORCH_LIBRARY_IMPL)
 HOOK = """
 import gc
 from torch.nn.modules.module import register_module_forward_hook
@@ -164,25 +165,53 @@ def _call_impl(self, *args, **kwargs):  # runs with torch.nn.modules.module's gl
 
 _impl.__code__ = _call_impl.__code__
 """
+DISPATCHER = """
+import gc
+
+_lib = torch.library.Library("aten", "IMPL")
+
+
+def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    for o in gc.get_objects():
+        if isinstance(o, nn.Module) and type(o).__name__ == "Model":
+            with torch._C._AutoDispatchBelowAutograd():
+                return o(x)
+    return torch.empty_like(x).fill_(0)
+
+
+_lib.impl("zeros_like", _zeros_like, "CPU")
+"""
 WRONG = candidate("return torch.zeros_like(x)")
+PLANTED = "return x * self.s + self.t"
 
 
 @pytest.mark.parametrize("left", [HOOK, CODE_SWAP], ids=["global_hook", "code_swap"])
-def test_with_worker_candidates_1_each_candidate_has_a_worker_of_its_own(service: EvalService, task: Task,
-                                                                         left: str) -> None:
-    """``worker_candidates=1`` (a GPU's default): what one candidate leaves in its interpreter cannot answer for
-    the next (with one warm worker for both, a wrong candidate after it passes: the warm path is for trusted
-    code)."""
+def test_a_global_hook_or_code_swapped_in_place_is_tampering(service: EvalService, task: Task, left: str) -> None:
+    """The fingerprint sees torch's global module hooks and the code of the functions it watches: the candidate
+    that leaves either is rejected and its worker replaced, so the wrong one after it fails, even in a warm worker."""
+    planted = service.evaluate(task, candidate(PLANTED, prelude=left))
+    assert not planted.accepted and "tampered" in planted.flags, planted.error
+    assert "_global_forward_hooks" in (planted.error or "") or "_call_impl.__code__" in (planted.error or "")
+    wrong = service.evaluate(task, WRONG)
+    assert wrong.stage == STAGE_CORRECTNESS and "values differ" in (wrong.error or ""), wrong.error
+
+
+def test_with_worker_candidates_1_each_candidate_has_a_worker_of_its_own(service: EvalService,
+                                                                         task: Task) -> None:
+    """``worker_candidates=1`` (a GPU's default): what one candidate leaves in its interpreter — here an aten
+    operator of its own in torch's dispatcher, which no fingerprint of Python objects sees — cannot answer for the
+    next. In one warm worker for both (the CPU backends' default), the wrong candidate after it passes: the warm
+    path is for code one trusts."""
     cfg = replace(service.cfg, worker_candidates=1)
-    planted = service.evaluate(task, candidate("return x * self.s + self.t", prelude=left), cfg)
-    wrong = service.evaluate(task, WRONG, cfg)
+    planted = service.evaluate(task, candidate(PLANTED, prelude=DISPATCHER), cfg)
     assert planted.passed_checks, planted.error
+    wrong = service.evaluate(task, WRONG, cfg)
     assert wrong.stage == STAGE_CORRECTNESS and "values differ" in (wrong.error or ""), wrong.error
     warm = replace(service.cfg, worker_candidates=64)
     service.evaluate(task, GOOD, warm)  # a fresh worker, then the two in it
-    service.evaluate(task, candidate("return x * self.s + self.t", prelude=left), warm)
+    service.evaluate(task, candidate(PLANTED, prelude=DISPATCHER), warm)
     fooled = service.evaluate(task, WRONG, warm)
-    assert fooled.passed_checks, "the attack no longer works: this test shows nothing; write a stronger one"
+    assert fooled.passed_checks, "the warm path caught it: this test shows nothing; write a stronger one"
     service.evaluate(task, GOOD, cfg)  # the last in that worker: no later test of this module runs in it
     assert passed(service.evaluate(task, GOOD))  # and the module's next tests find a worker started, as before
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
@@ -73,6 +74,9 @@ class Fingerprint:
         self.modules = _watched_modules()
         self.entries = self._entries(self.modules)  # (name, owner, attribute, how to read it, id)
         self.ids = {name: ident for name, _, _, _, ident in self.entries}
+        # a Python function's code can be swapped in place (``f.__code__ = ...``: the function, and its id, stay)
+        self.codes = [(name, fn, fn.__code__) for name, fn in self._functions()]
+        self.hooks = {name: len(table) for name, table in _global_hooks()}  # torch's hooks on every module
 
     @staticmethod
     def _entries(modules: dict[str, ModuleType]) -> list[tuple[str, Any, str, str, int]]:
@@ -97,10 +101,24 @@ class Fingerprint:
                                     "static" if mro else "own", id(value)))
         return entries
 
+    def _functions(self) -> list[tuple[str, types.FunctionType]]:
+        found = []
+        for name, owner, attr, how, _ in self.entries:
+            try:
+                value = getattr(owner, attr, None) if how == "attr" else vars(owner).get(attr)
+            except Exception:
+                continue
+            if isinstance(value, types.FunctionType):
+                found.append((name, value))
+        return found
+
     def changed(self) -> list[str]:
-        """Names whose object is no longer the one seen at the fingerprint (new names do not count), and
-        modules replaced in ``sys.modules``. Reads only what was seen (no listing again)."""
+        """Names whose object is no longer the one seen at the fingerprint (new names do not count), functions whose
+        code was swapped in place, torch's global module hooks added, and modules replaced in ``sys.modules``.
+        Reads only what was seen (no listing again)."""
         swapped = [f"sys.modules[{n!r}]" for n, m in self.modules.items() if sys.modules.get(n) is not m]
+        swapped += [f"{name}.__code__" for name, fn, code in self.codes if fn.__code__ is not code]
+        swapped += [name for name, table in _global_hooks() if len(table) != self.hooks.get(name)]
         missing = object()
         changed = []
         for name, owner, attr, how, ident in self.entries:
@@ -116,6 +134,14 @@ class Fingerprint:
             if now is not missing and id(now) != ident:
                 changed.append(name)
         return swapped + sorted(changed)
+
+
+def _global_hooks() -> list[tuple[str, Any]]:
+    """torch's tables of hooks that run for every module (``register_module_forward_hook`` and its kind)."""
+    from torch.nn.modules import module
+
+    return [(f"torch.nn.modules.module.{name}", table) for name, table in vars(module).items()
+            if name.startswith("_global_") and name.endswith("_hooks") and isinstance(table, dict)]
 
 
 def _storage_span(t: torch.Tensor) -> tuple[int, int] | None:
