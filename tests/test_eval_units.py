@@ -725,7 +725,8 @@ def test_a_claim_stretched_by_a_busy_host_still_gets_a_batch_of_several_calls() 
     assert set_count(task, 5.5, [x], x, room=1 << 30) == MIN_SETS
     assert set_count(task, 0.001, [x], x, room=1 << 30) == MAX_SETS
     assert set_count(task, 5.5, [x], x, make_s=0.25, room=1 << 30) == 2  # making the sets takes too long
-    assert set_count(task, 5.5, [x], x, room=10 * x.numel() * 4) == 1  # the memory budget holds one
+    assert set_count(task, 5.5, [x], x, room=12 * x.numel() * 4) == 1  # the memory budget holds one
+    assert set_count(task, 5.5, [x], x, room=10 * x.numel() * 4) == 0  # not one: no confirmation ("unconfirmed")
     # slow calls: no more than a second a round of both sides by the claim (a 0.8 s candidate at 2.5x: one set)
     assert set_count(task, 800.0, [x], x, room=1 << 30, speedup=2.5) == 1
     assert set_count(task, 5.5, [x], x, room=1 << 30, speedup=5.3) == MIN_SETS

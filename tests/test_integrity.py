@@ -550,7 +550,9 @@ def test_an_answer_forged_on_the_workers_channel_is_never_a_success(shared_build
         steady = svc.worker_starts
         last = judged(svc, tasks["affine"], py(HONEST))
     assert not r.accepted and not r.passed_checks and r.speedup is None and r.runtime_ms is None, r
-    assert r.sol_fraction is None and r.stage == "runtime", r
+    # it has no step's number (session 25): an answer to another step, which breaks the protocol (before: a failure
+    # of the candidate's at runtime)
+    assert r.sol_fraction is None and r.stage == "correctness" and "tampered" in r.flags, r
     assert passed(after), (after.stage, after.error)
     assert starts == 1 and steady == 2  # one worker replaced, after the forged answer only
     assert wrong.stage == "compile" and passed(last) and svc.worker_starts == 2, (wrong.error, last.error)
