@@ -156,7 +156,8 @@ class EvalConfig:
     # only setting under which nothing a candidate leaves in the interpreter (code patched in place, global hooks,
     # threads, files in its /tmp) can reach a later candidate's verdict. None (the default): 1 on a GPU, where a hot
     # spare makes a fresh worker cost a CUDA context; 64 on the CPU backends (tests, CI), where a fresh worker costs
-    # 2-7 s of a small host's CPU. More is faster, for code one trusts (stark_ray/eval/judge.py)
+    # 2-7 s of a small host's CPU, and with --baseline compile (each worker compiles the reference again, from a
+    # cold cache). More is faster, for code one trusts (stark_ray/eval/judge.py)
     worker_candidates: int | None = None
     # "ncu": each accepted candidate's top kernel counted by Nsight Compute after its evaluation, on a GPU where ncu
     # can read the counters (else one line says why): DRAM and SM throughput, achieved occupancy and what limits

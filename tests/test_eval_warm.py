@@ -196,6 +196,19 @@ def test_a_global_hook_or_code_swapped_in_place_is_tampering(service: EvalServic
     assert wrong.stage == STAGE_CORRECTNESS and "values differ" in (wrong.error or ""), wrong.error
 
 
+def test_a_hook_table_replaced_is_tampering(service: EvalService, task: Task) -> None:
+    """The global hook tables are compared by identity, the table's and each hook's, not by their length."""
+    swapped = """
+import torch.nn.modules.module as _m
+_m._global_forward_hooks = type("Table", (), {"items": lambda self: [], "values": lambda self: []})()
+"""
+    planted = service.evaluate(task, candidate(PLANTED, prelude=swapped))
+    assert not planted.accepted and "tampered" in planted.flags, planted.error
+    assert "_global_forward_hooks" in (planted.error or ""), planted.error
+    wrong = service.evaluate(task, WRONG)
+    assert wrong.stage == STAGE_CORRECTNESS and "values differ" in (wrong.error or ""), wrong.error
+
+
 def test_with_worker_candidates_1_each_candidate_has_a_worker_of_its_own(service: EvalService,
                                                                          task: Task) -> None:
     """``worker_candidates=1`` (a GPU's default): what one candidate leaves in its interpreter — here an aten

@@ -308,6 +308,8 @@ def test_an_output_cache_keyed_by_address_fails_the_same_address_trial(service: 
 ])
 def test_a_candidate_that_patches_the_process_is_rejected_as_tampering(
         service: EvalService, tasks: dict[str, Task], name: str, task: str, source: str) -> None:
+    for timed in {task, "affine"}:  # their references alone timed first (a task's first candidate would, in a
+        service.reference(tasks[timed])  # fresh worker, where this judge has not: a start more to count)
     assert passed(judged(service, tasks["affine"], py(HONEST)))
     starts = service.worker_starts
     r = judged(service, tasks[task], source)

@@ -206,3 +206,12 @@ def test_a_stopped_process_tree_runs_nothing_until_it_is_let_go_on(tmp_path: Pat
 
         kill_tree(proc.pid)
         proc.wait()
+
+
+def test_the_reference_alone_is_timed_where_this_judge_has_not(shared_build_dir: str, task: Task) -> None:
+    """No reference mode first (a resumed run, a task another evaluator timed, or one this judge evicted): the judge
+    times the reference alone before the candidate, so a slowed reference is still seen."""
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=2, timing_trials=20, worker_candidates=1)
+    with EvalService(cfg) as svc:
+        r = svc.evaluate(task, THREADS)
+    assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), (r.speedup, r.log)

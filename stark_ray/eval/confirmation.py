@@ -287,12 +287,12 @@ class ReferenceSide:
 
 def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speedup: float, claimed_ms: float,
             tol: Tolerances, candidate: CandidateSide, room: int | None = None,
-            earlier: Walls | None = None, strict: bool = False) -> Confirmation:
+            earlier: Walls | None = None, strict: bool = False, above: bool = True) -> Confirmation:
     """Measure the candidate's speedup with the judge's own clock (see the module's docstring): the batch's sets
     filled first with ``make_template()``'s values; ``room``: the bytes the memory budget leaves it (None: a share
     of the device); ``earlier``: the rounds of a confirmation that did not bear the claim out, pooled with these
-    (the same batch size; each side's fastest round of all counts); ``strict``: the claim is in doubt (see
-    :func:`verdict`)."""
+    (the same batch size; each side's fastest round of all counts); ``strict``: the claim is in doubt, ``above``:
+    it is above ``EvalConfig.confirm_above`` (see :func:`verdict`)."""
     template = make_template()
     if earlier is not None:
         k = earlier.k
@@ -309,7 +309,7 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     ref = ReferenceSide(task, template, k, want_graph=True)
     del template  # the sets hold its values: not a copy more through the rounds
     try:
-        return _rounds(task, event_speedup, tol, candidate, ref, k, earlier, strict)
+        return _rounds(task, event_speedup, tol, candidate, ref, k, earlier, strict, above)
     finally:
         ref.release()
 
@@ -324,7 +324,7 @@ def _compare_round(outs: list[Any], refs: list[Any], tol: Tolerances) -> Confirm
 
 
 def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: CandidateSide, ref: ReferenceSide,
-            k: int, earlier: Walls | None = None, strict: bool = False) -> Confirmation:
+            k: int, earlier: Walls | None = None, strict: bool = False, above: bool = True) -> Confirmation:
     graph = candidate.stage(ref.packed, ref.like, k, graph=ref.graph is not None)
     if ref.graph is not None and not graph:  # the same way on both sides
         ref.graph = None
@@ -367,22 +367,24 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
              f"{1e3 * overhead:.3g} ms writing, copying and summing and {1e3 * trip:.2g} ms the message round trip)"
              + ("; outputs not compared: the reference draws random numbers" if task.draws_random else ""))
     walls = Walls(ref_walls, cand_walls, overheads, k)
-    return verdict(event_speedup, wall, calls, walls, strict, precise=graph or cand_s / k >= PRECISE_CALL_S)
+    return verdict(event_speedup, wall, calls, walls, strict, precise=graph or cand_s / k >= PRECISE_CALL_S,
+                   above=above)
 
 
 def verdict(claim: float, wall: float, calls: str = "", walls: Walls | None = None, strict: bool = False,
-            precise: bool = True) -> Confirmation:
+            precise: bool = True, above: bool = True) -> Confirmation:
     """The worker's ``claim`` against the judge's ``wall`` speedup. A claim above ``EvalConfig.confirm_above``
     stands where the judge measured at least AGREEMENT of it (or CONFIRMED_BY_ITSELF), else it is suspicious. A
     ``strict`` one (in doubt: its reference ran slower beside the candidate than alone) stands where the judge
     measured at least AGREEMENT of its gain; where the judge measured less but at least AGREEMENT of the claim,
     the judge's figure stands (a claim inflated inside the worker, where the candidate runs, counts for no more
     than the judge's clock saw); below that it is suspicious — all only where the judge's figure is ``precise``:
-    where it is not (calls of microseconds, call by call), the claim stands, as an unconfirmed one would."""
+    where it is not (calls of microseconds, call by call), a claim ``above`` confirm_above is judged as a
+    non-strict one, and one below it stands (as it did unmeasured)."""
     how = f" ({calls})" if calls else ""
     confirmed = Confirmation(True, f"speedup confirmed by the judge's wall clock: {wall:.2f}x{how}", wall,
                              walls=walls, claim=claim)
-    if not strict:
+    if not strict or (not precise and above):
         if wall >= min(AGREEMENT * claim, CONFIRMED_BY_ITSELF):
             return confirmed
     elif not precise:

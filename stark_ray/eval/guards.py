@@ -76,7 +76,7 @@ class Fingerprint:
         self.ids = {name: ident for name, _, _, _, ident in self.entries}
         # a Python function's code can be swapped in place (``f.__code__ = ...``: the function, and its id, stay)
         self.codes = [(name, fn, fn.__code__) for name, fn in self._functions()]
-        self.hooks = {name: len(table) for name, table in _global_hooks()}  # torch's hooks on every module
+        self.hooks = {name: _hook_ids(table) for name, table in _global_hooks()}  # torch's hooks on every module
 
     @staticmethod
     def _entries(modules: dict[str, ModuleType]) -> list[tuple[str, Any, str, str, int]]:
@@ -118,7 +118,10 @@ class Fingerprint:
         Reads only what was seen (no listing again)."""
         swapped = [f"sys.modules[{n!r}]" for n, m in self.modules.items() if sys.modules.get(n) is not m]
         swapped += [f"{name}.__code__" for name, fn, code in self.codes if fn.__code__ is not code]
-        swapped += [name for name, table in _global_hooks() if len(table) != self.hooks.get(name)]
+        from torch.nn.modules import module
+
+        swapped += [name for name, ids in self.hooks.items()
+                    if _hook_ids(getattr(module, name.rsplit(".", 1)[1], None)) != ids]
         missing = object()
         changed = []
         for name, owner, attr, how, ident in self.entries:
@@ -134,6 +137,14 @@ class Fingerprint:
             if now is not missing and id(now) != ident:
                 changed.append(name)
         return swapped + sorted(changed)
+
+
+def _hook_ids(table: Any) -> tuple[int, ...]:
+    """A hook table's identity: the table's and each hook's (another table, or one hook for another, differs)."""
+    try:
+        return (id(table), *(id(v) for v in dict.values(table)))
+    except TypeError:  # no longer a dict
+        return (id(table), -1)
 
 
 def _global_hooks() -> list[tuple[str, Any]]:

@@ -280,16 +280,12 @@ class Judge:
         clock = self._clock(cfg, send)
         task = self.task(req, cfg, clock)
         try:
-            msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source,
-                                            "cfg": req.cfg}, clock, label="while timing the reference")
+            msg = self._time_alone(task, req, clock)
             if "failed" in msg:
                 failed = result_from_message(msg["failed"])
                 raise TaskError(failed.error or "the reference could not be timed")
             result = result_from_message(msg["result"])
             result.kernels = one_line(result.kernels, 800) if isinstance(result.kernels, str) else None
-            alone = result.runtime_ms  # a worker no candidate had run in: its figure, the task's yardstick
-            task.alone_ms = float(alone) if isinstance(alone, int | float) and math.isfinite(alone) and alone > 0 \
-                else None
             if task.footprint is not None and task.plan is not None:  # what the budget was measured against
                 result.add_line(f"device memory: needs {task.footprint.needs() / GB:.1f} GB of a budget of "
                                   f"{task.planned_for / GB:.1f} GB ({task.footprint.describe()}); "
@@ -303,9 +299,26 @@ class Judge:
             self.worker.kill()
             raise TaskError(f"task {req.task_name}: the worker's answer was malformed ({e})") from None
 
+    def _time_alone(self, task: JudgeTask, req: WorkerRequest, clock: PhaseClock) -> dict[str, Any]:
+        """The reference timed against itself in a worker no candidate has run in (the one that served candidates
+        is ended first): the worker's answer, and the task's ``alone_ms`` (the yardstick of judgement.REF_DRIFT)."""
+        if self.worker.alive and self.worker.served:
+            self.worker.kill()
+        msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source, "cfg": req.cfg},
+                         clock, label="while timing the reference")
+        alone = msg.get("result", {}).get("runtime_ms") if isinstance(msg.get("result"), dict) else None
+        task.alone_ms = float(alone) if isinstance(alone, int | float) and math.isfinite(alone) and alone > 0 \
+            else None
+        return msg
+
     def candidate(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
         clock = self._clock(cfg, send)
         task = self.task(req, cfg, clock)
+        if task.alone_ms is None:  # this judge has not timed it (evicted, a resumed run, another evaluator timed it)
+            quiet = PhaseClock(limits_for(cfg))  # its phases are not the candidate's: the service hears none of them
+            with contextlib.suppress(Decided, KeyError, TypeError):  # no yardstick: the drift check is off for it
+                self._time_alone(task, req, quiet)
+            quiet.close()
         started = time.perf_counter()
         held = torch.cuda.memory_allocated() if self.backend.device == "cuda" else None
         self.candidate_source = req.candidate_source
@@ -336,7 +349,8 @@ class Judge:
         default every time): whatever the candidate left in that interpreter — code objects rewritten in place,
         global hooks, a hook on the kept reference, threads, files in its private /tmp — ends with it, before any
         other candidate runs. The next request gets a fresh process (the spare, where one waits)."""
-        limit = cfg.worker_candidates or (1 if self.backend.device == "cuda" else self.worker.max_requests)
+        fresh = self.backend.device == "cuda" and cfg.baseline != "compile"  # (a compiled reference: per worker)
+        limit = cfg.worker_candidates or (1 if fresh else self.worker.max_requests)
         self.worker.served += 1
         if self.worker.alive and self.worker.served >= min(limit, self.worker.max_requests):
             self.worker.kill()

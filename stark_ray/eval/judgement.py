@@ -180,19 +180,25 @@ class Judgement:
                        f"{alone:.4g} ms alone: its speedup is measured by the judge's clock")
         if (speedup > self.cfg.confirm_above or (slowed and speedup > 1.0)) and not rejected:
             # (one with no kernel of its own is off the board); a claim the slowed reference put in doubt: strict
-            confirmation = self.confirmed(speedup, new_ms, strict=slowed)
+            confirmation = self.confirmed(speedup, new_ms, strict=slowed, above=speedup > self.cfg.confirm_above)
             self.lap("confirmation")
             if confirmation.problem:
                 raise Decided(EvalResult(passed_checks=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
                                        log=excerpt("\n".join(log)), **base), recycle=True)
             log.append(confirmation.note)
-            if confirmation.unfit:
-                flags.append("unconfirmed")
+            if confirmation.unfit:  # a claim the judge could not measure counts for no more than it asks to see
+                flags.append("unconfirmed")  # (the candidate's memory decides what room is left: never a free pass)
+                cap = 1.0 if slowed else self.cfg.confirm_above
+                if speedup > cap:
+                    log.append(f"unconfirmed: the worker's {speedup:.2f}x counts as {cap:.2f}x")
+                    speedup, new_ms, new_cv, error = cap, ref_ms / cap, None, None
             elif not confirmation.confirmed:
                 flags.append("suspicious")
                 rejected.append(confirmation.note)
                 self.judge.worker.kill()  # its claim was not borne out: no further candidate in this process
-            elif confirmation.record is not None:  # the judge's figure, the lower, is the speedup of record
+            elif confirmation.record is not None:  # the judge's figure, the lower, is the speedup of record,
+                # against the reference's time alone (its time beside this candidate is what was in doubt)
+                ref_ms = self.task.alone_ms or ref_ms
                 speedup, new_ms, new_cv, error = confirmation.record, ref_ms / confirmation.record, None, None
         log.append("evaluator time: " + ", ".join(f"{name} {s:.3f} s" for name, s in self.laps))
         warnings = str(loaded.get("warnings") or "")
@@ -217,7 +223,7 @@ class Judgement:
                                    **base), recycle=True)
         return timed
 
-    def confirmed(self, speedup: float, new_ms: float, strict: bool = False) -> Confirmation:
+    def confirmed(self, speedup: float, new_ms: float, strict: bool = False, above: bool = True) -> Confirmation:
         """The judge's wall-clock confirmation of ``speedup``. One that does not bear it out is measured once more
         where the clock leaves time for it, its rounds pooled with the first's (each side's fastest of all six
         counts): a busy host that slowed one batch is given its due, and a candidate is given no second draw —
@@ -229,7 +235,7 @@ class Judgement:
             try:
                 confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
                                        new_ms, self.tol, batch, self.judge.memory.room(),
-                                       earlier.walls if earlier is not None else None, strict)
+                                       earlier.walls if earlier is not None else None, strict, above)
             finally:
                 batch.release()
             if earlier is not None:

@@ -60,7 +60,10 @@ def freeze_tree(pid: int, rounds: int = 20) -> set[int]:
     fork): the pids stopped."""
     frozen: set[int] = set()
     for _ in range(rounds):
-        new = ({pid} | descendants(pid)) - frozen
+        try:
+            new = ({pid} | descendants(pid)) - frozen
+        except OSError:  # /proc unreadable: what is stopped so far is what the caller lets go on
+            break
         if not new:
             break
         for p in new:

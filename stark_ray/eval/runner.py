@@ -135,8 +135,10 @@ class WorkerProcess:
         """The serving process and everything below it stopped (SIGSTOP) meanwhile, and let go on after: a
         measurement of the parent's own then shares the host with nothing the candidate left running there (a
         thread that spins while the reference is timed)."""
-        pids = freeze_tree(self._proc.pid) if self._proc is not None and self.alive else set()
+        pids: set[int] = set()
         try:
+            if self._proc is not None and self.alive:
+                pids = freeze_tree(self._proc.pid)
             yield
         finally:
             thaw(pids)
