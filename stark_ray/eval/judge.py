@@ -60,8 +60,8 @@ from stark_ray.eval.runner import Reply, WorkerProcess, WorkerStartError
 from stark_ray.eval.sol import Peaks, stamp, task_sol
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
 from stark_ray.eval.trials import JudgeTask, standard_trial
-from stark_ray.eval.verdicts import Decided, protocol_broken, tampered
-from stark_ray.records import STAGE_RUNTIME, EvalResult, excerpt, one_line
+from stark_ray.eval.verdicts import Decided, checked_answer
+from stark_ray.records import STAGE_RUNTIME, EvalResult, one_line
 
 Send = Callable[[dict[str, Any]], None]
 KEPT_TASKS = 32  # task references the judge keeps, as the worker does
@@ -392,22 +392,7 @@ class Judge:
             if reply.timed_out and reply.phase == PHASE_COMPILE:  # the build's time, not a stack (outcome.py)
                 lost = build_time_out(lost, reply.log, clock.limit(), list(self.build_times))
             raise Decided(lost)
-        msg = reply.msg
-        self.memory.note(msg)
-        changed = msg.get("tampered")
-        if not isinstance(changed, list) or "healthy" not in msg:
-            raise Decided(protocol_broken("an answer without its fingerprint"), recycle=True)
-        if msg.get("seq") != seq:  # an answer written ahead of the worker's own (by the candidate, on its channel)
-            raise Decided(protocol_broken(f"an answer to another step than {label or 'this one'}"), recycle=True)
-        if msg.get("healthy") is False:  # a sticky device error, or it tampered: it exits after this answer
+        self.memory.note(reply.msg)
+        if reply.msg.get("healthy") is False:  # a sticky device error, or it tampered: it exits after this answer
             self.worker.close_current()
-        if changed:
-            raise Decided(tampered([str(c) for c in changed]), recycle=True)
-        if "error" in msg:
-            raise Decided(protocol_broken(str(msg["error"])[:200]), recycle=True)
-        if "raised" in msg:
-            raised = msg["raised"] if isinstance(msg["raised"], dict) else {}
-            raise Decided(EvalResult(compiled=True, stage=STAGE_RUNTIME,
-                                   error=f"{label}: {raised.get('error', '?')}"[:300],
-                                   log=excerpt(str(raised.get("log", "")))), recycle=not msg.get("healthy"))
-        return msg
+        return checked_answer(reply.msg, label, seq)

@@ -3,7 +3,9 @@ the results of a worker that tampered or broke the protocol."""
 
 from __future__ import annotations
 
-from stark_ray.records import STAGE_CORRECTNESS, EvalResult
+from typing import Any
+
+from stark_ray.records import STAGE_CORRECTNESS, STAGE_RUNTIME, EvalResult, excerpt
 
 
 class Decided(Exception):
@@ -25,3 +27,23 @@ def tampered(names: list[str]) -> EvalResult:
 def protocol_broken(why: str) -> EvalResult:
     return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, flags=["tampered"],
                       error=f"the worker broke the evaluator's protocol ({why}); rejected")
+
+
+def checked_answer(msg: dict[str, Any], label: str, seq: int) -> dict[str, Any]:
+    """A worker's answer to the step numbered ``seq`` (``label`` says where), or the Decided it makes: one without
+    its fingerprint, or answering another step (written ahead of the worker's own, on its channel), breaks the
+    protocol; a changed fingerprint is tampering; what the candidate raised fails it."""
+    changed = msg.get("tampered")
+    if not isinstance(changed, list) or "healthy" not in msg:
+        raise Decided(protocol_broken("an answer without its fingerprint"), recycle=True)
+    if msg.get("seq") != seq:
+        raise Decided(protocol_broken(f"an answer to another step than {label or 'this one'}"), recycle=True)
+    if changed:
+        raise Decided(tampered([str(c) for c in changed]), recycle=True)
+    if "error" in msg:
+        raise Decided(protocol_broken(str(msg["error"])[:200]), recycle=True)
+    if "raised" in msg:
+        raised = msg["raised"] if isinstance(msg["raised"], dict) else {}
+        raise Decided(EvalResult(compiled=True, stage=STAGE_RUNTIME, error=f"{label}: {raised.get('error', '?')}"[:300],
+                                 log=excerpt(str(raised.get("log", "")))), recycle=not msg.get("healthy"))
+    return msg
