@@ -75,8 +75,9 @@ class Fingerprint:
         self.entries = self._entries(self.modules)  # (name, owner, attribute, how to read it, id)
         self.ids = {name: ident for name, _, _, _, ident in self.entries}
         # a Python function's code can be swapped in place (``f.__code__ = ...``: the function, and its id, stay)
-        self.codes = [(name, fn, fn.__code__) for name, fn in self._functions()]
-        self.hooks = {name: _hook_ids(table) for name, table in _global_hooks()}  # torch's hooks on every module
+        self.codes = [(name, fn, fn.__code__) for name, owner, attr, how, _ in self.entries
+                      if isinstance(fn := _read(owner, attr, how), types.FunctionType)]
+        self.hooks = {attr: _hook_ids(table) for attr, table in _global_hooks()}  # torch's hooks on every module
 
     @staticmethod
     def _entries(modules: dict[str, ModuleType]) -> list[tuple[str, Any, str, str, int]]:
@@ -101,17 +102,6 @@ class Fingerprint:
                                     "static" if mro else "own", id(value)))
         return entries
 
-    def _functions(self) -> list[tuple[str, types.FunctionType]]:
-        found = []
-        for name, owner, attr, how, _ in self.entries:
-            try:
-                value = getattr(owner, attr, None) if how == "attr" else vars(owner).get(attr)
-            except Exception:
-                continue
-            if isinstance(value, types.FunctionType):
-                found.append((name, value))
-        return found
-
     def changed(self) -> list[str]:
         """Names whose object is no longer the one seen at the fingerprint (new names do not count), functions whose
         code was swapped in place, torch's global module hooks added, and modules replaced in ``sys.modules``.
@@ -120,23 +110,28 @@ class Fingerprint:
         swapped += [f"{name}.__code__" for name, fn, code in self.codes if fn.__code__ is not code]
         from torch.nn.modules import module
 
-        swapped += [name for name, ids in self.hooks.items()
-                    if _hook_ids(getattr(module, name.rsplit(".", 1)[1], None)) != ids]
-        missing = object()
-        changed = []
-        for name, owner, attr, how, ident in self.entries:
-            try:
-                if how == "attr":
-                    now = getattr(owner, attr, missing)
-                elif how == "own":
-                    now = vars(owner).get(attr, missing)
-                else:  # the first class along the MRO that has it (what getattr_static finds, faster)
-                    now = next((k.__dict__[attr] for k in owner.__mro__ if attr in k.__dict__), missing)
-            except Exception:
-                continue
-            if now is not missing and id(now) != ident:
-                changed.append(name)
+        swapped += [f"torch.nn.modules.module.{attr}" for attr, ids in self.hooks.items()
+                    if _hook_ids(getattr(module, attr, None)) != ids]
+        changed = [name for name, owner, attr, how, ident in self.entries
+                   if (now := _read(owner, attr, how)) is not _MISSING and id(now) != ident]
         return swapped + sorted(changed)
+
+
+_MISSING = object()
+
+
+def _read(owner: Any, attr: str, how: str) -> Any:
+    """What an entry names now (_MISSING where it is gone or cannot be read): ``how`` "attr" by getattr, "own" from
+    the class's own namespace, "static" from the first class along the MRO that has it (what getattr_static finds,
+    faster)."""
+    try:
+        if how == "attr":
+            return getattr(owner, attr, _MISSING)
+        if how == "own":
+            return vars(owner).get(attr, _MISSING)
+        return next((k.__dict__[attr] for k in owner.__mro__ if attr in k.__dict__), _MISSING)
+    except Exception:
+        return _MISSING
 
 
 def _hook_ids(table: Any) -> tuple[int, ...]:
@@ -151,7 +146,7 @@ def _global_hooks() -> list[tuple[str, Any]]:
     """torch's tables of hooks that run for every module (``register_module_forward_hook`` and its kind)."""
     from torch.nn.modules import module
 
-    return [(f"torch.nn.modules.module.{name}", table) for name, table in vars(module).items()
+    return [(name, table) for name, table in vars(module).items()
             if name.startswith("_global_") and name.endswith("_hooks") and isinstance(table, dict)]
 
 

@@ -180,7 +180,7 @@ class Judgement:
                        f"{alone:.4g} ms alone: its speedup is measured by the judge's clock")
         if (speedup > self.cfg.confirm_above or (slowed and speedup > 1.0)) and not rejected:
             # (one with no kernel of its own is off the board); a claim the slowed reference put in doubt: strict
-            confirmation = self.confirmed(speedup, new_ms, strict=slowed, above=speedup > self.cfg.confirm_above)
+            confirmation = self.confirmed(speedup, new_ms, strict=slowed)
             self.lap("confirmation")
             if confirmation.problem:
                 raise Decided(EvalResult(passed_checks=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
@@ -223,7 +223,7 @@ class Judgement:
                                    **base), recycle=True)
         return timed
 
-    def confirmed(self, speedup: float, new_ms: float, strict: bool = False, above: bool = True) -> Confirmation:
+    def confirmed(self, speedup: float, new_ms: float, strict: bool = False) -> Confirmation:
         """The judge's wall-clock confirmation of ``speedup``. One that does not bear it out is measured once more
         where the clock leaves time for it, its rounds pooled with the first's (each side's fastest of all six
         counts): a busy host that slowed one batch is given its due, and a candidate is given no second draw —
@@ -235,7 +235,8 @@ class Judgement:
             try:
                 confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
                                        new_ms, self.tol, batch, self.judge.memory.room(),
-                                       earlier.walls if earlier is not None else None, strict, above)
+                                       earlier.walls if earlier is not None else None, strict,
+                                       above=speedup > self.cfg.confirm_above)
             finally:
                 batch.release()
             if earlier is not None:
