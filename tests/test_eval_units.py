@@ -724,7 +724,9 @@ def test_a_claim_stretched_by_a_busy_host_still_gets_a_batch_of_several_calls() 
     x = torch.ones(256)
     assert set_count(task, 5.5, [x], x, room=1 << 30) == MIN_SETS
     assert set_count(task, 0.001, [x], x, room=1 << 30) == MAX_SETS
-    assert set_count(task, 5.5, [x], x, make_s=0.25, room=1 << 30) == 2  # making the sets takes too long
+    assert set_count(task, 0.1, [x], x, make_s=0.02, room=1 << 30) == 25  # making more takes too long
+    assert set_count(task, 5.5, [x], x, make_s=0.25, room=1 << 30) == MIN_SETS  # the least, while it takes 2 s
+    assert set_count(task, 5.5, [x], x, make_s=1.0, room=1 << 30) == 2  # making the least would take longer
     assert set_count(task, 5.5, [x], x, room=12 * x.numel() * 4) == 1  # the memory budget holds one
     assert set_count(task, 5.5, [x], x, room=10 * x.numel() * 4) == 0  # not one: no confirmation ("unconfirmed")
     # slow calls: no more than a second a round of both sides by the claim (a 0.8 s candidate at 2.5x: one set)

@@ -329,7 +329,7 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
     """The fingerprint is a backstop: blinded, the worker reports nothing, and still the judge — its own
     comparison with its own reference outputs, its own clock — rejects the candidate."""
     r = judged(service, tasks[task], source)
-    assert not r.accepted and "tampered" not in r.flags, (name, r.stage, r.flags, r.error)
+    assert not r.accepted and "tampered" not in r.flags, (name, r.stage, r.flags, r.error, r.log)
     if verdict == "correctness":
         assert r.stage == STAGE_CORRECTNESS and "values differ" in (r.error or ""), (name, r.error)
     else:

@@ -164,6 +164,8 @@ def test_a_candidate_that_slows_the_reference_beside_it_gains_nothing_by_it(serv
     assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), (r.speedup, r.log)
     honest = service.evaluate(task, HONEST)
     assert honest.accepted, honest.error
+    # its worker, ended after it (a worker per candidate), is no process the candidate left running
+    assert "left running" not in honest.log, honest.log
 
 
 def test_work_left_to_a_thread_after_the_return_fails_its_timing_round(service: EvalService, task: Task) -> None:
@@ -215,3 +217,23 @@ def test_the_reference_alone_is_timed_where_this_judge_has_not(shared_build_dir:
     with EvalService(cfg) as svc:
         r = svc.evaluate(task, THREADS)
     assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), (r.speedup, r.log)
+
+
+def test_a_burst_on_the_host_while_the_reference_was_timed_alone_hides_no_slowed_reference(
+        shared_build_dir: str, task: Task) -> None:
+    """The reference's time alone is measured at another moment than its time beside the candidate: two spinning
+    processes while it is timed alone lengthen it (as another test process compiling did on CI, where this cheat
+    was accepted at 1.65x), and the judge's pace of its own reference, around that timing and again now, scales it
+    back."""
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=2, timing_trials=20)
+    with EvalService(cfg) as svc:
+        spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        try:
+            time.sleep(0.5)
+            alone = svc.reference(task)
+        finally:
+            for p in spinners:
+                p.kill()
+                p.wait()
+        r = svc.evaluate(task, THREADS)
+    assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), (alone.runtime_ms, r.speedup, r.log)

@@ -70,7 +70,11 @@ MAX_SETS = 256  # packed on two buffers per side: a call of 15 us makes a batch 
 # asked for 2, and a round of 2 calls is mostly the fixed costs taken off it, whose noise then decides
 MIN_SETS = 8
 MIN_ROUND_MS = 1000.0  # ... where a round of both sides lasts at most this long by the claim (slow calls: fewer)
-MAKE_BUDGET_S = 0.5  # at most this long to make one round's fresh input sets
+MAKE_BUDGET_S = 0.5  # at most this long to make one round's fresh input sets, above the least number of sets ...
+# ... which only a task whose sets take longer than this to make goes below: a round of a few calls is mostly the
+# fixed costs taken off it, and their noise decides (a burst while one set was made asked for 2 sets of a 1 ms call)
+MAKE_CAP_S = 2.0
+MAKE_SAMPLES = 3  # sets made to tell how long one takes (the least counts: a busy host only ever adds time)
 ROUNDS = 3  # the fastest of each side counts: load on the host only ever adds time
 OVERHEAD_FLOOR = 0.2  # the cost taken off leaves at least this share of a side's batch
 CUDA_BUDGET_SHARE = 0.125  # of the device's memory, for a batch's inputs and outputs (all copies)
@@ -132,11 +136,13 @@ def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out:
     """Input sets per batch: the candidate's claimed time times this is about BATCH_TARGET_MS, and at least MIN_SETS
     where a round of both sides (the reference's calls ``speedup`` times the claim) stays within MIN_ROUND_MS;
     within the memory budget (``room``: what the evaluation's budget leaves; else a share of the device), and few
-    enough that making a round's fresh sets (``make_s`` each) takes at most MAKE_BUDGET_S."""
+    enough that making a round's fresh sets (``make_s`` each) takes at most MAKE_BUDGET_S (but not fewer than the
+    least, unless making those takes longer than MAKE_CAP_S)."""
     least = min(MIN_SETS, int(MIN_ROUND_MS / max(claimed_ms * (1.0 + max(speedup, 0.0)), 1e-3)))
     wanted = max(least, math.ceil(BATCH_TARGET_MS / max(claimed_ms, 1e-3)))
     if make_s > 0:
-        wanted = min(wanted, max(1, int(MAKE_BUDGET_S / make_s)))
+        floor = min(least, max(1, int(MAKE_CAP_S / make_s)))
+        wanted = min(wanted, max(floor, int(MAKE_BUDGET_S / make_s)))
     # inputs: the fresh set, each side's buffers, the staging; outputs: the reference side's buffers, the slots and
     # the copy of them read back (the reference's are compared where they are)
     per_set = 4 * sum(nbytes_of(sample)) + 3 * sum(nbytes_of(sample_out))
@@ -297,10 +303,15 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     if earlier is not None:
         k = earlier.k
     else:
-        started = time.perf_counter()
-        make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device)
-        synchronize(task)
-        make_s = time.perf_counter() - started
+        make_s = math.inf
+        began = time.perf_counter()
+        for _ in range(MAKE_SAMPLES):
+            started = time.perf_counter()
+            make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device)
+            synchronize(task)
+            make_s = min(make_s, time.perf_counter() - started)
+            if time.perf_counter() - began > MAKE_BUDGET_S:
+                break
         k = set_count(task, claimed_ms, template, task.run(template, task.seed), make_s, room, event_speedup)
         if k == 0:
             return Confirmation(False, "not confirmed by the judge's wall clock: not one batch set of this task fits "

@@ -44,6 +44,7 @@ from stark_ray.eval.judge_memory import JudgeMemory
 from stark_ray.eval.judgement import Judgement, release_cached, tensors_of
 from stark_ray.eval.memory import KEPT_SHARE, Footprint, OverBudget, check_fits, meta_footprint, param_bytes, plan_for
 from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
+from stark_ray.eval.pace import pace
 from stark_ray.eval.phase_clock import PhaseClock
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
@@ -280,7 +281,7 @@ class Judge:
         clock = self._clock(cfg, send)
         task = self.task(req, cfg, clock)
         try:
-            msg = self._time_alone(task, req, clock)
+            msg = self._time_alone(task, req, cfg, clock)
             if "failed" in msg:
                 failed = result_from_message(msg["failed"])
                 raise TaskError(failed.error or "the reference could not be timed")
@@ -299,17 +300,33 @@ class Judge:
             self.worker.kill()
             raise TaskError(f"task {req.task_name}: the worker's answer was malformed ({e})") from None
 
-    def _time_alone(self, task: JudgeTask, req: WorkerRequest, clock: PhaseClock) -> dict[str, Any]:
+    def _time_alone(self, task: JudgeTask, req: WorkerRequest, cfg: EvalConfig,
+                    clock: PhaseClock) -> dict[str, Any]:
         """The reference timed against itself in a worker no candidate has run in (the one that served candidates
         is ended first): the worker's answer, and the task's ``alone_ms`` (the yardstick of judgement.REF_DRIFT)."""
         if self.worker.alive and self.worker.served:
             self.worker.kill()
+        before = self._pace(task, cfg)
         msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source, "cfg": req.cfg},
                          clock, label="while timing the reference")
         alone = msg.get("result", {}).get("runtime_ms") if isinstance(msg.get("result"), dict) else None
         task.alone_ms = float(alone) if isinstance(alone, int | float) and math.isfinite(alone) and alone > 0 \
             else None
+        after = self._pace(task, cfg)
+        # the slower of the two: a burst on the host around the alone timing shows in one of them at least
+        task.alone_pace_s = max(before, after) if before is not None and after is not None else None
         return msg
+
+    def _pace(self, task: JudgeTask, cfg: EvalConfig) -> float | None:
+        """The judge's own pace of the reference now, on the first standard trial's inputs (eval/pace.py)."""
+        try:
+            inputs = standard_trial(task, cfg, 0).inputs
+        except (TaskError, torch.OutOfMemoryError):
+            return None
+        try:
+            return pace(task, inputs)
+        finally:
+            del inputs
 
     def candidate(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
         clock = self._clock(cfg, send)
@@ -317,7 +334,7 @@ class Judge:
         if task.alone_ms is None:  # this judge has not timed it (evicted, a resumed run, another evaluator timed it)
             quiet = PhaseClock(limits_for(cfg))  # its phases are not the candidate's: the service hears none of them
             with contextlib.suppress(Decided, KeyError, TypeError):  # no yardstick: the drift check is off for it
-                self._time_alone(task, req, quiet)
+                self._time_alone(task, req, cfg, quiet)
             quiet.close()
         started = time.perf_counter()
         held = torch.cuda.memory_allocated() if self.backend.device == "cuda" else None
@@ -359,12 +376,13 @@ class Judge:
     def measure_round_trip(self, clock: PhaseClock) -> None:
         """The least of PINGS round trips of a message to the worker (``round_trip_s``), for the process started
         last, which has not imported a candidate yet: nothing a candidate does later can lengthen the figure."""
-        best = float("inf")
-        for _ in range(PINGS):
-            started = time.perf_counter()
-            self._step(OP_PING, {}, clock)
-            best = min(best, time.perf_counter() - started)
-        self.round_trip_s, self.round_trip_of = best, self.worker.starts
+        self.round_trip_s, self.round_trip_of = min(self.ping(clock) for _ in range(PINGS)), self.worker.starts
+
+    def ping(self, clock: PhaseClock) -> float:
+        """One round trip of a message to the worker (seconds)."""
+        started = time.perf_counter()
+        self._step(OP_PING, {}, clock)
+        return time.perf_counter() - started
 
     def _step(self, op: str, payload: dict[str, Any], clock: PhaseClock, fds: list[int] | None = None,
               label: str = "") -> dict[str, Any]:

@@ -23,6 +23,7 @@ from stark_ray.eval.inputs import same_values
 from stark_ray.eval.kernel_times import describe, from_message
 from stark_ray.eval.noise import Measured, interval, is_noisy, measured
 from stark_ray.eval.outbox import Outbox
+from stark_ray.eval.pace import yardstick
 from stark_ray.eval.phase_clock import PhaseClock
 from stark_ray.eval.protocol import (
     OP_GO,
@@ -99,6 +100,10 @@ class Judgement:
     def round_trip_s(self) -> float:
         return self.judge.round_trip_s
 
+    def ping(self) -> float:
+        """One round trip to the worker now (see :class:`worker_batch.Conversation`)."""
+        return self.judge.ping(self.clock)
+
     def stopped(self) -> AbstractContextManager[None]:
         """The worker's processes stopped while the judge measures its own side (see :class:`Conversation`)."""
         return self.judge.worker.stopped()
@@ -173,11 +178,14 @@ class Judgement:
             flags.append("large_speedup")
         rejected: list[str] = [n.removeprefix("worker: ") for n in worker_log if "no kernel of its own" in n]
         error = timing.error if math.isfinite(timing.error) else None
-        slowed = self.task.alone_ms is not None and ref_ms > REF_DRIFT * self.task.alone_ms
+        alone = self.drift_yardstick(ref_ms, speedup)
+        slowed = alone is not None and ref_ms > REF_DRIFT * alone
         if slowed:  # the candidate runs in the worker: a claim is its word where the reference it ran beside slowed
-            alone = self.task.alone_ms
+            assert alone is not None
+            scaled = "" if alone == self.task.alone_ms else \
+                f" (its {self.task.alone_ms:.4g} ms then, scaled to the host's pace now)"
             log.append(f"the reference ran at {ref_ms:.4g} ms beside this candidate, {ref_ms / alone:.2f}x its "
-                       f"{alone:.4g} ms alone: its speedup is measured by the judge's clock")
+                       f"{alone:.4g} ms alone{scaled}: its speedup is measured by the judge's clock")
         if (speedup > self.cfg.confirm_above or (slowed and speedup > 1.0)) and not rejected:
             # (one with no kernel of its own is off the board); a claim the slowed reference put in doubt: strict
             confirmation = self.confirmed(speedup, new_ms, strict=slowed)
@@ -198,7 +206,7 @@ class Judgement:
                 self.judge.worker.kill()  # its claim was not borne out: no further candidate in this process
             elif confirmation.record is not None:  # the judge's figure, the lower, is the speedup of record,
                 # against the reference's time alone (its time beside this candidate is what was in doubt)
-                ref_ms = self.task.alone_ms or ref_ms
+                ref_ms = alone or ref_ms
                 speedup, new_ms, new_cv, error = confirmation.record, ref_ms / confirmation.record, None, None
         log.append("evaluator time: " + ", ".join(f"{name} {s:.3f} s" for name, s in self.laps))
         warnings = str(loaded.get("warnings") or "")
@@ -210,6 +218,17 @@ class Judgement:
                           kernels=breakdown and describe(breakdown),
                           ref_compile_runtime_ms=compiled_ms, runtime_cv=new_cv, ref_runtime_cv=ref_cv,
                           speedup_err=error, **base)
+
+    def drift_yardstick(self, ref_ms: float, speedup: float) -> float | None:
+        """The reference's time alone to hold its time beside this candidate against (None: none known), scaled to
+        the host's pace now where a claimed gain would otherwise pass the drift check (eval/pace.py): measured by
+        the judge, the worker stopped meanwhile."""
+        alone = self.task.alone_ms
+        if alone is None or speedup <= 1.0 or ref_ms > REF_DRIFT * alone or self.task.alone_pace_s is None:
+            return alone
+        with self.judge.worker.stopped():
+            now = self.judge._pace(self.task, self.cfg)
+        return yardstick(alone, self.task.alone_pace_s, now)
 
     def timed(self, base: dict[str, Any], again: bool = False) -> dict[str, Any]:
         """The worker's timing of the candidate against the reference (a Decided when its outputs differed)."""

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from stark_ray.eval.process_tree import children, descendants, kill_tree, parents
+from stark_ray.eval.process_tree import children, descendants, exited, kill_tree, parents
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -128,10 +128,13 @@ def strays(keep: Iterable[int], wrappers: Iterable[int] = ()) -> list[int]:
 
 
 def kill_strays(keep: Iterable[int], wrappers: Iterable[int] = ()) -> int:
-    """Kill :func:`strays` (with everything below them) and reap those that were this process's children."""
+    """Kill :func:`strays` (with everything below them) and reap those that were this process's children: how many
+    of them still ran (a zombie ran nothing)."""
     found = strays(keep, wrappers)
     if not found:
         return 0
+    # a killed worker's own process, reparented here, waits to be reaped: a candidate left nothing running there
+    running = sum(not exited(pid) for pid in found)
     mine = set(children(os.getpid()))
     for pid in found:
         kill_tree(pid)
@@ -139,7 +142,7 @@ def kill_strays(keep: Iterable[int], wrappers: Iterable[int] = ()) -> int:
         if pid in mine:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, 0)
-    return len(found)
+    return running
 
 
 def reap() -> int:

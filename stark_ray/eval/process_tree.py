@@ -31,6 +31,15 @@ def parents() -> dict[int, int]:
     return parents
 
 
+def exited(pid: int) -> bool:
+    """Whether ``pid`` is gone or has ended and waits to be reaped (a zombie: it runs nothing)."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2:][:1] in ("Z", "X")
+
+
 def descendants(pid: int, snapshot: dict[int, int] | None = None) -> set[int]:
     children: dict[int, list[int]] = {}
     for child, parent in (parents() if snapshot is None else snapshot).items():
