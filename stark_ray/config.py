@@ -150,7 +150,7 @@ class EvalConfig:
     memory_budget_gb: float | None = None
     # a speedup above this is measured again by the judge's own wall clock before it counts
     # (stark_ray/eval/confirmation.py), and any gain whose reference ran slower beside the candidate than alone
-    # (eval/judgement.py REF_DRIFT); 0: every candidate's (benchmarks/kernelbench_sweep.py --confirm)
+    # (eval/drift.py REF_DRIFT); 0: every candidate's (benchmarks/kernelbench_sweep.py --confirm)
     confirm_above: float = 2.0
     # candidates one worker process serves before a fresh one takes over. 1: each candidate its own process, the
     # only setting under which nothing a candidate leaves in the interpreter (code patched in place, global hooks,

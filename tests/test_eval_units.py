@@ -597,7 +597,8 @@ def test_isolate_modes_and_what_auto_does_where_namespaces_are_refused(monkeypat
 def test_the_confirmation_sides_share_one_staging_and_the_reference_side_is_compared_in_place() -> None:
     """A large task's confirmation batch holds one private staging copy of the inputs for both sides (their buffers
     have one layout), and the reference side's outputs are compared in its own buffers, not in copies."""
-    from stark_ray.eval.confirmation import PackedSets, ReferenceSide
+    from stark_ray.eval.batch_sets import PackedSets
+    from stark_ray.eval.confirmation import ReferenceSide
     from stark_ray.eval.outbox import Outbox
     from stark_ray.eval.trials import JudgeTask
 

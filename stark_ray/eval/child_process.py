@@ -28,12 +28,13 @@ from typing import IO, Any
 
 from stark_ray.eval.launch import WorkerSpec, spec_env
 from stark_ray.eval.lifetime import spawn
-from stark_ray.eval.process_tree import children, kill_tree
+from stark_ray.eval.process_tree import children, descendants, exited, kill_tree
 from stark_ray.eval.protocol import STACK_DUMP_SIGNAL, STACK_DUMP_WAIT_S
 
 MAX_LINE = 64 << 20  # bytes in one message of a worker (a build request carries a candidate's sources)
 MAX_LOG_READ = 8 << 20  # bytes of a worker's log read back at most (its last ones)
 EXIT_GRACE_S = 10.0  # an unhealthy or closing worker gets this long to exit on its own
+GONE_WAIT_S = 2.0  # ... and the processes below a killed one this long to end
 
 
 def read_lines(stream: IO[bytes], q: queue.Queue[bytes | None]) -> None:
@@ -185,12 +186,19 @@ def end_process(proc: subprocess.Popen[bytes], workdir: Path | None, kill: bool 
             proc.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=EXIT_GRACE_S)
+    below = descendants(proc.pid)  # an isolated worker is the child of `unshare`: it must be gone too
     if proc.poll() is None:
         kill_tree(proc.pid)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=EXIT_GRACE_S)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # anything the candidate left running in the group
+    # killed, they end in a moment: until then the next sweep would count them as strays the candidate left
+    deadline = time.monotonic() + GONE_WAIT_S
+    while below and time.monotonic() < deadline:
+        below = {pid for pid in below if not exited(pid)}
+        if below:
+            time.sleep(0.01)
     if log_fd >= 0:
         with contextlib.suppress(OSError):
             os.close(log_fd)

@@ -34,17 +34,15 @@ import torch
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend
-from stark_ray.eval.compare import Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.diagnostics import describe_exception
+from stark_ray.eval.drift import pace, slower
 from stark_ray.eval.exchange import ExchangeError
 from stark_ray.eval.garbage import collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
-from stark_ray.eval.inputs import make_inputs, same_values, share_storage
 from stark_ray.eval.judge_memory import JudgeMemory
-from stark_ray.eval.judgement import Judgement, release_cached, tensors_of
+from stark_ray.eval.judgement import Judgement, release_cached
 from stark_ray.eval.memory import KEPT_SHARE, Footprint, OverBudget, check_fits, meta_footprint, param_bytes, plan_for
 from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
-from stark_ray.eval.pace import pace
 from stark_ray.eval.phase_clock import PhaseClock
 from stark_ray.eval.protocol import (
     MODE_CANDIDATE,
@@ -57,6 +55,7 @@ from stark_ray.eval.protocol import (
     WorkerRequest,
     result_from_message,
 )
+from stark_ray.eval.reference_checks import check_determinism, check_outputs
 from stark_ray.eval.runner import Reply, WorkerProcess, WorkerStartError
 from stark_ray.eval.sol import Peaks, stamp, task_sol
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
@@ -68,7 +67,6 @@ Send = Callable[[dict[str, Any]], None]
 KEPT_TASKS = 32  # task references the judge keeps, as the worker does
 KEPT_CPU_BYTES = 4 << 30
 RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
-_ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
 GB = 1e9
 PINGS = 5  # round trips measured to a fresh worker (the least counts)
 
@@ -130,42 +128,14 @@ class Judge:
             raise OverBudget(f"task {name} needs more than its budget of {self.memory.budget / GB:.1f} GB: its "
                              "reference ran out of memory on its first trial") from None
         task.input_bytes = first.input_bytes
-        leaves = flatten_outputs(first.ref)
-        odd = [type(v).__name__ for _, v in leaves if not isinstance(v, _ALLOWED_LEAVES)]
-        if odd or not any(isinstance(v, torch.Tensor) for _, v in leaves):
-            what = odd[0] if odd else type(first.ref).__name__
-            raise TaskError(f"task {name}: the reference returns {what}, which cannot be compared (a tensor, or a "
-                            "tuple, list or dict of tensors and numbers)")
+        check_outputs(name, first.ref)
         if before is not None:  # the first trial: its inputs made, the reference run on a copy of them
             work = torch.cuda.max_memory_allocated() - before - 2 * first.input_bytes
             outputs = sum(nbytes_of(first.ref))
             task.footprint = Footprint(first.input_bytes, outputs, max(work, outputs), param_bytes(model))
             check_fits(name, task.footprint, self.memory.budget, measured=True)
             self._plan(task)
-        made = make_inputs(task.get_inputs, first.seed, 1.0, device)  # get_inputs itself, not a kept trial's copy
-        other = make_inputs(task.get_inputs, first.seed, 1.0, device)
-        if not all(map(same_values, tensors_of(made), tensors_of(other))):
-            raise TaskError(f"task {name}: get_inputs() is not deterministic under a seed (two calls differ); its "
-                            "inputs must come from torch's seeded generators")
-        # a get_inputs that hands out the same tensors every time: the reference never runs on them themselves
-        task.fresh_inputs = not share_storage(tensors_of(made), tensors_of(other))
-        del other
-        # after the same seed, as every call of the reference and the candidate is made: a forward that draws from
-        # torch's generators (a dropout in training mode) gives the same outputs, one that depends on anything else
-        # does not
-        again = task.run(made, first.seed, private=task.fresh_inputs)
-        del made
-        same = compare_outputs(again, first.ref, Tolerances.of(cfg))
-        del again
-        if not same.ok:
-            raise TaskError(f"task {name}: the reference is not deterministic (two calls on the same inputs after "
-                            f"the same seed differ: {same.problem}); its forward must depend only on its inputs and "
-                            "torch's seeded generators")
-        # once more without the seed (make_inputs leaves the generator past the inputs' draws): a forward that draws
-        # random numbers is told apart, and its timed calls are seeded too
-        drift = task.run(make_inputs(task.get_inputs, first.seed, 1.0, device), None, private=task.fresh_inputs)
-        task.draws_random = not compare_outputs(drift, first.ref, Tolerances.of(cfg)).ok
-        del drift
+        check_determinism(task, first, cfg)
         task.sol = task_sol(task.module, task.init_inputs, task.get_inputs, self.peaks)
         self.tasks[key] = task
         self._evict(key)
@@ -303,30 +273,18 @@ class Judge:
     def _time_alone(self, task: JudgeTask, req: WorkerRequest, cfg: EvalConfig,
                     clock: PhaseClock) -> dict[str, Any]:
         """The reference timed against itself in a worker no candidate has run in (the one that served candidates
-        is ended first): the worker's answer, and the task's ``alone_ms`` (the yardstick of judgement.REF_DRIFT)."""
+        is ended first): the worker's answer, and the task's ``alone_ms`` (the yardstick of eval/drift.py)."""
         if self.worker.alive and self.worker.served:
             self.worker.kill()
-        before = self._pace(task, cfg)
+        before = pace(task, cfg)
         msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source, "cfg": req.cfg},
                          clock, label="while timing the reference")
         alone = msg.get("result", {}).get("runtime_ms") if isinstance(msg.get("result"), dict) else None
         task.alone_ms = float(alone) if isinstance(alone, int | float) and math.isfinite(alone) and alone > 0 \
             else None
-        after = self._pace(task, cfg)
-        # the slower of the two: a burst on the host around the alone timing shows in one of them at least
-        task.alone_pace_s = max(before, after) if before is not None and after is not None else None
+        after = pace(task, cfg)
+        task.alone_pace_s = slower(before, after)  # a burst on the host around the alone timing shows in one
         return msg
-
-    def _pace(self, task: JudgeTask, cfg: EvalConfig) -> float | None:
-        """The judge's own pace of the reference now, on the first standard trial's inputs (eval/pace.py)."""
-        try:
-            inputs = standard_trial(task, cfg, 0).inputs
-        except (TaskError, torch.OutOfMemoryError):
-            return None
-        try:
-            return pace(task, inputs)
-        finally:
-            del inputs
 
     def candidate(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
         clock = self._clock(cfg, send)

@@ -17,13 +17,13 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.confirmation import Confirmation, confirm
+from stark_ray.eval.drift import REF_DRIFT, DriftCheck, pace
 from stark_ray.eval.exchange import ExchangeError
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
 from stark_ray.eval.kernel_times import describe, from_message
 from stark_ray.eval.noise import Measured, interval, is_noisy, measured
 from stark_ray.eval.outbox import Outbox
-from stark_ray.eval.pace import yardstick
 from stark_ray.eval.phase_clock import PhaseClock
 from stark_ray.eval.protocol import (
     OP_GO,
@@ -47,9 +47,6 @@ if TYPE_CHECKING:
     from stark_ray.eval.judge import Judge
 
 LARGE_SPEEDUP = 10.0  # flagged (informational) above this
-# a claimed gain is measured by the judge where the reference ran this much slower beside the candidate than alone
-# (its threads, a spinning thread, work left running: the candidate runs in the worker that times the reference)
-REF_DRIFT = 1.15
 WORKER_FLAGS = ("no_kernel", "extra_stream", "unordered_stream")  # what the worker's profile may report
 LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial this large (inputs and slots), cached blocks go back to the device
 
@@ -104,6 +101,11 @@ class Judgement:
         """One round trip to the worker now (see :class:`worker_batch.Conversation`)."""
         return self.judge.ping(self.clock)
 
+    def pace(self) -> float | None:
+        """The judge's pace of the reference, the worker stopped meanwhile (eval/drift.py)."""
+        with self.judge.worker.stopped():
+            return pace(self.task, self.cfg)
+
     def stopped(self) -> AbstractContextManager[None]:
         """The worker's processes stopped while the judge measures its own side (see :class:`Conversation`)."""
         return self.judge.worker.stopped()
@@ -151,6 +153,7 @@ class Judgement:
         checks = (f"correct over {self.cfg.trials} trials and {special} more (blocks, sensitivity, same address) "
                   f"(max_abs_err {self.worst_abs:.3g}, rel_err {self.worst_rel:.3g})")
         base |= {"max_abs_err": self.worst_abs, "rel_err": self.worst_rel}
+        drift = DriftCheck(self.task, self.pace)  # its first pace now: before the worker times the candidate
         started = time.monotonic()
         timed = self.timed(base)
         # the worker's findings: only those it may report (each can only keep the candidate off the leaderboard)
@@ -178,14 +181,10 @@ class Judgement:
             flags.append("large_speedup")
         rejected: list[str] = [n.removeprefix("worker: ") for n in worker_log if "no kernel of its own" in n]
         error = timing.error if math.isfinite(timing.error) else None
-        alone = self.drift_yardstick(ref_ms, speedup)
+        alone = drift.yardstick(ref_ms, speedup)
         slowed = alone is not None and ref_ms > REF_DRIFT * alone
         if slowed:  # the candidate runs in the worker: a claim is its word where the reference it ran beside slowed
-            assert alone is not None
-            scaled = "" if alone == self.task.alone_ms else \
-                f" (its {self.task.alone_ms:.4g} ms then, scaled to the host's pace now)"
-            log.append(f"the reference ran at {ref_ms:.4g} ms beside this candidate, {ref_ms / alone:.2f}x its "
-                       f"{alone:.4g} ms alone{scaled}: its speedup is measured by the judge's clock")
+            log.append(drift.note(ref_ms, alone or ref_ms))
         if (speedup > self.cfg.confirm_above or (slowed and speedup > 1.0)) and not rejected:
             # (one with no kernel of its own is off the board); a claim the slowed reference put in doubt: strict
             confirmation = self.confirmed(speedup, new_ms, strict=slowed)
@@ -218,17 +217,6 @@ class Judgement:
                           kernels=breakdown and describe(breakdown),
                           ref_compile_runtime_ms=compiled_ms, runtime_cv=new_cv, ref_runtime_cv=ref_cv,
                           speedup_err=error, **base)
-
-    def drift_yardstick(self, ref_ms: float, speedup: float) -> float | None:
-        """The reference's time alone to hold its time beside this candidate against (None: none known), scaled to
-        the host's pace now where a claimed gain would otherwise pass the drift check (eval/pace.py): measured by
-        the judge, the worker stopped meanwhile."""
-        alone = self.task.alone_ms
-        if alone is None or speedup <= 1.0 or ref_ms > REF_DRIFT * alone or self.task.alone_pace_s is None:
-            return alone
-        with self.judge.worker.stopped():
-            now = self.judge._pace(self.task, self.cfg)
-        return yardstick(alone, self.task.alone_pace_s, now)
 
     def timed(self, base: dict[str, Any], again: bool = False) -> dict[str, Any]:
         """The worker's timing of the candidate against the reference (a Decided when its outputs differed)."""

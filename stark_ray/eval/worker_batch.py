@@ -12,8 +12,8 @@ from typing import Any, Protocol
 import torch
 
 from stark_ray.config import EvalConfig
+from stark_ray.eval.batch_sets import PackedSets, packed_slots
 from stark_ray.eval.compare import rebuild_outputs
-from stark_ray.eval.confirmation import PackedSets, packed_slots
 from stark_ray.eval.exchange import TensorSpec, digests
 from stark_ray.eval.outbox import Outbox
 from stark_ray.eval.protocol import OP_STAGE
