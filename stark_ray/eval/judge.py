@@ -276,15 +276,25 @@ class Judge:
         is ended first): the worker's answer, and the task's ``alone_ms`` (the yardstick of eval/drift.py)."""
         if self.worker.alive and self.worker.served:
             self.worker.kill()
-        before = pace(task, cfg)
+        before = self.pace(task, cfg)
         msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source, "cfg": req.cfg},
                          clock, label="while timing the reference")
         alone = msg.get("result", {}).get("runtime_ms") if isinstance(msg.get("result"), dict) else None
         task.alone_ms = float(alone) if isinstance(alone, int | float) and math.isfinite(alone) and alone > 0 \
             else None
-        after = pace(task, cfg)
+        after = self.pace(task, cfg)
         task.alone_pace_s = slower(before, after)  # a burst on the host around the alone timing shows in one
         return msg
+
+    def pace(self, task: JudgeTask, cfg: EvalConfig) -> float | None:
+        """The judge's own pace of the reference (eval/drift.py), the worker stopped meanwhile: under the memory
+        budget less what the worker holds, and what it cached given back after."""
+        self.memory.cap_self()
+        try:
+            with self.worker.stopped():
+                return pace(task, cfg)
+        finally:
+            release_cached(self.backend.device)
 
     def candidate(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
         clock = self._clock(cfg, send)

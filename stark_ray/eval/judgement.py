@@ -17,7 +17,7 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.confirmation import Confirmation, confirm
-from stark_ray.eval.drift import REF_DRIFT, DriftCheck, pace
+from stark_ray.eval.drift import REF_DRIFT, DriftCheck
 from stark_ray.eval.exchange import ExchangeError
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
@@ -101,11 +101,6 @@ class Judgement:
         """One round trip to the worker now (see :class:`worker_batch.Conversation`)."""
         return self.judge.ping(self.clock)
 
-    def pace(self) -> float | None:
-        """The judge's pace of the reference, the worker stopped meanwhile (eval/drift.py)."""
-        with self.judge.worker.stopped():
-            return pace(self.task, self.cfg)
-
     def stopped(self) -> AbstractContextManager[None]:
         """The worker's processes stopped while the judge measures its own side (see :class:`Conversation`)."""
         return self.judge.worker.stopped()
@@ -153,7 +148,8 @@ class Judgement:
         checks = (f"correct over {self.cfg.trials} trials and {special} more (blocks, sensitivity, same address) "
                   f"(max_abs_err {self.worst_abs:.3g}, rel_err {self.worst_rel:.3g})")
         base |= {"max_abs_err": self.worst_abs, "rel_err": self.worst_rel}
-        drift = DriftCheck(self.task, self.pace)  # its first pace now: before the worker times the candidate
+        # its first pace now: before the worker times the candidate
+        drift = DriftCheck(self.task, lambda: self.judge.pace(self.task, self.cfg))
         started = time.monotonic()
         timed = self.timed(base)
         # the worker's findings: only those it may report (each can only keep the candidate off the leaderboard)
