@@ -733,3 +733,29 @@ def test_a_claim_stretched_by_a_busy_host_still_gets_a_batch_of_several_calls() 
     # slow calls: no more than a second a round of both sides by the claim (a 0.8 s candidate at 2.5x: one set)
     assert set_count(task, 800.0, [x], x, room=1 << 30, speedup=2.5) == 1
     assert set_count(task, 5.5, [x], x, room=1 << 30, speedup=5.3) == MIN_SETS
+
+
+def test_the_drift_yardstick_follows_the_hosts_pace_down_never_up() -> None:
+    """The reference's time alone, scaled by the judge's pace now over its pace then where the host is faster now
+    (a burst lengthened the alone timing); a burst now (either pace around the candidate's timing) counts, and a
+    slower host never lengthens the yardstick."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from stark_ray.eval.drift import DriftCheck, scaled, slower
+    from stark_ray.eval.trials import JudgeTask
+
+    assert scaled(10.0, 0.002, 0.001) == 5.0
+    assert scaled(10.0, 0.001, 0.002) == 10.0
+    assert scaled(10.0, None, 0.001) == 10.0 and slower(0.001, None) is None
+    task = cast(JudgeTask, SimpleNamespace(alone_ms=10.0, alone_pace_s=0.002))
+    paces = iter([0.001, 0.0015])  # before the candidate's timing, then after it
+    check = DriftCheck(task, lambda: next(paces))
+    assert check.yardstick(ref_ms=10.5, speedup=1.6) == 7.5  # the slower of the two paces now
+    assert "scaled to the host's pace now" in check.note(10.5, 7.5)
+    # no pace needed: no claimed gain, or already slowed beyond the unscaled yardstick
+    quiet = DriftCheck(task, lambda: 0.001)
+    assert quiet.yardstick(ref_ms=10.5, speedup=0.9) == 10.0
+    assert quiet.yardstick(ref_ms=20.0, speedup=1.6) == 10.0
+    unknown = DriftCheck(cast(JudgeTask, SimpleNamespace(alone_ms=None, alone_pace_s=None)), lambda: 1 / 0)
+    assert unknown.yardstick(ref_ms=10.0, speedup=2.0) is None  # no yardstick, and no pace taken for it

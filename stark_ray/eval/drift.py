@@ -25,7 +25,8 @@ from collections.abc import Callable
 import torch
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.trials import JudgeTask, standard_trial, synchronize
+from stark_ray.eval.inputs import clone_all, make_inputs
+from stark_ray.eval.trials import JudgeTask, synchronize
 
 REF_DRIFT = 1.15  # a claimed gain is measured by the judge where the reference ran this much slower than alone
 CALLS = 5  # a pace: at most this many calls (the least counts) ...
@@ -34,13 +35,15 @@ BUDGET_S = 0.25  # ... and no more once this long has passed
 
 
 def pace(task: JudgeTask, cfg: EvalConfig) -> float | None:
-    """The least seconds of one call of the reference, in this process, on the first standard trial's inputs (made
-    for it: a reference that works in place changes them); None where it fails (the device full, the reference
-    raising)."""
+    """The least seconds of one call of the reference, in this process, on a set of inputs made for it (the first
+    standard trial's values, not its reference outputs: a reference that works in place changes them); None where it
+    fails (the device full, the reference raising)."""
     best = math.inf
     started = time.perf_counter()
     try:
-        inputs = standard_trial(task, cfg, 0).inputs
+        inputs = make_inputs(task.get_inputs, cfg.seed, 1.0, task.device, fresh=task.fresh_inputs)
+        if not task.fresh_inputs:  # the task's own tensors, perhaps: a copy to work on
+            inputs = clone_all(inputs)
         for i in range(CALLS):
             synchronize(task)
             t0 = time.perf_counter()
