@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,16 @@ def test_processes_a_candidate_leaves_running_are_killed_after_it(service: EvalS
     assert "process(es) the candidate left running" in r.log, r.log[-1500:]
     honest = service.evaluate(task, HANGS.format(forward="pass", factor=""))  # the same worker judges on, right
     assert honest.passed_checks and honest.stage == "ok", honest.error
+
+
+def test_processes_that_end_with_their_candidates_worker_are_still_said(service: EvalService, tmp_path: Path) -> None:
+    """With a worker per candidate (a GPU's default), the worker ends after the candidate and takes what it left
+    running with it: the log still says so (it once said nothing where a suspicious candidate's worker was killed)."""
+    record = str(tmp_path / "pids")
+    source = LEAVES_PROCESSES.format(forward=f"_leave({record!r})", factor="")
+    r = service.evaluate(load_task(TASK), source, replace(service.cfg, worker_candidates=1))
+    assert _wait_gone([_read_pid(Path(record + ".sleeper")), _read_pid(Path(record + ".orphan"))]) == []
+    assert "process(es) the candidate left running" in r.log, r.log[-1500:]
 
 
 def test_the_evaluator_dies_with_a_killed_stark_eval(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ from stark_ray.eval.child_process import (
 from stark_ray.eval.launch import WorkerSpec
 from stark_ray.eval.lifetime import kill_strays
 from stark_ray.eval.phase_clock import START_TIMEOUT_S, PhaseClock
-from stark_ray.eval.process_tree import freeze_tree, thaw
+from stark_ray.eval.process_tree import descendants, exited, freeze_tree, parents, thaw
 from stark_ray.eval.protocol import PHASE_START, WorkerRequest, result_from_message, send_fds
 from stark_ray.records import EvalResult
 
@@ -123,6 +123,7 @@ class WorkerProcess:
         # serves the builds an isolated worker asks for (eval/builds.py): (request, seconds left) -> answer
         self.on_build: Callable[[dict[str, Any], float], dict[str, Any]] | None = None
         self._builds = 0  # build requests since the log was marked (one conversation)
+        self._ended_strays = 0  # a candidate's processes that ended with their worker since the last sweep
         self.claims: list[str] = []  # a builder's word: the key of what it builds, said before its compiler runs
 
     # -- life cycle -------------------------------------------------------------------------------------------
@@ -202,9 +203,21 @@ class WorkerProcess:
 
     def sweep(self) -> int:
         """Kill every process below this one that is not the serving process or the spare (nor, isolated, the
-        worker inside each ``unshare``): what a candidate left running. How many there were."""
+        worker inside each ``unshare``): what a candidate left running. How many there were, those that died with a
+        worker ended since the last sweep included."""
         keep = [p.pid for p in (self._proc, self._spare.proc if self._spare else None) if p is not None]
-        return kill_strays(keep, keep if self.spec.isolate else ())
+        ended, self._ended_strays = self._ended_strays, 0
+        return kill_strays(keep, keep if self.spec.isolate else ()) + ended
+
+    def _strays_below(self) -> int:
+        """How many processes run below the serving worker that are not the worker itself (a candidate's)."""
+        if self._proc is None:
+            return 0
+        snapshot = parents()
+        below = descendants(self._proc.pid, snapshot)
+        if self.spec.isolate:  # the worker is the child of `unshare`
+            below = {p for p in below if snapshot.get(p) != self._proc.pid}
+        return sum(not exited(p) for p in below)
 
     def kill(self) -> None:
         """Kill the serving process (and everything in its group); the spare stays."""
@@ -216,6 +229,7 @@ class WorkerProcess:
 
     def _end_current(self, kill: bool) -> None:
         if self._proc is not None:
+            self._ended_strays += self._strays_below()  # they end with it: the next sweep says so
             end_process(self._proc, self._workdir, kill, self._sock, self._log_fd)
         self._proc = None
         self._workdir = None
