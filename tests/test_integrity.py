@@ -518,8 +518,9 @@ def test_the_judge_holds_what_the_memory_plan_counts_at_every_trial(tmp_path: Pa
     assert r.passed_checks, r.error
     assert "same address" in (r.log or ""), r.log
     seen = [int(line) for line in log.read_text().split()]
-    # the last: the check of the second call (the shared inputs, the slots, the second contents' reference output)
-    assert len(seen) >= 6 and seen[-1] == 3 and max(seen) <= 3, seen
+    # at most the check of the second call's: the shared inputs, the slots, the second contents' reference output
+    # (the judge's pace of its reference makes inputs too, after the checks, holding none of these)
+    assert len(seen) >= 6 and 3 in seen and max(seen) <= 3, seen
 
 
 # a candidate that writes, on its process's own message channel, an answer saying it is a success: the worker's
