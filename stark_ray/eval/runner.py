@@ -40,9 +40,9 @@ from stark_ray.eval.child_process import (
     write_all,
 )
 from stark_ray.eval.launch import WorkerSpec
-from stark_ray.eval.lifetime import kill_strays
+from stark_ray.eval.lifetime import kill_strays, strays
 from stark_ray.eval.phase_clock import START_TIMEOUT_S, PhaseClock
-from stark_ray.eval.process_tree import descendants, exited, freeze_tree, parents, thaw
+from stark_ray.eval.process_tree import exited, freeze_tree, thaw
 from stark_ray.eval.protocol import PHASE_START, WorkerRequest, result_from_message, send_fds
 from stark_ray.records import EvalResult
 
@@ -205,19 +205,18 @@ class WorkerProcess:
         """Kill every process below this one that is not the serving process or the spare (nor, isolated, the
         worker inside each ``unshare``): what a candidate left running. How many there were, those that died with a
         worker ended since the last sweep included."""
-        keep = [p.pid for p in (self._proc, self._spare.proc if self._spare else None) if p is not None]
+        keep = self._keep()
         ended, self._ended_strays = self._ended_strays, 0
         return kill_strays(keep, keep if self.spec.isolate else ()) + ended
 
+    def _keep(self) -> list[int]:
+        """The processes that are no strays: the serving one and the spare."""
+        return [p.pid for p in (self._proc, self._spare.proc if self._spare else None) if p is not None]
+
     def _strays_below(self) -> int:
-        """How many processes run below the serving worker that are not the worker itself (a candidate's)."""
-        if self._proc is None:
-            return 0
-        snapshot = parents()
-        below = descendants(self._proc.pid, snapshot)
-        if self.spec.isolate:  # the worker is the child of `unshare`
-            below = {p for p in below if snapshot.get(p) != self._proc.pid}
-        return sum(not exited(p) for p in below)
+        """How many strays (:meth:`sweep`'s) run now: a candidate's, which end with the worker about to end."""
+        keep = self._keep()
+        return sum(not exited(p) for p in strays(keep, keep if self.spec.isolate else ()))
 
     def kill(self) -> None:
         """Kill the serving process (and everything in its group); the spare stays."""
