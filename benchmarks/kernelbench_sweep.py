@@ -192,11 +192,11 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
 
 def sweep(args: argparse.Namespace) -> None:
     from stark_ray.config import EvalConfig
-    from stark_ray.eval.kernelbench import scan
+    from stark_ray.eval.kernelbench import select
     from stark_ray.eval.service import EvalService
 
-    refs = [r for r in scan(args.kernelbench) if r.level in args.levels
-            and (args.first is None or r.id >= args.first) and (args.last is None or r.id <= args.last)]
+    refs = [r for r in select(args.kernelbench, levels=args.levels, subset=args.subset)
+            if (args.first is None or r.id >= args.first) and (args.last is None or r.id <= args.last)]
     if args.only_failed_at:  # the tasks that did not come out ok at that budget (over it, or out of memory)
         known = statuses(args.csv)
         refs = [r for r in refs if known.get((r.qualified, args.only_failed_at), "ok") != "ok"]
@@ -294,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--first", type=int, default=None, help="the first task id of each level")
     p.add_argument("--last", type=int, default=None, help="the last task id of each level")
+    p.add_argument("--subset", default="all", choices=("all", "representative"),
+                   help="representative: the campaign's subset of each level (eval/kernelbench.py)")
     p.add_argument("--budget", nargs="+", default=["40"], help="GB, or 'default' (several: one after another)")
     p.add_argument("--baseline", default="eager", choices=("eager", "compile"))
     p.add_argument("--only-failed-at", default=None, metavar="BUDGET",
