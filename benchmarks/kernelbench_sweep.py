@@ -33,7 +33,9 @@ confirmation of the speedup (with ``--confirm``, which sends every candidate thr
 forward has no speedup to confirm otherwise). A sweep with ``--confirm`` is best written to a CSV of its own.
 ``sol_ms``, ``sol_bound``: the task's speed of light on the device and which floor sets it (eval/sol.py; empty
 where it cannot be told, and in rows from before it existed); ``ref_sol_fraction``: speed of light / the reference's
-runtime (how close PyTorch already comes); ``ref_kernels``: the reference's kernels in one call (its GPU profile).
+runtime (how close PyTorch already comes); ``ref_kernels``: the reference's kernels in one call (its GPU profile);
+``ref_laps``: where ``reference_s`` went by the judge's log (the task's set-up in the judge, its paces before and
+after, the timing in the worker, ``start/timing`` where a worker had to start first).
 A CSV written before a column existed gets the new header (its rows' new cells empty) on the next run.
 """
 
@@ -55,7 +57,7 @@ DEFAULT_CSV = ROOT / "benchmarks" / "results" / "kernelbench_sweep.csv"
 COLUMNS = ["level", "id", "name", "budget", "status", "error", "reference_s", "ref_ms", "ref_compile_ms",
            "candidate_s", "build_s", "checks_s", "timing_s", "timed_calls", "overhead_s", "runtime_ms", "flags",
            "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb", "judge_s", "task_s", "confirm_s", "needs_gb",
-           "sol_ms", "sol_bound", "ref_sol_fraction", "ref_kernels"]
+           "sol_ms", "sol_bound", "ref_sol_fraction", "ref_kernels", "ref_laps"]
 CANDIDATE = "\n\nclass ModelNew(Model):  # the reference's own forward: correct, and no kernel of its own\n    pass\n"
 
 
@@ -171,7 +173,8 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
     row |= {"reference_s": round(time.perf_counter() - started, 3), "ref_ms": reference.runtime_ms,
             "ref_compile_ms": reference.ref_compile_runtime_ms, "needs_gb": needs and float(needs.group(1)),
             "sol_ms": reference.sol_ms, "sol_bound": reference.sol_bound, "ref_sol_fraction": reference.sol_fraction,
-            "ref_kernels": reference.kernels}
+            "ref_kernels": reference.kernels,
+            "ref_laps": ";".join(f"{k} {v}" for k, v in laps(reference.log).items())}
     asked = time.perf_counter()
     result = service.evaluate(task, task.source + CANDIDATE, cfg)
     wall = time.perf_counter() - asked  # what the caller waits: the build process and the judge's round trip too

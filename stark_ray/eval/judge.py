@@ -249,9 +249,11 @@ class Judge:
 
     def reference(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
         clock = self._clock(cfg, send)
+        started = time.perf_counter()
         task = self.task(req, cfg, clock)
+        laps = [("task", time.perf_counter() - started)]  # where a reference's seconds go, said in its log
         try:
-            msg = self._time_alone(task, req, cfg, clock)
+            msg = self._time_alone(task, req, cfg, clock, laps)
             if "failed" in msg:
                 failed = result_from_message(msg["failed"])
                 raise TaskError(failed.error or "the reference could not be timed")
@@ -261,6 +263,7 @@ class Judge:
                 result.add_line(f"device memory: needs {task.footprint.needs() / GB:.1f} GB of a budget of "
                                   f"{task.planned_for / GB:.1f} GB ({task.footprint.describe()}); "
                                   f"{task.plan.describe()}")
+            result.add_line("evaluator time: " + ", ".join(f"{name} {s:.3f} s" for name, s in laps))
             return result
         except Decided as stop:
             if stop.recycle:
@@ -270,19 +273,33 @@ class Judge:
             self.worker.kill()
             raise TaskError(f"task {req.task_name}: the worker's answer was malformed ({e})") from None
 
-    def _time_alone(self, task: JudgeTask, req: WorkerRequest, cfg: EvalConfig,
-                    clock: PhaseClock) -> dict[str, Any]:
+    def _time_alone(self, task: JudgeTask, req: WorkerRequest, cfg: EvalConfig, clock: PhaseClock,
+                    laps: list[tuple[str, float]] | None = None) -> dict[str, Any]:
         """The reference timed against itself in a worker no candidate has run in (the one that served candidates
-        is ended first): the worker's answer, and the task's ``alone_ms`` (the yardstick of eval/drift.py)."""
+        is ended first): the worker's answer, and the task's ``alone_ms`` (the yardstick of eval/drift.py). Each
+        step's seconds go on ``laps``."""
+        laps = [] if laps is None else laps
+        lap = time.perf_counter()
+
+        def done(name: str) -> None:
+            nonlocal lap
+            now = time.perf_counter()
+            laps.append((name, now - lap))
+            lap = now
+
         if self.worker.alive and self.worker.served:
             self.worker.kill()
         before = self.pace(task, cfg)
+        done("pace/before")
+        started = not self.worker.alive
         msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source, "cfg": req.cfg},
                          clock, label="while timing the reference")
+        done("start/timing" if started else "timing")  # the reference's checks and timing in the worker
         alone = msg.get("result", {}).get("runtime_ms") if isinstance(msg.get("result"), dict) else None
         task.alone_ms = float(alone) if isinstance(alone, int | float) and math.isfinite(alone) and alone > 0 \
             else None
         after = self.pace(task, cfg)
+        done("pace/after")
         task.alone_pace_s = slower(before, after)  # a burst on the host around the alone timing shows in one
         return msg
 
