@@ -35,7 +35,8 @@ forward has no speedup to confirm otherwise). A sweep with ``--confirm`` is best
 where it cannot be told, and in rows from before it existed); ``ref_sol_fraction``: speed of light / the reference's
 runtime (how close PyTorch already comes); ``ref_kernels``: the reference's kernels in one call (its GPU profile);
 ``ref_laps``: where ``reference_s`` went by the judge's log (the task's set-up in the judge, its paces before and
-after, the timing in the worker, ``start/timing`` where a worker had to start first).
+after, the timing in the worker, ``start/timing`` where a worker had to start first) and the worker's (its set-up of
+the task, making the timing sets, the profile of one call, the timing).
 A CSV written before a column existed gets the new header (its rows' new cells empty) on the next run.
 """
 
@@ -140,8 +141,8 @@ def statuses(path: Path) -> dict[tuple[str, str], str]:
     return {key: r["status"] for key, r in latest_rows(path).items()}
 
 
-def laps(log: str) -> dict[str, float]:
-    m = re.search(r"evaluator time: ([^\n]*)", log or "")
+def laps(log: str, label: str = "evaluator time") -> dict[str, float]:
+    m = re.search(label + r": ([^\n]*)", log or "")
     out: dict[str, float] = {}
     for name, secs in re.findall(r"([a-z/]+) ([0-9.]+) s", m.group(1) if m else ""):
         out[name] = float(secs)
@@ -174,7 +175,8 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
             "ref_compile_ms": reference.ref_compile_runtime_ms, "needs_gb": needs and float(needs.group(1)),
             "sol_ms": reference.sol_ms, "sol_bound": reference.sol_bound, "ref_sol_fraction": reference.sol_fraction,
             "ref_kernels": reference.kernels,
-            "ref_laps": ";".join(f"{k} {v}" for k, v in laps(reference.log).items())}
+            "ref_laps": "; ".join(f"{who}{k} {v}" for who, label in (("", "evaluator time"), ("worker ", "worker time"))
+                                  for k, v in laps(reference.log, label).items())}
     asked = time.perf_counter()
     result = service.evaluate(task, task.source + CANDIDATE, cfg)
     wall = time.perf_counter() - asked  # what the caller waits: the build process and the judge's round trip too

@@ -268,6 +268,7 @@ def test_reference(results: dict[str, EvalResult], cfg: EvalConfig, service: Eva
     # where its seconds went: the task's set-up in the judge, the judge's paces, the timing in a worker
     assert re.search(r"evaluator time: task [0-9.]+ s, pace/before [0-9.]+ s, (start/)?timing [0-9.]+ s, "
                      r"pace/after [0-9.]+ s", ref.log), ref.log
+    assert re.search(r"worker time: setup [0-9.]+ s, sets [0-9.]+ s, timing [0-9.]+ s", ref.log), ref.log
 
 
 def test_reference_failure_is_a_task_error(tmp_path: Path, cfg: EvalConfig, service: EvalService) -> None:

@@ -212,10 +212,14 @@ class CandidateHost:
     def reference(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         cfg = EvalConfig(**msg["cfg"])
         send({"phase": PHASE_SETUP})
+        started = time.perf_counter()
         state = self.warm_reference(str(msg["task_name"]), str(msg["task_source"]), cfg)
+        laps = [("setup", time.perf_counter() - started)]  # where the worker's seconds went: said in the log
         send({"phase": PHASE_TIME})
         try:
-            return {"result": asdict(time_reference(state, self._timing(state, cfg)))}
+            result = time_reference(state, self._timing(state, cfg), laps)
+            result.add_line("worker time: " + ", ".join(f"{name} {s:.3f} s" for name, s in laps))
+            return {"result": asdict(result)}
         finally:
             self._after_timing(state)
 

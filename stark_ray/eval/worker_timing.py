@@ -9,6 +9,7 @@ own clock where it matters (:mod:`stark_ray.eval.judgement`, :mod:`stark_ray.eva
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,20 +53,29 @@ class Timing:
         return self.timing_sets()
 
 
-def time_reference(state: WarmReference, how: Timing) -> EvalResult:
+def time_reference(state: WarmReference, how: Timing, laps: list[tuple[str, float]] | None = None) -> EvalResult:
     """The reference timed against itself (the ratio of the two halves shows the noise), and beside it
-    torch.compile's where the baseline is asked for; on a GPU, where its time goes (none without a profiler)."""
+    torch.compile's where the baseline is asked for; on a GPU, where its time goes (none without a profiler).
+    The seconds of each step go on ``laps``."""
     cfg = how.cfg
+    laps = [] if laps is None else laps
     kernels = None
-    if state.device == "cuda":  # on the first timing set itself (its timed calls run on it too): no copy of 6 GB
-        with contextlib.suppress(Exception):
-            kernels = describe(kernel_times(profile_call(state.model, list(how.sets[0])).launches))
     fns = [state.model, state.model]
     if cfg.baseline == "compile":
         fns.append(state.baseline_compiled())
     try:
-        timings = time_interleaved(fns, how.sets, how.backend.timer(), cfg.warmup, how.trials, None,
+        started = time.perf_counter()
+        sets = how.sets  # made on first use
+        laps.append(("sets", time.perf_counter() - started))
+        if state.device == "cuda":  # on the first timing set itself (its timed calls run on it too): no copy of 6 GB
+            started = time.perf_counter()
+            with contextlib.suppress(Exception):
+                kernels = describe(kernel_times(profile_call(state.model, list(sets[0])).launches))
+            laps.append(("profile", time.perf_counter() - started))
+        started = time.perf_counter()
+        timings = time_interleaved(fns, sets, how.backend.timer(), cfg.warmup, how.trials, None,
                                    _warmup_ms(state), cfg.timing_precision)
+        laps.append(("timing", time.perf_counter() - started))
     except TaskError:
         raise
     except torch.OutOfMemoryError as e:
