@@ -22,7 +22,7 @@ from stark_ray.eval.exchange import ExchangeError
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
 from stark_ray.eval.kernel_times import describe, from_message
-from stark_ray.eval.noise import Measured, interval, is_noisy, measured
+from stark_ray.eval.noise import Measured, interval, is_noisy, kept, measured
 from stark_ray.eval.outbox import Outbox
 from stark_ray.eval.phase_clock import PhaseClock
 from stark_ray.eval.protocol import (
@@ -253,7 +253,8 @@ class Judgement:
             earlier = confirmation
 
     def measure_again(self, first: Measured, base: dict[str, Any]) -> tuple[Measured, str]:
-        """A noisy timing measured once more: the tighter of the two is kept (its figures whole, never mixed)."""
+        """A noisy timing measured once more; which of the two stands is :func:`noise.kept`'s rule (its figures
+        whole, never mixed)."""
         timed = self.timed(base, again=True)
         try:
             second = measured(timed) if "rejected" not in timed else None
@@ -261,10 +262,10 @@ class Judgement:
             raise Decided(protocol_broken(f"a malformed timing: {e}"), recycle=True) from None
         if second is None:
             return first, "timing measured again: no second timing"
-        kept = second if second.error < first.error else first
-        return kept, (f"timing measured again (the first speedup, {first.speedup:.3g}x, was known to "
-                      f"{interval(first.error)} only): {second.speedup:.3g}x {interval(second.error)}; kept the "
-                      f"{'second' if kept is second else 'first'}")
+        stands = kept(first, second)
+        return stands, (f"timing measured again (the first speedup, {first.speedup:.3g}x, was known to "
+                        f"{interval(first.error)} only): {second.speedup:.3g}x {interval(second.error)}; kept the "
+                        f"{'second' if stands is second else 'first'}")
 
     # -- one trial --------------------------------------------------------------------------------------------
     def trial(self, trial: Trial) -> EvalResult | None:
