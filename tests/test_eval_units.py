@@ -728,6 +728,26 @@ def test_a_build_request_without_a_name_or_sources_starts_no_builder(monkeypatch
     assert started == []
 
 
+def test_the_judges_batch_speedup_is_the_lower_of_its_fastest_rounds_and_its_rounds_in_pairs() -> None:
+    """A burst of load over all of the reference's rounds that spares one of the candidate's reads, with the fixed
+    costs taken off, as 2x for a 1.0x candidate by the fastest rounds; the rounds in pairs (a round's two batches
+    run moments apart) read 1.0x, and the lower counts. A lone slowed round (work a candidate left queued on a GPU
+    slows the round after its own) moves neither reading."""
+    from stark_ray.eval.confirmation import Walls, read_walls
+
+    ms = 1e-3
+    burst = read_walls(Walls([14 * ms, 14 * ms, 14 * ms], [10 * ms, 14 * ms, 14 * ms], [6 * ms] * 3, 8), 0.0)
+    assert burst.fastest == pytest.approx(2.0) and burst.paired == pytest.approx(1.0)
+    assert burst.speedup == pytest.approx(1.0) and "the lower counts" in burst.note()
+    honest = read_walls(Walls([10 * ms] * 3, [6.1 * ms] * 3, [2 * ms] * 3, 8), 0.1 * ms)
+    assert honest.speedup == pytest.approx(2.0) and honest.note() == ""
+    lone = read_walls(Walls([10 * ms, 30 * ms, 10 * ms], [5 * ms] * 3, [0.0] * 3, 8), 0.0)
+    assert lone.fastest == pytest.approx(2.0) and lone.paired == pytest.approx(2.0)
+    # the fixed costs leave at least a fifth of a side's round (OVERHEAD_FLOOR), in both readings
+    floor = read_walls(Walls([10 * ms] * 2, [10 * ms] * 2, [9.9 * ms] * 2, 8), 0.0)
+    assert floor.speedup == pytest.approx(1.0)
+
+
 def test_a_claim_stretched_by_a_busy_host_still_gets_a_batch_of_several_calls() -> None:
     """A 0.8 ms kernel claimed at 5.5 ms on a loaded host asked for 2 sets: a round of 2 calls is mostly the fixed
     costs taken off it, and their noise flagged an honest candidate (the demo's replay left its path)."""
