@@ -238,7 +238,7 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     """Measure the candidate's speedup with the judge's own clock (see the module's docstring): the batch's sets
     filled first with ``make_template()``'s values; ``room``: the bytes the memory budget leaves it (None: a share
     of the device); ``earlier``: the rounds of a confirmation that did not bear the claim out, pooled with these
-    (the same batch size; each side's fastest round of all counts); ``strict``: the claim is in doubt, ``above``:
+    (the same batch size; the readings over all the rounds count); ``strict``: the claim is in doubt, ``above``:
     it is above ``EvalConfig.confirm_above`` (see :func:`verdict`)."""
     template = make_template()
     if earlier is not None:
@@ -363,7 +363,7 @@ def read_walls(walls: Walls, trip: float) -> Reading:
         return max(s - overhead - trip, OVERHEAD_FLOOR * s)
 
     ratios = [net_ref(r) / net_cand(c) if net_cand(c) > 0 else math.inf
-              for r, c in zip(walls.ref, walls.cand, strict=False)]
+              for r, c in zip(walls.ref, walls.cand, strict=True)]  # a round adds one of each
     return Reading(overhead, net_ref(min(walls.ref)), net_cand(min(walls.cand)),
                    statistics.median(ratios) if ratios else math.inf)
 

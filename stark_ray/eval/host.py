@@ -38,6 +38,7 @@ from stark_ray.eval.exchange import SharedBuffer, TensorSpec, digests, touch
 from stark_ray.eval.garbage import collect_after, collect_all, in_use
 from stark_ray.eval.guards import Fingerprint, nbytes_of, output_problem, poison, settle_torch
 from stark_ray.eval.kernel_sources import KernelSources, python_kernel_names
+from stark_ray.eval.laps import Laps
 from stark_ray.eval.loader import import_source
 from stark_ray.eval.memory import KEPT_SHARE, Plan, apply_cap, give_back_cached
 from stark_ray.eval.private_places import places_now, private_places, restore_places
@@ -212,13 +213,13 @@ class CandidateHost:
     def reference(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         cfg = EvalConfig(**msg["cfg"])
         send({"phase": PHASE_SETUP})
-        started = time.perf_counter()
+        laps = Laps()  # where the worker's seconds went: said in the log
         state = self.warm_reference(str(msg["task_name"]), str(msg["task_source"]), cfg)
-        laps = [("setup", time.perf_counter() - started)]  # where the worker's seconds went: said in the log
+        laps.lap("setup")
         send({"phase": PHASE_TIME})
         try:
             result = time_reference(state, self._timing(state, cfg), laps)
-            result.add_line("worker time: " + ", ".join(f"{name} {s:.3f} s" for name, s in laps))
+            result.add_line(laps.line("worker time"))
             return {"result": asdict(result)}
         finally:
             self._after_timing(state)

@@ -41,6 +41,7 @@ from stark_ray.eval.garbage import collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.judge_memory import JudgeMemory
 from stark_ray.eval.judgement import Judgement, release_cached
+from stark_ray.eval.laps import Laps
 from stark_ray.eval.memory import KEPT_SHARE, Footprint, OverBudget, check_fits, meta_footprint, param_bytes, plan_for
 from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
 from stark_ray.eval.phase_clock import PhaseClock
@@ -249,9 +250,9 @@ class Judge:
 
     def reference(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
         clock = self._clock(cfg, send)
-        started = time.perf_counter()
+        laps = Laps()  # where a reference's seconds go, said in its log
         task = self.task(req, cfg, clock)
-        laps = [("task", time.perf_counter() - started)]  # where a reference's seconds go, said in its log
+        laps.lap("task")
         try:
             msg = self._time_alone(task, req, cfg, clock, laps)
             if "failed" in msg:
@@ -263,7 +264,7 @@ class Judge:
                 result.add_line(f"device memory: needs {task.footprint.needs() / GB:.1f} GB of a budget of "
                                   f"{task.planned_for / GB:.1f} GB ({task.footprint.describe()}); "
                                   f"{task.plan.describe()}")
-            result.add_line("evaluator time: " + ", ".join(f"{name} {s:.3f} s" for name, s in laps))
+            result.add_line(laps.line())
             return result
         except Decided as stop:
             if stop.recycle:
@@ -274,32 +275,25 @@ class Judge:
             raise TaskError(f"task {req.task_name}: the worker's answer was malformed ({e})") from None
 
     def _time_alone(self, task: JudgeTask, req: WorkerRequest, cfg: EvalConfig, clock: PhaseClock,
-                    laps: list[tuple[str, float]] | None = None) -> dict[str, Any]:
+                    laps: Laps | None = None) -> dict[str, Any]:
         """The reference timed against itself in a worker no candidate has run in (the one that served candidates
         is ended first): the worker's answer, and the task's ``alone_ms`` (the yardstick of eval/drift.py). Each
         step's seconds go on ``laps``."""
-        laps = [] if laps is None else laps
-        lap = time.perf_counter()
-
-        def done(name: str) -> None:
-            nonlocal lap
-            now = time.perf_counter()
-            laps.append((name, now - lap))
-            lap = now
-
+        laps = laps or Laps()
+        laps.mark()
         if self.worker.alive and self.worker.served:
             self.worker.kill()
         before = self.pace(task, cfg)
-        done("pace/before")
+        laps.lap("pace/before")
         started = not self.worker.alive
         msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source, "cfg": req.cfg},
                          clock, label="while timing the reference")
-        done("start/timing" if started else "timing")  # the reference's checks and timing in the worker
+        laps.lap("start/timing" if started else "timing")  # the reference's checks and timing in the worker
         alone = msg.get("result", {}).get("runtime_ms") if isinstance(msg.get("result"), dict) else None
         task.alone_ms = float(alone) if isinstance(alone, int | float) and math.isfinite(alone) and alone > 0 \
             else None
         after = self.pace(task, cfg)
-        done("pace/after")
+        laps.lap("pace/after")
         task.alone_pace_s = slower(before, after)  # a burst on the host around the alone timing shows in one
         return msg
 

@@ -22,6 +22,7 @@ from stark_ray.eval.exchange import ExchangeError
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
 from stark_ray.eval.kernel_times import describe, from_message
+from stark_ray.eval.laps import Laps
 from stark_ray.eval.noise import Measured, interval, is_noisy, kept, measured
 from stark_ray.eval.outbox import Outbox
 from stark_ray.eval.phase_clock import PhaseClock
@@ -62,13 +63,7 @@ class Judgement:
         self.clock = clock
         self.tol = Tolerances.of(cfg)
         self.worst_abs = self.worst_rel = 0.0
-        self.laps: list[tuple[str, float]] = []
-        self.lap_t = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps.append((name, now - self.lap_t))
-        self.lap_t = now
+        self.laps = Laps()
 
     def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
         return self.judge._step(op, payload, self.clock, fds, label)
@@ -122,8 +117,7 @@ class Judgement:
             raise Decided(protocol_broken("no answer to load"), recycle=True)
         compile_s = _number(loaded.get("compile_s", 0.0))
         self.judge.build_times.append(compile_s)
-        self.laps.append(("build/import", compile_s))
-        self.lap_t = time.perf_counter()
+        self.laps.add("build/import", compile_s)
         base = {"compiled": True, "compile_s": compile_s}
 
         self.clock.enter(PHASE_CHECK)
@@ -142,7 +136,7 @@ class Judgement:
                 failure.compile_s = compile_s
                 return failure
             special += i >= self.cfg.trials
-        self.lap("checks")
+        self.laps.lap("checks")
 
         self.clock.enter(PHASE_TIME)
         checks = (f"correct over {self.cfg.trials} trials and {special} more (blocks, sensitivity, same address) "
@@ -166,7 +160,7 @@ class Judgement:
         if is_noisy(timing.error) and self.clock.deadline - time.monotonic() > 2 * (time.monotonic() - started):
             timing, note = self.measure_again(timing, base)
             notes.append(note)
-        self.lap("timing")
+        self.laps.lap("timing")
         ref_ms, new_ms, ref_cv, new_cv = timing.ref_ms, timing.new_ms, timing.ref_cv, timing.new_cv
         speedup = timing.speedup
         if is_noisy(timing.error):
@@ -184,7 +178,7 @@ class Judgement:
         if (speedup > self.cfg.confirm_above or (slowed and speedup > 1.0)) and not rejected:
             # (one with no kernel of its own is off the board); a claim the slowed reference put in doubt: strict
             confirmation = self.confirmed(speedup, new_ms, strict=slowed)
-            self.lap("confirmation")
+            self.laps.lap("confirmation")
             if confirmation.problem:
                 raise Decided(EvalResult(passed_checks=False, stage=STAGE_CORRECTNESS, error=confirmation.problem[:300],
                                        log=excerpt("\n".join(log)), **base), recycle=True)
@@ -203,7 +197,7 @@ class Judgement:
                 # against the reference's time alone (its time beside this candidate is what was in doubt)
                 ref_ms = alone or ref_ms
                 speedup, new_ms, new_cv, error = confirmation.record, ref_ms / confirmation.record, None, None
-        log.append("evaluator time: " + ", ".join(f"{name} {s:.3f} s" for name, s in self.laps))
+        log.append(self.laps.line())
         warnings = str(loaded.get("warnings") or "")
         if warnings:
             log.append(warnings)
@@ -228,9 +222,10 @@ class Judgement:
 
     def confirmed(self, speedup: float, new_ms: float, strict: bool = False) -> Confirmation:
         """The judge's wall-clock confirmation of ``speedup``. One that does not bear it out is measured once more
-        where the clock leaves time for it, its rounds pooled with the first's (each side's fastest of all six
-        counts): a busy host that slowed one batch is given its due, and a candidate is given no second draw —
-        the reference's best round only gets better with more of them."""
+        where the clock leaves time for it, its rounds pooled with the first's (both of the judge's readings over
+        all six, the lower counting: confirmation.Reading): a busy host that slowed one batch is given its due, and
+        a candidate is given no second draw — the reference's fastest round only gets faster with more of them, and
+        the lower of two readings is never above either."""
         earlier: Confirmation | None = None
         while True:
             started = time.monotonic()

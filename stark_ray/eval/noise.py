@@ -5,8 +5,8 @@ pair measured under the same conditions. The ratio of a pair (reference / candid
 saw; a host whose load comes and goes moves both calls of a round together, so these ratios spread far less
 than either side's own times. The speedup's uncertainty is the standard error of the median of those ratios
 (from their median absolute deviation: a few late calls do not make a tight measurement look loose), relative to
-the median. A measurement whose uncertainty is above :data:`NOISY` is measured once more by the judge, and the
-tighter of the two is kept; one still above it is said to be noisy wherever the speedup is shown.
+the median. A measurement whose uncertainty is above :data:`NOISY` is measured once more by the judge, and
+:func:`kept` says which of the two stands; one still above it is said to be noisy wherever the speedup is shown.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ own clock where it matters (:mod:`stark_ray.eval.judgement`, :mod:`stark_ray.eva
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.inputs import clone_all
 from stark_ray.eval.kernel_sources import own_kernel_names
 from stark_ray.eval.kernel_times import describe, kernel_times, to_message
+from stark_ray.eval.laps import Laps
 from stark_ray.eval.streams import profile_call
 from stark_ray.eval.tasks import TaskError
 from stark_ray.eval.timing import (
@@ -53,37 +53,44 @@ class Timing:
         return self.timing_sets()
 
 
-def time_reference(state: WarmReference, how: Timing, laps: list[tuple[str, float]] | None = None) -> EvalResult:
+@contextlib.contextmanager
+def _as_task_error(name: str) -> Iterator[None]:
+    """A failure of the reference while its sets are made or it is timed, said as the task's (one line)."""
+    try:
+        yield
+    except TaskError:
+        raise
+    except torch.OutOfMemoryError as e:
+        raise TaskError(f"task {name}: the reference ran out of device memory while being timed "
+                        f"(the memory budget, or what else the device holds: {describe_exception(e)[:300]})"
+                        ) from None
+    except Exception as e:
+        raise TaskError(f"task {name}: reference forward failed: {describe_exception(e)}") from None
+
+
+def time_reference(state: WarmReference, how: Timing, laps: Laps | None = None) -> EvalResult:
     """The reference timed against itself (the ratio of the two halves shows the noise), and beside it
     torch.compile's where the baseline is asked for; on a GPU, where its time goes (none without a profiler).
     The seconds of each step go on ``laps``."""
     cfg = how.cfg
-    laps = [] if laps is None else laps
+    laps = laps or Laps()
     kernels = None
-    fns = [state.model, state.model]
-    if cfg.baseline == "compile":
-        fns.append(state.baseline_compiled())
-    try:
-        started = time.perf_counter()
+    laps.mark()
+    with _as_task_error(state.name):
         sets = how.sets  # made on first use
-        laps.append(("sets", time.perf_counter() - started))
-        if state.device == "cuda":  # on the first timing set itself (its timed calls run on it too): no copy of 6 GB
-            started = time.perf_counter()
-            with contextlib.suppress(Exception):
-                kernels = describe(kernel_times(profile_call(state.model, list(sets[0])).launches))
-            laps.append(("profile", time.perf_counter() - started))
-        started = time.perf_counter()
+    laps.lap("sets")
+    if state.device == "cuda":  # on the first timing set itself (its timed calls run on it too): no copy of 6 GB
+        with contextlib.suppress(Exception):
+            kernels = describe(kernel_times(profile_call(state.model, list(sets[0])).launches))
+        laps.lap("profile")
+    fns = [state.model, state.model]
+    if cfg.baseline == "compile":  # compiled once per task and worker, warmed on the sets made above
+        fns.append(state.baseline_compiled())
+        laps.lap("compile")
+    with _as_task_error(state.name):
         timings = time_interleaved(fns, sets, how.backend.timer(), cfg.warmup, how.trials, None,
                                    _warmup_ms(state), cfg.timing_precision)
-        laps.append(("timing", time.perf_counter() - started))
-    except TaskError:
-        raise
-    except torch.OutOfMemoryError as e:
-        raise TaskError(f"task {state.name}: the reference ran out of device memory while being timed "
-                        f"(the memory budget, or what else the device holds: {describe_exception(e)[:300]})"
-                        ) from None
-    except Exception as e:
-        raise TaskError(f"task {state.name}: reference forward failed: {describe_exception(e)}") from None
+    laps.lap("timing")
     stats = Stats.of(timings[0].stats.samples + timings[1].stats.samples)
     noise = timings[0].stats.median / timings[1].stats.median
     log = f"reference: {stats.describe()}; self-speedup (noise) {noise:.3f}"
