@@ -18,21 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def best_gbs(call: Callable[[], object], nbytes: int, rounds: int = 5, reps: int = 4) -> float:
-    import torch
+def best_gbs(call: Callable[[], object], nbytes: int) -> float:
+    """GB/s of ``call`` moving ``nbytes``, timed as the judge's probe is (its fastest round)."""
+    from stark_ray.eval.backends.gpu import best_rate
 
-    call()
-    torch.cuda.synchronize()
-    best = 0.0
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            call()
-        end.record()
-        end.synchronize()
-        best = max(best, nbytes * reps / (start.elapsed_time(end) / 1e3) / 1e9)
-    return best
+    return nbytes * best_rate(call) / 1e9
 
 
 def old_probe() -> float:

@@ -280,7 +280,6 @@ class Judge:
         is ended first): the worker's answer, and the task's ``alone_ms`` (the yardstick of eval/drift.py). Each
         step's seconds go on ``laps``."""
         laps = laps or Laps()
-        laps.mark()
         if self.worker.alive and self.worker.served:
             self.worker.kill()
         before = self.pace(task, cfg)

@@ -74,10 +74,10 @@ def _copy_gbs(nbytes: int) -> float:
 
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
-    return 2 * nbytes * _best_rate(lambda: dst.copy_(src)) / 1e9
+    return 2 * nbytes * best_rate(lambda: dst.copy_(src)) / 1e9
 
 
-def _best_rate(call: Callable[[], object], rounds: int = 5, reps: int = 4) -> float:
+def best_rate(call: Callable[[], object], rounds: int = 5, reps: int = 4) -> float:
     """Calls per second of ``call`` in its fastest round (CUDA events around ``reps`` calls)."""
     import torch
 
