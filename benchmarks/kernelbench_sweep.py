@@ -35,8 +35,9 @@ forward has no speedup to confirm otherwise). A sweep with ``--confirm`` is best
 where it cannot be told, and in rows from before it existed); ``ref_sol_fraction``: speed of light / the reference's
 runtime (how close PyTorch already comes); ``ref_kernels``: the reference's kernels in one call (its GPU profile);
 ``ref_laps``: where ``reference_s`` went by the judge's log (the task's set-up in the judge, its paces before and
-after, the timing in the worker, ``start/timing`` where a worker had to start first) and the worker's (its set-up of
-the task, making the timing sets, the profile of one call, torch.compile with ``--baseline compile``, the timing).
+after, the timing in the worker, ``start/spare`` or ``ahead/spare`` where a worker started first: a spare that
+waited ready; ``/unready``: one still importing; ``/fresh``: none) and the worker's (its set-up of the task, making
+the timing sets, the profile of one call, torch.compile with ``--baseline compile``, the timing).
 A CSV written before a column existed gets the new header (its rows' new cells empty) on the next run.
 """
 

@@ -159,6 +159,11 @@ class EvalConfig:
     # 2-7 s of a small host's CPU, and with --baseline compile (each worker compiles the reference again, from a
     # cold cache). More is faster, for code one trusts (stark_ray/eval/judge.py)
     worker_candidates: int | None = None
+    # the most hot spares a device worker keeps (stark_ray/eval/spares.py): processes with torch imported, waiting
+    # to take over at a restart for the cost of a CUDA context. One at first, one more each time a start found none
+    # ready (requests faster than a spare's imports: small tasks back to back). Each holds ~0.5-1 GB of host
+    # memory and none of the device's. 0: none (every restart a whole interpreter start). CPU backends: none
+    worker_spares: int = 3
     # "ncu": each accepted candidate's top kernel counted by Nsight Compute after its evaluation, on a GPU where ncu
     # can read the counters (else one line says why): DRAM and SM throughput, achieved occupancy and what limits
     # it, in its observations (stark_ray/eval/ncu.py). Seconds per accepted candidate.
@@ -204,6 +209,8 @@ class EvalConfig:
                                                    or not isinstance(self.worker_candidates, int)
                                                    or self.worker_candidates < 1):
             raise ValueError(f"worker_candidates must be a whole number >= 1, got {self.worker_candidates!r}")
+        if isinstance(self.worker_spares, bool) or not isinstance(self.worker_spares, int) or self.worker_spares < 0:
+            raise ValueError(f"worker_spares must be a whole number >= 0, got {self.worker_spares!r}")
         for name in ("compile_timeout_s", "check_timeout_s", "timing_timeout_s"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ValueError(f"{name} must be > 0 seconds and finite")

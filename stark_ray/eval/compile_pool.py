@@ -3,7 +3,7 @@
 Each candidate is built in a fresh process that ends with its build (nothing one candidate's import leaves behind
 reaches the next), as :func:`runner.run_once` does. Started on demand, that process cost every candidate an
 interpreter start and torch's import — 4 s of an 8 s evaluation of a KernelBench task on an H200, more than the
-checks. Here the first MAX_SPARES slots keep a spare (:class:`runner.WorkerProcess` with ``spare=True``): a process
+checks. Here the first MAX_SPARES slots keep a spare (:class:`runner.WorkerProcess` with one of ``spares``): a process
 that has done its imports and waits, touching nothing, for the build it will serve. A build promotes its slot's
 spare (a 'go', then its hello: a fraction of a second) and a new spare starts behind it, importing while that build
 and the candidate's checks and timing run. The service starts the first one while its reference is timed
@@ -86,7 +86,7 @@ class CompilePool:
             with self._lock:
                 spare = self._spares < MAX_SPARES
                 self._spares += spare
-            worker = WorkerProcess(spec, max_requests=1, spare=spare)
+            worker = WorkerProcess(spec, max_requests=1, spares=int(spare))
         return worker
 
     def _give(self, worker: WorkerProcess) -> None:

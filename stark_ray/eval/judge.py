@@ -235,6 +235,7 @@ class Judge:
         healthy = self.backend.healthy()
         return {"result": asdict(result), "healthy": healthy,
                 "worker": {"starts": self.worker.starts, "promotions": self.worker.promotions,
+                           "spares": self.worker.spares.wanted, "spare_misses": self.worker.spares.misses,
                            "start_phases": self.worker.hello.get("start_phases"),
                            "spare_ready": self.worker.spare_ready()}, **extra}
 
@@ -251,6 +252,8 @@ class Judge:
     def reference(self, req: WorkerRequest, cfg: EvalConfig, send: Send) -> EvalResult:
         clock = self._clock(cfg, send)
         laps = Laps()  # where a reference's seconds go, said in its log
+        if self.worker.ahead:  # its worker started between requests (WorkerProcess.start_ahead)
+            laps.add(*self.worker.ahead)
         task = self.task(req, cfg, clock)
         laps.lap("task")
         try:
@@ -284,10 +287,12 @@ class Judge:
             self.worker.kill()
         before = self.pace(task, cfg)
         laps.lap("pace/before")
-        started = not self.worker.alive
+        if not self.worker.alive:  # its start, said apart: start/spare (one waited ready), /unready or /fresh
+            self.worker.start()
+            laps.lap(f"start/{self.worker.last_start}")
         msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source, "cfg": req.cfg},
                          clock, label="while timing the reference")
-        laps.lap("start/timing" if started else "timing")  # the reference's checks and timing in the worker
+        laps.lap("timing")  # the reference's checks and timing in the worker
         alone = msg.get("result", {}).get("runtime_ms") if isinstance(msg.get("result"), dict) else None
         task.alone_ms = float(alone) if isinstance(alone, int | float) and math.isfinite(alone) and alone > 0 \
             else None

@@ -45,7 +45,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--isolate-worker", action="store_true", help="the worker in namespaces of its own")
     p.add_argument("--hide", action="append", default=[], help="isolated: a path the worker does not see")
-    p.add_argument("--spare-worker", action="store_true", help="keep a hot spare of the worker")
+    p.add_argument("--worker-spares", type=int, default=0, help="the most hot spares of the worker it keeps")
     return p.parse_args(argv)
 
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
 
     spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True,
                       hidden=tuple(args.hide))
-    worker = WorkerProcess(spec, spare=args.spare_worker)  # candidates per process: EvalConfig.worker_candidates
+    worker = WorkerProcess(spec, spares=args.worker_spares)  # candidates per process: EvalConfig.worker_candidates
     if spec.isolate:  # what it builds (cpu_cpp; a build in ModelNew's __init__) is made outside (eval/builds.py)
         worker.on_build = functools.partial(_serve_build, spec)
     started: list[BaseException | None] = []
@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         send(answer)
         if not answer["healthy"]:
             break
+        worker.start_ahead()  # where the candidate's worker retired: the next one starts while the caller builds
     worker.close()
     ctrl.close()
     os._exit(0)

@@ -36,7 +36,6 @@ from stark_ray.eval.child_process import (
     next_message,
     read_log,
     spawn_child,
-    wait_ready,
     write_all,
 )
 from stark_ray.eval.launch import WorkerSpec
@@ -44,6 +43,7 @@ from stark_ray.eval.lifetime import kill_strays, strays
 from stark_ray.eval.phase_clock import START_TIMEOUT_S, PhaseClock
 from stark_ray.eval.process_tree import exited, freeze_tree, thaw
 from stark_ray.eval.protocol import PHASE_START, WorkerRequest, result_from_message, send_fds
+from stark_ray.eval.spares import Spares
 from stark_ray.records import EvalResult
 
 MAX_BUILDS = 32  # build requests one conversation may make; more is taken for a broken worker
@@ -98,27 +98,30 @@ class WorkerOutcome:
 class WorkerProcess:
     """One worker process at a time, restarted on demand. Not thread-safe: callers serialize requests.
 
-    With ``spare=True`` (a device worker) a second process is started beside the one serving: it does all its
-    imports and then waits, touching no device, until a restart (a crash, a timeout, a poisoned context, the
-    recycling after ``max_requests``) promotes it — the next candidate then waits for a CUDA context (under a
-    second), not for a whole interpreter start (seconds) — and a new spare is started behind it."""
+    With ``spares`` (a device worker) processes are started beside the one serving (:mod:`stark_ray.eval.spares`):
+    each does all its imports and then waits, touching no device, until a restart (a crash, a timeout, a poisoned
+    context, the recycling after ``max_requests`` or after each candidate) promotes one — the next candidate then
+    waits for a CUDA context (under a second), not for a whole interpreter start (seconds) — and another is started
+    behind it; up to ``spares`` of them where starts come faster than one gets ready."""
 
     def __init__(self, spec: WorkerSpec, start_timeout_s: float = START_TIMEOUT_S,
-                 max_requests: int = MAX_REQUESTS, spare: bool = False) -> None:
+                 max_requests: int = MAX_REQUESTS, spares: int = 0) -> None:
         self.spec = spec
         self.start_timeout_s = start_timeout_s
         self.max_requests = max_requests
-        self.use_spare = spare
+        self.use_spare = spares > 0
         self.hello: dict[str, Any] = {}
         self.starts = 0  # processes started so far (1 + restarts)
-        self.promotions = 0  # restarts served by the spare
+        self.promotions = 0  # restarts served by a spare
+        self.ahead: tuple[str, float] | None = None  # a start made between requests (start_ahead), until a step
+        self.last_start = "fresh"  # the last start: "spare" (one waited ready), "unready" (promoted mid-start), "fresh"
         self.served = 0  # requests answered by the current process
         self._proc: subprocess.Popen[bytes] | None = None
         self._queue: queue.Queue[bytes | None] = queue.Queue()
         self._workdir: Path | None = None
         self._log_fd = -1
         self._sock: socket.socket | None = None
-        self._spare: Child | None = None
+        self.spares = Spares(lambda: self._spawn(spare=True), spares)
         self._mark = 0  # log offset of the conversation in progress
         # serves the builds an isolated worker asks for (eval/builds.py): (request, seconds left) -> answer
         self.on_build: Callable[[dict[str, Any], float], dict[str, Any]] | None = None
@@ -148,12 +151,13 @@ class WorkerProcess:
         return spawn_child(self.spec, spare)
 
     def spare_ready(self, timeout_s: float = 0.0) -> bool:
-        """Whether a spare waits with its imports done (waiting up to ``timeout_s`` for it to say so)."""
-        return wait_ready(self._spare, timeout_s)
+        """Whether a spare waits with its imports done (waiting up to ``timeout_s`` for one to say so)."""
+        return self.spares.ready(timeout_s)
 
     def _take_spare(self) -> Child | None:
-        """The spare, told to go on (None when there is none, or it died waiting)."""
-        child, self._spare = self._spare, None
+        """A spare, told to go on (None when there is none, or it died waiting); ``last_start`` says which."""
+        child, ready = self.spares.take()
+        self.last_start = "fresh" if child is None else "spare" if ready else "unready"
         if child is None:
             return None
         try:
@@ -187,9 +191,10 @@ class WorkerProcess:
                     phases["total_s"] = round(time.monotonic() - child.spawned, 3)
                     if promoted:
                         phases["promoted_s"] = round(time.monotonic() - go, 3)  # what a restart waited
+                    phases["spare_was_ready"] = self.last_start == "spare"
                 self.promotions += promoted
                 if self.use_spare:
-                    self._spare = self._spawn(spare=True)
+                    self.spares.top_up()
                 return self.hello
             if dead or time.monotonic() >= deadline:
                 log = read_log(self._log_fd, 0)
@@ -201,6 +206,19 @@ class WorkerProcess:
                 role = "judge" if self.spec.module.endswith("judge") else "worker"
                 raise WorkerStartError(f"the {self.spec.backend} evaluator {role} {why} while starting: {tail}")
 
+    def start_ahead(self) -> None:
+        """Between requests: where the last one ended its process (a retired candidate's), the next one is started
+        now — a spare promoted, its device context made — while the caller builds its next candidate, not once it
+        asks. ``ahead`` says how and in how long, until the next step; a failed start is the next request's to say."""
+        if not self.use_spare or self.alive:
+            return
+        began = time.monotonic()
+        try:
+            self.start()
+        except (WorkerStartError, OSError):
+            return
+        self.ahead = (f"ahead/{self.last_start}", time.monotonic() - began)
+
     def sweep(self) -> int:
         """Kill every process below this one that is not the serving process or the spare (nor, isolated, the
         worker inside each ``unshare``): what a candidate left running. How many there were, those that died with a
@@ -210,8 +228,8 @@ class WorkerProcess:
         return kill_strays(keep, keep if self.spec.isolate else ()) + ended
 
     def _keep(self) -> list[int]:
-        """The processes that are no strays: the serving one and the spare."""
-        return [p.pid for p in (self._proc, self._spare.proc if self._spare else None) if p is not None]
+        """The processes that are no strays: the serving one and the spares."""
+        return ([self._proc.pid] if self._proc is not None else []) + self.spares.pids()
 
     def _strays_below(self) -> int:
         """How many strays (:meth:`sweep`'s) run now: a candidate's, which end with the worker about to end."""
@@ -236,11 +254,9 @@ class WorkerProcess:
         self._sock = None
 
     def close(self) -> None:
-        """End the serving worker and the spare."""
+        """End the serving worker and the spares."""
         self.close_current()
-        child, self._spare = self._spare, None
-        if child is not None:
-            end_process(child.proc, child.workdir, sock=child.sock, log_fd=child.log_fd)
+        self.spares.close()
 
     # -- requests ---------------------------------------------------------------------------------------------
     def _next(self, deadline: float) -> tuple[dict[str, Any] | None, bool]:
@@ -317,6 +333,7 @@ class WorkerProcess:
 
     def converse(self, msg: dict[str, Any], clock: PhaseClock, fds: Sequence[int] = ()) -> Reply:
         """Send ``msg`` and wait for its answer (starting the process first if it is not running)."""
+        self.ahead = None
         if not self.alive:
             self.start()
         if not self.send(msg, fds):

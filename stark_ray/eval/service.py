@@ -154,7 +154,7 @@ class EvalService:
             raise EvaluatorError(str(e)) from None
         if self.isolation_note:
             _say_once(self.isolation_note)
-        # a GPU's worker has a hot spare: a restart (crash, timeout, recycling) costs a CUDA context, not a start
+        # a GPU's worker has hot spares: a restart (crash, timeout, recycling) costs a CUDA context, not a start
         extra: list[str] = []
         self.hidden = hidden_paths(self.cfg.hidden_paths) if self.isolated else ()
         if self.isolated:
@@ -162,7 +162,7 @@ class EvalService:
         if self.isolated:
             extra += ["--isolate-worker", *(a for path in self.hidden for a in ("--hide", path))]
         if device is not None if spare is None else spare:
-            extra.append("--spare-worker")
+            extra += ["--worker-spares", str(self.cfg.worker_spares)]
         # OpenMP threads wait passively in the judge and in its worker: a process spinning after its last operation
         # takes the cores the other's batch runs on (on the CPU backend a candidate's batch ran at half speed)
         policy = (("OMP_WAIT_POLICY", "PASSIVE"),)
@@ -172,6 +172,7 @@ class EvalService:
         self.worker_promotions = 0
         self.worker_start_phases: dict[str, Any] = {}  # where the current worker's start went
         self.worker_spare_ready = False  # a spare waited, its imports done, at the end of the last request
+        self.worker_spares = (0, 0)  # the spares the worker keeps now, and the starts that found none ready
         self._device_lock = threading.Lock()
         # where the candidate on the device is named while it is there (the Evaluator actor's: a restarted actor
         # reads it to tell which candidate its previous process died of); None: nowhere
@@ -228,6 +229,7 @@ class EvalService:
             phases = stats.get("start_phases")
             self.worker_start_phases = dict(phases) if isinstance(phases, dict) else {}
             self.worker_spare_ready = bool(stats.get("spare_ready"))
+            self.worker_spares = (int(stats.get("spares", 0)), int(stats.get("spare_misses", 0)))
         if outcome.extra.get("evaluator_error"):
             raise EvaluatorError(str(outcome.extra["evaluator_error"]))
         return outcome

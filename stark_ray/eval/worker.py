@@ -24,8 +24,10 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -39,6 +41,33 @@ def _control_channel() -> TextIO:
     ctrl = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)
     return ctrl
+
+
+SPARE_NICE = 10  # a spare's imports yield the CPU to the worker that times (as the compile processes' builds do)
+
+
+def _spare_imports() -> None:
+    from stark_ray.eval.backends import get_backend  # noqa: F401
+    from stark_ray.eval.guards import preload
+    from stark_ray.eval.host import CandidateHost  # noqa: F401
+
+    preload()
+
+
+def _niced(work: Callable[[], None]) -> None:
+    """``work`` in a thread of its own at a lower priority: Linux keeps a nice value per thread, so the process's
+    main thread — which serves once the spare is promoted — keeps its own, which an unprivileged process could not
+    raise again. Where that thread fails (an import that must run in the main thread), the caller's imports that
+    follow do the work at the usual priority."""
+    def run() -> None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, SPARE_NICE)  # this thread only (per-thread on Linux)
+        with contextlib.suppress(Exception):
+            work()
+
+    thread = threading.Thread(target=run, name="stark-spare-imports")
+    thread.start()
+    thread.join()
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         def lap(name: str) -> None:
             laps[name] = round(time.perf_counter() - started - sum(laps.values()), 3)
 
+        if args.spare and not args.compile_only:  # what it imports and preloads, ahead and niced
+            _niced(_spare_imports)
         from stark_ray.eval.backends import get_backend
         from stark_ray.eval.build_cache import set_requester
         from stark_ray.eval.garbage import collect
@@ -95,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         lap("imports_s")
         if args.spare:  # a hot spare: nothing on the device until the parent promotes it (its timings go on)
             if not args.compile_only:  # a compile process never hosts a candidate's run
-                preload()  # CPU only: what the host imports (torch._dynamo: seconds)
+                preload()  # CPU only: what the host imports (torch._dynamo: seconds); done by _spare_imports
             lap("preload_s")
             send({"waiting": True})
             if sys.stdin.readline().strip() != "go":

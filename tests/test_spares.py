@@ -1,0 +1,101 @@
+"""A worker's hot spares (eval/spares.py): the pool grows by one each time a start finds none ready, never past its
+most; a ready spare is taken before an older one still importing; a spare that died waiting is replaced; close ends
+them all. Real processes: small Python programs that say they wait (after a delay) as a spare worker does."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from stark_ray.eval.child_process import Child, read_lines, wait_ready
+from stark_ray.eval.spares import Spares
+
+
+class Spawner:
+    """Spawns spares, each ready (it says ``{"waiting": true}`` at once) or not (``slow``: it says nothing until its
+    stdin ends, as one still importing), in the order of ``slow``; then ready ones."""
+
+    def __init__(self, slow: list[bool]) -> None:
+        self.slow = list(slow)
+        self.spawned: list[Child] = []
+
+    def __call__(self) -> Child:
+        waits = "sys.stdin.read(); " if (self.slow.pop(0) if self.slow else False) else ""
+        code = f"import sys; {waits}print('{{\"waiting\": true}}', flush=True); sys.stdin.readline()"
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        q: queue.Queue[bytes | None] = queue.Queue()
+        assert proc.stdout is not None
+        threading.Thread(target=read_lines, args=(proc.stdout, q), daemon=True).start()
+        child = Child(proc, q, Path(tempfile.mkdtemp(prefix="stark-spare-test-")), time.monotonic())
+        self.spawned.append(child)
+        return child
+
+
+def _until_ready(child: Child) -> None:
+    assert wait_ready(child, 30.0)
+
+
+def test_the_pool_grows_by_one_at_each_start_that_found_none_ready_up_to_its_most() -> None:
+    spawn = Spawner([True, True, True, False])  # the first three still "import" when taken
+    spares = Spares(spawn, most=2)
+    try:
+        assert spares.take() == (None, False)  # none started yet: no miss
+        spares.top_up()
+        assert len(spares) == 1 and spares.wanted == 1
+        child, ready = spares.take()
+        assert child is spawn.spawned[0] and not ready and spares.misses == 1 and spares.wanted == 2
+        spares.top_up()  # two now, neither ready
+        assert len(spares) == 2
+        child, ready = spares.take()  # none ready: the oldest, still a miss, and the most stays 2
+        assert child is spawn.spawned[1] and not ready and spares.misses == 2 and spares.wanted == 2
+        spares.top_up()  # the third (slow) and a quick fourth
+        _until_ready(spawn.spawned[3])
+        assert spares.ready()
+        child, ready = spares.take()  # the ready one, before the older
+        assert child is spawn.spawned[3] and ready and spares.misses == 2
+    finally:
+        spares.close()
+        for c in spawn.spawned:
+            c.proc.kill()
+            c.proc.wait()
+
+
+def test_a_ready_spare_is_taken_before_an_older_one_still_importing() -> None:
+    spawn = Spawner([True, False])
+    spares = Spares(spawn, most=2)
+    spares.wanted = 2
+    try:
+        spares.top_up()
+        _until_ready(spawn.spawned[1])
+        child, ready = spares.take()
+        assert child is spawn.spawned[1] and ready and spares.misses == 0
+        assert spares.pids() == [spawn.spawned[0].proc.pid]
+    finally:
+        spares.close()
+    assert all(c.proc.poll() is not None for c in spawn.spawned[:1])  # closed: the one left waiting ended
+
+
+def test_a_spare_that_died_waiting_is_replaced_and_close_ends_every_spare() -> None:
+    spawn = Spawner([False, False])
+    spares = Spares(spawn, most=3)
+    spares.top_up()
+    first = spawn.spawned[0]
+    first.proc.kill()
+    first.proc.wait()
+    spares.top_up()  # the dead one dropped, a new one in its place
+    assert len(spawn.spawned) == 2 and spares.pids() == [spawn.spawned[1].proc.pid]
+    _until_ready(spawn.spawned[1])
+    spares.close()
+    assert len(spares) == 0 and spawn.spawned[1].proc.wait(timeout=10) is not None
+
+
+def test_no_spares_at_all_where_most_is_zero() -> None:
+    spawn = Spawner([])
+    spares = Spares(spawn, most=0)
+    spares.top_up()
+    assert spawn.spawned == [] and spares.take() == (None, False) and not spares.ready()
