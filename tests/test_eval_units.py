@@ -505,6 +505,35 @@ def test_timing_stops_early_once_the_medians_are_precise_and_never_on_two_modes(
     assert [t.stats.n for t in timings] == [100, 100]  # no precision asked for: every round
 
 
+def test_the_fingerprint_sees_what_a_function_runs_with_changed_in_place() -> None:
+    """Defaults (replaced, even in two steps that could reuse the first tuple's address), keyword defaults changed
+    in place, and a value the evaluator's own function holds in its closure: the function object stays the same."""
+    import torch.nn.functional as F
+    import torch.testing
+
+    from stark_ray.eval import timing
+
+    fp = Fingerprint()
+    defaults, kw = F.dropout.__defaults__, torch.testing.assert_close.__kwdefaults__
+    assert kw is not None
+    cell = timing._gc_paused.__closure__[0]  # type: ignore[attr-defined,index]
+    held = cell.cell_contents
+    try:
+        F.dropout.__defaults__ = None
+        F.dropout.__defaults__ = (0.0, False, False)  # type: ignore[assignment]
+        saved = kw["rtol"]
+        kw["rtol"] = 1e9
+        cell.cell_contents = lambda: None
+        changed = fp.changed()
+    finally:
+        F.dropout.__defaults__ = defaults
+        kw["rtol"] = saved
+        cell.cell_contents = held
+    assert {"torch.nn.functional.dropout.__defaults__", "torch.testing.assert_close.__defaults__",
+            "stark_ray.eval.timing._gc_paused.__closure__"} <= set(changed), changed
+    assert fp.changed() == []
+
+
 def test_the_fingerprint_watches_time_builtins_and_every_module_of_the_evaluator() -> None:
     import builtins
     import time

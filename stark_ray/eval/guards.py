@@ -72,34 +72,36 @@ class Fingerprint:
 
     def __init__(self) -> None:
         self.modules = _watched_modules()
-        self.entries = self._entries(self.modules)  # (name, owner, attribute, how to read it, id)
-        self.ids = {name: ident for name, _, _, _, ident in self.entries}
-        # a Python function's code can be swapped in place (``f.__code__ = ...``: the function, and its id, stay)
-        self.codes = [(name, fn, fn.__code__) for name, owner, attr, how, _ in self.entries
-                      if isinstance(fn := _read(owner, attr, how), types.FunctionType)]
+        # (name, owner, attribute, how to read it, the object): the object itself, held and compared by identity (an
+        # id could be reused by a replacement once the original is freed)
+        self.entries = self._entries(self.modules)
+        # a Python function's code can be swapped in place (``f.__code__ = ...``: the function, and its id, stay),
+        # and so can what it runs with: its defaults, and (the evaluator's own) the values its closure holds
+        self.codes = [(name, fn, fn.__code__, _defaults(fn), _closure(fn, name)) for name, _, _, _, fn in self.entries
+                      if isinstance(fn, types.FunctionType)]
         self.hooks = {attr: _hook_ids(table) for attr, table in _global_hooks()}  # torch's hooks on every module
 
     @staticmethod
-    def _entries(modules: dict[str, ModuleType]) -> list[tuple[str, Any, str, str, int]]:
-        entries: list[tuple[str, Any, str, str, int]] = []
+    def _entries(modules: dict[str, ModuleType]) -> list[tuple[str, Any, str, str, Any]]:
+        entries: list[tuple[str, Any, str, str, Any]] = []
         classes: list[type] = list(_WATCHED_CLASSES)
         for modname, module in modules.items():
             for name, value in _members(module):
                 if callable(value) and not isinstance(value, ModuleType):
-                    entries.append((f"{modname}.{name}", module, name, "attr", id(value)))
+                    entries.append((f"{modname}.{name}", module, name, "attr", value))
                     if (modname.startswith(_OURS) and isinstance(value, type)
                             and getattr(value, "__module__", None) == modname):
                         classes.append(value)
             if modname == "builtins":
                 for name in _BUILTIN_DUNDERS:
-                    entries.append((f"builtins.{name}", module, name, "attr", id(getattr(module, name, None))))
+                    entries.append((f"builtins.{name}", module, name, "attr", getattr(module, name, None)))
         for cls in classes:
             mro = cls in _WATCHED_CLASSES  # torch's classes: along the MRO (a patch may land on a subclass)
             members = _members(cls) if mro else vars(cls).items()
             for name, value in members:
                 if callable(value) or isinstance(value, property | staticmethod | classmethod):
                     entries.append((f"{cls.__module__}.{cls.__qualname__}.{name}", cls, name,
-                                    "static" if mro else "own", id(value)))
+                                    "static" if mro else "own", value))
         return entries
 
     def changed(self) -> list[str]:
@@ -107,17 +109,44 @@ class Fingerprint:
         code was swapped in place, torch's global module hooks added, and modules replaced in ``sys.modules``.
         Reads only what was seen (no listing again)."""
         swapped = [f"sys.modules[{n!r}]" for n, m in self.modules.items() if sys.modules.get(n) is not m]
-        swapped += [f"{name}.__code__" for name, fn, code in self.codes if fn.__code__ is not code]
+        for name, fn, code, defaults, closure in self.codes:
+            swapped += [f"{name}.{what}" for what, changed in (
+                ("__code__", fn.__code__ is not code), ("__defaults__", not _same(_defaults(fn), defaults)),
+                ("__closure__", not _same(_closure(fn, name), closure))) if changed]
         from torch.nn.modules import module
 
         swapped += [f"torch.nn.modules.module.{attr}" for attr, ids in self.hooks.items()
                     if _hook_ids(getattr(module, attr, None)) != ids]
-        changed = [name for name, owner, attr, how, ident in self.entries
-                   if (now := _read(owner, attr, how)) is not _MISSING and id(now) != ident]
+        changed = [name for name, owner, attr, how, seen in self.entries
+                   if (now := _read(owner, attr, how)) is not _MISSING and now is not seen]
         return swapped + sorted(changed)
 
 
 _MISSING = object()
+
+
+def _defaults(fn: types.FunctionType) -> tuple[Any, ...]:
+    """What a function runs with besides its code: ``__defaults__`` and ``__kwdefaults__`` (a dict: it can change
+    in place, so its values too)."""
+    kw = fn.__kwdefaults__
+    return (fn.__defaults__, kw, *(kw or {}).values())
+
+
+def _closure(fn: types.FunctionType, name: str) -> tuple[Any, ...]:
+    """For the evaluator's own functions, the values their closure holds (a cell can be written:
+    ``f.__closure__[0].cell_contents = ...``); torch's may hold state that changes as it runs."""
+    return tuple(_cell(c) for c in fn.__closure__ or ()) if name.startswith(_OURS) else ()
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _cell(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # empty
+        return _MISSING
 
 
 def _read(owner: Any, attr: str, how: str) -> Any:
