@@ -266,8 +266,9 @@ def test_reference(results: dict[str, EvalResult], cfg: EvalConfig, service: Eva
     assert ref.runtime_ms is not None and ref.runtime_ms == ref.ref_runtime_ms and ref.runtime_ms > 0
     assert "CPU" in ev.hardware_description()
     # where its seconds went: the task's set-up in the judge, the judge's paces, the timing in a worker
-    assert re.search(r"evaluator time: task [0-9.]+ s, pace/before [0-9.]+ s, (start/)?timing [0-9.]+ s, "
-                     r"pace/after [0-9.]+ s", ref.log), ref.log
+    assert re.search(r"evaluator time: (ahead/[a-z]+ [0-9.]+ s, )?task [0-9.]+ s, pace/before [0-9.]+ s, "
+                     r"(start/(spare|unready|fresh) [0-9.]+ s, )?timing [0-9.]+ s, pace/after [0-9.]+ s",
+                     ref.log), ref.log
     assert re.search(r"worker time: setup [0-9.]+ s, sets [0-9.]+ s, timing [0-9.]+ s", ref.log), ref.log
 
 

@@ -511,7 +511,7 @@ def test_the_fingerprint_sees_what_a_function_runs_with_changed_in_place() -> No
     import torch.nn.functional as F
     import torch.testing
 
-    from stark_ray.eval import timing
+    from stark_ray.eval import compare, confirmation, timing
 
     fp = Fingerprint()
     defaults, kw = F.dropout.__defaults__, torch.testing.assert_close.__kwdefaults__
@@ -531,6 +531,21 @@ def test_the_fingerprint_sees_what_a_function_runs_with_changed_in_place() -> No
         cell.cell_contents = held
     assert {"torch.nn.functional.dropout.__defaults__", "torch.testing.assert_close.__defaults__",
             "stark_ray.eval.timing._gc_paused.__closure__"} <= set(changed), changed
+    assert fp.changed() == []
+    # the functions behind a staticmethod and a property, and the generator a closure of ours holds: code replaced
+    targets = [vars(compare.Tolerances)["of"].__func__, vars(confirmation.Confirmation)["settled"].fget,
+               held]
+    codes = [f.__code__ for f in targets]
+    try:
+        for f in targets:
+            f.__code__ = (lambda *a, **k: None).__code__
+        changed = fp.changed()
+    finally:
+        for f, code in zip(targets, codes, strict=True):
+            f.__code__ = code
+    assert {"stark_ray.eval.compare.Tolerances.of.__code__",
+            "stark_ray.eval.confirmation.Confirmation.settled.fget.__code__",
+            "stark_ray.eval.timing._gc_paused.<closure>.__code__"} <= set(changed), changed
     assert fp.changed() == []
 
 

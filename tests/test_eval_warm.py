@@ -420,3 +420,7 @@ def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, sh
         served = replace(cfg, worker_candidates=1)  # this candidate ends its process: the next one promotes the spare
         assert passed(svc.evaluate(task, GOOD, served))
         assert passed(svc.evaluate(task, GOOD)) and svc.worker_promotions == 2
+        assert passed(svc.evaluate(task, GOOD, served))  # its worker retires: the judge starts the next one at once,
+        ref = svc.reference(task, cfg)  # between requests, and this reference's log says how and how long it took
+        assert re.search(r"evaluator time: ahead/(spare|unready|fresh) [0-9.]+ s, task", ref.log or ""), ref.log
+        assert svc.worker_promotions == 3 and svc.worker_spares[0] >= 1

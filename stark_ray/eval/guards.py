@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -77,8 +77,8 @@ class Fingerprint:
         self.entries = self._entries(self.modules)
         # a Python function's code can be swapped in place (``f.__code__ = ...``: the function, and its id, stay),
         # and so can what it runs with: its defaults, and (the evaluator's own) the values its closure holds
-        self.codes = [(name, fn, fn.__code__, _defaults(fn), _closure(fn, name)) for name, _, _, _, fn in self.entries
-                      if isinstance(fn, types.FunctionType)]
+        self.codes = [(label, fn, fn.__code__, _defaults(fn), _closure(fn, label))
+                      for name, _, _, _, seen in self.entries for label, fn in _functions(name, seen)]
         self.hooks = {attr: _hook_ids(table) for attr, table in _global_hooks()}  # torch's hooks on every module
 
     @staticmethod
@@ -123,6 +123,25 @@ class Fingerprint:
 
 
 _MISSING = object()
+
+
+def _functions(name: str, obj: Any) -> Iterator[tuple[str, types.FunctionType]]:
+    """The Python functions an entry stands for: itself, the one a staticmethod or classmethod wraps, a property's
+    accessors; and for the evaluator's own, the functions their closures hold (the generator behind a
+    ``@contextmanager``), and theirs."""
+    seen: set[int] = set()
+    todo = [(name, obj)]
+    while todo:
+        label, o = todo.pop()
+        if isinstance(o, staticmethod | classmethod):
+            todo.append((label, o.__func__))
+        elif isinstance(o, property):
+            todo += [(f"{label}.{a}", f) for a in ("fget", "fset", "fdel") if (f := getattr(o, a)) is not None]
+        elif isinstance(o, types.FunctionType) and id(o) not in seen:
+            seen.add(id(o))
+            yield label, o
+            if label.startswith(_OURS):
+                todo += [(f"{label}.<closure>", c) for c in map(_cell, o.__closure__ or ())]
 
 
 def _defaults(fn: types.FunctionType) -> tuple[Any, ...]:

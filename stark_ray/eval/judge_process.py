@@ -111,7 +111,11 @@ def main(argv: list[str] | None = None) -> None:
     judge = Judge(backend, worker, free, peaks)
     collect()  # what start-up made is frozen: the collection after each candidate scans only its objects
     send({"hello": hello})
+    ahead: threading.Thread | None = None
     for line in sys.stdin:
+        if ahead is not None:  # the worker is the judge's again
+            ahead.join()
+            ahead = None
         if not line.strip():
             continue
         answer = judge.handle(WorkerRequest.from_json(line), send)
@@ -120,7 +124,12 @@ def main(argv: list[str] | None = None) -> None:
         send(answer)
         if not answer["healthy"]:
             break
-        worker.start_ahead()  # where the candidate's worker retired: the next one starts while the caller builds
+        # where the candidate's worker retired, the next one starts now, while the caller builds; in a thread, so
+        # that the next request is read meanwhile (a long one waits in no full pipe)
+        ahead = threading.Thread(target=worker.start_ahead, name="stark-start-ahead", daemon=True)
+        ahead.start()
+    if ahead is not None:
+        ahead.join()
     worker.close()
     ctrl.close()
     os._exit(0)

@@ -154,24 +154,11 @@ class WorkerProcess:
         """Whether a spare waits with its imports done (waiting up to ``timeout_s`` for one to say so)."""
         return self.spares.ready(timeout_s)
 
-    def _take_spare(self) -> Child | None:
-        """A spare, told to go on (None when there is none, or it died waiting); ``last_start`` says which."""
-        child, ready = self.spares.take()
-        self.last_start = "fresh" if child is None else "spare" if ready else "unready"
-        if child is None:
-            return None
-        try:
-            assert child.proc.stdin is not None
-            write_all(child.proc.stdin.fileno(), b"go\n", time.monotonic() + SEND_TIMEOUT_S)
-            return child
-        except (OSError, AssertionError):
-            end_process(child.proc, child.workdir, sock=child.sock, log_fd=child.log_fd)
-            return None
-
-    def start(self) -> dict[str, Any]:
-        """Start a fresh process (the spare, if one waits) and wait for its hello (the device's properties)."""
+    def start(self, fresh: bool = False) -> dict[str, Any]:
+        """Start a fresh process (a spare, if one waits and not ``fresh``) and wait for its hello (the device's
+        properties); ``last_start`` says how: "spare" (one waited ready), "unready" (one still importing), "fresh"."""
         self.close_current()
-        child = self._take_spare()
+        child, self.last_start = (None, "fresh") if fresh else self.spares.promote(SEND_TIMEOUT_S)
         promoted = child is not None
         if child is None:
             child = self._spawn()
@@ -200,8 +187,8 @@ class WorkerProcess:
                 log = read_log(self._log_fd, 0)
                 why = "timed out" if not dead else "exited"
                 self.kill()
-                if promoted:  # the spare could not take over: a fresh start says whether the host can
-                    return self.start()
+                if promoted:  # the spare could not take over: a fresh start (not another spare) says whether
+                    return self.start(fresh=True)  # the host can
                 tail = " | ".join(log.strip().splitlines()[-3:]) if log.strip() else "no output"
                 role = "judge" if self.spec.module.endswith("judge") else "worker"
                 raise WorkerStartError(f"the {self.spec.backend} evaluator {role} {why} while starting: {tail}")
@@ -210,12 +197,13 @@ class WorkerProcess:
         """Between requests: where the last one ended its process (a retired candidate's), the next one is started
         now — a spare promoted, its device context made — while the caller builds its next candidate, not once it
         asks. ``ahead`` says how and in how long, until the next step; a failed start is the next request's to say."""
+        self.ahead = None
         if not self.use_spare or self.alive:
             return
         began = time.monotonic()
         try:
             self.start()
-        except (WorkerStartError, OSError):
+        except Exception:  # nothing of a start's failure ends the judge: the next request starts and says why
             return
         self.ahead = (f"ahead/{self.last_start}", time.monotonic() - began)
 

@@ -12,9 +12,10 @@ it touches no device before it is promoted).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-from stark_ray.eval.child_process import Child, end_process, wait_ready
+from stark_ray.eval.child_process import Child, end_process, wait_ready, write_all
 
 
 class Spares:
@@ -46,6 +47,20 @@ class Spares:
         self.wanted = min(self.most, self.wanted + 1)
         return self._waiting.pop(0), False
 
+    def promote(self, send_timeout_s: float) -> tuple[Child | None, str]:
+        """A spare told to go on (:meth:`take`'s), and how the start goes: "spare" (it waited ready), "unready" (it
+        is still importing), "fresh" (none waits, or it could not be told: a process of its own is needed)."""
+        child, ready = self.take()
+        if child is None:
+            return None, "fresh"
+        try:
+            assert child.proc.stdin is not None
+            write_all(child.proc.stdin.fileno(), b"go\n", time.monotonic() + send_timeout_s)
+        except (OSError, AssertionError, TimeoutError):
+            _end(child)
+            return None, "fresh"
+        return child, "spare" if ready else "unready"
+
     def ready(self, timeout_s: float = 0.0) -> bool:
         """Whether a spare waits with its imports done (waiting up to ``timeout_s`` for the oldest to say so)."""
         if any(wait_ready(child, 0.0) for child in self._waiting):
@@ -71,4 +86,5 @@ class Spares:
 
 
 def _end(child: Child) -> None:
-    end_process(child.proc, child.workdir, sock=child.sock, log_fd=child.log_fd)
+    """At once: a spare still importing does not read its stdin, so it would not end by itself within the grace."""
+    end_process(child.proc, child.workdir, kill=True, sock=child.sock, log_fd=child.log_fd)

@@ -57,13 +57,15 @@ def _spare_imports() -> None:
 def _niced(work: Callable[[], None]) -> None:
     """``work`` in a thread of its own at a lower priority: Linux keeps a nice value per thread, so the process's
     main thread — which serves once the spare is promoted — keeps its own, which an unprivileged process could not
-    raise again. Where that thread fails (an import that must run in the main thread), the caller's imports that
-    follow do the work at the usual priority."""
+    raise again (threads the imports start keep the lower one). Where that thread fails (an import that must run in
+    the main thread), the caller's imports that follow do the work at the usual priority."""
     def run() -> None:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, 0, SPARE_NICE)  # this thread only (per-thread on Linux)
-        with contextlib.suppress(Exception):
+        try:
             work()
+        except Exception:  # said in the log; the imports that follow in the main thread do it again
+            traceback.print_exc()
 
     thread = threading.Thread(target=run, name="stark-spare-imports")
     thread.start()
