@@ -161,8 +161,9 @@ class EvalConfig:
     worker_candidates: int | None = None
     # the most hot spares a device worker keeps (stark_ray/eval/spares.py): processes with torch imported, waiting
     # to take over at a restart for the cost of a CUDA context. One at first, one more each time a start found none
-    # ready (requests faster than a spare's imports: small tasks back to back). Each holds ~0.5-1 GB of host
-    # memory and none of the device's. 0: none (every restart a whole interpreter start). CPU backends: none
+    # ready (requests faster than a spare's imports: small tasks back to back), and at most one per 4 cores of the
+    # host (each imports on a core of its own). Each holds ~0.5-1 GB of host memory and none of the device's.
+    # 0: none (every restart a whole interpreter start). CPU backends: none
     worker_spares: int = 3
     # "ncu": each accepted candidate's top kernel counted by Nsight Compute after its evaluation, on a GPU where ncu
     # can read the counters (else one line says why): DRAM and SM throughput, achieved occupancy and what limits

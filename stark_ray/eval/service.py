@@ -53,6 +53,8 @@ from stark_ray.eval.runner import WorkerOutcome, WorkerProcess, WorkerStartError
 from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.records import STAGE_COMPILE, EvalResult, source_digest
 
+CORES_PER_SPARE = 4  # hot spares beyond the first: one per this many cores (on 2 cores 3 spares importing at once
+# slowed the candidates' timing, 1.24 -> 1.57 s each, for no gain: benchmarks/worker_turnover.py)
 JUDGE_MARGIN_S = 60.0  # the judge enforces each phase's limit on its worker; the service allows it this more
 DEVICE_PHASES = {PHASE_SETUP: "loading the task", PHASE_COMPILE: "importing", PHASE_CHECK: "checking",
                  PHASE_TIME: "timing"}  # a phase of the judge's conversation, in the live view's words
@@ -161,8 +163,8 @@ class EvalService:
             open_to_readers(self.build_dir)
         if self.isolated:
             extra += ["--isolate-worker", *(a for path in self.hidden for a in ("--hide", path))]
-        if device is not None if spare is None else spare:
-            extra += ["--worker-spares", str(self.cfg.worker_spares)]
+        if device is not None if spare is None else spare:  # each spare more imports on a core of its own
+            extra += ["--worker-spares", str(min(self.cfg.worker_spares, max(1, self.threads // CORES_PER_SPARE)))]
         # OpenMP threads wait passively in the judge and in its worker: a process spinning after its last operation
         # takes the cores the other's batch runs on (on the CPU backend a candidate's batch ran at half speed)
         policy = (("OMP_WAIT_POLICY", "PASSIVE"),)
