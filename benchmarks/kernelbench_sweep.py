@@ -225,13 +225,14 @@ def sweep(args: argparse.Namespace) -> None:
             cfg = EvalConfig(backend=args.backend, baseline=args.baseline, isolate=args.isolate,
                              memory_budget_gb=None if budget == "default" else float(budget),
                              confirm_above=0.0 if args.confirm else EvalConfig.confirm_above)
+            stopped = False
             with EvalService(cfg) as service:
                 for ref in todo:
                     if args.stop_after and time.monotonic() - started > args.stop_after:
                         print(f"stopped after {time.monotonic() - started:.0f} s (--stop-after); run again to "
                               "go on", flush=True)
-                        smi.close()
-                        return
+                        stopped = True
+                        break
                     began = time.perf_counter()
                     row = one_task(service, ref, budget, cfg, smi)
                     row["task_s"] = round(time.perf_counter() - began, 3)
@@ -242,6 +243,11 @@ def sweep(args: argparse.Namespace) -> None:
                           f"peak {row.get('peak_gb')} GB smi {row.get('smi_peak_gb')} GB ({row.get('smi_apps_gb')}) "
                           f"{row.get('error') or ''}"
                           [:240], flush=True)
+                kept, misses = service.worker_spares  # the worker turnover behind the references' start laps
+                print(f"budget {budget}: worker starts {service.worker_starts} ({service.worker_promotions} by a "
+                      f"spare), spares kept {kept}, starts that found none ready {misses}", flush=True)
+            if stopped:
+                break
     smi.close()
 
 
