@@ -98,6 +98,34 @@ def test_processes_a_candidate_leaves_running_are_killed_after_it(service: EvalS
     assert honest.passed_checks and honest.stage == "ok", honest.error
 
 
+WATCHES_ITS_CHILD = """
+import subprocess, torch
+
+_child = None
+
+
+def _watch(record):
+    global _child
+    if _child is None:
+        _child = subprocess.Popen(["sleep", "600"])
+    elif _child.poll() is not None:  # killed while the request goes on
+        open(record + ".killed", "w").close()
+""" + MODEL
+
+
+def test_a_candidates_process_is_killed_before_the_judge_times_its_own_side(service: EvalService,
+                                                                           tmp_path: Path) -> None:
+    """Not only after the request: once the judge stops the worker to time its own side (here in the wall-clock
+    confirmation every candidate gets), the processes the candidate started are killed — on a GPU what one queued in
+    a context of its own would run on through the stop — and the candidate, called again after, finds it gone."""
+    record = str(tmp_path / "child")
+    cfg = replace(service.cfg, confirm_above=0.0)
+    r = service.evaluate(load_task(TASK), WATCHES_ITS_CHILD.format(forward=f"_watch({record!r})", factor=""), cfg)
+    assert Path(record + ".killed").exists(), r.log[-1500:]
+    assert "process(es) the candidate left running" in r.log, r.log[-1500:]
+    assert r.passed_checks, r.error
+
+
 def test_processes_that_end_with_their_candidates_worker_are_still_said(service: EvalService, tmp_path: Path) -> None:
     """With a worker per candidate (a GPU's default), the worker ends after the candidate and takes what it left
     running with it: the log still says so (it once said nothing where a suspicious candidate's worker was killed)."""

@@ -138,11 +138,15 @@ class WorkerProcess:
     def stopped(self) -> Iterator[None]:
         """The serving process and everything below it stopped (SIGSTOP) meanwhile, and let go on after: a
         measurement of the parent's own then shares the host with nothing the candidate left running there (a
-        thread that spins while the reference is timed)."""
+        thread that spins while the reference is timed). The processes a candidate started below it are killed
+        first, not only after the request: a stopped process's work queued on a GPU runs on, in a CUDA context of
+        its own, which ends with the process (the next :meth:`sweep` counts them)."""
         pids: set[int] = set()
         try:
             if self._proc is not None and self.alive:
                 pids = freeze_tree(self._proc.pid)
+                keep = self._keep()
+                self._ended_strays += kill_strays(keep, keep if self.spec.isolate else ())
             yield
         finally:
             thaw(pids)
