@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from stark_ray.eval.child_process import Child, read_lines, wait_ready
 from stark_ray.eval.spares import Spares
 
@@ -99,3 +101,12 @@ def test_no_spares_at_all_where_most_is_zero() -> None:
     spares = Spares(spawn, most=0)
     spares.top_up()
     assert spawn.spawned == [] and spares.take() == (None, False) and not spares.ready()
+
+
+def test_worker_spares_is_a_whole_number_of_at_least_zero() -> None:
+    from stark_ray.config import EvalConfig
+
+    assert EvalConfig(worker_spares=0).worker_spares == 0
+    for bad in (-1, True, 1.5, "2"):
+        with pytest.raises(ValueError, match="worker_spares"):
+            EvalConfig(worker_spares=bad)  # type: ignore[arg-type]
