@@ -424,3 +424,7 @@ def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, sh
         ref = svc.reference(task, cfg)  # between requests, and this reference's log says how and how long it took
         assert re.search(r"evaluator time: ahead/(spare|unready|fresh) [0-9.]+ s, task", ref.log or ""), ref.log
         assert svc.worker_promotions == 3 and svc.worker_spares[0] >= 1
+        after = svc.evaluate(task, GOOD, served)  # a candidate's log says it too (here the reference's worker: none)
+        assert passed(after) and "evaluator time: build/import" in after.log, after.log
+        again = svc.evaluate(task, GOOD, served)
+        assert re.search(r"evaluator time: ahead/(spare|unready|fresh) [0-9.]+ s, build/import", again.log), again.log

@@ -102,8 +102,12 @@ class Judgement:
 
     def evaluate(self) -> EvalResult:
         worker = self.judge.worker
-        if not worker.alive:
+        if worker.ahead:  # its worker, started between requests (WorkerProcess.start_ahead)
+            self.laps.add(*worker.ahead)
+        if not worker.alive:  # its start, in the request: start/spare (one waited ready), /unready or /fresh
+            self.laps.mark()
             worker.start()
+            self.laps.lap(f"start/{worker.last_start}")
         if self.judge.round_trip_of != worker.starts:  # a fresh process: before it imports any candidate
             self.judge.measure_round_trip(self.clock)
         worker.mark_log()
