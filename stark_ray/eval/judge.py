@@ -287,9 +287,8 @@ class Judge:
             self.worker.kill()
         before = self.pace(task, cfg)
         laps.lap("pace/before")
-        if not self.worker.alive:  # its start, said apart: start/spare (one waited ready), /unready or /fresh
-            self.worker.start()
-            laps.lap(f"start/{self.worker.last_start}")
+        if start := self.worker.start_lap():  # its start, said apart
+            laps.add(*start)
         msg = self._step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source, "cfg": req.cfg},
                          clock, label="while timing the reference")
         laps.lap("timing")  # the reference's checks and timing in the worker

@@ -104,10 +104,8 @@ class Judgement:
         worker = self.judge.worker
         if worker.ahead:  # its worker, started between requests (WorkerProcess.start_ahead)
             self.laps.add(*worker.ahead)
-        if not worker.alive:  # its start, in the request: start/spare (one waited ready), /unready or /fresh
-            self.laps.mark()
-            worker.start()
-            self.laps.lap(f"start/{worker.last_start}")
+        if start := worker.start_lap():  # its start, in the request
+            self.laps.add(*start)
         if self.judge.round_trip_of != worker.starts:  # a fresh process: before it imports any candidate
             self.judge.measure_round_trip(self.clock)
         worker.mark_log()

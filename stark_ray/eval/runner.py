@@ -145,8 +145,7 @@ class WorkerProcess:
         try:
             if self._proc is not None and self.alive:
                 pids = freeze_tree(self._proc.pid)
-                keep = self._keep()
-                self._ended_strays += kill_strays(keep, keep if self.spec.isolate else ())
+                self._ended_strays = self.sweep()  # (the earlier ones counted in) said by the request's own sweep
             yield
         finally:
             thaw(pids)
@@ -202,17 +201,26 @@ class WorkerProcess:
         now — a spare promoted, its device context made — while the caller builds its next candidate, not once it
         asks. ``ahead`` says how and in how long, until the next step; a failed start is the next request's to say."""
         self.ahead = None
-        if not self.use_spare or self.alive:
+        if not self.use_spare:
             return
-        began = time.monotonic()
         try:
-            self.start()
+            lap = self.start_lap()
         except Exception:  # nothing of a start's failure ends the judge: the next request starts and says why
             return
-        self.ahead = (f"ahead/{self.last_start}", time.monotonic() - began)
+        if lap is not None:
+            self.ahead = (lap[0].replace("start/", "ahead/", 1), lap[1])
+
+    def start_lap(self) -> tuple[str, float] | None:
+        """Start a process where none serves: the lap that says how — ``start/spare`` (one waited ready),
+        ``start/unready`` (one still importing), ``start/fresh`` (none) — and its seconds; None where one serves."""
+        if self.alive:
+            return None
+        began = time.monotonic()
+        self.start()
+        return f"start/{self.last_start}", time.monotonic() - began
 
     def sweep(self) -> int:
-        """Kill every process below this one that is not the serving process or the spare (nor, isolated, the
+        """Kill every process below this one that is not the serving process or a spare (nor, isolated, the
         worker inside each ``unshare``): what a candidate left running. How many there were, those that died with a
         worker ended since the last sweep included."""
         keep = self._keep()
@@ -229,7 +237,7 @@ class WorkerProcess:
         return sum(not exited(p) for p in strays(keep, keep if self.spec.isolate else ()))
 
     def kill(self) -> None:
-        """Kill the serving process (and everything in its group); the spare stays."""
+        """Kill the serving process (and everything in its group); the spares stay."""
         self._end_current(kill=True)
 
     def close_current(self) -> None:
