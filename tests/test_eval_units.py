@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -177,7 +179,36 @@ def test_timing_without_a_check_holds_one_output_at_a_time() -> None:
     assert seen and max(seen) == 0, seen
     seen.clear()
     time_interleaved([f, f], sets, CpuTimer(), warmup=1, trials=3, check=lambda out, ref: None)
-    assert max(seen) == 1, seen  # the round's first output, kept for the check
+    assert max(seen) <= 1, seen  # the round's first output (on the CPU a copy of it), kept for the check
+
+
+def test_with_a_check_the_reference_runs_last_in_every_round() -> None:
+    """Its output for the round's inputs never exists while a function checked against it runs (a copy of it,
+    returned, would pass the check at a copy's cost: claimed 1.97x, accepted, before); without a check the order
+    rotates."""
+    calls: list[str] = []
+    held: list[bool] = []
+
+    def ref(x: torch.Tensor) -> torch.Tensor:
+        calls.append("ref")
+        return x + 1
+
+    def candidate(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        def call(x: torch.Tensor) -> torch.Tensor:
+            calls.append(name)
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_name != "time_interleaved":
+                frame = frame.f_back
+            outs = frame.f_locals.get("outs") if frame is not None else None
+            held.append(bool(outs) and outs[0] is not None)
+            return x + 1
+        return call
+
+    sets = make_input_sets(lambda: [torch.randn(16)], seed=0, device="cpu", count=2)
+    time_interleaved([ref, candidate("a"), candidate("b")], sets, CpuTimer(), warmup=1, trials=3,
+                     check=lambda out, r: None)
+    assert calls == ["a", "b", "ref", "b", "a", "ref"] * 2, calls
+    assert held and not any(held)
 
 
 def test_timing_checks_every_timed_output_against_the_reference() -> None:
@@ -579,6 +610,24 @@ def test_the_fingerprint_watches_time_builtins_and_every_module_of_the_evaluator
     assert host is real and fp.changed() == []
 
 
+def test_the_fingerprint_sees_a_constant_of_the_evaluator_rebound() -> None:
+    """The worker's timing reads module constants and class attributes as it runs: ``HEAD_START_US = 0`` (the
+    launch overhead of a launch-bound reference counted again on a GPU) or a fewer timing rounds are no function
+    replaced, but a change all the same."""
+    from stark_ray.eval import timing
+
+    fp = Fingerprint()
+    saved = timing.HEAD_START_US, timing.MIN_TIMED_ROUNDS
+    try:
+        timing.HEAD_START_US = 0.0
+        timing.MIN_TIMED_ROUNDS = 1
+        changed = fp.changed()
+    finally:
+        timing.HEAD_START_US, timing.MIN_TIMED_ROUNDS = saved
+    assert {"stark_ray.eval.timing.HEAD_START_US", "stark_ray.eval.timing.MIN_TIMED_ROUNDS"} <= set(changed), changed
+    assert fp.changed() == []
+
+
 def test_kernel_names_come_from_what_reaches_the_compiler() -> None:
     """A module that builds its CUDA source from escaped one-line strings has its kernels read from the string
     load_inline gets, not from its Python text (where a regex reads `nmy_kernel`)."""
@@ -818,24 +867,32 @@ def test_a_claim_stretched_by_a_busy_host_still_gets_a_batch_of_several_calls() 
 def test_the_drift_yardstick_follows_the_hosts_pace_down_never_up() -> None:
     """The reference's time alone, scaled by the judge's pace now over its pace then where the host is faster now
     (a burst lengthened the alone timing); a burst now (either pace around the candidate's timing) counts, and a
-    slower host never lengthens the yardstick."""
+    slower host never lengthens the yardstick. Its fastest call is held against its fastest alone the same way."""
     from types import SimpleNamespace
     from typing import cast
 
-    from stark_ray.eval.drift import DriftCheck, scaled, slower
+    from stark_ray.eval.drift import DriftCheck, reading, scaled, slower
     from stark_ray.eval.trials import JudgeTask
 
     assert scaled(10.0, 0.002, 0.001) == 5.0
     assert scaled(10.0, 0.001, 0.002) == 10.0
     assert scaled(10.0, None, 0.001) == 10.0 and slower(0.001, None) is None
-    task = cast(JudgeTask, SimpleNamespace(alone_ms=10.0, alone_pace_s=0.002))
+    assert reading(2.5) == 2.5 and reading(0) is None and reading(float("nan")) is None and reading(True) is None
+    task = cast(JudgeTask, SimpleNamespace(alone_ms=10.0, alone_min_ms=9.0, alone_pace_s=0.002))
     paces = iter([0.001, 0.0015])  # before the candidate's timing, then after it
     check = DriftCheck(task, lambda: next(paces))
-    assert check.yardstick(ref_ms=10.5, speedup=1.6) == 7.5  # the slower of the two paces now
-    assert "scaled to the host's pace now" in check.note(10.5, 7.5)
+    drift = check.slowed(ref_ms=10.5, ref_min_ms=6.0, speedup=1.6)
+    assert drift is not None and drift.alone_ms == 7.5  # the slower of the two paces now
+    assert "scaled to the host's pace now" in drift.note and "10.5 ms beside" in drift.note
     # no pace needed: no claimed gain, or already slowed beyond the unscaled yardstick
     quiet = DriftCheck(task, lambda: 0.001)
-    assert quiet.yardstick(ref_ms=10.5, speedup=0.9) == 10.0
-    assert quiet.yardstick(ref_ms=20.0, speedup=1.6) == 10.0
-    unknown = DriftCheck(cast(JudgeTask, SimpleNamespace(alone_ms=None, alone_pace_s=None)), lambda: 1 / 0)
-    assert unknown.yardstick(ref_ms=10.0, speedup=2.0) is None  # no yardstick, and no pace taken for it
+    assert quiet.slowed(ref_ms=10.5, ref_min_ms=9.5, speedup=0.9) is None
+    slowed = quiet.slowed(ref_ms=20.0, ref_min_ms=9.5, speedup=1.6)
+    assert slowed is not None and slowed.alone_ms == 10.0
+    # the median within its yardstick, the fastest call not: a busy core through every call of the reference
+    fastest = DriftCheck(task, lambda: 0.002).slowed(ref_ms=11.0, ref_min_ms=10.5, speedup=1.5)
+    assert fastest is not None and "fastest call" in fastest.note and fastest.alone_ms == 10.0
+    assert DriftCheck(task, lambda: 0.002).slowed(ref_ms=11.0, ref_min_ms=10.0, speedup=1.5) is None
+    unknown = DriftCheck(cast(JudgeTask, SimpleNamespace(alone_ms=None, alone_min_ms=None, alone_pace_s=None)),
+                         lambda: 1 / 0)
+    assert unknown.slowed(ref_ms=10.0, ref_min_ms=9.0, speedup=2.0) is None  # no yardstick, and no pace taken

@@ -75,6 +75,127 @@ class ModelNew(nn.Module):
             torch.set_num_threads(1)
 '''
 
+# the reference's own ops (a true 1.0x), and everything else its forward can leave set as it returns, each undone
+# as its own next call starts: one thread, grad mode on, the collector on at once, a dispatch mode that sees every op,
+# a profile function on every Python call
+LEFT_SET = HEAD + '''
+import gc
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_N = torch.get_num_threads()
+
+
+class _Seen(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+_mode = _Seen()
+
+
+def _profile(*args):
+    return None
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        self.left = False
+
+    def forward(self, x):
+        if self.left:
+            sys.setprofile(None)
+            _mode.__exit__(None, None, None)
+        torch.set_num_threads(_N)
+        grad = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
+        try:
+            return F.gelu(self.linear(x))
+        finally:
+            torch.set_num_threads(1)
+            torch.set_grad_enabled(True)
+            gc.enable()
+            gc.set_threshold(1)
+            _mode.__enter__()
+            sys.setprofile(_profile)
+            self.left = True
+'''
+
+# the reference's own ops (a true 1.0x); a thread of its own keeps a core busy whenever its forward is not running
+# (a hash lets the GIL go): the reference, timed next in the same worker, shares the cores with it. Nothing here is
+# process state to undo: the drift check's to see
+SPINNER = HEAD + '''
+import hashlib
+
+_idle = threading.Event()
+_idle.set()
+_BLOCK = bytes(1 << 18)
+_spinning = []
+
+
+def _spin():
+    while True:
+        _idle.wait()
+        hashlib.sha256(_BLOCK).digest()
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        if not _spinning:
+            _spinning.append(threading.Thread(target=_spin, daemon=True))
+            _spinning[0].start()
+
+    def forward(self, x):
+        _idle.clear()
+        try:
+            return F.gelu(self.linear(x))
+        finally:
+            _idle.set()
+'''
+
+# in a timing round where the reference went first, its output (for the same inputs) is still held for the round's
+# check: a copy of it is returned, the reference's own work at the cost of a copy; an honest call otherwise
+STOLEN = HEAD + '''
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        f = _timing_frame()
+        outs = f.f_locals.get("outs") if f is not None else None
+        if isinstance(outs, list) and outs and isinstance(outs[0], torch.Tensor) and outs[0].shape == \\
+                (x.shape[0], self.linear.out_features):
+            return outs[0].clone()
+        return F.gelu(self.linear(x))
+'''
+
+# the reference's own ops (a true 1.0x), and a hook on the reference's model in its worker (found among the
+# process's objects) that sleeps after each of its calls
+HOOKED = HEAD + '''
+import gc
+
+
+def _slow(module, args, out):
+    time.sleep(0.004)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        for o in gc.get_objects():
+            if isinstance(o, nn.Module) and type(o).__name__ == "Model":
+                o.register_forward_hook(_slow)
+
+    def forward(self, x):
+        return F.gelu(self.linear(x))
+'''
+
 # first in a timing round, half its rows are left to a thread that goes on while the reference is timed
 DEFERRED = HEAD + '''
 
@@ -160,12 +281,40 @@ def test_a_candidate_that_slows_the_reference_beside_it_gains_nothing_by_it(serv
                                                                             task: Task) -> None:
     """Its claim (1.7-1.8x on a quiet 2-core box, and accepted so in session 24) has a reference that ran slower
     beside it than alone: the judge measures it, and its own figure (about 1x) stands."""
-    r = service.evaluate(task, THREADS)
+    r = service.evaluate(task, SPINNER)
     assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), f"{r.speedup}\n{r.log}"
     honest = service.evaluate(task, HONEST)
     assert honest.accepted, honest.error
     # its worker, ended after it (a worker per candidate), is no process the candidate left running
     assert "left running" not in honest.log, honest.log
+
+
+def test_process_state_a_forward_leaves_set_is_undone_for_each_call_of_the_reference(service: EvalService,
+                                                                                     task: Task) -> None:
+    """One thread (1.7-1.8x on a quiet 2-core box before, and accepted so in session 24), grad mode, the collector,
+    a dispatch mode, a profile function: each timed call of the reference beside it runs in the worker's own state,
+    so it is no slower for them, and the log says what was found."""
+    for cheat, found in ((THREADS, ("threads",)),
+                         (LEFT_SET, ("threads", "grad", "gc", "torch_dispatch_mode", "profile_function"))):
+        r = service.evaluate(task, cheat)
+        assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), f"{r.speedup}\n{r.log}"
+        note = next((line for line in r.log.splitlines() if "left the process's state changed" in line), "")
+        assert all(name in note for name in found), r.log
+
+
+def test_the_references_output_of_the_round_is_out_of_reach_while_the_candidate_runs(service: EvalService,
+                                                                                      task: Task) -> None:
+    """A copy of the reference's output of the same round (its own work done for it in every other round) would
+    claim about 1.9x: under the 2x above which every claim is measured by the judge."""
+    r = service.evaluate(task, STOLEN)
+    assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), f"{r.speedup}\n{r.log}"
+
+
+def test_a_hook_on_the_reference_in_its_worker_is_tampering(service: EvalService, task: Task) -> None:
+    r = service.evaluate(task, HOOKED)
+    assert not r.accepted and "tampered" in r.flags, (r.speedup, r.flags, r.error)
+    assert "the reference's model._forward_hooks" in (r.error or ""), r.error
+    assert service.evaluate(task, HONEST).accepted
 
 
 def test_work_left_to_a_thread_after_the_return_fails_its_timing_round(service: EvalService, task: Task) -> None:
@@ -215,7 +364,7 @@ def test_the_reference_alone_is_timed_where_this_judge_has_not(shared_build_dir:
     times the reference alone before the candidate, so a slowed reference is still seen."""
     cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=2, timing_trials=20, worker_candidates=1)
     with EvalService(cfg) as svc:
-        r = svc.evaluate(task, THREADS)
+        r = svc.evaluate(task, SPINNER)
     assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), f"{r.speedup}\n{r.log}"
 
 
@@ -235,6 +384,6 @@ def test_a_burst_on_the_host_while_the_reference_was_timed_alone_hides_no_slowed
             for p in spinners:
                 p.kill()
                 p.wait()
-        r = svc.evaluate(task, THREADS)
+        r = svc.evaluate(task, SPINNER)
     assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), \
         f"{alone.runtime_ms} {r.speedup}\n{r.log}"

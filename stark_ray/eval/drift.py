@@ -1,10 +1,11 @@
 """The drift check: the reference's time beside a candidate against its time alone.
 
 The worker times the reference and the candidate interleaved, in the process the candidate runs in, which can slow
-the reference without patching anything (``torch.set_num_threads(1)`` as ``forward`` returns, a spinning thread,
-work left running). The judge knows the reference's time alone (``JudgeTask.alone_ms``, measured in a worker no
-candidate had run in); where the reference ran more than REF_DRIFT slower than that beside a candidate claiming a
-gain, the claim is measured by the judge's clock, strictly (:mod:`stark_ray.eval.judgement`).
+the reference without patching anything or leaving a setting behind (that, eval/process_state.py undoes): a thread
+that keeps a core busy, work left running. The judge knows the reference's time alone (``JudgeTask.alone_ms``, and
+its fastest call ``alone_min_ms``, measured in a worker no candidate had run in); where the reference ran more than
+REF_DRIFT slower than that beside a candidate claiming a gain, by its median or by its fastest call, the claim is
+measured by the judge's clock, strictly (:mod:`stark_ray.eval.judgement`).
 
 The two times are measured at different moments, and on a shared host a burst of other work during either one
 decides the check (CI, four test processes on two cores: the reference alone at 1.8x its quiet time, and a 1.0x
@@ -21,6 +22,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -63,32 +66,76 @@ def slower(a: float | None, b: float | None) -> float | None:
     return max(a, b) if a is not None and b is not None else None
 
 
+def reading(value: Any) -> float | None:
+    """A time as a worker reported it: a positive finite number, else None (no reading)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
 def scaled(alone_ms: float, then_s: float | None, now_s: float | None) -> float:
     """``alone_ms`` times ``now_s / then_s`` where the host is faster now, never longer than ``alone_ms``."""
+    return alone_ms * scale(then_s, now_s)
+
+
+def scale(then_s: float | None, now_s: float | None) -> float:
+    """``now_s / then_s`` where the host is faster now, else 1."""
     if then_s is None or now_s is None or then_s <= 0 or now_s <= 0:
-        return alone_ms
-    return alone_ms * min(1.0, now_s / then_s)
+        return 1.0
+    return min(1.0, now_s / then_s)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A reference found slowed beside a candidate: the yardstick its time of record falls back to, and why."""
+
+    alone_ms: float
+    note: str
 
 
 class DriftCheck:
     """One candidate's drift check; ``measure`` is the judge's pace of the reference with the worker stopped.
-    Made just before the worker times the candidate (its first pace now, where the task has a yardstick)."""
+    Made just before the worker times the candidate (its first pace now, where the task has a yardstick).
+
+    Two readings of the reference beside the candidate are held against its two alone: the median, and the fastest
+    call. A burst of other work on a shared host moves a median (the alone timing's or this one's) and rarely a
+    fastest call, which needs only one quiet moment; a thread that keeps a core busy whenever the candidate is not
+    running slows every call of the reference, the fastest too (on CI's busy two cores such a spinner's 1.4x and
+    more went unseen by the medians alone)."""
 
     def __init__(self, task: JudgeTask, measure: Callable[[], float | None]) -> None:
         self.task = task
         self.measure = measure
         self.before = measure() if task.alone_ms is not None and task.alone_pace_s is not None else None
 
-    def yardstick(self, ref_ms: float, speedup: float) -> float | None:
-        """The reference's time alone to hold ``ref_ms`` against (None: none known), scaled to the host's pace now
-        where a claimed gain would otherwise pass."""
-        alone = self.task.alone_ms
-        if alone is None or speedup <= 1.0 or ref_ms > REF_DRIFT * alone or self.before is None:
-            return alone
-        return scaled(alone, self.task.alone_pace_s, slower(self.before, self.measure()))
+    def slowed(self, ref_ms: float, ref_min_ms: float | None, speedup: float) -> Drift | None:
+        """The drift where the reference ran more than REF_DRIFT slower beside the candidate than alone, by either
+        reading — against its time alone scaled to the host's pace now where a claimed gain would otherwise
+        pass — else None."""
+        if self.task.alone_ms is None:
+            return None
+        factor = 1.0
+        if speedup > 1.0 and self._over(ref_ms, ref_min_ms, 1.0) is None and self.before is not None:
+            factor = scale(self.task.alone_pace_s, slower(self.before, self.measure()))
+        which = self._over(ref_ms, ref_min_ms, factor)
+        if which is None:
+            return None
+        alone = self.task.alone_ms * factor
+        scaled_note = "" if factor == 1.0 else " (then, scaled to the host's pace now)"
+        if which == "median":
+            note = (f"the reference ran at {ref_ms:.4g} ms beside this candidate, {ref_ms / alone:.2f}x its "
+                    f"{alone:.4g} ms alone{scaled_note}")
+        else:
+            low = (self.task.alone_min_ms or 0.0) * factor
+            note = (f"the reference's fastest call beside this candidate took {ref_min_ms:.4g} ms, "
+                    f"{(ref_min_ms or 0.0) / low:.2f}x its fastest alone, {low:.4g} ms{scaled_note}")
+        return Drift(alone, f"{note}: its speedup is measured by the judge's clock")
 
-    def note(self, ref_ms: float, alone: float) -> str:
-        scale = "" if alone == self.task.alone_ms else \
-            f" (its {self.task.alone_ms:.4g} ms then, scaled to the host's pace now)"
-        return (f"the reference ran at {ref_ms:.4g} ms beside this candidate, {ref_ms / alone:.2f}x its "
-                f"{alone:.4g} ms alone{scale}: its speedup is measured by the judge's clock")
+    def _over(self, ref_ms: float, ref_min_ms: float | None, factor: float) -> str | None:
+        """Which reading is over REF_DRIFT times its alone (scaled by ``factor``), if any."""
+        alone, low = self.task.alone_ms, self.task.alone_min_ms
+        if alone is not None and ref_ms > REF_DRIFT * alone * factor:
+            return "median"
+        if low is not None and ref_min_ms is not None and ref_min_ms > REF_DRIFT * low * factor:
+            return "fastest"
+        return None

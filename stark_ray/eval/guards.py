@@ -5,8 +5,9 @@ harder to fool and say when a worker must not serve another candidate.
 
 - :class:`Fingerprint`: the identity of every callable of torch (its main namespaces, ``torch.Tensor`` with its
   dunders, ``nn.Module``, ``torch.cuda.Event``/``Stream``), of ``time`` and ``builtins``, of the profiler, and of
-  every module of the evaluator loaded in the worker (the functions and the classes it defines), and which module
-  object each name in ``sys.modules`` is; taken once, compared before and after each step of a candidate.
+  every module of the evaluator loaded in the worker (every name it defines, constants included, and every
+  attribute of the classes it defines), and which module object each name in ``sys.modules`` is; taken once,
+  compared before and after each step of a candidate.
 - :func:`output_problem`: outputs must be plain tensors on the reference's device that share no memory with
   the inputs.
 - :func:`poison`: fills memory the allocator will hand out next with 0xFF bytes (NaN in every float format),
@@ -86,8 +87,10 @@ class Fingerprint:
         entries: list[tuple[str, Any, str, str, Any]] = []
         classes: list[type] = list(_WATCHED_CLASSES)
         for modname, module in modules.items():
+            ours = modname.startswith(_OURS)
             for name, value in _members(module):
-                if callable(value) and not isinstance(value, ModuleType):
+                # the evaluator's constants too (HEAD_START_US = 0 changes how the worker times): every name of ours
+                if (callable(value) or ours) and not isinstance(value, ModuleType):
                     entries.append((f"{modname}.{name}", module, name, "attr", value))
                     if (modname.startswith(_OURS) and isinstance(value, type)
                             and getattr(value, "__module__", None) == modname):
@@ -97,9 +100,9 @@ class Fingerprint:
                     entries.append((f"builtins.{name}", module, name, "attr", getattr(module, name, None)))
         for cls in classes:
             mro = cls in _WATCHED_CLASSES  # torch's classes: along the MRO (a patch may land on a subclass)
-            members = _members(cls) if mro else vars(cls).items()
-            for name, value in members:
-                if callable(value) or isinstance(value, property | staticmethod | classmethod):
+            members = _members(cls) if mro else [(n, v) for n, v in vars(cls).items() if n not in _VOLATILE]
+            for name, value in members:  # our classes' attributes all (a class constant is read as it runs)
+                if callable(value) or isinstance(value, property | staticmethod | classmethod) or not mro:
                     entries.append((f"{cls.__module__}.{cls.__qualname__}.{name}", cls, name,
                                     "static" if mro else "own", value))
         return entries

@@ -42,6 +42,7 @@ from stark_ray.eval.laps import Laps
 from stark_ray.eval.loader import import_source
 from stark_ray.eval.memory import KEPT_SHARE, Plan, apply_cap, give_back_cached
 from stark_ray.eval.private_places import places_now, private_places, restore_places
+from stark_ray.eval.process_state import ProcessState
 from stark_ray.eval.protocol import (
     OP_END,
     OP_GO,
@@ -104,6 +105,7 @@ class CandidateHost:
         if backend.device == "cuda":
             warm_profiler()
         self.fingerprint = Fingerprint()  # after our own hooks and torch's own patches
+        self.state = ProcessState.taken()  # set up, no candidate yet: the state the reference is timed in
         self.current: Loaded | None = None
         self.count = 0
         self.healthy = True
@@ -202,7 +204,7 @@ class CandidateHost:
             return answer
         if self.tasks and op != OP_RELEASE:
             self.evict(next(reversed(self.tasks)))
-        changed = self.fingerprint.changed()
+        changed = self.fingerprint.changed() + [n for t in self.tasks.values() if t.seal for n in t.seal.broken()]
         self.healthy = not changed and self.backend.healthy()
         answer["tampered"] = changed
         answer["healthy"] = self.healthy
@@ -218,9 +220,9 @@ class CandidateHost:
         laps.lap("setup")
         send({"phase": PHASE_TIME})
         try:
-            result = time_reference(state, self._timing(state, cfg), laps)
+            result, fastest = time_reference(state, self._timing(state, cfg), laps)
             result.add_line(laps.line("worker time"))
-            return {"result": asdict(result)}
+            return {"result": asdict(result), "fastest_ms": fastest}
         finally:
             self._after_timing(state)
 
@@ -389,7 +391,7 @@ class CandidateHost:
 
     def _timing(self, state: WarmReference, cfg: EvalConfig) -> Timing:
         return Timing(self.backend, cfg, lambda: self._sets(state),
-                      cfg.timing_trials or self.backend.default_timing_trials())
+                      cfg.timing_trials or self.backend.default_timing_trials(), self.state)
 
 
 def _task_failure(error: str) -> EvalResult:

@@ -21,7 +21,6 @@ when asked, with a hot spare on a GPU). For each candidate the service sends, th
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 import traceback
@@ -35,7 +34,7 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend
 from stark_ray.eval.diagnostics import describe_exception
-from stark_ray.eval.drift import pace, slower
+from stark_ray.eval.drift import pace, reading, slower
 from stark_ray.eval.exchange import ExchangeError
 from stark_ray.eval.garbage import collect_after, collect_all
 from stark_ray.eval.guards import nbytes_of
@@ -293,8 +292,7 @@ class Judge:
                          clock, label="while timing the reference")
         laps.lap("timing")  # the reference's checks and timing in the worker
         alone = msg.get("result", {}).get("runtime_ms") if isinstance(msg.get("result"), dict) else None
-        task.alone_ms = float(alone) if isinstance(alone, int | float) and math.isfinite(alone) and alone > 0 \
-            else None
+        task.alone_ms, task.alone_min_ms = reading(alone), reading(msg.get("fastest_ms"))
         after = self.pace(task, cfg)
         laps.lap("pace/after")
         task.alone_pace_s = slower(before, after)  # a burst on the host around the alone timing shows in one

@@ -17,7 +17,7 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.confirmation import Confirmation, confirm
-from stark_ray.eval.drift import REF_DRIFT, DriftCheck
+from stark_ray.eval.drift import DriftCheck
 from stark_ray.eval.exchange import ExchangeError
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import same_values
@@ -173,10 +173,10 @@ class Judgement:
             flags.append("large_speedup")
         rejected: list[str] = [n.removeprefix("worker: ") for n in worker_log if "no kernel of its own" in n]
         error = timing.error if math.isfinite(timing.error) else None
-        alone = drift.yardstick(ref_ms, speedup)
-        slowed = alone is not None and ref_ms > REF_DRIFT * alone
-        if slowed:  # the candidate runs in the worker: a claim is its word where the reference it ran beside slowed
-            log.append(drift.note(ref_ms, alone or ref_ms))
+        drifted = drift.slowed(ref_ms, timing.ref_min_ms, speedup)
+        slowed = drifted is not None
+        if drifted is not None:  # the candidate runs in the worker: its claim is its word where the reference slowed
+            log.append(drifted.note)
         if (speedup > self.cfg.confirm_above or (slowed and speedup > 1.0)) and not rejected:
             # (one with no kernel of its own is off the board); a claim the slowed reference put in doubt: strict
             confirmation = self.confirmed(speedup, new_ms, strict=slowed)
@@ -197,7 +197,7 @@ class Judgement:
                 self.judge.worker.kill()  # its claim was not borne out: no further candidate in this process
             elif confirmation.record is not None:  # the judge's figure, the lower, is the speedup of record,
                 # against the reference's time alone (its time beside this candidate is what was in doubt)
-                ref_ms = alone or ref_ms
+                ref_ms = drifted.alone_ms if drifted is not None else ref_ms
                 speedup, new_ms, new_cv, error = confirmation.record, ref_ms / confirmation.record, None, None
         log.append(self.laps.line())
         warnings = str(loaded.get("warnings") or "")

@@ -64,6 +64,7 @@ class Measured:
     ref_cv: float  # std / mean
     new_cv: float
     error: float  # the speedup's relative standard error (inf when the pairs were not reported)
+    ref_min_ms: float | None = None  # the reference's fastest call (the drift check's other reading)
 
     @property
     def speedup(self) -> float:
@@ -89,7 +90,8 @@ def measured(timed: dict[str, Any]) -> Measured:
     ref_ms, new_ms = _time(ref["median"]), _time(new["median"])
     ref_cv = _time(ref["std"]) / max(_time(ref["mean"]), 1e-12)
     new_cv = _time(new["std"]) / max(_time(new["mean"]), 1e-12)
-    return Measured(ref_ms, new_ms, ref_cv, new_cv, speedup_error(_samples(ref), _samples(new)))
+    ref_min = _time(ref["min"]) if ref.get("min") is not None else None
+    return Measured(ref_ms, new_ms, ref_cv, new_cv, speedup_error(_samples(ref), _samples(new)), ref_min)
 
 
 def kept(first: Measured, second: Measured) -> Measured:

@@ -27,6 +27,7 @@ from stark_ray.eval.compare import flatten_outputs
 from stark_ray.eval.guards import nbytes_of, snapshot
 from stark_ray.eval.inputs import clone_all, make_inputs
 from stark_ray.eval.noise import median_error
+from stark_ray.eval.process_state import ProcessState
 
 TIMING_SEED_OFFSET = 10_000  # timing inputs are fresh: seeds apart from the correctness trials'
 WALL_SEED_OFFSET = 20_000  # and the wall-clock re-measurement of a large speedup uses fresh ones again
@@ -216,21 +217,27 @@ class TimingMismatch(Exception):
 
 def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]], timer: Timer, warmup: int,
                      trials: int, check: Check | None = None, warmup_ms: float = 0.0,
-                     precision: float = 0.0) -> list[Timing]:
+                     precision: float = 0.0, states: Sequence[ProcessState | None] = ()) -> list[Timing]:
     """Time each of ``fns`` ``trials`` times, round-robin, the order rotating every round to cancel drift and
     cache warmth, after at least ``warmup`` rounds and ``warmup_ms`` of warm-up. Round r uses input set
     r mod len(input_sets), and each call gets its own clone. With ``check``, every output of ``fns[i]``
     (i > 0) is checked against ``fns[0]``'s in the same round — or, cheaper, found bit for bit equal to its
-    own output that passed the check on the same input set in an earlier round (kept while small). With
+    own output that passed the check on the same input set in an earlier round (kept while small) — and
+    ``fns[0]`` runs last in every round (the others rotate before it): a function checked against it never runs
+    while its output for the same inputs is held (a copy of it, returned, passed the check at a copy's cost). With
     ``precision`` > 0, timing stops before ``trials`` rounds (after MIN_TIMED_ROUNDS at least) once every
-    function's median is known within that relative standard error (:func:`median_error`)."""
+    function's median is known within that relative standard error (:func:`median_error`). ``states[i]``: the
+    process state each call of ``fns[i]`` runs in (eval/process_state.py; the loop's own no grad and no collector
+    on top), outside its timed region; none: as the calls before left it."""
     ms: list[list[float]] = [[] for _ in fns]
     synced: list[list[float]] = [[] for _ in fns]
     launches: list[list[float]] = [[] for _ in fns]  # warm-up calls' host launch times (GPU)
     fit = getattr(timer, "fit_head_start", None)
-    order = list(range(len(fns)))
+    rotating = list(range(1, len(fns))) if check is not None else list(range(len(fns)))
     r, timed = 0, 0
     checked: dict[tuple[int, int], Any] = {}  # (function, input set) -> an output that passed the check
+    inside = [s.but(grad=False, gc=False) if s is not None else None for s in states]
+    inside += [None] * (len(fns) - len(inside))
     with _gc_paused(), torch.no_grad():
         started = time.perf_counter()
         while timed < trials:
@@ -240,8 +247,11 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
             outs: list[Any] = [None] * len(fns)
             if not warming and timed == 0 and fit is not None and all(launches):
                 fit(max(statistics.median(h) for h in launches))  # one head start for all: the same conditions
+            order = [*rotating, 0] if check is not None else rotating
             for i in order:
-                sample = timer(fns[i], clone_all(inputs))
+                state = inside[i]
+                with state.around() if state is not None else contextlib.nullcontext():
+                    sample = timer(fns[i], clone_all(inputs))
                 # kept for the round's check only: the reference timed against itself and torch.compile held three
                 # 6 GB outputs at once, one more than the memory plan counts (19_ReLU out of memory at 40 GB)
                 outs[i] = sample.out if check is not None else None
@@ -266,7 +276,7 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
                         raise TimingMismatch(f"timing round {r + 1}: {problem}")
                     if (i, k) not in checked and sum(nbytes_of(outs[i])) * len(input_sets) <= KEEP_CHECKED_BYTES:
                         checked[i, k] = snapshot(outs[i])  # a copy: the candidate may reuse its buffer
-            order = order[1:] + order[:1]
+            rotating = rotating[1:] + rotating[:1]
             r += 1
             del outs
             if (precision > 0 and timed >= MIN_TIMED_ROUNDS and timed % PRECISION_EVERY == 0

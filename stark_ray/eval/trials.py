@@ -127,6 +127,7 @@ class JudgeTask(BuiltReference):
     draws_random: bool = False  # the forward draws from torch's generators (a dropout): every call seeded alike
     sol: Any = None  # its speed of light on this device (eval/sol.py), None where it cannot be told
     alone_ms: float | None = None  # the reference timed against itself in a worker no candidate had run in
+    alone_min_ms: float | None = None  # ... and its fastest call there
     alone_pace_s: float | None = None  # the judge's pace of it around that timing (eval/drift.py)
 
     def held_bytes(self) -> int:

@@ -21,7 +21,8 @@ class Decided(Exception):
 def tampered(names: list[str]) -> EvalResult:
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, flags=["tampered"],
-                      error=f"the candidate replaced part of torch or of the evaluator ({shown}); rejected")
+                      error=f"the candidate replaced part of torch, of the evaluator or of the reference ({shown}); "
+                            "rejected")
 
 
 def protocol_broken(why: str) -> EvalResult:

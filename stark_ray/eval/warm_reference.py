@@ -9,6 +9,7 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.guards import nbytes_of
 from stark_ray.eval.inputs import clone_all
 from stark_ray.eval.memory import LARGE_SET_BYTES, param_bytes
+from stark_ray.eval.reference_seal import Seal
 from stark_ray.eval.tasks import BuiltReference, TaskError
 from stark_ray.eval.timing import INPUT_SETS, make_input_sets
 
@@ -23,6 +24,11 @@ class WarmReference(BuiltReference):
 
     input_sets: list[list[Any]] | None = None
     compiled_model: Any = None
+    seal: Seal | None = None  # taken as it is built, before any candidate in its worker (eval/reference_seal.py)
+
+    def __post_init__(self) -> None:
+        if self.seal is None:
+            self.seal = Seal(self.module, self.model)
 
     def held_bytes(self) -> int:
         """Device (or host) memory this state keeps alive: the parameters and the timing input sets."""
@@ -33,16 +39,20 @@ class WarmReference(BuiltReference):
         larger than LARGE_SET_BYTES (far beyond any cache: two rotate as well as four)."""
         if self.input_sets is not None and count in (None, len(self.input_sets)):
             return self.input_sets
-        self.input_sets = None
+        self.release_sets()
         first = make_input_sets(self.get_inputs, self.seed, self.device, count=1)
         if count is None:
             count = INPUT_SETS if sum(nbytes_of(first[0])) <= LARGE_SET_BYTES else 2
         self.input_sets = first + make_input_sets(self.get_inputs, self.seed + 1, self.device, count=count - 1)
+        if self.seal is not None:
+            self.seal.seal_inputs(self.input_sets)
         return self.input_sets
 
     def release_sets(self) -> None:
         """Forget the timing sets (made again when next needed: milliseconds on a GPU)."""
         self.input_sets = None
+        if self.seal is not None:
+            self.seal.seal_inputs(None)
 
     def baseline_compiled(self) -> Any:
         """torch.compile of the reference, compiled and warmed on the timing inputs once."""

@@ -23,6 +23,7 @@ from stark_ray.eval.inputs import clone_all
 from stark_ray.eval.kernel_sources import own_kernel_names
 from stark_ray.eval.kernel_times import describe, kernel_times, to_message
 from stark_ray.eval.laps import Laps
+from stark_ray.eval.process_state import ProcessState
 from stark_ray.eval.streams import profile_call
 from stark_ray.eval.tasks import TaskError
 from stark_ray.eval.timing import (
@@ -41,12 +42,14 @@ from stark_ray.records import STAGE_OK, EvalResult
 class Timing:
     """What a timing needs of the worker: its backend (timer, device), the request's settings, the task's
     rotating input sets (as its memory plan keeps them: made on first use, inside the timing's own error
-    handling, where a device out of memory is said as such) and how many rounds to time."""
+    handling, where a device out of memory is said as such), how many rounds to time, and the process state the
+    reference is timed in (eval/process_state.py)."""
 
     backend: Backend
     cfg: EvalConfig
     timing_sets: Callable[[], list[list[Any]]]
     trials: int
+    state: ProcessState | None = None  # the worker's, before any candidate: the reference's calls run in it
 
     @property
     def sets(self) -> list[list[Any]]:
@@ -68,10 +71,10 @@ def _as_task_error(name: str) -> Iterator[None]:
         raise TaskError(f"task {name}: reference forward failed: {describe_exception(e)}") from None
 
 
-def time_reference(state: WarmReference, how: Timing, laps: Laps | None = None) -> EvalResult:
+def time_reference(state: WarmReference, how: Timing, laps: Laps | None = None) -> tuple[EvalResult, float]:
     """The reference timed against itself (the ratio of the two halves shows the noise), and beside it
     torch.compile's where the baseline is asked for; on a GPU, where its time goes (none without a profiler).
-    The seconds of each step go on ``laps``."""
+    The seconds of each step go on ``laps``. With the result, its fastest call (the drift check's other reading)."""
     cfg = how.cfg
     laps = laps or Laps()
     kernels = None
@@ -100,7 +103,7 @@ def time_reference(state: WarmReference, how: Timing, laps: Laps | None = None) 
         log += f"\ntorch.compile baseline: {timings[2].stats.describe()}"
     return EvalResult(compiled=True, passed_checks=True, runtime_ms=stats.median, ref_runtime_ms=stats.median,
                       speedup=1.0, stage=STAGE_OK, log=log, ref_compile_runtime_ms=compiled_ms,
-                      runtime_cv=stats.cv, ref_runtime_cv=stats.cv, kernels=kernels)
+                      runtime_cv=stats.cv, ref_runtime_cv=stats.cv, kernels=kernels), stats.min
 
 
 def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[str]], how: Timing,
@@ -144,19 +147,22 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
         c = compare_outputs(out, ref, tol)
         return None if c.ok else c.problem
 
+    clean = how.state.fresh() if how.state is not None else None  # the reference's calls: as the worker started
     try:
         timings = time_interleaved(fns, how.sets, how.backend.timer(head_start), cfg.warmup, how.trials, check,
-                                   _warmup_ms(state), cfg.timing_precision)
+                                   _warmup_ms(state), cfg.timing_precision, [clean])
         compiled_ms = None
         if cfg.baseline == "compile":  # checked once when compiled; timed beside the eager reference
             compiled = time_interleaved([state.model, state.baseline_compiled()], how.sets,
                                         how.backend.timer(head_start), cfg.warmup, how.trials, None,
-                                        _warmup_ms(state), cfg.timing_precision)[1]
+                                        _warmup_ms(state), cfg.timing_precision, [clean, clean])[1]
             compiled_ms = compiled.stats.median
             notes.append(f"torch.compile baseline: {compiled.stats.describe()}")
     except TimingMismatch as e:
         return {"mismatch": f"{e} (memoised or racy output?)"}
     ref_t, new_t = timings
+    if clean is not None and (changed := clean.note()):
+        notes.append(changed)
     synced = not head_start
     if head_start and leaves_work_behind(new_t, ref_t):
         flags.append("extra_stream")

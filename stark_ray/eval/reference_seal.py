@@ -1,0 +1,126 @@
+"""The seal on a task's reference inside a worker: what a candidate could change of it without patching torch.
+
+The fingerprint (:mod:`stark_ray.eval.guards`) watches torch's functions and the evaluator's own. The reference the
+worker times beside a candidate is neither: it is the task's module, its classes and its model, all reachable from
+the candidate's process (``gc.get_objects()``). Changed, it runs slower (a hook that sleeps, ``Model.forward``
+wrapped, ``F`` rebound in the task's module, a parameter swapped for a strided copy of itself) or differently (its
+outputs in the worker are what the timing checks the candidate's against). The worker seals each reference as it
+builds it — before any candidate is loaded in a worker that serves one — and its timing input sets as it makes them,
+and breaks off a candidate whose step broke the seal, as it does one that tampered with torch.
+
+What it reads: each submodule of the model (its class, every attribute of its instance dictionary, and the entries of
+the dictionaries there: parameters, buffers, submodules, every kind of hook), each parameter's and buffer's and
+timing input's storage address, strides and version counter (an in-place write counts), the task module's globals,
+and the functions and attributes of the classes the task defines — by identity, taken once. A write through
+``tensor.data`` bumps no version counter and is not seen here: where it changes the reference's outputs the timing's
+check fails; where it only slows it, the drift check remains (:mod:`stark_ray.eval.drift`).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+_TORCH_MARKS = frozenset({"_is_torch_compile"})  # what torch.compile sets on the module it compiles
+Entry = tuple[str, Any, Any]  # (what it is, how to read it now, what it was: compared by identity or equality)
+
+
+def _tensor_marks(t: torch.Tensor) -> tuple[Any, ...]:
+    try:
+        return (t.data_ptr(), t.stride(), t.shape, t._version)
+    except Exception:  # a tensor without storage (meta): its identity is all there is
+        return ()
+
+
+def _items(obj: Any) -> list[tuple[str, Any]]:
+    try:
+        return list(dict.items(obj))
+    except TypeError:
+        return []
+
+
+class Seal:
+    """Taken once; :meth:`broken` says what differs since."""
+
+    def __init__(self, module: Any, model: Any) -> None:
+        self.entries: list[Entry] = []
+        self.inputs: list[Entry] = []  # the timing sets' (replaced when they are made again, dropped with them)
+        self._take(module, model)
+
+    def _add(self, name: str, read: Any, value: Any, into: list[Entry] | None = None) -> None:
+        (self.entries if into is None else into).append((name, read, value))
+
+    def _take(self, module: Any, model: Any) -> None:
+        classes: list[type] = []
+        modules = list(model.named_modules()) if isinstance(model, torch.nn.Module) else [("", model)]
+        for path, m in modules:
+            label = f"model{'.' if path else ''}{path}"
+            self._add(f"{label}.__class__", lambda m=m: type(m), type(m))
+            attrs = getattr(m, "__dict__", {})
+            self._add(f"{label}.__dict__", lambda m=m: getattr(m, "__dict__", None), attrs)
+            self._keys(f"{label}.__dict__", attrs)  # an attribute added: a forward of the instance's own
+            for key, value in _items(attrs):
+                if type(value) is torch.Tensor:  # a plain tensor attribute: state the forward may replace itself
+                    continue  # (33_VanillaRNN's hidden state)
+                self._add(f"{label}.{key}", lambda a=attrs, k=key: dict.get(a, k), value)
+                if isinstance(value, dict):  # parameters, buffers, submodules, hooks: one added, or one replaced
+                    self._keys(f"{label}.{key}", value)
+                    for sub, inner in _items(value):
+                        self._add(f"{label}.{key}[{sub!r}]", lambda d=value, s=sub: dict.get(d, s), inner)
+            if isinstance(m, torch.nn.Module):
+                for name, t in m.named_parameters(recurse=False):
+                    self._tensor(f"{label}.{name}", t, self.entries)
+                for name, t in m.named_buffers(recurse=False):  # written in place by the forward itself (the
+                    self._tensor(f"{label}.{name}", t, self.entries, versioned=False)  # running stats of a BatchNorm)
+            if not type(m).__module__.startswith("torch"):
+                classes += [c for c in type(m).__mro__ if not c.__module__.startswith(("torch", "builtins"))]
+        for key, value in _items(getattr(module, "__dict__", {})):
+            if not key.startswith("__"):
+                self._add(f"task module.{key}", lambda d=module.__dict__, k=key: dict.get(d, k), value)
+        for cls in dict.fromkeys(classes):
+            for key, value in list(vars(cls).items()):
+                if key in ("__dict__", "__weakref__", "__doc__"):
+                    continue
+                self._add(f"{cls.__qualname__}.{key}", lambda c=cls, k=key: vars(c).get(k), value)
+                fn = value.__func__ if isinstance(value, staticmethod | classmethod) else value
+                if isinstance(fn, types.FunctionType):
+                    self._add(f"{cls.__qualname__}.{key}.__code__", lambda f=fn: f.__code__, fn.__code__)
+                    self._add(f"{cls.__qualname__}.{key}.__defaults__", lambda f=fn: f.__defaults__, fn.__defaults__)
+
+    def _keys(self, name: str, table: dict[Any, Any]) -> None:
+        def keys() -> tuple[Any, ...]:
+            return tuple(k for k in dict.keys(table) if k not in _TORCH_MARKS)
+
+        self._add(f"{name} (keys)", keys, keys())
+
+    def _tensor(self, name: str, t: torch.Tensor, into: list[Entry], versioned: bool = True) -> None:
+        def marks() -> tuple[Any, ...]:
+            m = _tensor_marks(t)
+            return m if versioned else m[:-1]
+
+        into.append((f"{name} (storage, strides, shape{', version' if versioned else ''})", marks, marks()))
+
+    def seal_inputs(self, sets: Iterable[Iterable[Any]] | None) -> None:
+        """The timing input sets, sealed as they are made (a candidate gets clones of them only); None: they are
+        gone (their tensors are not kept alive here)."""
+        self.inputs = []
+        for i, inputs in enumerate(sets or []):
+            for j, value in enumerate(inputs):
+                if isinstance(value, torch.Tensor):
+                    self._tensor(f"timing input set {i} [{j}]", value, self.inputs)
+
+    def broken(self) -> list[str]:
+        """What differs from the seal (by identity; equality for the tensors' marks)."""
+        changed: list[str] = []
+        for name, read, was in [*self.entries, *self.inputs]:
+            try:
+                now = read()
+            except Exception:
+                changed.append(f"the reference's {name}")
+                continue
+            if not (now == was if name.endswith(")") else now is was):
+                changed.append(f"the reference's {name}")
+        return changed
