@@ -165,6 +165,10 @@ class EvalConfig:
     # host (each imports on a core of its own). Each holds ~0.5-1 GB of host memory and none of the device's.
     # 0: none (every restart a whole interpreter start). CPU backends: none
     worker_spares: int = 3
+    # what a process running generated code may write (GB): isolated, its private directory is a tmpfs of this size
+    # (with /tmp's 2 GB and /dev/shm's 1 GB: eval/jail.py); isolated or not, no file it writes grows past it
+    # (RLIMIT_FSIZE, its log included). A candidate filling the host's disk would take the run's results with it
+    worker_disk_gb: float = 4.0
     # "ncu": each accepted candidate's top kernel counted by Nsight Compute after its evaluation, on a GPU where ncu
     # can read the counters (else one line says why): DRAM and SM throughput, achieved occupancy and what limits
     # it, in its observations (stark_ray/eval/ncu.py). Seconds per accepted candidate.
@@ -212,6 +216,9 @@ class EvalConfig:
             raise ValueError(f"worker_candidates must be a whole number >= 1, got {self.worker_candidates!r}")
         if isinstance(self.worker_spares, bool) or not isinstance(self.worker_spares, int) or self.worker_spares < 0:
             raise ValueError(f"worker_spares must be a whole number >= 0, got {self.worker_spares!r}")
+        if isinstance(self.worker_disk_gb, bool) or not (isinstance(self.worker_disk_gb, int | float)
+                                                        and 0 < self.worker_disk_gb < float("inf")):
+            raise ValueError(f"worker_disk_gb must be a number of GB > 0, got {self.worker_disk_gb!r}")
         for name in ("compile_timeout_s", "check_timeout_s", "timing_timeout_s"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ValueError(f"{name} must be > 0 seconds and finite")

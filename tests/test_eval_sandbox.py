@@ -100,3 +100,45 @@ def test_an_isolated_worker_that_crashes_or_hangs_is_judged_as_before(cfg: EvalC
     assert hung.stage == STAGE_TIMEOUT and hung.error is not None
     assert "at candidate.py:" in hung.error  # the stack dump reached the worker inside the namespace
     assert passed(Evaluator(task(DEMO), iso).evaluate(eager()))  # and a good one after both
+
+
+# what a candidate writes at its import: 64 files of 1 MiB in its directory (none past the cap alone), then one file
+# of 64 MiB; each write's error, in order, on the worker's log (stderr) and as the failure it raises
+FILL = '''
+import os
+import sys
+
+_found = []
+try:
+    for i in range(64):
+        with open(f"part{i}.bin", "wb") as f:
+            f.write(bytes(1 << 20))
+    _found.append("64 files written")
+except OSError as e:
+    _found.append(f"files: {e.strerror}")
+try:
+    with open("one.bin", "wb") as f:
+        for _ in range(64):
+            f.write(bytes(1 << 20))
+    _found.append("one file written")
+except OSError as e:
+    _found.append(f"one file: {e.strerror}")
+raise RuntimeError("; ".join(_found))
+'''
+
+
+def test_what_a_candidate_writes_is_capped(cfg: EvalConfig) -> None:
+    """``worker_disk_gb``: isolated, its directory is a tmpfs of that size (64 files of 1 MiB do not fit in 32
+    MiB); isolated or not, no file grows past it (RLIMIT_FSIZE). A candidate that filled the host's disk would take
+    the run's results with it."""
+    small = replace(cfg, worker_disk_gb=32 / 1024)
+    unisolated = Evaluator(task(DEMO), replace(small, isolate="off")).evaluate(eager(prelude=FILL))
+    assert unisolated.error is not None and "one file: File too large" in unisolated.error, unisolated.error
+    try:
+        isolation_prefix()
+    except IsolationUnavailable as e:
+        pytest.skip(str(e))
+    isolated = Evaluator(task(DEMO), replace(small, isolate="on")).evaluate(eager(prelude=FILL))
+    assert isolated.error is not None and "files: No space left on device" in isolated.error, isolated.error
+    assert passed(Evaluator(task(DEMO), replace(cfg, isolate="on")).evaluate(eager(prelude=FILL.replace(
+        "range(64)", "range(4)").replace("raise RuntimeError", "print")))), "a few MiB are no trouble"

@@ -60,13 +60,13 @@ def isolation_prefix() -> tuple[str, ...]:
 
 
 def jailed(command: list[str], writable: tuple[str, ...] = (), readable: tuple[str, ...] = (),
-           hidden: tuple[str, ...] = ()) -> list[str]:
+           hidden: tuple[str, ...] = (), quota: int = 0) -> list[str]:
     """``command`` started isolated, in a read-only world (:mod:`stark_ray.eval.jail`) where its working directory,
     a private ``/tmp`` and ``writable`` can be written, ``readable`` (and this package) stays visible and
-    ``hidden`` is not there."""
+    ``hidden`` is not there; ``quota``: its working directory a tmpfs of that many bytes (0: the host's own)."""
     readable = (*readable, str(PACKAGE))
     paths = ([a for p in writable for a in ("--rw", p)] + [a for p in readable for a in ("--ro", p)]
-             + [a for p in hidden for a in ("--hide", p)])
+             + [a for p in hidden for a in ("--hide", p)] + (["--quota", str(quota)] if quota else []))
     return [*isolation_prefix(), sys.executable, str(JAIL), *paths, "--", *command]
 
 

@@ -1,7 +1,7 @@
 """A read-only world for an isolated worker: the first process inside the namespaces sets it up, then becomes it.
 
 Started by path (standard library only: no package import before the world is read-only) as
-``python jail.py [--rw PATH | --ro PATH | --hide PATH]... -- COMMAND...`` in the mount namespace that
+``python jail.py [--rw PATH | --ro PATH | --hide PATH]... [--quota BYTES] -- COMMAND...`` in the mount namespace that
 :mod:`stark_ray.eval.isolation` creates, where it is root of its user namespace. It then
 
 1. clones (detached, with ``open_tree``) its working directory (the worker's private directory: its requests'
@@ -19,7 +19,8 @@ Started by path (standard library only: no package import before the world is re
    directory, the run directory: :class:`stark_ray.eval.launch.WorkerSpec`) with an empty one that is then made
    read-only (a file: ``/dev/null``), and puts back the clones of step 1 on their paths, on top: the working
    directory and ``--rw`` paths writable, the others read-only; a ``--hide`` path that lies inside something
-   put back is covered after it;
+   put back is covered after it. With ``--quota``, the working directory is a fresh tmpfs of that size instead
+   (nothing of the host's directory in it: what it writes cannot fill the host's disk, and goes with it);
 5. hides well-known credential locations (:data:`HIDDEN`) in what was put back of a home directory;
 6. where the evaluator is the host's root, gives its own directory and ``--rw`` paths to an unprivileged user
    (:data:`NOBODY`) and becomes it, with no capability left and ``no_new_privs``: the candidate reads only what
@@ -165,11 +166,12 @@ def _closed_ancestors(paths: set[str]) -> set[str]:
     return closed
 
 
-def build_world(writable: list[str], readable: list[str], hidden: list[str], unprivileged: bool = False) -> None:
+def build_world(writable: list[str], readable: list[str], hidden: list[str], unprivileged: bool = False,
+                quota: int = 0) -> None:
     """Steps 1-5 of the module's doc, in this process's mount namespace (``readable``: more paths that stay
     visible, read-only, wherever they lie; ``hidden``: directories (or files) covered, but for what of them
     must stay visible; ``unprivileged``: for a process that will not be root, what it needs lies below
-    directories it may cross)."""
+    directories it may cross; ``quota``: the working directory a tmpfs of that many bytes)."""
     here = os.getcwd()
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host's namespace
     for path in (*writable, *readable):  # a path not made yet (a new build cache) is the host's, not a private one
@@ -198,9 +200,10 @@ def build_world(writable: list[str], readable: list[str], hidden: list[str], unp
     keep_ro = {p for p in keep_ro if not any(_under(p, w) for w in keep_rw)}
     devices = _device_trees()
     # every step in path order, a cover before what is put back on it: what lies inside is done later, on top
+    quota_at = os.path.realpath(here) if quota else None
     steps = sorted([(p, 0, "private") for p in private] + [(p, 0, "hidden") for p in covered]
-                   + [(p, 1, _clone_tree(p)) for p in keep_rw] + [(p, 2, _clone_tree(p)) for p in keep_ro],
-                   key=lambda t: (len(t[0]), t[1]))
+                   + [(p, 1, "quota" if p == quota_at else _clone_tree(p)) for p in keep_rw]
+                   + [(p, 2, _clone_tree(p)) for p in keep_ro], key=lambda t: (len(t[0]), t[1]))
     _set_attr(_AT_FDCWD, "/", 0, set_=_MOUNT_ATTR_RDONLY, what="/ (read-only)")
     _set_attr(_AT_FDCWD, "/proc", 0, clear=_MOUNT_ATTR_RDONLY, what="/proc")  # this namespace's own
     for knob in PROC_READ_ONLY:
@@ -222,6 +225,10 @@ def build_world(writable: list[str], readable: list[str], hidden: list[str], unp
             _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, mode)
             if what == "hidden":
                 sealed.append(path)
+            continue
+        if what == "quota":  # its own directory: a tmpfs of its size, on the cover or the host's directory
+            os.makedirs(path, exist_ok=True)
+            _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=0755,size={quota}")
             continue
         assert isinstance(what, int)
         if kind == 2:
@@ -309,21 +316,23 @@ def drop_root(writable: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     try:
-        paths: dict[str, list[str]] = {"--rw": [os.getcwd()], "--ro": [], "--hide": []}
+        paths: dict[str, list[str]] = {"--rw": [os.getcwd()], "--ro": [], "--hide": [], "--quota": []}
     except OSError as e:
         _fail(e)
     args = list(argv)
     while len(args) > 1 and args[0] in paths:
         paths[args[0]].append(args[1])
         args = args[2:]
-    if not args or args[0] != "--" or len(args) < 2:
-        print("usage: jail.py [--rw PATH | --ro PATH | --hide PATH]... -- COMMAND...", file=sys.stderr)
+    quota = paths["--quota"][-1] if paths["--quota"] else "0"
+    if not args or args[0] != "--" or len(args) < 2 or not quota.isdigit():
+        print("usage: jail.py [--rw PATH | --ro PATH | --hide PATH]... [--quota BYTES] -- COMMAND...",
+              file=sys.stderr)
         sys.exit(2)
     command = args[1:]
     os.umask(0o022)  # the mount points it makes: crossable by the worker, whoever it is (the caller's may be 077)
     try:
         unprivileged = host_root()
-        build_world(paths["--rw"], paths["--ro"], paths["--hide"], unprivileged)
+        build_world(paths["--rw"], paths["--ro"], paths["--hide"], unprivileged, int(quota))
         if unprivileged:
             drop_root(paths["--rw"])
         else:

@@ -46,6 +46,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--isolate-worker", action="store_true", help="the worker in namespaces of its own")
     p.add_argument("--hide", action="append", default=[], help="isolated: a path the worker does not see")
     p.add_argument("--worker-spares", type=int, default=0, help="the most hot spares of the worker it keeps")
+    p.add_argument("--worker-disk-bytes", type=int, default=0, help="what the worker may write (its directory, a file)")
     return p.parse_args(argv)
 
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         ctrl.flush()
 
     spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True,
-                      hidden=tuple(args.hide))
+                      hidden=tuple(args.hide), disk_bytes=args.worker_disk_bytes)
     worker = WorkerProcess(spec, spares=args.worker_spares)  # candidates per process: EvalConfig.worker_candidates
     if spec.isolate:  # what it builds (cpu_cpp; a build in ModelNew's __init__) is made outside (eval/builds.py)
         worker.on_build = functools.partial(_serve_build, spec)

@@ -30,6 +30,7 @@ class WorkerSpec:
     env: tuple[tuple[str, str], ...] = ()  # more environment variables for it
     hidden: tuple[str, ...] = ()  # isolated: paths it does not see (eval/isolation.py: hidden_paths)
     writable: tuple[str, ...] = ()  # isolated: what it may write beside its own directory (a builder's output)
+    disk_bytes: int = 0  # generated code: the most it may write (EvalConfig.worker_disk_gb); 0: no cap
 
     def argv(self, spare: bool = False, fd: int | None = None) -> list[str]:
         args = [sys.executable, "-m", self.module, "--backend", backend_path(self.backend),
@@ -42,9 +43,12 @@ class WorkerSpec:
             args.append("--spare")
         if fd is not None:
             args += ["--fd-channel", str(fd)]
+        if self.disk_bytes:
+            args += ["--max-file-bytes", str(self.disk_bytes)]
         if self.isolate:  # the cache read-only: what is missing there, a builder makes (eval/builds.py)
             args.append("--ask-builds")
-            return jailed(args, writable=self.writable, readable=(self.build_dir,), hidden=self.hidden)
+            return jailed(args, writable=self.writable, readable=(self.build_dir,), hidden=self.hidden,
+                          quota=self.disk_bytes)
         return args
 
 

@@ -159,10 +159,12 @@ class EvalService:
         # a GPU's worker has hot spares: a restart (crash, timeout, recycling) costs a CUDA context, not a start
         extra: list[str] = []
         self.hidden = hidden_paths(self.cfg.hidden_paths) if self.isolated else ()
+        self.disk_bytes = int(self.cfg.worker_disk_gb * (1 << 30))  # what generated code may write
         if self.isolated:
             open_to_readers(self.build_dir)
         if self.isolated:
             extra += ["--isolate-worker", *(a for path in self.hidden for a in ("--hide", path))]
+        extra += ["--worker-disk-bytes", str(self.disk_bytes)]
         if device is not None if spare is None else spare:  # each spare more imports on a core of its own
             extra += ["--worker-spares", str(min(self.cfg.worker_spares, max(1, self.threads // CORES_PER_SPARE)))]
         # OpenMP threads wait passively in the judge and in its worker: a process spinning after its last operation
@@ -289,7 +291,8 @@ class EvalService:
 
     def _compile_spec(self, cfg: EvalConfig) -> WorkerSpec:
         return WorkerSpec(cfg.backend, str(self.build_dir), max(1, self.threads // self.compile_workers),
-                          compile_only=True, arch=self._build_arch(), isolate=self.isolated, hidden=self.hidden)
+                          compile_only=True, arch=self._build_arch(), isolate=self.isolated, hidden=self.hidden,
+                          disk_bytes=self.disk_bytes)
 
     def _build_arch(self) -> str | None:
         """The device's architecture for the compile pool: the worker's own word once it has said hello; before

@@ -20,7 +20,9 @@ import contextlib
 import faulthandler
 import json
 import os
+import resource
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -84,6 +86,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fd-channel", type=int, default=None, help="the Unix socket the judge passes buffers on")
     p.add_argument("--ask-builds", action="store_true",
                    help="isolated: the cache is read-only here; missing entries are built by the parent's builder")
+    p.add_argument("--max-file-bytes", type=int, default=0, help="no file written grows past this (RLIMIT_FSIZE)")
     return p.parse_args(argv)
 
 
@@ -95,6 +98,11 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # and what a candidate detaches stays below us (eval/lifetime.py)
     become_subreaper()
     args = _args(argv)
+    if args.max_file_bytes > 0:  # soft and hard: what a candidate writes (its log too) cannot fill the disk
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        cap = args.max_file_bytes if hard == resource.RLIM_INFINITY else min(args.max_file_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails (EFBIG) where the candidate sees it
     if args.compile_only:
         os.nice(10)  # builds (and a spare's imports) yield the CPU to the device worker, which launches and times
     ctrl = _control_channel()
