@@ -671,6 +671,17 @@ def test_dict_outputs_are_compared_key_by_key() -> None:
     assert not c.ok and "expected output['a'], output['b']" in c.problem
 
 
+def test_worker_disk_gb_is_a_positive_size_and_reaches_the_worker_and_its_jail() -> None:
+    from stark_ray.eval.launch import WorkerSpec
+
+    for bad in (0, -1.0, True, "4", float("inf")):
+        with pytest.raises(ValueError, match="worker_disk_gb"):
+            EvalConfig(worker_disk_gb=bad)  # type: ignore[arg-type]
+    argv = WorkerSpec("cpu_cpp", "/tmp/b", 1, disk_bytes=1 << 30).argv()
+    assert argv[argv.index("--max-file-bytes") + 1] == str(1 << 30)
+    assert "--max-file-bytes" not in WorkerSpec("cpu_cpp", "/tmp/b", 1).argv()
+
+
 def test_isolate_modes_and_what_auto_does_where_namespaces_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     assert EvalConfig(isolate=True).isolate == "on" and EvalConfig(isolate=False).isolate == "off"  # old run.json
     with pytest.raises(ValueError, match="isolate"):
