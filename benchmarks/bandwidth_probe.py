@@ -47,6 +47,8 @@ def main() -> None:
 
     from stark_ray.eval.backends.gpu import measured_bandwidth_gbs
 
+    if not torch.cuda.is_available():
+        raise SystemExit("bandwidth_probe.py needs a CUDA GPU (run it on the GPU machine)")
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     rows = [("the judge's probe (measured_bandwidth_gbs)", measured_bandwidth_gbs()),
             ("sessions 19-26's probe (256 MiB uint8 copy, mean of 10)", old_probe())]

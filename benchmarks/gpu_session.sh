@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU work that waits on a device machine, in steps that each fit one call of 10 minutes (the device tool:
+# ../.library/device/README.md). Run from the repository root on the device machine, with .whl carried:
+#
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+#     && export PYTHONPATH=$PWD:/tmp/site && bash benchmarks/gpu_session.sh STEP [STEP...]
+#
+# Steps (the order they are meant in; several in one call where they fit):
+#   tests-a     pytest -m gpu, tests/test_gpu.py                                    (~7 min on an H200)
+#   tests-b     pytest -m gpu, the other files (exchange, memory budget, Ray, read-only world)
+#   probes      worker_turnover.py --backend cuda --spares 1 3, bandwidth_probe.py, sol_fractions.py on KernelBench
+#   sweep-rep   kernelbench_sweep.py: the representative subset, default budget and 40 GB (issue 20's SOL, issue 15)
+#   sweep-80    kernelbench_sweep.py --budget 80, levels 2 and 3, resumable
+#   sweep-all   kernelbench_sweep.py --budget default, every task, resumable
+# Logs go to $OUT/<step>.log and one line per step to $OUT/steps.txt; the sweeps read and extend
+# benchmarks/results/kernelbench_sweep.csv, copied to $OUT/kb.csv after each sweeping step: copy it back over the
+# one in benchmarks/results/ here before the next call (the machine is a fresh one each time).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export RAY_AUTH_MODE=disabled
+KB=${KB:-../shared/kernelbench}
+CSV=benchmarks/results/kernelbench_sweep.csv
+LEFT=${LEFT:-540}  # seconds this call may still spend (a step starts no task past it)
+
+step() {
+    local name=$1 started=$SECONDS rc
+    shift
+    timeout --signal=INT --kill-after=20 "$LEFT" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    LEFT=$((LEFT - (SECONDS - started)))
+    echo "$name rc=$rc $((SECONDS - started))s" >>"$OUT/steps.txt"
+}
+
+sweep() {
+    local name=$1
+    shift
+    step "$name" python3 benchmarks/kernelbench_sweep.py --kernelbench "$KB" --csv "$CSV" \
+        --stop-after $((LEFT - 60)) "$@"
+    cp "$CSV" "$OUT/kb.csv"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/steps.txt" 2>&1
+for s in "$@"; do
+    case $s in
+        tests-a) step tests-a python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py ;;
+        tests-b) step tests-b python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_exchange.py \
+            tests/test_memory_budget.py tests/test_ray_gpu.py tests/test_read_only_world.py ;;
+        probes)
+            step turnover python3 benchmarks/worker_turnover.py --backend cuda --spares 1 3
+            step bandwidth python3 benchmarks/bandwidth_probe.py
+            step sol python3 benchmarks/sol_fractions.py --kernelbench "$KB" --json "$OUT/sol.json" ;;
+        sweep-rep) sweep sweep-rep --subset representative --budget default 40 ;;
+        sweep-80) sweep sweep-80 --levels 2 3 --budget 80 ;;
+        sweep-all) sweep sweep-all --budget default ;;
+        *) echo "unknown step: $s (tests-a, tests-b, probes, sweep-rep, sweep-80, sweep-all)" >&2; exit 2 ;;
+    esac
+done
+cat "$OUT/steps.txt"
