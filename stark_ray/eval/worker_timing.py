@@ -85,6 +85,8 @@ def time_reference(state: WarmReference, how: Timing, laps: Laps | None = None) 
     if state.device == "cuda":  # on the first timing set itself (its timed calls run on it too): no copy of 6 GB
         with contextlib.suppress(Exception):
             kernels = describe(kernel_times(profile_call(state.model, list(sets[0])).launches))
+        if state.seal is not None:  # a reference that writes its inputs wrote that set: sealed as it is now
+            state.seal.seal_inputs(sets)
         laps.lap("profile")
     fns = [state.model, state.model]
     if cfg.baseline == "compile":  # compiled once per task and worker, warmed on the sets made above
