@@ -613,18 +613,24 @@ def test_the_fingerprint_watches_time_builtins_and_every_module_of_the_evaluator
 def test_the_fingerprint_sees_a_constant_of_the_evaluator_rebound() -> None:
     """The worker's timing reads module constants and class attributes as it runs: ``HEAD_START_US = 0`` (the
     launch overhead of a launch-bound reference counted again on a GPU) or a fewer timing rounds are no function
-    replaced, but a change all the same."""
+    replaced, but a change all the same; and it reads its samples with ``statistics`` and answers with ``json``."""
+    import json
+    import statistics
+
     from stark_ray.eval import timing
 
     fp = Fingerprint()
-    saved = timing.HEAD_START_US, timing.MIN_TIMED_ROUNDS
+    saved = timing.HEAD_START_US, timing.MIN_TIMED_ROUNDS, statistics.median, json.dumps
     try:
         timing.HEAD_START_US = 0.0
         timing.MIN_TIMED_ROUNDS = 1
+        statistics.median = lambda data: 0.0  # what Stats.of reads the samples with (a red team's, session 29)
+        json.dumps = lambda *a, **k: "{}"  # what the worker's answers are written with
         changed = fp.changed()
     finally:
-        timing.HEAD_START_US, timing.MIN_TIMED_ROUNDS = saved
-    assert {"stark_ray.eval.timing.HEAD_START_US", "stark_ray.eval.timing.MIN_TIMED_ROUNDS"} <= set(changed), changed
+        timing.HEAD_START_US, timing.MIN_TIMED_ROUNDS, statistics.median, json.dumps = saved
+    assert {"stark_ray.eval.timing.HEAD_START_US", "stark_ray.eval.timing.MIN_TIMED_ROUNDS", "statistics.median",
+            "json.dumps"} <= set(changed), changed
     assert fp.changed() == []
 
 
@@ -907,3 +913,19 @@ def test_the_drift_yardstick_follows_the_hosts_pace_down_never_up() -> None:
     unknown = DriftCheck(cast(JudgeTask, SimpleNamespace(alone_ms=None, alone_min_ms=None, alone_pace_s=None)),
                          lambda: 1 / 0)
     assert unknown.slowed(ref_ms=10.0, ref_min_ms=9.0, speedup=2.0) is None  # no yardstick, and no pace taken
+
+
+def test_a_small_claim_is_held_to_half_its_gain_by_the_judge() -> None:
+    """Half of a claim under 2x is no speedup at all: a 1.0x candidate whose worker said 1.66x (its samples rewritten
+    from the timing loop's frame) was confirmed so under ``confirm_above`` 0. Now the judge's figure stands for it,
+    while a large claim is still confirmed at half of it, and an imprecise small one still stands as it did."""
+    from stark_ray.eval.confirmation import verdict
+
+    cheat = verdict(1.66, 1.0)
+    assert cheat.confirmed and cheat.record == 1.0, cheat  # the judge's figure, the speedup of record
+    assert verdict(1.66, 0.7).confirmed is False  # under half the claim: suspicious
+    honest = verdict(1.66, 1.5)
+    assert honest.confirmed and honest.record is None  # half its gain borne out: its claim stands
+    large = verdict(8.0, 4.1)
+    assert large.confirmed and large.record is None  # above 2x, half the claim as before
+    assert verdict(1.66, 1.0, precise=False, above=False).record is None  # too short for the judge's clock to tell

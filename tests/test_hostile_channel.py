@@ -16,7 +16,7 @@ from leaky_candidates import MODEL, TASK, quick_service
 from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import load_task
-from stark_ray.records import STAGE_CRASH, STAGE_TIMEOUT
+from stark_ray.records import STAGE_COMPILE, STAGE_CRASH, STAGE_TIMEOUT
 
 SECRET = "only-the-parent-may-read-0451"
 HONEST = "import torch\n" + MODEL.format(forward="pass", factor="")
@@ -69,10 +69,17 @@ print("replaced", file=sys.stderr, flush=True)
 os._exit(3)
 """ + HONEST
     r = service.evaluate(load_task(TASK), candidate)
+    assert SECRET not in (r.log or "") and SECRET not in (r.error or "")
+    # isolated, its directory is a tmpfs of its own (EvalConfig.worker_disk_gb): the log the parent opened lies on
+    # the host's directory beneath it, out of its reach; where a candidate could replace it (session 23's worker),
+    # the parent read its log through the descriptor it opened, never the link
+    assert r.stage == STAGE_COMPILE and "No such file or directory" in (r.error or ""), (r.stage, r.error)
+    _after(service)
+    with quick_service(str(tmp_path / "build"), isolate="off") as unisolated:  # the log in its reach: replaced
+        r = unisolated.evaluate(load_task(TASK), candidate)
     assert r.stage == STAGE_CRASH, (r.stage, r.error)
     assert SECRET not in (r.log or "") and SECRET not in (r.error or "")
     assert "replaced" in (r.log or "")  # what it printed is still its log
-    _after(service)
 
 
 def test_phases_said_again_and_again_do_not_move_the_deadline(service: EvalService) -> None:

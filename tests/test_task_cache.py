@@ -15,6 +15,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval import garbage, host
 from stark_ray.eval.backends import get_backend
 from stark_ray.eval.garbage import collect
+from stark_ray.eval.guards import Fingerprint
 from stark_ray.eval.host import CandidateHost
 from stark_ray.eval.protocol import OP_END, OP_LOAD, OP_REFERENCE
 
@@ -52,10 +53,12 @@ def test_a_worker_keeps_every_task_it_serves_while_they_fit(judge: CandidateHost
 def test_the_least_recently_used_go_first_beyond_the_count_or_the_bytes(
         judge: CandidateHost, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(host, "KEPT_TASKS", 2)
+    judge.fingerprint = Fingerprint()  # a worker started with these constants (a change after it is tampering)
     for name in NAMES:
         reference(judge, name)
     assert kept(judge) == NAMES[1:]
     monkeypatch.setattr(host, "KEPT_CPU_BYTES", 1)  # nothing fits: only the task just served stays
+    judge.fingerprint = Fingerprint()
     reference(judge, NAMES[0])
     assert kept(judge) == [NAMES[0]]
 
@@ -81,6 +84,7 @@ def test_an_ended_candidate_leaves_nothing_behind_without_a_collection(judge: Ca
     """A candidate's module and class are reference cycles: the worker collects them as it ends the candidate,
     so what the candidate allocated (gigabytes on a large task) goes back before the next one runs."""
     monkeypatch.setattr(garbage, "COLLECT_ABOVE", 0)  # this small task stands for a large one
+    judge.fingerprint = Fingerprint()
     cfg = EvalConfig(backend="cpu_cpp", timing_trials=2, warmup=1)
     source = (EXAMPLES / f"{NAMES[0]}.py").read_text()
     answer = judge.handle({"op": OP_LOAD, "task_name": NAMES[0], "task_source": source, "cfg": asdict(cfg),
@@ -104,6 +108,7 @@ def test_a_task_it_stops_keeping_goes_though_its_state_was_frozen(judge: Candida
     """What survives a collection is frozen (so the next one scans only a candidate's objects); a task's state
     that the worker drops is thawed and collected all the same."""
     monkeypatch.setattr(host, "KEPT_TASKS", 1)
+    judge.fingerprint = Fingerprint()
     reference(judge, NAMES[0])
     cycle: list = [torch.ones(1 << 16)]
     cycle.append(cycle)  # a state that is a reference cycle (as a torch.compile baseline's caches are)

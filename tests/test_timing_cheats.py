@@ -196,6 +196,30 @@ class ModelNew(nn.Module):
         return F.gelu(self.linear(x))
 '''
 
+# its timed calls return a tensor subclass whose detach() does the work: the round's copy of the output (after the
+# clock stopped) ran the candidate's code, and the check saw the right values (1.28-1.56x accepted before)
+LAZY = HEAD + '''
+import gc
+
+
+class _Lazy(torch.Tensor):
+    def detach(self):
+        return self._work()
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        if gc.isenabled():  # not a timing round (the timing pauses the collector)
+            return F.gelu(self.linear(x))
+        out = torch.Tensor._make_subclass(_Lazy, torch.empty(0))
+        out._work = lambda: F.gelu(self.linear(x))
+        return out
+'''
+
 # first in a timing round, half its rows are left to a thread that goes on while the reference is timed
 DEFERRED = HEAD + '''
 
@@ -315,6 +339,12 @@ def test_a_hook_on_the_reference_in_its_worker_is_tampering(service: EvalService
     assert not r.accepted and "tampered" in r.flags, (r.speedup, r.flags, r.error)
     assert "the reference's model._forward_hooks" in (r.error or ""), r.error
     assert service.evaluate(task, HONEST).accepted
+
+
+def test_an_output_whose_copy_does_the_work_fails_its_timing_round(service: EvalService, task: Task) -> None:
+    r = service.evaluate(task, LAZY)
+    assert not r.accepted and r.stage == STAGE_CORRECTNESS, (r.stage, r.speedup, r.error)
+    assert "output is a _Lazy, not a plain torch.Tensor" in (r.error or ""), r.error
 
 
 def test_work_left_to_a_thread_after_the_return_fails_its_timing_round(service: EvalService, task: Task) -> None:

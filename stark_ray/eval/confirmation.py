@@ -63,6 +63,7 @@ from stark_ray.eval.trials import JudgeTask, synchronize
 AGREEMENT = 0.5  # the worker's figure stands when the judge's gain (speedup - 1) is at least this share of its ...
 CONFIRMED_BY_ITSELF = 10.0  # ... or the judge's speedup this large by itself; the judge's own figure stands when it
 # is at least AGREEMENT of the worker's speedup; below that the claim is suspicious
+LOW_CLAIM = 2.0  # a precise claim this small is held to half its gain (half the claim is no speedup at all)
 NEAR = 0.9  # a judge's figure this close to the claim stands without a second measurement (where it is lower)
 # the judge's figure can stand for the worker's where its batch ran as CUDA graphs or its calls took this long: a
 # batch of calls of microseconds, call by call, carries host costs the worker's timing leaves out (an honest 1.16x
@@ -129,7 +130,7 @@ class CandidateSide(Protocol):
         captured one."""
         ...
 
-    def run(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
+    def run(self, sets: list[list[Any]], seed: int | None = None) -> tuple[float, list[Any], str | None]:
         """Start the clock, write ``sets`` into the shared inputs, run the batch: (seconds, the outputs per set
         (copies), a problem with them or with the inputs)."""
         ...
@@ -186,18 +187,20 @@ class ReferenceSide:
         self.inputs, self.outputs = [], []
         self.box.release()
 
-    def _body(self) -> None:
+    def _body(self, seed: int | None = None) -> None:
         with torch.no_grad():
-            for inputs, outs in zip(self.inputs, self.outputs, strict=True):
+            for i, (inputs, outs) in enumerate(zip(self.inputs, self.outputs, strict=True)):
+                if seed is not None:  # a reference that draws random numbers: set i's call after seed + i
+                    torch.manual_seed(seed + i)
                 for buf, t in zip(outs, tensor_leaves(self.task.model(*inputs)), strict=True):
                     buf.copy_(t)
 
     def _sums(self) -> None:
         digests(self.box.slot_buffers)
 
-    def run(self, sets: list[list[Any]]) -> tuple[float, list[Any]]:
+    def run(self, sets: list[list[Any]], seed: int | None = None) -> tuple[float, list[Any]]:
         """(wall seconds, the outputs per set: views of this side's own buffers, valid until its next run or
-        :meth:`overhead`)."""
+        :meth:`overhead`); ``seed``: set i's call after seed + i."""
         self.packed.load(sets)
         synchronize(self.task)
         started = time.perf_counter()
@@ -205,7 +208,7 @@ class ReferenceSide:
         if self.graph is not None:
             self.graph.replay()
         else:
-            self._body()
+            self._body(seed)
         self._sums()
         wall = time.perf_counter() - started
         return wall, [self._outputs(i) for i in range(len(self.outputs))]
@@ -228,8 +231,6 @@ class ReferenceSide:
         next run, after this round's comparison)."""
         paths = [p for p, t in flatten_outputs(self.like) if isinstance(t, torch.Tensor)]
         return rebuild_outputs(self.like, dict(zip(paths, self.outputs[i], strict=True)))
-
-
 
 
 def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speedup: float, claimed_ms: float,
@@ -258,7 +259,8 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
             return Confirmation(False, "not confirmed by the judge's wall clock: not one batch set of this task fits "
                                        "the memory the budget leaves (a larger --memory-budget measures it)",
                                 unfit=True)
-    ref = ReferenceSide(task, template, k, want_graph=True)
+    # a reference that draws random numbers: call by call, each after its own seed on both sides, and compared
+    ref = ReferenceSide(task, template, k, want_graph=not task.draws_random)
     del template  # the sets hold its values: not a copy more through the rounds
     try:
         return _rounds(task, event_speedup, tol, candidate, ref, k, earlier, strict, above)
@@ -285,6 +287,7 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
     overheads: list[float] = [*earlier.overheads] if earlier else []
     for r in range(ROUNDS):
         sets = [make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device) for _ in range(k)]
+        seed = secrets.randbits(30) if task.draws_random else None  # told to the worker with go, on its clock
         # first in the round (it writes the reference side's output buffers, which its run below writes again);
         # the first round's comes before any call of the candidate's, and the least of the three counts: work a
         # worker leaves running after an answer can only slow a later sample
@@ -295,16 +298,15 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
         for side in ("ref", "cand") if r % 2 == 0 else ("cand", "ref"):
             if side == "ref":
                 with candidate.stopped():
-                    wall, refs = ref.run(sets)
+                    wall, refs = ref.run(sets, seed)
                 ref_walls.append(wall)
             else:
-                wall, outs, problem = candidate.run(sets)
+                wall, outs, problem = candidate.run(sets, seed)
                 if problem:
                     problem = f"confirmation batch: {problem}"
                     return Confirmation(False, problem, problem=problem)
                 cand_walls.append(wall)
-        # a reference that draws random numbers gives other outputs on every call of a batch: nothing to compare
-        failed = None if task.draws_random else _compare_round(outs, refs, tol)
+        failed = _compare_round(outs, refs, tol)
         if failed is not None:
             return failed
         del sets, refs, outs  # before the next round's sets are made (set_count counts one round's)
@@ -316,7 +318,7 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
              f"fastest rounds {1e3 * min(ref_walls):.3g} ms (reference) and {1e3 * min(cand_walls):.3g} ms (of which "
              f"{1e3 * reading.overhead:.3g} ms writing, copying and summing and {1e3 * trip:.2g} ms the message round "
              f"trip){reading.note()}"
-             + ("; outputs not compared: the reference draws random numbers" if task.draws_random else ""))
+             + ("; each call after a seed of its own, alike on both sides" if task.draws_random else ""))
     return verdict(event_speedup, reading.speedup, calls, walls, strict,
                    precise=graph or reading.cand_s / k >= PRECISE_CALL_S, above=above)
 
@@ -377,7 +379,8 @@ def verdict(claim: float, wall: float, calls: str = "", walls: Walls | None = No
     the judge's figure stands (a claim inflated inside the worker, where the candidate runs, counts for no more
     than the judge's clock saw); below that it is suspicious — all only where the judge's figure is ``precise``:
     where it is not (calls of microseconds, call by call), a claim ``above`` confirm_above is judged as a
-    non-strict one, and one below it stands (as it did unmeasured)."""
+    non-strict one, and one below it stands (as it did unmeasured). A precise claim of LOW_CLAIM or less is strict."""
+    strict = strict or (precise and claim <= LOW_CLAIM)
     how = f" ({calls})" if calls else ""
     confirmed = Confirmation(True, f"speedup confirmed by the judge's wall clock: {wall:.2f}x{how}", wall,
                              walls=walls, claim=claim)

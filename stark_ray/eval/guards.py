@@ -31,7 +31,7 @@ from stark_ray.eval.inputs import map_tensors
 
 _WATCHED_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special", "torch.cuda",
                     "torch.testing", "torch.profiler", "torch.autograd.profiler", "torch.utils.cpp_extension",
-                    "time", "builtins", "gc", "os")
+                    "time", "builtins", "gc", "os", "statistics", "math", "json")
 _OURS = "stark_ray"  # every loaded module of the evaluator is watched, with the classes it defines
 _WATCHED_CLASSES = (torch.Tensor, torch.nn.Module, torch.cuda.Event, torch.cuda.Stream)
 _BUILTIN_DUNDERS = ("__import__", "__build_class__")

@@ -61,9 +61,7 @@ from stark_ray.eval.protocol import (
 from stark_ray.eval.shared_views import fill_slots, inputs_on, map_buffers, slots_on, specs_of
 from stark_ray.eval.streams import warm_profiler
 from stark_ray.eval.tasks import TaskError, load_reference, task_key
-from stark_ray.eval.timing import (
-    capture_graph,
-)
+from stark_ray.eval.timing import capture_graph
 from stark_ray.eval.warm_reference import WarmReference, on_device
 from stark_ray.eval.worker_timing import Timing, time_candidate, time_reference
 from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_RUNTIME, EvalResult, excerpt
@@ -326,9 +324,11 @@ class CandidateHost:
         return {"staged": len(cur.staged), "graph": cur.graph is not None}
 
     @staticmethod
-    def _batch(cur: Loaded) -> None:
-        with torch.no_grad():
-            for inputs, slots in cur.staged:
+    def _batch(cur: Loaded, seed: int | None = None) -> None:
+        with torch.no_grad():  # a reference that draws random numbers: set i's call after seed + i, as the judge's
+            for i, (inputs, slots) in enumerate(cur.staged):
+                if seed is not None:
+                    torch.manual_seed(seed + i)
                 fill_slots(cur.model(*inputs), slots)
 
     def go(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
@@ -339,8 +339,8 @@ class CandidateHost:
         self.backend.synchronize()
         if cur.graph is not None:
             cur.graph.replay()
-        else:
-            self._batch(cur)
+        else:  # with the judge's seed where its reference draws random numbers
+            self._batch(cur, seed if isinstance(seed := msg.get("seed"), int) and not isinstance(seed, bool) else None)
         return {"done": {"digests": digests(cur.slot_buffers)}}
 
     def release(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:

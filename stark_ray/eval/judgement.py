@@ -80,11 +80,12 @@ class Judgement:
         if not answered:
             self.judge.worker.kill()
 
-    def go(self) -> Callable[[], dict[str, Any]]:
+    def go(self, seed: int | None = None) -> Callable[[], dict[str, Any]]:
         """The confirmation batch's ``go`` (see :class:`worker_batch.Conversation`)."""
         worker = self.judge.worker
         seq = self.judge.next_seq()
-        worker.send({"op": OP_GO, "seq": seq})  # a worker that died meanwhile: the reply says how
+        # a worker that died meanwhile: the reply says how
+        worker.send({"op": OP_GO, "seq": seq} | ({"seed": seed} if seed is not None else {}))
         reply = worker.await_reply(self.clock)
         return lambda: self.judge.answer(reply, self.clock, LABEL, seq)
 

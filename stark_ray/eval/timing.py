@@ -255,6 +255,8 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
                 # kept for the round's check only: the reference timed against itself and torch.compile held three
                 # 6 GB outputs at once, one more than the memory plan counts (19_ReLU out of memory at 40 GB)
                 outs[i] = sample.out if check is not None else None
+                if check is not None and i > 0 and (odd := _not_plain(sample.out)):  # its copy below would run its
+                    raise TimingMismatch(f"timing round {r + 1}: {odd}")  # code after the clock stopped
                 if check is not None and i > 0 and not _on_gpu(sample.out):
                     # the candidate's output as it stands when its call returned, before the next call runs: work a
                     # thread of its goes on doing meanwhile (the clock stopped at the return) leaves it unfinished
@@ -284,6 +286,20 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
                 break
     head = getattr(timer, "head_us", None)
     return [Timing(Stats.of(m), Stats.of(s), head) for m, s in zip(ms, synced, strict=True)]
+
+
+def _not_plain(value: Any, path: str = "output") -> str | None:
+    """Why an output of a checked function is not plain tensors in plain tuples, lists and dicts (a subclass's
+    ``detach``, ``clone`` or ``__iter__`` would run the candidate's own code outside its timed call: its work done
+    while the round's copy is made), else None."""
+    kind = type(value)
+    if kind in (tuple, list):
+        return next((p for i, v in enumerate(value) if (p := _not_plain(v, f"{path}[{i}]"))), None)
+    if kind is dict:
+        return next((p for k, v in dict.items(value) if (p := _not_plain(v, f"{path}[{k!r}]"))), None)
+    if isinstance(value, torch.Tensor | tuple | list | dict) and kind not in (torch.Tensor, torch.nn.Parameter):
+        return f"{path} is a {kind.__name__}, not a plain torch.Tensor, tuple, list or dict"
+    return None
 
 
 def _on_gpu(value: Any) -> bool:

@@ -40,9 +40,9 @@ class Conversation(Protocol):
         """One round trip of a message to the worker and back, now (seconds)."""
         ...
 
-    def go(self) -> Callable[[], dict[str, Any]]:
-        """Send ``go`` and wait for the worker's answer; returns the check of that answer, to be called once the
-        clock has stopped."""
+    def go(self, seed: int | None = None) -> Callable[[], dict[str, Any]]:
+        """Send ``go`` (``seed``: set i's call after seed + i) and wait for the worker's answer; returns the check of
+        that answer, to be called once the clock has stopped."""
         ...
 
     def stopped(self) -> AbstractContextManager[None]:
@@ -81,7 +81,7 @@ class WorkerBatch:
             raise Decided(protocol_broken("the batch was not staged"), recycle=True)
         return bool(staged.get("graph"))
 
-    def run(self, sets: list[list[Any]]) -> tuple[float, list[Any], str | None]:
+    def run(self, sets: list[list[Any]], seed: int | None = None) -> tuple[float, list[Any], str | None]:
         task, packed = self.talk.task, self.packed
         assert packed is not None
         self.round_trip_s = min(self.round_trip_s, self.talk.ping())
@@ -91,7 +91,7 @@ class WorkerBatch:
         started = time.perf_counter()
         packed.write()
         synchronize(task)
-        check = self.talk.go()
+        check = self.talk.go(seed)
         wall = time.perf_counter() - started
         done = check().get("done")
         if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
