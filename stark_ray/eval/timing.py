@@ -215,6 +215,10 @@ class TimingMismatch(Exception):
     """A timed output differed from the reference's for the same inputs (memoised, racy, input-dependent)."""
 
 
+class OddOutput(TimingMismatch):
+    """A timed output that is not plain tensors in plain containers."""
+
+
 def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]], timer: Timer, warmup: int,
                      trials: int, check: Check | None = None, warmup_ms: float = 0.0,
                      precision: float = 0.0, states: Sequence[ProcessState | None] = ()) -> list[Timing]:
@@ -256,7 +260,7 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
                 # 6 GB outputs at once, one more than the memory plan counts (19_ReLU out of memory at 40 GB)
                 outs[i] = sample.out if check is not None else None
                 if check is not None and i > 0 and (odd := _not_plain(sample.out)):  # its copy below would run its
-                    raise TimingMismatch(f"timing round {r + 1}: {odd}")  # code after the clock stopped
+                    raise OddOutput(f"timing round {r + 1}: {odd}")  # code after the clock stopped
                 if check is not None and i > 0 and not _on_gpu(sample.out):
                     # the candidate's output as it stands when its call returned, before the next call runs: work a
                     # thread of its goes on doing meanwhile (the clock stopped at the return) leaves it unfinished

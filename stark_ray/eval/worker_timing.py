@@ -29,6 +29,7 @@ from stark_ray.eval.tasks import TaskError
 from stark_ray.eval.timing import (
     GPU_WARMUP_MS,
     HEAD_START_US,
+    OddOutput,
     Stats,
     TimingMismatch,
     leaves_work_behind,
@@ -161,7 +162,7 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
             compiled_ms = compiled.stats.median
             notes.append(f"torch.compile baseline: {compiled.stats.describe()}")
     except TimingMismatch as e:
-        return {"mismatch": f"{e} (memoised or racy output?)"}
+        return {"mismatch": str(e) if isinstance(e, OddOutput) else f"{e} (memoised or racy output?)"}
     ref_t, new_t = timings
     if clean is not None and (changed := clean.note()):
         notes.append(changed)
