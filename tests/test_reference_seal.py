@@ -72,6 +72,14 @@ def test_the_references_own_forward_and_torch_compile_break_nothing(built: tuple
     assert seal.broken() == []
 
 
+def _replaced(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def slow(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0)
+        return forward(self, x)
+
+    return slow
+
+
 @pytest.mark.parametrize("change, named", [
     (lambda m, model: model.block.register_forward_hook(lambda *a: time.sleep(0)), "block._forward_hooks"),
     (lambda m, model: model.register_forward_pre_hook(lambda *a: None), "model._forward_pre_hooks"),
@@ -86,14 +94,26 @@ def test_the_references_own_forward_and_torch_compile_break_nothing(built: tuple
     (lambda m, model: setattr(model.block.linear.weight, "data",
                               model.block.linear.weight.data.t().contiguous().t()), "model.block.linear.weight"),
     (lambda m, model: setattr(model.block, "norm", nn.Identity()), "model.block._modules['norm']"),
+    # torch's own classes of its submodules (nn.Module itself is the fingerprint's): a red team's, session 29
+    (lambda m, model: setattr(nn.Linear, "forward", _replaced(nn.Linear.forward)), "Linear.forward"),
+    (lambda m, model: setattr(nn.BatchNorm1d, "__call__", lambda self, x: x), "BatchNorm1d.__dict__ (keys)"),
 ])
 def test_a_change_to_the_reference_is_named(built: tuple[types.ModuleType, nn.Module],
                                             change: Callable[[types.ModuleType, nn.Module], object],
                                             named: str) -> None:
     module, model = built
     seal = Seal(module, model)
-    change(module, model)
-    broken = seal.broken()
+    saved = {cls: dict(vars(cls)) for cls in (nn.Linear, nn.BatchNorm1d)}
+    try:
+        change(module, model)
+        broken = seal.broken()
+    finally:  # torch's classes as they were
+        for cls, attrs in saved.items():
+            for key in set(vars(cls)) - set(attrs):
+                delattr(cls, key)
+            for key in ("forward", "__call__"):
+                if key in attrs:
+                    setattr(cls, key, attrs[key])
     assert any(named in b for b in broken), broken
     assert all(b.startswith("the reference's ") for b in broken)
 

@@ -7,10 +7,9 @@ against its own copy of the reference, the profile of one call (its kernels, the
 the candidate's claim: a speedup above 2x is confirmed by the judge's own wall clock, and every claim here can
 only reject a candidate, never accept one.
 
-Per candidate the judge sends ``load``, one ``run`` per trial, ``time``, possibly ``stage``/``go`` (the
-confirmation), and ``end``; ``reference`` times the reference alone. The fingerprint (the backstop against a
-candidate that patches the process) is checked after each step: a change ends the worker after its answer.
-"""
+Per candidate the judge sends ``load``, one ``run`` per trial, ``time``, possibly ``stage``/``go`` (the confirmation),
+``end``; ``reference`` times the reference alone. The fingerprint and the reference's seal are checked after each
+step: a change ends the worker after its answer."""
 
 from __future__ import annotations
 
@@ -270,7 +269,8 @@ class CandidateHost:
             cur.inputs, cur.slots, cur.buffers = self._attach(msg["inputs"], msg["slots"], int(msg["fds"]),
                                                               cur.buffers)
         poison([t.numel() * t.element_size() for t in cur.slots.values()], cur.state.device)  # unwritten: NaN
-        torch.manual_seed(int(msg.get("seed", cur.cfg.seed)))
+        if isinstance(seed := msg.get("seed"), int):  # the judge's, where its reference draws random numbers
+            torch.manual_seed(seed)
         try:
             with torch.no_grad():
                 raw = cur.model(*cur.inputs)

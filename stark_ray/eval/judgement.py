@@ -126,11 +126,12 @@ class Judgement:
         self.clock.enter(PHASE_CHECK)
         notes: list[str] = []
         special = 0
-        for i, (trial, note) in enumerate(all_trials(self.task, self.cfg, self.tol)):
+        for trial, note in all_trials(self.task, self.cfg, self.tol):
             if note:
                 notes.append(note)
             if trial is None:
                 continue
+            trial_special = trial.special
             failure = self.trial(trial)
             if not self.task.cache.holds(trial):  # its outputs go before the next trial's are made (the loop's
                 trial.ref = None  # tuple still holds the trial itself then)
@@ -138,7 +139,7 @@ class Judgement:
             if failure is not None:
                 failure.compile_s = compile_s
                 return failure
-            special += i >= self.cfg.trials
+            special += trial_special
         self.laps.lap("checks")
 
         self.clock.enter(PHASE_TIME)
@@ -210,6 +211,12 @@ class Judgement:
                           kernels=breakdown and describe(breakdown),
                           ref_compile_runtime_ms=compiled_ms, runtime_cv=new_cv, ref_runtime_cv=ref_cv,
                           speedup_err=error, **base)
+
+    def _seed(self, seed: int) -> dict[str, Any]:
+        """What a run step says of the seed: the trial's where the reference draws random numbers (the candidate must
+        draw the same), else nothing — a generator freshly seeded with a trial's small seed told a candidate that it
+        was being judged (a red team's: correct only then, half its output zero in real use)."""
+        return {"seed": seed} if self.task.draws_random else {}
 
     def timed(self, base: dict[str, Any], again: bool = False) -> dict[str, Any]:
         """The worker's timing of the candidate against the reference (a Decided when its outputs differed)."""
@@ -288,7 +295,7 @@ class Judgement:
             tree = encode_tree(trial.make(), on_input, prefix="input")  # made, copied, dropped
             slots, slot_specs = self._slots(box, trial.ref)
             fds = box.fds()
-            msg = self.step(OP_RUN, {"inputs": tree, "slots": slot_specs, "fds": len(fds), "seed": trial.seed,
+            msg = self.step(OP_RUN, {"inputs": tree, "slots": slot_specs, "fds": len(fds), **self._seed(trial.seed),
                                      "keep": trial.then is not None}, fds, trial.label)
             failure = self._verdict(msg, trial.label, trial.ref, slots, views, trial.make)
             if failure is not None or trial.then is None:
@@ -303,7 +310,7 @@ class Judgement:
             del made
             box.poison_slots()
             synchronize(self.task)
-            msg = self.step(OP_RUN, {"same": True, "seed": second.seed}, label=f"{trial.label}, second call")
+            msg = self.step(OP_RUN, {"same": True, **self._seed(second.seed)}, label=f"{trial.label}, second call")
             return self._verdict(msg, f"{trial.label}, second call", second_ref, slots, views, second.make)
         finally:
             self.judge.memory.close_interval()

@@ -75,12 +75,14 @@ class Seal:
                     self._tensor(f"{label}.{name}", t, self.entries)
                 for name, t in m.named_buffers(recurse=False):  # written in place by the forward itself (the
                     self._tensor(f"{label}.{name}", t, self.entries, versioned=False)  # running stats of a BatchNorm)
-            if not type(m).__module__.startswith("torch"):
-                classes += [c for c in type(m).__mro__ if not c.__module__.startswith(("torch", "builtins"))]
+            # its classes, torch's too (nn.Linear.forward replaced slows every Linear of the reference, unseen by the
+            # fingerprint); nn.Module itself is the fingerprint's (which lets torch.compile patch it first)
+            classes += [c for c in type(m).__mro__ if c.__module__ != "builtins" and c is not torch.nn.Module]
         for key, value in _items(getattr(module, "__dict__", {})):
             if not key.startswith("__"):
                 self._add(f"task module.{key}", lambda d=module.__dict__, k=key: dict.get(d, k), value)
         for cls in dict.fromkeys(classes):
+            self._keys(f"{cls.__qualname__}.__dict__", vars(cls))  # a method added: one an instance finds first
             for key, value in list(vars(cls).items()):
                 if key in ("__dict__", "__weakref__", "__doc__"):
                     continue
@@ -90,9 +92,9 @@ class Seal:
                     self._add(f"{cls.__qualname__}.{key}.__code__", lambda f=fn: f.__code__, fn.__code__)
                     self._add(f"{cls.__qualname__}.{key}.__defaults__", lambda f=fn: f.__defaults__, fn.__defaults__)
 
-    def _keys(self, name: str, table: dict[Any, Any]) -> None:
+    def _keys(self, name: str, table: Any) -> None:
         def keys() -> tuple[Any, ...]:
-            return tuple(k for k in dict.keys(table) if k not in _TORCH_MARKS)
+            return tuple(k for k in table if k not in _TORCH_MARKS)
 
         self._add(f"{name} (keys)", keys, keys())
 

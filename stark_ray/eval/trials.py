@@ -1,8 +1,9 @@
 """The correctness trials the judge puts a candidate through: their inputs and the reference's outputs for them.
 
-- **Standard trials** (``cfg.trials``, default 5): fresh seeded inputs each (``seed + t``), the last scaled x4 and
-  the one before x1/8 (from 4 trials on), so constant outputs and outputs tuned to one range fail. A warm judge
-  keeps their inputs and reference outputs for the next candidate of the task (:class:`TrialCache`).
+- **Standard trials** (``cfg.trials``, default 5): fresh seeded inputs each (``seed + input_seed + t``, where
+  ``JudgeTask.input_seed`` is drawn in the judge: nobody knows the inputs ahead), the last scaled x4 and the one
+  before x1/8 (from 4 trials on), so constant outputs and outputs tuned to one range fail. A warm judge keeps their
+  inputs and reference outputs for the next candidate of the task (:class:`TrialCache`).
 - **Blocks trial**: every floating input scaled block by block of its flat view (8 blocks at random cuts, factors
   from 0.01 to 1): inputs that are not i.i.d., so a kernel that computes on a part of its input (a prefix, some
   rows) and extrapolates fails.
@@ -22,6 +23,7 @@ the reference is not finite where it was, or raises, is left out, with a note in
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +58,7 @@ class Trial:
     then: Callable[[], Contents] | None = None  # same-address: the second contents (the same tensors), when needed
     held: int = 0  # bytes it holds (inputs and outputs) where it keeps its inputs: what a cache would keep
     input_bytes: int = 0
+    special: bool = False  # not one of the standard trials (the secret one, blocks, sensitivity, same address)
 
     @property
     def inputs(self) -> Inputs:
@@ -126,6 +129,9 @@ class JudgeTask(BuiltReference):
     fresh_inputs: bool = False  # get_inputs() makes new tensors each call (the judge checks once per task)
     draws_random: bool = False  # the forward draws from torch's generators (a dropout): every call seeded alike
     sol: Any = None  # its speed of light on this device (eval/sol.py), None where it cannot be told
+    # the base of its trials' input seeds, drawn in this judge: no candidate knows the judge's inputs ahead (a red
+    # team's knew those of seeds 0-9 by 96 sampled values, and was right on them alone, half its output zero elsewhere)
+    input_seed: int = field(default_factory=lambda: secrets.randbits(30))
     alone_ms: float | None = None  # the reference timed against itself in a worker no candidate had run in
     alone_min_ms: float | None = None  # ... and its fastest call there
     alone_pace_s: float | None = None  # the judge's pace of it around that timing (eval/drift.py)
@@ -164,7 +170,7 @@ def _maker(task: JudgeTask, seed: int, scale: float) -> Callable[[], Inputs]:
 
 
 def standard_trial(task: JudgeTask, cfg: EvalConfig, trial: int) -> Trial:
-    seed = cfg.seed + trial
+    seed = cfg.seed + task.input_seed + trial
     scale = trial_scale(trial, cfg.trials)
     make = _maker(task, seed, scale)
 
@@ -223,12 +229,14 @@ def blocks_trial(task: JudgeTask, base: Trial, gen: torch.Generator) -> tuple[Tr
         del inputs
     if not finite_where(ref, base.ref):
         return None, "blocks trial left out: the reference is not finite on it"
-    return Trial(label, _changed(task, base.make, blocks), ref, base.seed, input_bytes=base.input_bytes), ""
+    return Trial(label, _changed(task, base.make, blocks), ref, base.seed, input_bytes=base.input_bytes,
+                 special=True), ""
 
 
 def _sensitive(task: JudgeTask, change: Perturbation, factor: float, ref: Any, base: Trial) -> Trial:
     return Trial(f"sensitivity trial ({change.count} elements of each floating input x{factor:g})",
-                 _changed(task, base.make, change.by(factor)), ref, base.seed, input_bytes=base.input_bytes)
+                 _changed(task, base.make, change.by(factor)), ref, base.seed, input_bytes=base.input_bytes,
+                 special=True)
 
 
 def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: Tolerances
@@ -283,7 +291,7 @@ def sensitivity_trial(task: JudgeTask, base: Trial, gen: torch.Generator, tol: T
 def same_address_trial(a: Trial, b: Callable[[], Contents]) -> Trial:
     """``a``'s inputs, then ``b``'s contents (made when needed) written into the same tensors."""
     return Trial("same-address trial (new contents in the same input tensors)", a.make, a.ref, a.seed, then=b,
-                 input_bytes=a.input_bytes)
+                 input_bytes=a.input_bytes, special=True)
 
 
 def all_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> Iterator[tuple[Trial | None, str]]:
@@ -303,7 +311,7 @@ def _second(task: JudgeTask, cfg: EvalConfig) -> Contents:
     or fresh ones with one trial. Their reference outputs are computed once their values are in the shared tensors,
     from a set of the judge's own: beside the shared copy, a task's evaluation then holds one input set and the
     forward's memory, not two sets."""
-    seed = cfg.seed + 1
+    seed = cfg.seed + task.input_seed + 1
     if cfg.trials > 1:
         kept = task.cache.entries.get((cfg.seed, 1, cfg.trials))
         if kept is not None:
@@ -317,10 +325,8 @@ def special_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> tuple[l
     (for tests; the judge takes them one at a time from :func:`all_trials`)."""
     trials: list[Trial] = []
     notes: list[str] = []
-    for i, (trial, note) in enumerate(all_trials(task, cfg, tol)):
-        if i < cfg.trials:
-            continue
-        if trial is not None:
+    for trial, note in all_trials(task, cfg, tol):
+        if trial is not None and trial.special:
             trials.append(trial)
         if note:
             notes.append(note)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from typing import Any
 
 from stark_ray.eval.diagnostics import describe_exception
@@ -25,6 +26,8 @@ class WarmReference(BuiltReference):
     input_sets: list[list[Any]] | None = None
     compiled_model: Any = None
     seal: Seal | None = None  # taken as it is built, before any candidate in its worker (eval/reference_seal.py)
+    # the timing sets' seed: drawn for this worker, never known ahead (outputs computed for known sets and replayed)
+    timing_seed: int = field(default_factory=lambda: secrets.randbits(30))
 
     def __post_init__(self) -> None:
         if self.seal is None:
@@ -40,10 +43,10 @@ class WarmReference(BuiltReference):
         if self.input_sets is not None and count in (None, len(self.input_sets)):
             return self.input_sets
         self.release_sets()
-        first = make_input_sets(self.get_inputs, self.seed, self.device, count=1)
+        first = make_input_sets(self.get_inputs, self.timing_seed, self.device, count=1)
         if count is None:
             count = INPUT_SETS if sum(nbytes_of(first[0])) <= LARGE_SET_BYTES else 2
-        self.input_sets = first + make_input_sets(self.get_inputs, self.seed + 1, self.device, count=count - 1)
+        self.input_sets = first + make_input_sets(self.get_inputs, self.timing_seed + 1, self.device, count=count - 1)
         if self.seal is not None:
             self.seal.seal_inputs(self.input_sets)
         return self.input_sets
@@ -62,7 +65,8 @@ class WarmReference(BuiltReference):
             compiled = torch.compile(self.model)
             try:
                 with torch.no_grad():
-                    sample = self.input_sets or make_input_sets(self.get_inputs, self.seed, self.device, count=1)
+                    sample = self.input_sets or make_input_sets(self.get_inputs, self.timing_seed, self.device,
+                                                                count=1)
                     compiled(*clone_all(sample[0]))
             except Exception as e:
                 raise TaskError(f"task {self.name}: torch.compile baseline failed: {describe_exception(e)}") \
