@@ -11,7 +11,8 @@ and breaks off a candidate whose step broke the seal, as it does one that tamper
 What it reads: each submodule of the model (its class, every attribute of its instance dictionary, and the entries of
 the dictionaries there: parameters, buffers, submodules, every kind of hook), each parameter's and buffer's and
 timing input's storage address, strides and version counter (an in-place write counts), the task module's globals,
-and the functions and attributes of the classes the task defines — by identity, taken once. A write through
+and the attributes of every class of its submodules (torch's too, but ``nn.Module``: the fingerprint's), with their
+functions' code and defaults and any method added — by identity, taken once. A write through
 ``tensor.data`` bumps no version counter and is not seen here: where it changes the reference's outputs the timing's
 check fails; where it only slows it, the drift check remains (:mod:`stark_ray.eval.drift`).
 """
