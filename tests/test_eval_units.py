@@ -929,3 +929,16 @@ def test_a_small_claim_is_held_to_half_its_gain_by_the_judge() -> None:
     large = verdict(8.0, 4.1)
     assert large.confirmed and large.record is None  # above 2x, half the claim as before
     assert verdict(1.66, 1.0, precise=False, above=False).record is None  # too short for the judge's clock to tell
+
+
+def test_integer_and_boolean_outputs_are_compared_exactly() -> None:
+    """An argmax off by a few positions passed float32's rtol 1e-2 (500 against 505); the paper-comparable preset
+    keeps KernelBench's leniency."""
+    ref = torch.tensor([500, 10, 3])
+    off = compare_outputs(torch.tensor([505, 10, 3]), ref, Tolerances())
+    assert not off.ok and "values differ" in off.problem
+    assert compare_outputs(ref.clone(), ref, Tolerances()).ok
+    mask = torch.tensor([True, False, True])
+    assert not compare_outputs(torch.tensor([True, True, True]), mask, Tolerances()).ok
+    assert compare_outputs(torch.tensor([505, 10, 3]), ref, Tolerances("kernelbench")).ok
+    assert Tolerances().for_dtype(torch.float32).rtol == 1e-2 and Tolerances().for_dtype(torch.int32).rtol == 0

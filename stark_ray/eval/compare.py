@@ -35,6 +35,8 @@ TOLERANCE_PRESETS: dict[str, dict[str, Tolerance]] = {
         "float32": Tolerance(1e-2, 1e-2, 1e-3),
         "float16": Tolerance(1e-2, 1e-2, 5e-3),
         "bfloat16": Tolerance(2e-2, 2e-2, 1e-2),
+        # integers and booleans (an argmax, a mask) exactly: rtol 1e-2 let an index of 500 be off by 5
+        "integer": Tolerance(0.0, 0.0, 0.0),
         "other": Tolerance(1e-2, 1e-2, 1e-3),
     },
     # paper-comparable: KernelBench's atol = rtol = 1e-2 for every dtype; the normalized bound stays (at 1e-2)
@@ -55,7 +57,8 @@ class Tolerances:
 
     def for_dtype(self, dtype: torch.dtype) -> Tolerance:
         table = TOLERANCE_PRESETS[self.preset]
-        base = table.get(str(dtype).removeprefix("torch."), table["other"])
+        integer = not (dtype.is_floating_point or dtype.is_complex)
+        base = table.get(str(dtype).removeprefix("torch.")) or (integer and table.get("integer")) or table["other"]
         f = self.factor
         return Tolerance(f * (base.atol if self.atol is None else self.atol),
                          f * (base.rtol if self.rtol is None else self.rtol),
