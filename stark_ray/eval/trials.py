@@ -1,9 +1,9 @@
 """The correctness trials the judge puts a candidate through: their inputs and the reference's outputs for them.
 
-- **Standard trials** (``cfg.trials``, default 5): fresh seeded inputs each (``seed + input_seed + t``, where
-  ``JudgeTask.input_seed`` is drawn in the judge: nobody knows the inputs ahead), the last scaled x4 and the one
-  before x1/8 (from 4 trials on), so constant outputs and outputs tuned to one range fail. A warm judge keeps their
-  inputs and reference outputs for the next candidate of the task (:class:`TrialCache`).
+- **Standard trials** (``cfg.trials``, default 5): fresh seeded inputs each (``seed + key + t``, the key a secret
+  of the user's on this machine: :mod:`stark_ray.eval.input_key`), the last scaled x4 and the one before x1/8 (from
+  4 trials on), so constant outputs and outputs tuned to one range fail. A warm judge keeps their inputs and
+  reference outputs for the next candidate of the task (:class:`TrialCache`).
 - **Blocks trial**: every floating input scaled block by block of its flat view (8 blocks at random cuts, factors
   from 0.01 to 1): inputs that are not i.i.d., so a kernel that computes on a part of its input (a prefix, some
   rows) and extrapolates fails.
@@ -23,7 +23,6 @@ the reference is not finite where it was, or raises, is left out, with a note in
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +33,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.guards import nbytes_of
+from stark_ray.eval.input_key import input_key
 from stark_ray.eval.inputs import clone_all, make_inputs, trial_scale
 from stark_ray.eval.memory import TRIAL_CACHE_BYTES, Footprint, Plan, param_bytes
 from stark_ray.eval.perturbations import Blocks, Change, Inputs, Perturbation, change_in_place, random_source
@@ -129,9 +129,9 @@ class JudgeTask(BuiltReference):
     fresh_inputs: bool = False  # get_inputs() makes new tensors each call (the judge checks once per task)
     draws_random: bool = False  # the forward draws from torch's generators (a dropout): every call seeded alike
     sol: Any = None  # its speed of light on this device (eval/sol.py), None where it cannot be told
-    # the base of its trials' input seeds, drawn in this judge: no candidate knows the judge's inputs ahead (a red
-    # team's knew those of seeds 0-9 by 96 sampled values, and was right on them alone, half its output zero elsewhere)
-    input_seed: int = field(default_factory=lambda: secrets.randbits(30))
+    # what its trials' input seeds add to cfg.seed: the user's key on this machine (eval/input_key.py), known to no
+    # candidate ahead
+    input_seed: int = field(default_factory=input_key)
     alone_ms: float | None = None  # the reference timed against itself in a worker no candidate had run in
     alone_min_ms: float | None = None  # ... and its fastest call there
     alone_pace_s: float | None = None  # the judge's pace of it around that timing (eval/drift.py)
