@@ -942,3 +942,20 @@ def test_integer_and_boolean_outputs_are_compared_exactly() -> None:
     assert not compare_outputs(torch.tensor([True, True, True]), mask, Tolerances()).ok
     assert compare_outputs(torch.tensor([505, 10, 3]), ref, Tolerances("kernelbench")).ok
     assert Tolerances().for_dtype(torch.float32).rtol == 1e-2 and Tolerances().for_dtype(torch.int32).rtol == 0
+
+
+def test_a_timed_output_is_read_as_plain_tensors_in_builtin_containers() -> None:
+    """A tensor subclass, or a container whose reading runs code of its own, would do its work while the round's
+    copy is made, after the clock stopped: that round fails. torch's own result types are read as tuples and
+    pass."""
+    sets = make_input_sets(lambda: [torch.randn(4, 5)], seed=0, device="cpu", count=2)
+    for honest in (lambda x: torch.max(x, 1), lambda x: torch.sort(x), lambda x: {"a": [x * 2, (x,)]}):
+        time_interleaved([honest, honest], sets, CpuTimer(), warmup=1, trials=2, check=lambda out, ref: None)
+
+    class Lazy(list):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter([torch.zeros(1)])
+
+    with pytest.raises(TimingMismatch, match="read by code of its own"):
+        time_interleaved([lambda x: [x], lambda x: Lazy([x])], sets, CpuTimer(), warmup=1, trials=2,
+                         check=lambda out, ref: None)

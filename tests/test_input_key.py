@@ -1,5 +1,5 @@
 """The key of the judge's trial inputs (eval/input_key.py): made once, the same for every process of the user on
-this machine, known to no candidate ahead."""
+this machine, known to no candidate ahead; a trial's seed a keyed hash that tells nothing of the key."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from stark_ray.eval import input_key as key
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.delenv(key.ENV, raising=False)
     key.input_key.cache_clear()
     yield
     key.input_key.cache_clear()
@@ -25,7 +24,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
 def test_the_key_is_made_once_readable_by_its_user_alone_and_kept(tmp_path: Path) -> None:
     first = key.input_key()
     path = tmp_path / "config" / "stark-ray" / "input-key"
-    assert path.stat().st_mode & 0o777 == 0o600 and 0 <= first < key.SPAN
+    assert path.stat().st_mode & 0o777 == 0o600
     key.input_key.cache_clear()
     assert key.input_key() == first  # read back, not drawn again
 
@@ -39,11 +38,22 @@ def test_processes_that_make_it_at_once_agree(tmp_path: Path) -> None:
     assert len(seen) == 1 and seen != {""}, seen
 
 
-def test_the_environment_sets_it_and_an_unwritable_home_draws_one(monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:
-    monkeypatch.setenv(key.ENV, "12345")
-    assert key.input_key() == 12345
+def test_a_file_that_is_no_key_is_replaced_and_no_home_draws_one(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config" / "stark-ray" / "input-key"
+    path.parent.mkdir(parents=True)
+    path.write_text("")  # a crash between its creation and its write
+    made = key.input_key()
+    assert len(path.read_text().strip()) == 16 and int(path.read_text(), 16) == made
     key.input_key.cache_clear()
-    monkeypatch.delenv(key.ENV)
-    (tmp_path / "config").write_text("a file where the directory would be")
-    assert 0 <= key.input_key() < key.SPAN
+    path.unlink()
+    path.parent.rmdir()
+    path.parent.write_text("a file where the directory would be")
+    assert key.input_key() >= 0 and "could not be kept" in capsys.readouterr().err
+
+
+def test_a_seed_is_a_keyed_hash() -> None:
+    seeds = {key.trial_seed(7, 0, t) for t in range(5)}
+    assert len(seeds) == 5 and all(0 <= s < key.SEEDS for s in seeds)
+    assert key.trial_seed(7, 0, 1) == key.trial_seed(7, 0, 1) != key.trial_seed(8, 0, 1)  # the key decides
+    assert key.trial_seed(7, 1, 0) != key.trial_seed(7, 0, 1)  # not seed + t

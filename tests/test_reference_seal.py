@@ -39,9 +39,14 @@ class Model(nn.Module):
         self.scale = 0.5
         self.hidden = torch.zeros(1, n)
 
+        self.register_buffer("state", torch.zeros(1, n))
+
     def forward(self, x):
         self.hidden = self.hidden.to(x.device)  # state the forward replaces itself (33_VanillaRNN)
         self.hidden = torch.tanh(self.hidden + x[:1])
+        self.state = torch.tanh(self.state + x[:1])  # a buffer too
+        self.calls = x.size(0) * 1000 + len(self.__dict__)  # a number (a new object each call), a size
+        self.shape = x.shape
         return self.block(x) * self.scale
 '''
 
@@ -72,6 +77,13 @@ def test_the_references_own_forward_and_torch_compile_break_nothing(built: tuple
     assert seal.broken() == []
 
 
+class _SlowF:
+    """A stand-in for torch.nn.functional that a task's torch layers would call."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(torch.nn.functional, name)
+
+
 def _replaced(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     def slow(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
         time.sleep(0)
@@ -86,8 +98,8 @@ def _replaced(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
     (lambda m, model: setattr(m.Block, "forward", lambda self, x: x), "Block.forward"),
     (lambda m, model: setattr(m.Model.forward, "__code__", (lambda self, x: x).__code__), "Model.forward.__code__"),
     (lambda m, model: setattr(m, "F", types.SimpleNamespace(gelu=torch.relu)), "task module.F"),
-    (lambda m, model: setattr(model.block, "forward", lambda x: x), "model.block.__dict__ (keys)"),
-    (lambda m, model: setattr(model, "scale", 0.25), "model.scale"),
+    (lambda m, model: setattr(model.block, "forward", lambda x: x), "model.block.__dict__ (what hides"),
+    (lambda m, model: setattr(torch.nn.modules.linear, "F", _SlowF()), "torch.nn.modules.linear.F"),
     (lambda m, model: setattr(model.block.linear, "weight", nn.Parameter(model.block.linear.weight.clone())),
      "model.block.linear._parameters['weight']"),
     (lambda m, model: model.block.linear.weight.detach().mul_(1.0), "model.block.linear.weight"),
@@ -104,10 +116,12 @@ def test_a_change_to_the_reference_is_named(built: tuple[types.ModuleType, nn.Mo
     module, model = built
     seal = Seal(module, model)
     saved = {cls: dict(vars(cls)) for cls in (nn.Linear, nn.BatchNorm1d)}
+    functional = torch.nn.modules.linear.F
     try:
         change(module, model)
         broken = seal.broken()
     finally:  # torch's classes as they were
+        torch.nn.modules.linear.F = functional
         for cls, attrs in saved.items():
             for key in set(vars(cls)) - set(attrs):
                 delattr(cls, key)

@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
-_TORCH_MARKS = frozenset({"_is_torch_compile"})  # what torch.compile sets on the module it compiles
+# what torch.compile sets on the module it compiles, and what Python makes on a class when first asked
+_NOT_SEALED = frozenset({"_is_torch_compile", "__annotations__", "__annotations_cache__", "__slotnames__"})
+_DATA = (int, float, complex, str, bytes, bool, type(None), torch.Size, torch.dtype, torch.device)
 Entry = tuple[str, Any, Any]  # (what it is, how to read it now, what it was: compared by identity or equality)
 
 
@@ -34,6 +36,18 @@ def _tensor_marks(t: torch.Tensor) -> tuple[Any, ...]:
         return (t.data_ptr(), t.stride(), t.shape, t._version)
     except Exception:  # a tensor without storage (meta): its identity is all there is
         return ()
+
+
+def _data(value: Any) -> bool:
+    """A plain value (a number, a size, a tuple of them): what it is, not what code it runs."""
+    return isinstance(value, _DATA) or (type(value) is tuple and all(_data(v) for v in value))
+
+
+def _layout(t: Any) -> tuple[Any, ...]:
+    """A buffer's kind and layout (not its address: the forward may replace it with a new one like it)."""
+    if not isinstance(t, torch.Tensor):
+        return (type(t),)
+    return (type(t), t.dtype, t.device, tuple(t.shape), t.stride())
 
 
 def _items(obj: Any) -> list[tuple[str, Any]]:
@@ -62,40 +76,54 @@ class Seal:
             self._add(f"{label}.__class__", lambda m=m: type(m), type(m))
             attrs = getattr(m, "__dict__", {})
             self._add(f"{label}.__dict__", lambda m=m: getattr(m, "__dict__", None), attrs)
-            self._keys(f"{label}.__dict__", attrs)  # an attribute added: a forward of the instance's own
+            # an attribute that hides one of its class: a forward of the instance's own (one the forward adds itself,
+            # a size it keeps, is none of the seal's business)
+            shadow = (lambda m=m, a=attrs: tuple(k for k in a if not _data(a[k]) and hasattr(type(m), k)))  # noqa: E731
+            self._add(f"{label}.__dict__ (what hides its class's)", shadow, shadow())
             for key, value in _items(attrs):
-                if type(value) is torch.Tensor:  # a plain tensor attribute: state the forward may replace itself
-                    continue  # (33_VanillaRNN's hidden state)
+                if type(value) is torch.Tensor or _data(value):  # state the forward may replace itself (33_VanillaRNN's
+                    continue  # hidden state, a size it keeps): a changed value changes its outputs, not its code
                 self._add(f"{label}.{key}", lambda a=attrs, k=key: dict.get(a, k), value)
                 if isinstance(value, dict):  # parameters, buffers, submodules, hooks: one added, or one replaced
                     self._keys(f"{label}.{key}", value)
-                    for sub, inner in _items(value):
-                        self._add(f"{label}.{key}[{sub!r}]", lambda d=value, s=sub: dict.get(d, s), inner)
+                    for sub, inner in _items(value) if key != "_buffers" else ():  # a buffer the forward may
+                        self._add(f"{label}.{key}[{sub!r}]", lambda d=value, s=sub: dict.get(d, s), inner)  # replace
             if isinstance(m, torch.nn.Module):
                 for name, t in m.named_parameters(recurse=False):
                     self._tensor(f"{label}.{name}", t, self.entries)
-                for name, t in m.named_buffers(recurse=False):  # written in place by the forward itself (the
-                    self._tensor(f"{label}.{name}", t, self.entries, versioned=False)  # running stats of a BatchNorm)
+                for name, t in m.named_buffers(recurse=False):  # written in place or replaced by the forward itself
+                    self._add(f"{label}.{name} (layout)", lambda m=m, n=name: _layout(m._buffers.get(n)), _layout(t))
             # its classes, torch's too (nn.Linear.forward replaced slows every Linear of the reference, unseen by the
             # fingerprint); nn.Module itself is the fingerprint's (which lets torch.compile patch it first)
             classes += [c for c in type(m).__mro__ if c.__module__ != "builtins" and c is not torch.nn.Module]
         for key, value in _items(getattr(module, "__dict__", {})):
             if not key.startswith("__"):
                 self._add(f"task module.{key}", lambda d=module.__dict__, k=key: dict.get(d, k), value)
+        seen: set[tuple[int, str]] = set()
         for cls in dict.fromkeys(classes):
             self._keys(f"{cls.__qualname__}.__dict__", vars(cls))  # a method added: one an instance finds first
             for key, value in list(vars(cls).items()):
-                if key in ("__dict__", "__weakref__", "__doc__"):
+                if key in ("__dict__", "__weakref__", "__doc__") or key in _NOT_SEALED:
                     continue
                 self._add(f"{cls.__qualname__}.{key}", lambda c=cls, k=key: vars(c).get(k), value)
                 fn = value.__func__ if isinstance(value, staticmethod | classmethod) else value
                 if isinstance(fn, types.FunctionType):
                     self._add(f"{cls.__qualname__}.{key}.__code__", lambda f=fn: f.__code__, fn.__code__)
                     self._add(f"{cls.__qualname__}.{key}.__defaults__", lambda f=fn: f.__defaults__, fn.__defaults__)
+                    self._globals(fn, seen)
+
+    def _globals(self, fn: types.FunctionType, seen: set[tuple[int, str]]) -> None:
+        """What a function's code finds in its module by name (``F`` in torch.nn.modules.linear: rebound, it slows
+        every Linear)."""
+        space = fn.__globals__
+        for name in fn.__code__.co_names:
+            if name in space and (id(space), name) not in seen:
+                seen.add((id(space), name))
+                self._add(f"{space.get('__name__', '?')}.{name}", lambda g=space, n=name: dict.get(g, n), space[name])
 
     def _keys(self, name: str, table: Any) -> None:
         def keys() -> tuple[Any, ...]:
-            return tuple(k for k in table if k not in _TORCH_MARKS)
+            return tuple(k for k in table if k not in _NOT_SEALED)
 
         self._add(f"{name} (keys)", keys, keys())
 

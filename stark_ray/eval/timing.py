@@ -292,17 +292,35 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
     return [Timing(Stats.of(m), Stats.of(s), head) for m, s in zip(ms, synced, strict=True)]
 
 
+_READERS = ("__iter__", "__getitem__", "__len__", "keys", "values", "items")
+
+
+def _builtin_reads(kind: type) -> type | None:
+    """The builtin container ``kind`` is read as (tuple, list, dict) where every way of reading it is the builtin's
+    own (a namedtuple, torch.max's result; not a subclass whose ``__iter__`` runs code of the candidate's), else
+    None."""
+    for base in (tuple, list, dict):
+        if issubclass(kind, base):
+            same = all(getattr(kind, m) is getattr(base, m) for m in _READERS if hasattr(base, m))
+            return base if same else None
+    return None
+
+
 def _not_plain(value: Any, path: str = "output") -> str | None:
-    """Why an output of a checked function is not plain tensors in plain tuples, lists and dicts (a subclass's
-    ``detach``, ``clone`` or ``__iter__`` would run the candidate's own code outside its timed call: its work done
-    while the round's copy is made), else None."""
+    """Why an output of a checked function is not plain tensors in containers read as the builtins are (a
+    subclass's ``detach``, ``clone`` or ``__iter__`` would run the candidate's own code outside its timed call: its
+    work done while the round's copy is made), else None."""
     kind = type(value)
-    if kind in (tuple, list):
-        return next((p for i, v in enumerate(value) if (p := _not_plain(v, f"{path}[{i}]"))), None)
-    if kind is dict:
+    if isinstance(value, torch.Tensor):
+        return None if kind in (torch.Tensor, torch.nn.Parameter) else \
+            f"{path} is a {kind.__name__}, not a plain torch.Tensor"
+    base = _builtin_reads(kind) if isinstance(value, tuple | list | dict) else None
+    if isinstance(value, tuple | list | dict) and base is None:
+        return f"{path} is a {kind.__name__}, read by code of its own (not as a tuple, list or dict)"
+    if base is dict:
         return next((p for k, v in dict.items(value) if (p := _not_plain(v, f"{path}[{k!r}]"))), None)
-    if isinstance(value, torch.Tensor | tuple | list | dict) and kind not in (torch.Tensor, torch.nn.Parameter):
-        return f"{path} is a {kind.__name__}, not a plain torch.Tensor, tuple, list or dict"
+    if base is not None:
+        return next((p for i, v in enumerate(base.__iter__(value)) if (p := _not_plain(v, f"{path}[{i}]"))), None)
     return None
 
 

@@ -1,9 +1,9 @@
 """The correctness trials the judge puts a candidate through: their inputs and the reference's outputs for them.
 
-- **Standard trials** (``cfg.trials``, default 5): fresh seeded inputs each (``seed + key + t``, the key a secret
-  of the user's on this machine: :mod:`stark_ray.eval.input_key`), the last scaled x4 and the one before x1/8 (from
-  4 trials on), so constant outputs and outputs tuned to one range fail. A warm judge keeps their inputs and
-  reference outputs for the next candidate of the task (:class:`TrialCache`).
+- **Standard trials** (``cfg.trials``, default 5): fresh seeded inputs each (a hash of ``seed`` and ``t`` keyed by
+  a secret of the user's on this machine: :mod:`stark_ray.eval.input_key`), the last scaled x4 and the one before
+  x1/8 (from 4 trials on), so constant outputs and outputs tuned to one range fail. A warm judge keeps their inputs
+  and reference outputs for the next candidate of the task (:class:`TrialCache`).
 - **Blocks trial**: every floating input scaled block by block of its flat view (8 blocks at random cuts, factors
   from 0.01 to 1): inputs that are not i.i.d., so a kernel that computes on a part of its input (a prefix, some
   rows) and extrapolates fails.
@@ -33,7 +33,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.compare import Tolerances, compare_outputs, flatten_outputs
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.guards import nbytes_of
-from stark_ray.eval.input_key import input_key
+from stark_ray.eval.input_key import input_key, trial_seed
 from stark_ray.eval.inputs import clone_all, make_inputs, trial_scale
 from stark_ray.eval.memory import TRIAL_CACHE_BYTES, Footprint, Plan, param_bytes
 from stark_ray.eval.perturbations import Blocks, Change, Inputs, Perturbation, change_in_place, random_source
@@ -129,9 +129,8 @@ class JudgeTask(BuiltReference):
     fresh_inputs: bool = False  # get_inputs() makes new tensors each call (the judge checks once per task)
     draws_random: bool = False  # the forward draws from torch's generators (a dropout): every call seeded alike
     sol: Any = None  # its speed of light on this device (eval/sol.py), None where it cannot be told
-    # what its trials' input seeds add to cfg.seed: the user's key on this machine (eval/input_key.py), known to no
-    # candidate ahead
-    input_seed: int = field(default_factory=input_key)
+    # what its trials' seeds are keyed by: the user's key on this machine (eval/input_key.py), known to no candidate
+    input_key: int = field(default_factory=input_key)
     alone_ms: float | None = None  # the reference timed against itself in a worker no candidate had run in
     alone_min_ms: float | None = None  # ... and its fastest call there
     alone_pace_s: float | None = None  # the judge's pace of it around that timing (eval/drift.py)
@@ -170,7 +169,7 @@ def _maker(task: JudgeTask, seed: int, scale: float) -> Callable[[], Inputs]:
 
 
 def standard_trial(task: JudgeTask, cfg: EvalConfig, trial: int) -> Trial:
-    seed = cfg.seed + task.input_seed + trial
+    seed = trial_seed(task.input_key, cfg.seed, trial)
     scale = trial_scale(trial, cfg.trials)
     make = _maker(task, seed, scale)
 
@@ -311,7 +310,7 @@ def _second(task: JudgeTask, cfg: EvalConfig) -> Contents:
     or fresh ones with one trial. Their reference outputs are computed once their values are in the shared tensors,
     from a set of the judge's own: beside the shared copy, a task's evaluation then holds one input set and the
     forward's memory, not two sets."""
-    seed = cfg.seed + task.input_seed + 1
+    seed = trial_seed(task.input_key, cfg.seed, 1)
     if cfg.trials > 1:
         kept = task.cache.entries.get((cfg.seed, 1, cfg.trials))
         if kept is not None:

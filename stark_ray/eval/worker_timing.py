@@ -75,7 +75,8 @@ def _as_task_error(name: str) -> Iterator[None]:
 def time_reference(state: WarmReference, how: Timing, laps: Laps | None = None) -> tuple[EvalResult, float]:
     """The reference timed against itself (the ratio of the two halves shows the noise), and beside it
     torch.compile's where the baseline is asked for; on a GPU, where its time goes (none without a profiler).
-    The seconds of each step go on ``laps``. With the result, its fastest call (the drift check's other reading)."""
+    The seconds of each step go on ``laps``. With the result, its fastest call (the drift check's other reading) of
+    one half: as many calls as a candidate's timing gives the reference."""
     cfg = how.cfg
     laps = laps or Laps()
     kernels = None
@@ -106,7 +107,7 @@ def time_reference(state: WarmReference, how: Timing, laps: Laps | None = None) 
         log += f"\ntorch.compile baseline: {timings[2].stats.describe()}"
     return EvalResult(compiled=True, passed_checks=True, runtime_ms=stats.median, ref_runtime_ms=stats.median,
                       speedup=1.0, stage=STAGE_OK, log=log, ref_compile_runtime_ms=compiled_ms,
-                      runtime_cv=stats.cv, ref_runtime_cv=stats.cv, kernels=kernels), stats.min
+                      runtime_cv=stats.cv, ref_runtime_cv=stats.cv, kernels=kernels), timings[0].stats.min
 
 
 def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[str]], how: Timing,
