@@ -26,6 +26,7 @@ NAMES = ["1_LeakyReluScale", "2_FusedSwishScaleClamp", "5_RowSoftmax"]
 @pytest.fixture
 def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CandidateHost:
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the worker writes the task modules it imports
+    monkeypatch.chdir(tmp_path)  # and its candidates' private directories (never the checkout's root)
     return CandidateHost(get_backend("cpu_cpp"), None)
 
 
