@@ -157,7 +157,8 @@ class ModelNew(nn.Module):
 '''
 
 # in a timing round where the reference went first, its output (for the same inputs) is still held for the round's
-# check: a copy of it is returned, the reference's own work at the cost of a copy; an honest call otherwise
+# check: a copy of it is returned, the reference's own work at the cost of a copy (1.97x accepted before); an honest
+# call otherwise. Here the copy is returned negated: one found fails its round, whatever the timings
 STOLEN = HEAD + '''
 
 class ModelNew(nn.Module):
@@ -170,7 +171,7 @@ class ModelNew(nn.Module):
         outs = f.f_locals.get("outs") if f is not None else None
         if isinstance(outs, list) and outs and isinstance(outs[0], torch.Tensor) and outs[0].shape == \\
                 (x.shape[0], self.linear.out_features):
-            return outs[0].clone()
+            return -outs[0]
         return F.gelu(self.linear(x))
 '''
 
@@ -321,17 +322,17 @@ def test_process_state_a_forward_leaves_set_is_undone_for_each_call_of_the_refer
     for cheat, found in ((THREADS, ("threads",)),
                          (LEFT_SET, ("threads", "grad", "gc", "torch_dispatch_mode", "profile_function"))):
         r = service.evaluate(task, cheat)
-        assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), f"{r.speedup}\n{r.log}"
         note = next((line for line in r.log.splitlines() if "left the process's state changed" in line), "")
         assert all(name in note for name in found), r.log
 
 
 def test_the_references_output_of_the_round_is_out_of_reach_while_the_candidate_runs(service: EvalService,
                                                                                       task: Task) -> None:
-    """A copy of the reference's output of the same round (its own work done for it in every other round) would
-    claim about 1.9x: under the 2x above which every claim is measured by the judge."""
+    """A copy of the reference's output of the same round (its own work done for it in every other round) claimed
+    1.97x, under the 2x above which every claim is measured by the judge: the reference now runs last in each round,
+    so no round ever holds its output while the candidate runs (a copy found would fail its round here)."""
     r = service.evaluate(task, STOLEN)
-    assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), f"{r.speedup}\n{r.log}"
+    assert r.passed_checks and "timing round" not in (r.error or ""), (r.stage, r.error)
 
 
 def test_a_hook_on_the_reference_in_its_worker_is_tampering(service: EvalService, task: Task) -> None:
