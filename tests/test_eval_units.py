@@ -888,12 +888,12 @@ def test_the_drift_yardstick_follows_the_hosts_pace_down_never_up() -> None:
     from types import SimpleNamespace
     from typing import cast
 
-    from stark_ray.eval.drift import DriftCheck, reading, scaled, slower
+    from stark_ray.eval.drift import DriftCheck, reading, scale, slower
     from stark_ray.eval.trials import JudgeTask
 
-    assert scaled(10.0, 0.002, 0.001) == 5.0
-    assert scaled(10.0, 0.001, 0.002) == 10.0
-    assert scaled(10.0, None, 0.001) == 10.0 and slower(0.001, None) is None
+    assert 10.0 * scale(0.002, 0.001) == 5.0
+    assert 10.0 * scale(0.001, 0.002) == 10.0
+    assert 10.0 * scale(None, 0.001) == 10.0 and slower(0.001, None) is None
     assert reading(2.5) == 2.5 and reading(0) is None and reading(float("nan")) is None and reading(True) is None
     task = cast(JudgeTask, SimpleNamespace(alone_ms=10.0, alone_min_ms=9.0, alone_pace_s=0.002))
     paces = iter([0.001, 0.0015])  # before the candidate's timing, then after it

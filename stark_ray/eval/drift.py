@@ -12,7 +12,7 @@ decides the check (CI, four test processes on two cores: the reference alone at 
 candidate that left one thread to its reference accepted at 1.65x). So the judge also times a few calls of its own
 copy of the reference (:func:`pace`) just before and after the alone timing (its pace then: the slower of the two)
 and again just before and after the candidate's timing, the worker stopped (its pace now: the slower of those), and
-scales the alone time by now/then where the host is faster now (:func:`scaled`) — never up: what the judge's clock
+scales the alone time by now/then where the host is faster now (:func:`scale`) — never up: what the judge's clock
 sees can only make the check stricter, and a burst during the candidate's timing shows in its pace now as one during
 the alone timing does in its pace then.
 """
@@ -71,11 +71,6 @@ def reading(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         return None
     return float(value)
-
-
-def scaled(alone_ms: float, then_s: float | None, now_s: float | None) -> float:
-    """``alone_ms`` times ``now_s / then_s`` where the host is faster now, never longer than ``alone_ms``."""
-    return alone_ms * scale(then_s, now_s)
 
 
 def scale(then_s: float | None, now_s: float | None) -> float:
