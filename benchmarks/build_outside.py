@@ -1,5 +1,5 @@
 """What a build made outside the candidate costs: a first evaluation (from an empty build cache) isolated, where the
-worker asks its parent and a builder process makes the build (eval/builds.py), against the same unisolated, where
+worker asks its parent and a builder process makes the build (eval/build/builder.py), against the same unisolated, where
 the worker builds in-process. ``cpu_cpp``, the candidates of examples/candidates, alternating the two modes.
 
     python benchmarks/build_outside.py [--repeat 2] [--only 1_LeakyReluScale_fast.py]

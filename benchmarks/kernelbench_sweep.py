@@ -31,7 +31,7 @@ counts in both); ``needs_gb``: the least the evaluation needs by the task's meas
 check); ``task_s``: the row's wall time, loading the task included; ``confirm_s``: the judge's wall-clock
 confirmation of the speedup (with ``--confirm``, which sends every candidate through it: the reference's own
 forward has no speedup to confirm otherwise). A sweep with ``--confirm`` is best written to a CSV of its own.
-``sol_ms``, ``sol_bound``: the task's speed of light on the device and which floor sets it (eval/sol.py; empty
+``sol_ms``, ``sol_bound``: the task's speed of light on the device and which floor sets it (eval/judge/sol.py; empty
 where it cannot be told, and in rows from before it existed); ``ref_sol_fraction``: speed of light / the reference's
 runtime (how close PyTorch already comes); ``ref_kernels``: the reference's kernels in one call (its GPU profile);
 ``ref_laps``: where ``reference_s`` went by the judge's log (the task's set-up in the judge, its paces before and
@@ -157,7 +157,7 @@ def timed_calls(log: str) -> int | None:
 
 def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> dict[str, Any]:
     from stark_ray.eval import kernelbench
-    from stark_ray.eval.memory import OverBudget
+    from stark_ray.eval.measure.memory import OverBudget
     from stark_ray.eval.tasks import TaskError
     from stark_ray.records import one_line
 

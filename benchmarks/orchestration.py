@@ -180,7 +180,7 @@ class OverBudgetEvaluator(_Instant):
 
     def reference(self, task: Task) -> EvalResult:
         if "_Big" in task.name:
-            from stark_ray.eval.memory import OverBudget
+            from stark_ray.eval.measure.memory import OverBudget
 
             raise OverBudget(f"task {task.name} needs 52.0 GB; budget 40.0 GB (inputs 17.18 GB, ...)")
         return reference_result()

@@ -40,7 +40,7 @@ def launch_us(model: Any, sets: list[list[Any]]) -> float:
     """Median host time of one forward call, without waiting for the GPU (the launches alone)."""
     import torch
 
-    from stark_ray.eval.inputs import clone_all
+    from stark_ray.eval.measure.inputs import clone_all
 
     samples = []
     with torch.no_grad():
@@ -58,8 +58,8 @@ def measure(path: Path, heads: list[str], repeats: int, trials: int) -> list[dic
     import torch
 
     from stark_ray.eval.loader import import_source
+    from stark_ray.eval.measure.timing import GPU_WARMUP_MS, CudaTimer, make_input_sets, time_interleaved
     from stark_ray.eval.tasks import build_reference
-    from stark_ray.eval.timing import GPU_WARMUP_MS, CudaTimer, make_input_sets, time_interleaved
 
     module = import_source(path.read_text(), f"probe_{path.stem}", Path("/tmp"), f"{path.stem}.py")
     model, _ = build_reference(module, path.stem, 0)

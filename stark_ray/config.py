@@ -42,7 +42,7 @@ class SearchConfig:
     prompt_chars: int = 100_000  # size limit of a whole user message, fixed parts included (docs/method.md)
     seed: int = 0
     parallel: int = 1  # expansions of one task in flight at once (1: the paper's sequential search)
-    # a task stops once its best candidate reaches this share of its speed of light (eval/sol.py); 0: off
+    # a task stops once its best candidate reaches this share of its speed of light (eval/judge/sol.py); 0: off
     stop_at_sol: float = 0.0
 
     def __post_init__(self) -> None:
@@ -120,7 +120,7 @@ class EvalConfig:
     backend: str = "cpu_cpp"
     trials: int = 5  # correctness trials, fresh inputs each (the last ones scaled: another distribution)
     # allclose tolerances and the normalized-error bound ||out - ref|| / ||ref||: per output dtype from the
-    # preset (stark_ray/eval/compare.py: TOLERANCE_PRESETS); a value given here overrides it for every dtype
+    # preset (stark_ray/eval/measure/compare.py: TOLERANCE_PRESETS); a value given here overrides it for every dtype
     tolerance: str = "default"  # "default" (per dtype) | "kernelbench" (atol = rtol = 1e-2, as the paper)
     atol: float | None = None
     rtol: float | None = None
@@ -137,36 +137,36 @@ class EvalConfig:
     build_dir: str | None = None  # persistent build cache; default ~/.cache/stark-ray/build
     seed: int = 0
     # workers that run generated code in namespaces of their own (no other process visible, no network, a
-    # read-only world): stark_ray/eval/isolation.py, jail.py. "auto" (the default): where the host can create
+    # read-only world): stark_ray/eval/proc/isolation.py, jail.py. "auto" (the default): where the host can create
     # them, else one line and the run goes on unisolated; "on": an error where it cannot; "off". (True/False,
     # from run.json of older versions: on/off.)
     isolate: str = "auto"
     # paths isolated generated code never sees, beside the evaluator's home and working directory (a run adds
-    # its run directory: hiding()); what a worker needs of them is put back (stark_ray/eval/jail.py)
+    # its run directory: hiding()); what a worker needs of them is put back (stark_ray/eval/proc/jail.py)
     hidden_paths: tuple[str, ...] = ()
     # device memory for one evaluation, judge and worker together (GB); None: 90% of the device's free memory when
     # the evaluator starts. What is kept (timing sets, trials, other tasks) is chosen to fit; a task that cannot
-    # fit is one line and no evaluation (stark_ray/eval/memory.py). No effect on the CPU backends.
+    # fit is one line and no evaluation (stark_ray/eval/measure/memory.py). No effect on the CPU backends.
     memory_budget_gb: float | None = None
     # a speedup above this is measured again by the judge's own wall clock before it counts
-    # (stark_ray/eval/confirmation.py), and any gain whose reference ran slower beside the candidate than alone
-    # (eval/drift.py REF_DRIFT); 0: every candidate's (benchmarks/kernelbench_sweep.py --confirm)
+    # (stark_ray/eval/judge/confirmation.py), and any gain whose reference ran slower beside the candidate than alone
+    # (eval/judge/drift.py REF_DRIFT); 0: every candidate's (benchmarks/kernelbench_sweep.py --confirm)
     confirm_above: float = 2.0
     # candidates one worker process serves before a fresh one takes over. 1: each candidate its own process, the
     # only setting under which nothing a candidate leaves in the interpreter (code patched in place, global hooks,
     # threads, files in its /tmp) can reach a later candidate's verdict. None (the default): 1 on a GPU, where a hot
     # spare makes a fresh worker cost a CUDA context; 64 on the CPU backends (tests, CI), where a fresh worker costs
     # 2-7 s of a small host's CPU, and with --baseline compile (each worker compiles the reference again, from a
-    # cold cache). More is faster, for code one trusts (stark_ray/eval/judge.py)
+    # cold cache). More is faster, for code one trusts (stark_ray/eval/judge/judge.py)
     worker_candidates: int | None = None
-    # the most hot spares a device worker keeps (stark_ray/eval/spares.py): processes with torch imported, waiting
+    # the most hot spares a device worker keeps (stark_ray/eval/proc/spares.py): processes with torch imported, waiting
     # to take over at a restart for the cost of a CUDA context. One at first, one more each time a start found none
     # ready (requests faster than a spare's imports: small tasks back to back), and at most one per 4 cores of the
     # host (each imports on a core of its own). Each holds ~0.5-1 GB of host memory and none of the device's.
     # 0: none (every restart a whole interpreter start). CPU backends: none
     worker_spares: int = 3
     # what a process running generated code may write (GB): isolated, its private directory is a tmpfs of this size
-    # (with /tmp's 2 GB and /dev/shm's 1 GB: eval/jail.py); isolated or not, no file it writes grows past it
+    # (with /tmp's 2 GB and /dev/shm's 1 GB: eval/proc/jail.py); isolated or not, no file it writes grows past it
     # (RLIMIT_FSIZE, its log included). A candidate filling the host's disk would take the run's results with it
     worker_disk_gb: float = 4.0
     # "ncu": each accepted candidate's top kernel counted by Nsight Compute after its evaluation, on a GPU where ncu

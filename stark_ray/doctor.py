@@ -327,18 +327,18 @@ def check_keys() -> Check:
 
 def check_worker_env() -> Check:
     """Which variables of this environment the evaluator's processes get (names only: never a value)."""
-    from stark_ray.eval.sandbox_env import passed
+    from stark_ray.eval.proc.sandbox_env import passed
 
     kept = sorted(n for n in os.environ if passed(n))
     dropped = len(os.environ) - len(kept)
     return Check(WORKER_ENV, "ok", f"passes {len(kept)} variable(s) to the evaluator: {', '.join(kept) or 'none'}; "
-                                   f"drops the other {dropped} (an allowlist: stark_ray/eval/sandbox_env.py)")
+                                   f"drops the other {dropped} (an allowlist: stark_ray/eval/proc/sandbox_env.py)")
 
 
 def check_isolation() -> Check:
     """Whether generated code runs isolated here under the default ``--isolate auto`` (namespaces and a read-only
-    world: stark_ray/eval/isolation.py, jail.py)."""
-    from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+    world: stark_ray/eval/proc/isolation.py, jail.py)."""
+    from stark_ray.eval.proc.isolation import IsolationUnavailable, isolation_prefix
 
     try:
         isolation_prefix()

@@ -78,19 +78,19 @@ class EvalResult:
     ref_compile_runtime_ms: float | None = None  # torch.compile(reference), same worker and run (--baseline)
     runtime_cv: float | None = None  # std / mean of the candidate's timed calls
     ref_runtime_cv: float | None = None
-    # the speedup's relative standard error, from the ratios of the calls timed in pairs (eval/noise.py); above
+    # the speedup's relative standard error, from the ratios of the calls timed in pairs (eval/measure/noise.py); above
     # 0.05 the speedup is noisy (measured twice, the tighter kept)
     speedup_err: float | None = None
     device: str | None = None  # where it was evaluated: "<host>:gpu<index>" (the physical GPU) or "<host>:cpu"
     # the device's memory in use at its highest during the evaluation (GB), sampled by the judge every 5 ms: every
     # process on the device, CUDA contexts included (what nvidia-smi shows). None off the GPU.
     peak_memory_gb: float | None = None
-    # the task's speed of light on this device (eval/sol.py: its least bytes over the measured bandwidth, its FLOPs
-    # over the peak; ms), which floor sets it ("memory" or "compute"), and speed of light / runtime (1.0: at it)
+    # the task's speed of light on this device (eval/judge/sol.py: its least bytes over the measured bandwidth, its
+    # FLOPs over the peak; ms), which floor sets it ("memory" or "compute"), and speed of light / runtime (1.0: at it)
     sol_ms: float | None = None
     sol_bound: str | None = None
     sol_fraction: float | None = None
-    # where one call's GPU time goes, by the profile the worker takes before timing (eval/kernel_times.py): its
+    # where one call's GPU time goes, by the profile the worker takes before timing (eval/measure/kernel_times.py): its
     # launches, then its kernels by name with their time and share. The candidate's process measured it: an
     # observation for the agents, never a verdict. None off the GPU or without a profiler.
     kernels: str | None = None

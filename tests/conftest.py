@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # the precompiled torch/extension.h pays from the second build of a flag set on (on 2 cores a build took 67 s
 # without it and 29 s with it; the header, once, about 75 s). From the second, not the first: a flag set that only
 # one test builds never pays for a header (one did, 40 s of CPU for nothing, 2026-12-04). A run keeps the default
-# (eval/pch.py: after three builds).
+# (eval/build/pch.py: after three builds).
 os.environ.setdefault("STARK_RAY_PCH_AFTER", "1")
 
 

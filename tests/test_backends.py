@@ -13,7 +13,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval import backends
 from stark_ray.eval.backends import BUILT_IN, backend_class, backend_path, get_backend, register_backend
 from stark_ray.eval.backends.requirements import CXX
-from stark_ray.eval.launch import WorkerSpec
+from stark_ray.eval.proc.launch import WorkerSpec
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import load_task
 from stark_ray.prompts.loader import system_prompt

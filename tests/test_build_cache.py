@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from stark_ray.eval.build_cache import HEADERS_FULL, HEADERS_LIGHT, BuildCache, build_key, light_cuda_candidate
+from stark_ray.eval.build.cache import HEADERS_FULL, HEADERS_LIGHT, BuildCache, build_key, light_cuda_candidate
 
 KERNEL = "__global__ void scale(float* x, float s, int n) { int i = threadIdx.x; if (i < n) x[i] *= s; }\n" \
          "void scale_launch(float* x, float s, int n) { scale<<<1, 256>>>(x, s, n); }\n"

@@ -1,4 +1,4 @@
-"""A build cache a candidate cannot poison for the ones after it (eval/build_cache.py): a cached library rewritten
+"""A build cache a candidate cannot poison for the ones after it (eval/build/cache.py): a cached library rewritten
 in place is noticed and built again, and a process that had loaded it is not disturbed (it loaded a copy). Real
 builds of a tiny pybind11 module (seconds, no torch headers), real processes."""
 
@@ -31,7 +31,7 @@ SCRIPT = f"""
 import sys
 from pathlib import Path
 from torch.utils import cpp_extension
-from stark_ray.eval.build_cache import BuildCache
+from stark_ray.eval.build.cache import BuildCache
 ROOT = sys.argv[1]
 load = BuildCache(Path(ROOT), use_pch=False).wrap(cpp_extension.load_inline, is_inline=True)
 first = load(name="tiny", cpp_sources=['{TINY}'], no_implicit_headers=True)

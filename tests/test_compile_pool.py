@@ -7,9 +7,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.compile_pool import CompilePool
-from stark_ray.eval.launch import WorkerSpec
-from stark_ray.eval.protocol import MODE_COMPILE, PHASE_COMPILE, PHASE_SETUP, WorkerRequest
+from stark_ray.eval.build.pool import CompilePool
+from stark_ray.eval.proc.launch import WorkerSpec
+from stark_ray.eval.wire.protocol import MODE_COMPILE, PHASE_COMPILE, PHASE_SETUP, WorkerRequest
 
 LIMITS = {PHASE_SETUP: 300.0, PHASE_COMPILE: 300.0}
 

@@ -1,6 +1,6 @@
 """Candidates that tell the judge's calls apart from real use and are right only there (cases a red team wrote
 against this session's evaluator, each accepted then, and each wrong on inputs a user would draw: half the output
-zero). The judge's inputs now come from seeds keyed by a secret of the user's (eval/input_key.py), and the worker
+zero). The judge's inputs now come from seeds keyed by a secret of the user's (eval/judge/input_key.py), and the worker
 reseeds the generator before a candidate's call only where the reference draws random numbers."""
 
 from __future__ import annotations

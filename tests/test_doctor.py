@@ -87,7 +87,7 @@ def test_the_worker_environment_is_listed_by_name_only() -> None:
 
 
 def test_isolation_says_whether_generated_code_runs_isolated_here() -> None:
-    from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+    from stark_ray.eval.proc.isolation import IsolationUnavailable, isolation_prefix
 
     try:
         isolation_prefix()

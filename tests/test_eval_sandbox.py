@@ -18,8 +18,8 @@ from test_eval import DEMO, PY_CANDIDATES, eager, task
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval import Evaluator
-from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
-from stark_ray.eval.sandbox_env import is_secret
+from stark_ray.eval.proc.isolation import IsolationUnavailable, isolation_prefix
+from stark_ray.eval.proc.sandbox_env import is_secret
 from stark_ray.records import STAGE_CRASH, STAGE_TIMEOUT
 
 pytestmark = pytest.mark.slow

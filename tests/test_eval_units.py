@@ -11,9 +11,7 @@ import pytest
 import torch
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval import isolation
-from stark_ray.eval.build_cache import build_key
-from stark_ray.eval.compare import Tolerance, Tolerances, compare_outputs
+from stark_ray.eval.build.cache import build_key
 from stark_ray.eval.diagnostics import (
     clean_log,
     compiler_log,
@@ -23,15 +21,9 @@ from stark_ray.eval.diagnostics import (
     forward_location,
 )
 from stark_ray.eval.evaluator import precheck
-from stark_ray.eval.guards import Fingerprint, output_problem, poison
-from stark_ray.eval.inputs import make_inputs, same_values, scale_floats, trial_scale
-from stark_ray.eval.isolation import resolve_isolation
-from stark_ray.eval.kernel_sources import KernelSources, cuda_kernel_names, own_kernel_names, python_kernel_names
-from stark_ray.eval.outcome import lost_result
-from stark_ray.eval.protocol import PHASE_CHECK, PHASE_COMPILE
-from stark_ray.eval.sandbox_env import ALLOCATOR_SETTINGS, PACKAGE_ROOT, is_secret, worker_env
-from stark_ray.eval.streams import Launch, classify
-from stark_ray.eval.timing import (
+from stark_ray.eval.measure.compare import Tolerance, Tolerances, compare_outputs
+from stark_ray.eval.measure.inputs import make_inputs, same_values, scale_floats, trial_scale
+from stark_ray.eval.measure.timing import (
     MIN_TIMED_ROUNDS,
     CpuTimer,
     Sample,
@@ -43,6 +35,14 @@ from stark_ray.eval.timing import (
     median_error,
     time_interleaved,
 )
+from stark_ray.eval.proc import isolation
+from stark_ray.eval.proc.isolation import resolve_isolation
+from stark_ray.eval.proc.outcome import lost_result
+from stark_ray.eval.proc.sandbox_env import ALLOCATOR_SETTINGS, PACKAGE_ROOT, is_secret, worker_env
+from stark_ray.eval.wire.protocol import PHASE_CHECK, PHASE_COMPILE
+from stark_ray.eval.worker.guards import Fingerprint, output_problem, poison
+from stark_ray.eval.worker.kernel_sources import KernelSources, cuda_kernel_names, own_kernel_names, python_kernel_names
+from stark_ray.eval.worker.streams import Launch, classify
 from stark_ray.records import STAGE_COMPILE
 
 TOL = Tolerance(atol=1e-2, rtol=1e-2, max_rel_err=1e-2)
@@ -59,7 +59,7 @@ def test_the_finite_fast_path_gives_the_figures_of_the_exact_one(dtype: torch.dt
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Numbers on both sides take a few passes at the outputs' precision; NaNs and infinities (and integers) the
     exact float64 passes: both give the same verdict and figures, in one chunk or many."""
-    import stark_ray.eval.compare as compare
+    import stark_ray.eval.measure.compare as compare
 
     gen = torch.Generator().manual_seed(3)
     ref = torch.randn(3000, generator=gen).to(dtype)
@@ -309,7 +309,7 @@ def test_a_crash_whose_dump_was_cut_short_names_the_candidates_forward() -> None
 
 
 def test_a_build_out_of_time_is_told_as_the_builds_time_not_as_a_stack() -> None:
-    from stark_ray.eval.outcome import build_time_out
+    from stark_ray.eval.proc.outcome import build_time_out
 
     compiling = ("[1/2] c++ -c main.cpp -o main.o\nmain.cpp:3: warning: unused variable\n"
                  "Thread 0x00007f (most recent call first):\n"
@@ -322,8 +322,9 @@ def test_a_build_out_of_time_is_told_as_the_builds_time_not_as_a_stack() -> None
     assert "unused variable" in told.log and "took 42 s at the median and 95 s at most (3 builds" in told.log
     assert "most recent call first" not in told.log and "subprocess" not in told.log
     assert "no other build has finished" in build_time_out(timed_out, compiling, 300.0, []).log
-    waiting = ('Thread 0x00007f (most recent call first):\n  File "/x/stark_ray/eval/pch.py", line 90 in ensure_pch\n'
-               '  File "/tmp/req-1/candidate.py", line 40 in <module>\n')  # on a header another build is making
+    waiting = ('Thread 0x00007f (most recent call first):\n  File "/x/stark_ray/eval/build/pch.py", line 90 in '
+               'ensure_pch\n  File "/tmp/req-1/candidate.py", line 40 in <module>\n')  # on a header another build is
+    # making
     assert build_time_out(lost_result(PHASE_COMPILE, True, None, waiting, 4.0), waiting, 4.0, []).error == (
         "the build did not finish within its time limit of 4 s (--compile-timeout)")
     # a candidate whose own import hangs (no compiler on its stack): the timeout as it was, with its line
@@ -362,7 +363,7 @@ def test_evaluator_processes_allocate_in_unsplit_large_blocks_unless_the_user_ch
 
 def test_hidden_paths_are_home_working_directory_and_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from stark_ray.config import EvalConfig
-    from stark_ray.eval.isolation import hidden_paths
+    from stark_ray.eval.proc.isolation import hidden_paths
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
@@ -413,7 +414,7 @@ def test_poison_leaves_nothing_allocated_and_accepts_empty_sizes() -> None:
 def test_fingerprint_sees_a_replaced_torch_function_and_nothing_else() -> None:
     import torch.nn.functional as F
 
-    from stark_ray.eval.guards import settle_torch
+    from stark_ray.eval.worker.guards import settle_torch
 
     settle_torch()  # as in the worker, before the fingerprint
 
@@ -542,7 +543,8 @@ def test_the_fingerprint_sees_what_a_function_runs_with_changed_in_place() -> No
     import torch.nn.functional as F
     import torch.testing
 
-    from stark_ray.eval import compare, confirmation, timing
+    from stark_ray.eval.judge import confirmation
+    from stark_ray.eval.measure import compare, timing
 
     fp = Fingerprint()
     defaults, kw = F.dropout.__defaults__, torch.testing.assert_close.__kwdefaults__
@@ -561,7 +563,7 @@ def test_the_fingerprint_sees_what_a_function_runs_with_changed_in_place() -> No
         kw["rtol"] = saved
         cell.cell_contents = held
     assert {"torch.nn.functional.dropout.__defaults__", "torch.testing.assert_close.__defaults__",
-            "stark_ray.eval.timing._gc_paused.__closure__"} <= set(changed), changed
+            "stark_ray.eval.measure.timing._gc_paused.__closure__"} <= set(changed), changed
     assert fp.changed() == []
     # the functions behind a staticmethod and a property, and the generator a closure of ours holds: code replaced
     targets = [vars(compare.Tolerances)["of"].__func__, vars(confirmation.Confirmation)["settled"].fget,
@@ -574,9 +576,9 @@ def test_the_fingerprint_sees_what_a_function_runs_with_changed_in_place() -> No
     finally:
         for f, code in zip(targets, codes, strict=True):
             f.__code__ = code
-    assert {"stark_ray.eval.compare.Tolerances.of.__code__",
-            "stark_ray.eval.confirmation.Confirmation.settled.fget.__code__",
-            "stark_ray.eval.timing._gc_paused.<closure>.__code__"} <= set(changed), changed
+    assert {"stark_ray.eval.measure.compare.Tolerances.of.__code__",
+            "stark_ray.eval.judge.confirmation.Confirmation.settled.fget.__code__",
+            "stark_ray.eval.measure.timing._gc_paused.<closure>.__code__"} <= set(changed), changed
     assert fp.changed() == []
 
 
@@ -584,7 +586,8 @@ def test_the_fingerprint_watches_time_builtins_and_every_module_of_the_evaluator
     import builtins
     import time
 
-    from stark_ray.eval import compare, host, timing
+    from stark_ray.eval.measure import compare, timing
+    from stark_ray.eval.worker import host
 
     fp = Fingerprint()
     saved = (time.perf_counter, builtins.sum, compare.compare_outputs, timing.CudaTimer.__call__)
@@ -596,17 +599,18 @@ def test_the_fingerprint_watches_time_builtins_and_every_module_of_the_evaluator
         changed = fp.changed()
     finally:
         time.perf_counter, builtins.sum, compare.compare_outputs, timing.CudaTimer.__call__ = saved
-    assert {"time.perf_counter", "builtins.sum", "stark_ray.eval.compare.compare_outputs",
-            "stark_ray.eval.timing.CudaTimer.__call__"} <= set(changed), changed
+    assert {"time.perf_counter", "builtins.sum", "stark_ray.eval.measure.compare.compare_outputs",
+            "stark_ray.eval.measure.timing.CudaTimer.__call__"} <= set(changed), changed
     assert fp.changed() == []
     import sys
 
-    real = sys.modules["stark_ray.eval.host"]
+    real = sys.modules["stark_ray.eval.worker.host"]
     try:
-        sys.modules["stark_ray.eval.host"] = type(sys)("stark_ray.eval.host")  # a module swapped for another
-        assert "sys.modules['stark_ray.eval.host']" in fp.changed()
+        # a module swapped for another
+        sys.modules["stark_ray.eval.worker.host"] = type(sys)("stark_ray.eval.worker.host")
+        assert "sys.modules['stark_ray.eval.worker.host']" in fp.changed()
     finally:
-        sys.modules["stark_ray.eval.host"] = real
+        sys.modules["stark_ray.eval.worker.host"] = real
     assert host is real and fp.changed() == []
 
 
@@ -617,7 +621,7 @@ def test_the_fingerprint_sees_a_constant_of_the_evaluator_rebound() -> None:
     import json
     import statistics
 
-    from stark_ray.eval import timing
+    from stark_ray.eval.measure import timing
 
     fp = Fingerprint()
     saved = timing.HEAD_START_US, timing.MIN_TIMED_ROUNDS, statistics.median, json.dumps
@@ -629,8 +633,8 @@ def test_the_fingerprint_sees_a_constant_of_the_evaluator_rebound() -> None:
         changed = fp.changed()
     finally:
         timing.HEAD_START_US, timing.MIN_TIMED_ROUNDS, statistics.median, json.dumps = saved
-    assert {"stark_ray.eval.timing.HEAD_START_US", "stark_ray.eval.timing.MIN_TIMED_ROUNDS", "statistics.median",
-            "json.dumps"} <= set(changed), changed
+    assert {"stark_ray.eval.measure.timing.HEAD_START_US", "stark_ray.eval.measure.timing.MIN_TIMED_ROUNDS",
+            "statistics.median", "json.dumps"} <= set(changed), changed
     assert fp.changed() == []
 
 
@@ -678,7 +682,7 @@ def test_dict_outputs_are_compared_key_by_key() -> None:
 
 
 def test_worker_disk_gb_is_a_positive_size_and_reaches_the_worker_and_its_jail() -> None:
-    from stark_ray.eval.launch import WorkerSpec
+    from stark_ray.eval.proc.launch import WorkerSpec
 
     for bad in (0, -1.0, True, "4", float("inf")):
         with pytest.raises(ValueError, match="worker_disk_gb"):
@@ -707,10 +711,10 @@ def test_isolate_modes_and_what_auto_does_where_namespaces_are_refused(monkeypat
 def test_the_confirmation_sides_share_one_staging_and_the_reference_side_is_compared_in_place() -> None:
     """A large task's confirmation batch holds one private staging copy of the inputs for both sides (their buffers
     have one layout), and the reference side's outputs are compared in its own buffers, not in copies."""
-    from stark_ray.eval.batch_sets import PackedSets
-    from stark_ray.eval.confirmation import ReferenceSide
-    from stark_ray.eval.outbox import Outbox
-    from stark_ray.eval.trials import JudgeTask
+    from stark_ray.eval.judge.batch_sets import PackedSets
+    from stark_ray.eval.judge.confirmation import ReferenceSide
+    from stark_ray.eval.judge.trials import JudgeTask
+    from stark_ray.eval.wire.outbox import Outbox
 
     template = [torch.randn(3, 5), torch.randn(4, 5).t(), 2.0]  # a transposed input: layouts kept
     mine, theirs = Outbox(), Outbox()
@@ -774,13 +778,13 @@ def test_the_note_directory_must_be_this_users_own_and_private(tmp_path: Path,
     assert note_path("stark-eval-abc-0") is None
 
 
-# --- how far a speedup can be trusted (eval/noise.py) ---------------------------------------------------------
+# --- how far a speedup can be trusted (eval/measure/noise.py) ---------------------------------------------------------
 def test_the_speedup_error_comes_from_the_calls_timed_in_pairs() -> None:
     """A host whose load comes and goes moves both calls of a round together: each side alone spreads widely, the
     ratios of the pairs do not."""
     import random
 
-    from stark_ray.eval.noise import NOISY, interval, is_noisy, measured, speedup_error
+    from stark_ray.eval.measure.noise import NOISY, interval, is_noisy, measured, speedup_error
 
     rng = random.Random(0)
     load = [1 + 3 * rng.random() for _ in range(40)]  # each round's slowdown, 1x to 4x
@@ -808,7 +812,7 @@ def test_of_two_noisy_timings_the_lower_speedup_stands_and_a_steady_second_one_a
     """A noisy first timing is measured again. A steady second one stands whatever it says; where both are noisy
     the lower speedup stands, so a second draw cannot raise a claim (an honest 1.0x once read 1.51x then 2.67x
     under load, and the tighter 2.67x was held against the judge's clock, which measured 0.92x: `suspicious`)."""
-    from stark_ray.eval.noise import NOISY, Measured, kept
+    from stark_ray.eval.measure.noise import NOISY, Measured, kept
 
     noisy_low, noisy_high = Measured(1.51, 1.0, 0.8, 0.8, 0.32), Measured(2.67, 1.0, 0.8, 0.8, 0.22)
     assert kept(noisy_low, noisy_high) is noisy_low and kept(noisy_high, noisy_low) is noisy_low
@@ -824,8 +828,8 @@ def test_a_build_request_without_a_name_or_sources_starts_no_builder(monkeypatch
                                                                       tmp_path: Path) -> None:
     """An isolated worker that flooded its parent with empty build requests had a builder process started for each
     (33 of them, a minute): refused at once now."""
-    from stark_ray.eval import builds
-    from stark_ray.eval.launch import WorkerSpec
+    from stark_ray.eval.build import builder as builds
+    from stark_ray.eval.proc.launch import WorkerSpec
 
     started: list[object] = []
     monkeypatch.setattr(builds, "run_once", lambda *a, **k: started.append(a))
@@ -843,7 +847,7 @@ def test_the_judges_batch_speedup_is_the_lower_of_its_fastest_rounds_and_its_rou
     costs taken off, as 2x for a 1.0x candidate by the fastest rounds; the rounds in pairs (a round's two batches
     run moments apart) read 1.0x, and the lower counts. A lone slowed round (work a candidate left queued on a GPU
     slows the round after its own) moves neither reading."""
-    from stark_ray.eval.confirmation import Walls, read_walls
+    from stark_ray.eval.judge.confirmation import Walls, read_walls
 
     ms = 1e-3
     burst = read_walls(Walls([14 * ms, 14 * ms, 14 * ms], [10 * ms, 14 * ms, 14 * ms], [6 * ms] * 3, 8), 0.0)
@@ -864,8 +868,8 @@ def test_a_claim_stretched_by_a_busy_host_still_gets_a_batch_of_several_calls() 
     from types import SimpleNamespace
     from typing import cast
 
-    from stark_ray.eval.confirmation import MAX_SETS, MIN_SETS, set_count
-    from stark_ray.eval.trials import JudgeTask
+    from stark_ray.eval.judge.confirmation import MAX_SETS, MIN_SETS, set_count
+    from stark_ray.eval.judge.trials import JudgeTask
 
     task = cast(JudgeTask, SimpleNamespace(device="cpu"))
     x = torch.ones(256)
@@ -888,8 +892,8 @@ def test_the_drift_yardstick_follows_the_hosts_pace_down_never_up() -> None:
     from types import SimpleNamespace
     from typing import cast
 
-    from stark_ray.eval.drift import DriftCheck, reading, scale, slower
-    from stark_ray.eval.trials import JudgeTask
+    from stark_ray.eval.judge.drift import DriftCheck, reading, scale, slower
+    from stark_ray.eval.judge.trials import JudgeTask
 
     assert 10.0 * scale(0.002, 0.001) == 5.0
     assert 10.0 * scale(0.001, 0.002) == 10.0
@@ -919,7 +923,7 @@ def test_a_small_claim_is_held_to_half_its_gain_by_the_judge() -> None:
     """Half of a claim under 2x is no speedup at all: a 1.0x candidate whose worker said 1.66x (its samples rewritten
     from the timing loop's frame) was confirmed so under ``confirm_above`` 0. Now the judge's figure stands for it,
     while a large claim is still confirmed at half of it, and an imprecise small one still stands as it did."""
-    from stark_ray.eval.confirmation import verdict
+    from stark_ray.eval.judge.confirmation import verdict
 
     cheat = verdict(1.66, 1.0)
     assert cheat.confirmed and cheat.record == 1.0, cheat  # the judge's figure, the speedup of record

@@ -247,7 +247,7 @@ def test_a_noisy_timing_is_measured_again_and_said_to_be_noisy(service: EvalServ
     row are spread alike, each a factor 2 from the next, where random sleeps could bunch up and look steady) is
     timed a second time and, still noisy, comes with its uncertainty and a note; a steady one comes with its
     uncertainty too."""
-    from stark_ray.eval.noise import is_noisy
+    from stark_ray.eval.measure.noise import is_noisy
 
     in_turn = "time.sleep(0.001 * 2 ** (next(_CALLS) % 5))\n        return x * self.s + self.t"
     counter = "import itertools\nimport time\n_CALLS = itertools.count()"
@@ -369,7 +369,7 @@ def _in_batch():
 class ModelNew(nn.Module):
     def forward(self, x):
         if _in_batch():  # inside the judge's clock: answer with sums made up, before the outputs are final
-            sys.modules["stark_ray.eval.host"].digests = lambda buffers: [0] * len(buffers)
+            sys.modules["stark_ray.eval.worker.host"].digests = lambda buffers: [0] * len(buffers)
         return x * 2.0
 """
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from stark_ray.eval.exchange import ExchangeError, SharedBuffer, TensorSpec
-from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
-from stark_ray.eval.outbox import Outbox
-from stark_ray.eval.protocol import send_fds
-from stark_ray.eval.trees import decode_leaf_meta, decode_tree, encode_tree
+from stark_ray.eval.proc.isolation import IsolationUnavailable, isolation_prefix
+from stark_ray.eval.wire.exchange import ExchangeError, SharedBuffer, TensorSpec
+from stark_ray.eval.wire.outbox import Outbox
+from stark_ray.eval.wire.protocol import send_fds
+from stark_ray.eval.wire.trees import decode_leaf_meta, decode_tree, encode_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PEER = r"""
 import json, socket, sys
 import torch
-from stark_ray.eval.exchange import SharedBuffer, TensorSpec
-from stark_ray.eval.protocol import recv_fds
+from stark_ray.eval.wire.exchange import SharedBuffer, TensorSpec
+from stark_ray.eval.wire.protocol import recv_fds
 sock = socket.socket(fileno=int(sys.argv[1]))
 msg = json.loads(sys.stdin.readline())
 fds = recv_fds(sock, len(msg["specs"]))

@@ -1,4 +1,4 @@
-"""The parent treats everything from a worker as hostile (eval/runner.py): a candidate that replaces its log with a
+"""The parent treats everything from a worker as hostile (eval/proc/runner.py): a candidate that replaces its log with a
 link to a file only the parent may read, says it moved on to another phase again and again, floods its parent
 with build requests it never reads the answers to, or writes one endless line, gets its verdict (a crash or a
 timeout), leaks nothing, and the next honest candidate is judged right. Found by a review of the isolation; real
@@ -13,7 +13,7 @@ import pytest
 from eval_helpers import passed
 from leaky_candidates import MODEL, TASK, quick_service
 
-from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+from stark_ray.eval.proc.isolation import IsolationUnavailable, isolation_prefix
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import load_task
 from stark_ray.records import STAGE_COMPILE, STAGE_CRASH, STAGE_TIMEOUT

@@ -1,4 +1,4 @@
-"""The key of the judge's trial inputs (eval/input_key.py): made once, the same for every process of the user on
+"""The key of the judge's trial inputs (eval/judge/input_key.py): made once, the same for every process of the user on
 this machine, known to no candidate ahead; a trial's seed a keyed hash that tells nothing of the key."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stark_ray.eval import input_key as key
+from stark_ray.eval.judge import input_key as key
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +30,7 @@ def test_the_key_is_made_once_readable_by_its_user_alone_and_kept(tmp_path: Path
 
 
 def test_processes_that_make_it_at_once_agree(tmp_path: Path) -> None:
-    code = "from stark_ray.eval.input_key import input_key; print(input_key())"
+    code = "from stark_ray.eval.judge.input_key import input_key; print(input_key())"
     env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "PATH": "/usr/bin:/bin"}
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
              for _ in range(4)]

@@ -345,7 +345,7 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
 
 def test_an_honest_candidate_of_the_same_speed_is_timed_as_such(service: EvalService,
                                                                 tasks: dict[str, Task]) -> None:
-    from stark_ray.eval.noise import is_noisy
+    from stark_ray.eval.measure.noise import is_noisy
 
     r = judged(service, tasks["matmul"], matmul("return x @ self.w"))
     # never taken for much faster: about 1x, or a timing the evaluator itself calls noisy (a loaded 2-core box
@@ -485,7 +485,7 @@ def _kept():
 
 def get_inputs():
     main = getattr(sys.modules["__main__"], "__spec__", None)
-    if main is not None and main.name == "stark_ray.eval.judge_process":
+    if main is not None and main.name == "stark_ray.eval.judge.main":
         kept = _kept()
         live = sum(1 for o in gc.get_objects()
                    if isinstance(o, torch.Tensor) and tuple(o.shape) == SHAPE and id(o) not in kept)
@@ -502,8 +502,8 @@ def get_init_inputs():
 def test_the_judge_holds_what_the_memory_plan_counts_at_every_trial(tmp_path: Path, service: EvalService) -> None:
     """What the judge holds whenever it makes inputs (a trial's, or the ones it checks the worker's call against,
     which is what it held through that call), for a task whose output is its input's size: at most the shared
-    copy of the inputs, the output slots and the reference's output (eval/memory.py's phases: on a 6 GB task each
-    one more is 6 GB beside the worker's call). A loop variable once kept the second contents' last tensor alive
+    copy of the inputs, the output slots and the reference's output (eval/measure/memory.py's phases: on a 6 GB task
+    each one more is 6 GB beside the worker's call). A loop variable once kept the second contents' last tensor alive
     through the same-address trial's second call: 4 (and 25_Swish out of memory at 40 GB)."""
     log = tmp_path / "census.txt"
     path = tmp_path / "5_Census.py"

@@ -1,4 +1,5 @@
-"""Where one call's GPU time goes (eval/kernel_times.py), and the prompts that show it with the speed of light."""
+"""Where one call's GPU time goes (eval/measure/kernel_times.py), and the prompts that show it with the speed of
+light."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from stark_ray.agents.base import TaskInfo
-from stark_ray.eval.kernel_times import TOP, describe, from_message, kernel_times, to_message
-from stark_ray.eval.streams import Launch
+from stark_ray.eval.measure.kernel_times import TOP, describe, from_message, kernel_times, to_message
+from stark_ray.eval.worker.streams import Launch
 from stark_ray.llm.base import LLMRequest, Message
 from stark_ray.llm.replay import ReplayClient
 from stark_ray.prompts.messages import code_messages, plan_messages, window_section

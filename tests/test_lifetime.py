@@ -1,4 +1,4 @@
-"""No orphans (eval/lifetime.py): what a candidate starts and leaves running is killed after it, double-forked or
+"""No orphans (eval/proc/lifetime.py): what a candidate starts and leaves running is killed after it, double-forked or
 not; the evaluator's processes die with a ``stark eval`` killed by SIGKILL; a process started from a thread that
 ends lives on. Real processes, the cpu_cpp backend, not isolated (the default on a host without namespaces), and
 isolated (the default where the host allows it)."""
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from leaky_candidates import MODEL, TASK, quick_service
 
-from stark_ray.eval import lifetime
-from stark_ray.eval.lifetime import spawn
+from stark_ray.eval.proc import lifetime
+from stark_ray.eval.proc.lifetime import spawn
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import load_task
 
@@ -197,7 +197,7 @@ def _marked(seconds: str) -> list[int]:
 
 
 def _isolation_or_skip() -> None:
-    from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+    from stark_ray.eval.proc.isolation import IsolationUnavailable, isolation_prefix
 
     try:
         isolation_prefix()

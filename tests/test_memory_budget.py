@@ -1,5 +1,5 @@
-"""The device memory budget (stark_ray/eval/memory.py): what an evaluation needs, what it keeps, and the one line
-for a task that cannot fit. The GPU tests run KernelBench's own 19_ReLU (one 6.4 GB input) under a budget."""
+"""The device memory budget (stark_ray/eval/measure/memory.py): what an evaluation needs, what it keeps, and the one
+line for a task that cannot fit. The GPU tests run KernelBench's own 19_ReLU (one 6.4 GB input) under a budget."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.memory import (
+from stark_ray.eval.measure.memory import (
     CONTEXTS_BYTES,
     GB,
     TRANSIENT_BYTES,

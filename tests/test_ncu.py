@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stark_ray.eval import ncu
-from stark_ray.eval.launch import WorkerSpec
+from stark_ray.eval.proc.launch import WorkerSpec
 from stark_ray.prompts.render import NCU_LINE
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
@@ -66,7 +66,7 @@ def test_why_there_are_no_counters_is_one_line(text: str, code: int | None, says
 def test_the_kernel_counted_is_the_top_one_by_its_function_name() -> None:
     described = ("3 launches, 0.5 ms of GPU time: void fused::swish_clamp<float, 4>(float const*, float*, long) "
                  "0.4 ms (80%, 1 launch); copy_kernel 0.1 ms (20%, 2 launches)")
-    from stark_ray.eval.kernel_times import top_kernel
+    from stark_ray.eval.measure.kernel_times import top_kernel
 
     assert ncu.kernel_base_name(top_kernel(described) or "") == "swish_clamp"
     argv = ncu.command("/x/ncu", "swish_clamp", ["python", "-m", "t"], "/w/r.csv")
@@ -99,7 +99,7 @@ def test_a_run_of_ncu_reads_its_report(tmp_path: Path, monkeypatch: pytest.Monke
     fake.write_text("#!/bin/sh\n"
                     'log=""; prev=""\n'
                     'for a in "$@"; do [ "$prev" = "--log-file" ] && log="$a"; prev="$a"; done\n'
-                    'case "$*" in *stark_ray.eval.ncu_target*candidate.py*) ;; *) echo "==ERROR== bad target"; '
+                    'case "$*" in *stark_ray.eval.worker.ncu_target*candidate.py*) ;; *) echo "==ERROR== bad target"; '
                     "exit 3;; esac\n"
                     f'cp "{report}" "$log"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
@@ -131,7 +131,7 @@ def test_a_kernels_function_name_whatever_its_namespaces_and_templates(name: str
 
 
 def test_a_copy_is_never_the_kernel_counted() -> None:
-    from stark_ray.eval.kernel_times import top_kernel
+    from stark_ray.eval.measure.kernel_times import top_kernel
 
     described = ("3 launches, 0.5 ms of GPU time: Memcpy DtoD (Device -> Device) 0.3 ms (60%, 1 launch); "
                  "void k<float>(float*) 0.2 ms (40%, 2 launches)")

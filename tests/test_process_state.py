@@ -1,5 +1,5 @@
-"""The process state the worker times the reference in (eval/process_state.py): what a candidate's forward leaves
-behind is undone around each call of the reference, and put back for the candidate after it."""
+"""The process state the worker times the reference in (eval/measure/process_state.py): what a candidate's forward
+leaves behind is undone around each call of the reference, and put back for the candidate after it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stark_ray.eval.process_state import ProcessState
-from stark_ray.eval.timing import CpuTimer, time_interleaved
+from stark_ray.eval.measure.process_state import ProcessState
+from stark_ray.eval.measure.timing import CpuTimer, time_interleaved
 
 
 class _Counting(TorchFunctionMode):

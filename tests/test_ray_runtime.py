@@ -168,7 +168,7 @@ def test_an_evaluator_killed_from_outside_costs_only_the_candidate_it_was_runnin
 
 
 def _descendants(pid: int) -> list[int]:
-    from stark_ray.eval.process_tree import descendants
+    from stark_ray.eval.proc.process_tree import descendants
 
     return list(descendants(pid))
 
@@ -182,7 +182,7 @@ def _alive(pid: int) -> bool:
 
 
 def _refusing_isolation() -> tuple[str, ...]:
-    from stark_ray.eval.isolation import IsolationUnavailable
+    from stark_ray.eval.proc.isolation import IsolationUnavailable
 
     raise IsolationUnavailable("this host cannot create the namespaces for isolation (test: refused)")
 
@@ -192,7 +192,7 @@ class NoIsolationEvaluator(EvaluatorActor.__ray_actor_class__):  # type: ignore[
     """The real Evaluator actor on a host that refuses isolation (a container without namespaces)."""
 
     def __init__(self, cfg: EvalConfig) -> None:
-        import stark_ray.eval.isolation as isolation
+        import stark_ray.eval.proc.isolation as isolation
 
         isolation.isolation_prefix = _refusing_isolation
         super().__init__(replace(cfg, isolate="on"))
@@ -363,7 +363,7 @@ def test_a_campaign_skips_a_task_that_does_not_fit_the_memory_budget_in_one_line
 
     import orchestration
 
-    from stark_ray.eval.memory import OverBudget
+    from stark_ray.eval.measure.memory import OverBudget
 
     tasks = orchestration.write_tasks(tmp_path / "tasks", 3)
     big = replace(tasks[1], name="t001_Big")

@@ -1,4 +1,4 @@
-"""An isolated worker's world is read-only (eval/jail.py): a hostile candidate cannot write into site-packages, the
+"""An isolated worker's world is read-only (eval/proc/jail.py): a hostile candidate cannot write into site-packages, the
 project, the home directory or a run directory, cannot read the home directory's credential files, and what it
 writes to ``/tmp`` stays in its own; the next honest candidate is judged right. The same candidate unisolated
 reaches what it aims at (the harmless targets only): the test can fail. A device worker reads the build cache the
@@ -21,7 +21,7 @@ from eval_helpers import passed
 from leaky_candidates import MODEL, TASK
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.isolation import IsolationUnavailable, isolation_prefix
+from stark_ray.eval.proc.isolation import IsolationUnavailable, isolation_prefix
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import load_task
 from stark_ray.records import EvalResult
@@ -204,7 +204,7 @@ def test_a_jailed_process_reads_the_build_cache_and_cannot_write_it(places: dict
     import subprocess
     import sys
 
-    from stark_ray.eval.isolation import jailed
+    from stark_ray.eval.proc.isolation import jailed
 
     cache, kept, work = tmp_path / "cache", tmp_path / "site", tmp_path / "work"
     (cache / "entry").mkdir(parents=True)

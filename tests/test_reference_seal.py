@@ -1,6 +1,6 @@
-"""The seal on a task's reference in a worker (eval/reference_seal.py): what a candidate changes of the reference's
-model, module, classes or timing inputs is named; what the reference's own forward changes (running statistics,
-state it keeps) and torch.compile are not."""
+"""The seal on a task's reference in a worker (eval/worker/reference_seal.py): what a candidate changes of the
+reference's model, module, classes or timing inputs is named; what the reference's own forward changes (running
+statistics, state it keeps) and torch.compile are not."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from stark_ray.eval.reference_seal import Seal
+from stark_ray.eval.worker.reference_seal import Seal
 
 SOURCE = '''
 import torch

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stark_ray.eval.sol import (
+from stark_ray.eval.judge.sol import (
     Demand,
     Peaks,
     count_demand,
@@ -94,7 +94,7 @@ def test_an_unknown_device_and_the_cpu_are_probed() -> None:
 def test_the_device_limits_are_said_with_the_probes_disagreement() -> None:
     """What a speed of light is made of, one line (the judge's hello, ``stark eval``): a probe well under the
     table's figure (a throttled or shared GPU) replaces it and says so."""
-    import stark_ray.eval.sol as sol
+    import stark_ray.eval.judge.sol as sol
 
     original = sol.matmul_rate
     try:

@@ -1,4 +1,4 @@
-"""A worker's hot spares (eval/spares.py): the pool grows by one each time a start finds none ready, never past its
+"""A worker's hot spares (eval/proc/spares.py): the pool grows by one each time a start finds none ready, never past its
 most; a ready spare is taken before an older one still importing; a spare that died waiting is replaced; close ends
 them all. Real processes: small Python programs that say they wait (after a delay) as a spare worker does."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from stark_ray.eval.child_process import Child, read_lines, wait_ready
-from stark_ray.eval.spares import Spares
+from stark_ray.eval.proc.child_process import Child, read_lines, wait_ready
+from stark_ray.eval.proc.spares import Spares
 
 
 class Spawner:

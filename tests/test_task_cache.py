@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval import garbage, host
 from stark_ray.eval.backends import get_backend
-from stark_ray.eval.garbage import collect
-from stark_ray.eval.guards import Fingerprint
-from stark_ray.eval.host import CandidateHost
-from stark_ray.eval.protocol import OP_END, OP_LOAD, OP_REFERENCE
+from stark_ray.eval.proc import garbage
+from stark_ray.eval.proc.garbage import collect
+from stark_ray.eval.wire.protocol import OP_END, OP_LOAD, OP_REFERENCE
+from stark_ray.eval.worker import host
+from stark_ray.eval.worker.guards import Fingerprint
+from stark_ray.eval.worker.host import CandidateHost
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tasks"
 NAMES = ["1_LeakyReluScale", "2_FusedSwishScaleClamp", "5_RowSoftmax"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.process_tree import freeze_tree, thaw
+from stark_ray.eval.proc.process_tree import freeze_tree, thaw
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import Task, load_task
 from stark_ray.records import STAGE_CORRECTNESS
@@ -384,7 +384,7 @@ def test_a_stopped_process_tree_runs_nothing_until_it_is_let_go_on(tmp_path: Pat
             time.sleep(0.05)
         assert counter.read_text() != seen
     finally:
-        from stark_ray.eval.process_tree import kill_tree
+        from stark_ray.eval.proc.process_tree import kill_tree
 
         kill_tree(proc.pid)
         proc.wait()

@@ -10,10 +10,8 @@ import torch
 import torch.nn as nn
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.compare import Tolerances, compare_outputs
-from stark_ray.eval.inputs import make_inputs, trial_scale
-from stark_ray.eval.perturbations import perturbable, random_source
-from stark_ray.eval.trials import (
+from stark_ray.eval.judge.perturbations import perturbable, random_source
+from stark_ray.eval.judge.trials import (
     JudgeTask,
     all_trials,
     blocks_trial,
@@ -21,6 +19,8 @@ from stark_ray.eval.trials import (
     special_trials,
     standard_trial,
 )
+from stark_ray.eval.measure.compare import Tolerances, compare_outputs
+from stark_ray.eval.measure.inputs import make_inputs, trial_scale
 
 
 class Mse(nn.Module):

@@ -56,7 +56,7 @@ TASK_COLUMNS: dict[str, str] = {
     "best_runtime_ms": "runtime of the best candidate",
     "best_speedup": "speedup of the best candidate vs eager (its reference timed in the same run)",
     "best_speedup_vs_compile": "the best candidate vs torch.compile, when measured",
-    "sol_ms": "the task's speed of light on its device (eval/sol.py; NULL where not told, or before it was)",
+    "sol_ms": "the task's speed of light on its device (eval/judge/sol.py; NULL where not told, or before it was)",
     "sol_bound": "memory | compute: which floor sets the speed of light",
     "ref_sol_fraction": "speed of light / the reference's runtime (1.0: at the device's limit)",
     "best_sol_fraction": "speed of light / the best candidate's runtime",

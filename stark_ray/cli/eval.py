@@ -112,7 +112,7 @@ def named_as(result: EvalResult, file_name: str) -> EvalResult:
 
 
 def eval_report(task_name: str, candidate_name: str, result: EvalResult, peaks: str | None = None) -> str:
-    from stark_ray.eval.noise import interval, is_noisy
+    from stark_ray.eval.measure.noise import interval, is_noisy
 
     verdict = "accepted" if result.accepted else (
         f"REJECTED ({', '.join(result.flags)})" if result.passed_checks else f"FAILED at {result.stage}")

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from stark_ray.agents.base import AgentResult
-from stark_ray.eval.noise import interval, is_noisy
+from stark_ray.eval.measure.noise import interval, is_noisy
 from stark_ray.eval.tasks import Task
 from stark_ray.llm.usage import UsageTotals
 from stark_ray.records import Node

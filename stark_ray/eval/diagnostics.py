@@ -87,8 +87,8 @@ def crash_location(log: str) -> str | None:
 
 # a process building: torch's cpp_extension, a compiler process, NVRTC, or the evaluator's own build machinery (the
 # build cache, a precompiled header another build is making)
-_BUILD_FRAMES = re.compile(r'File "[^"]*(?:cpp_extension|subprocess|nvrtc|ninja|stark_ray/eval/(?:pch|build_cache|'
-                           r'builds))[^"]*"')
+_BUILD_FRAMES = re.compile(r'File "[^"]*(?:cpp_extension|subprocess|nvrtc|ninja|stark_ray/eval/build/(?:pch|cache|'
+                           r'builder))[^"]*"')
 
 
 def was_building(log: str) -> str | None:

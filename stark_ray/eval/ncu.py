@@ -1,9 +1,9 @@
 """Nsight Compute on an accepted candidate's top kernel (``--profile ncu``): how much of the GPU it uses, and why.
 
 After a candidate is accepted on a GPU, the service runs it once more in a process of its own under ``ncu``
-(:mod:`stark_ray.eval.ncu_target`: the task's inputs, one call of ModelNew, nothing else), isolated as the worker
+(:mod:`stark_ray.eval.worker.ncu_target`: the task's inputs, one call of ModelNew, nothing else), isolated as the worker
 is, while the device is the service's, and has ncu count the kernel that took most of its time in the worker's
-profile (:mod:`stark_ray.eval.kernel_times`): DRAM and SM throughput (% of the peak), achieved occupancy, and
+profile (:mod:`stark_ray.eval.measure.kernel_times`): DRAM and SM throughput (% of the peak), achieved occupancy, and
 which resource limits occupancy. The answer is one line in ``EvalResult.profile``, shown to the agents beside the
 kernels — or, where ncu cannot, one line that says why (not installed, the counters not permitted to this user,
 the profiler not loadable in this container, the kernel not seen, a timeout).
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stark_ray.eval.backends import backend_path
-from stark_ray.eval.isolation import jailed
-from stark_ray.eval.kernel_times import top_kernel
-from stark_ray.eval.launch import WorkerSpec, spec_env
-from stark_ray.eval.lifetime import spawn
-from stark_ray.eval.process_tree import kill_tree
+from stark_ray.eval.measure.kernel_times import top_kernel
+from stark_ray.eval.proc.isolation import jailed
+from stark_ray.eval.proc.launch import WorkerSpec, spec_env
+from stark_ray.eval.proc.lifetime import spawn
+from stark_ray.eval.proc.process_tree import kill_tree
 from stark_ray.records import one_line
 
 NCU_PLACES = ("/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu")
@@ -198,7 +198,7 @@ def profile(spec: WorkerSpec, task_name: str, task_source: str, source: str, ker
         (workdir / "task.py").write_text(task_source, encoding="utf-8")
         (workdir / "candidate.py").write_text(source, encoding="utf-8")
         report = workdir / "ncu.csv"
-        target = [sys.executable, "-m", "stark_ray.eval.ncu_target", "--backend", backend_path(spec.backend),
+        target = [sys.executable, "-m", "stark_ray.eval.worker.ncu_target", "--backend", backend_path(spec.backend),
                   "--build-dir", spec.build_dir, "--task", str(workdir / "task.py"), "--name", task_name,
                   "--candidate", str(workdir / "candidate.py"), "--seed", str(seed)]
         argv = command(ncu, kernel, target, str(report))

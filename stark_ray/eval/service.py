@@ -3,7 +3,7 @@
 ``EvalService(cfg, device)`` serves any number of tasks. ``evaluate(task, source)`` is thread-safe: a
 candidate whose backend builds at import (``cuda``) is first built in a compile process (CPU only, niced,
 cache keyed by source, flags, torch/CUDA versions and architecture) while the device checks and times other
-candidates; then the judge (:mod:`stark_ray.eval.judge`) has its worker load the cached build and judges one
+candidates; then the judge (:mod:`stark_ray.eval.judge.judge`) has its worker load the cached build and judges one
 candidate at a time. ``evaluate_many`` keeps the device busy with whatever has finished building. A worker that
 crashed, timed out, was poisoned or tampered is replaced before the next candidate; the judge itself never runs
 a candidate's code.
@@ -28,16 +28,18 @@ from typing import Any
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import backend_path, get_backend
-from stark_ray.eval.build_cache import cache_root, open_to_readers
-from stark_ray.eval.builds import serve_build
-from stark_ray.eval.compile_pool import CompilePool
+from stark_ray.eval.build.builder import serve_build
+from stark_ray.eval.build.cache import cache_root, open_to_readers
+from stark_ray.eval.build.pool import CompilePool
 from stark_ray.eval.hardware import usable_cpus
-from stark_ray.eval.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
-from stark_ray.eval.launch import WorkerSpec, visible_device
-from stark_ray.eval.memory import OverBudget
+from stark_ray.eval.measure.memory import OverBudget
 from stark_ray.eval.ncu import profile as ncu_profile
-from stark_ray.eval.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
-from stark_ray.eval.protocol import (
+from stark_ray.eval.proc.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
+from stark_ray.eval.proc.launch import WorkerSpec, visible_device
+from stark_ray.eval.proc.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
+from stark_ray.eval.proc.runner import WorkerOutcome, WorkerProcess, WorkerStartError
+from stark_ray.eval.tasks import Task, TaskError
+from stark_ray.eval.wire.protocol import (
     MODE_CANDIDATE,
     MODE_COMPILE,
     MODE_REFERENCE,
@@ -49,8 +51,6 @@ from stark_ray.eval.protocol import (
     WorkerRequest,
     failure_from_message,
 )
-from stark_ray.eval.runner import WorkerOutcome, WorkerProcess, WorkerStartError
-from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.records import STAGE_COMPILE, EvalResult, source_digest
 
 CORES_PER_SPARE = 4  # hot spares beyond the first: one per this many cores (on 2 cores 3 spares importing at once
@@ -171,7 +171,7 @@ class EvalService:
         # takes the cores the other's batch runs on (on the CPU backend a candidate's batch ran at half speed)
         policy = (("OMP_WAIT_POLICY", "PASSIVE"),)
         self.judge = WorkerProcess(WorkerSpec(self.cfg.backend, str(self.build_dir), self.threads, device=device,
-                                              module="stark_ray.eval.judge_process", extra=tuple(extra), env=policy))
+                                              module="stark_ray.eval.judge.main", extra=tuple(extra), env=policy))
         self.worker_starts = 0  # the judge's word: worker processes started so far, and restarts by the spare
         self.worker_promotions = 0
         self.worker_start_phases: dict[str, Any] = {}  # where the current worker's start went
@@ -269,7 +269,7 @@ class EvalService:
         def on_build(request: dict[str, Any], seconds: float) -> dict[str, Any]:
             return serve_build(request, spec, self.build_dir, seconds)
 
-        # isolated, it cannot write the cache: its builds are made outside (eval/builds.py)
+        # isolated, it cannot write the cache: its builds are made outside (eval/build/builder.py)
         outcome = self._compilers.run(spec, self._request(MODE_COMPILE, task, cfg, source), limits,
                                       on_build if self.isolated else None)
         result = outcome_to_result(outcome, limits)

@@ -28,7 +28,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 
-from stark_ray.eval.noise import interval
+from stark_ray.eval.measure.noise import interval
 from stark_ray.records import AGENT_REFERENCE, Node, excerpt
 
 FULL, CODE, BRIEF = 0, 1, 2
@@ -36,7 +36,7 @@ _LOG_CHARS = {FULL: 1500, CODE: 300, BRIEF: 0}
 _INSTRUCTION_CHARS = {FULL: 2000, CODE: 1200, BRIEF: 300}
 _SEP = "\n\n"
 _FOOTER_RESERVE = 90
-# the selected node's and the reference's profile of one call (eval/kernel_times.py), where the device has one
+# the selected node's and the reference's profile of one call (eval/measure/kernel_times.py), where the device has one
 KERNELS_LINE = "Kernels in one call (GPU profile): "
 NCU_LINE = "Nsight Compute, top kernel "  # how eval/ncu.py's counters begin (its reasons for none are not shown)
 

@@ -17,7 +17,7 @@ from typing import Any
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.evaluator import make_evaluator
-from stark_ray.eval.sol import light_line
+from stark_ray.eval.judge.sol import light_line
 from stark_ray.eval.tasks import Task
 from stark_ray.llm.base import LLMClient
 from stark_ray.llm.usage import UsageTotals

@@ -15,8 +15,8 @@ import ray
 
 from stark_ray.actors.tree_memory import TaskSpec
 from stark_ray.agents.base import TaskInfo
-from stark_ray.eval.memory import OverBudget
-from stark_ray.eval.sol import light_line
+from stark_ray.eval.judge.sol import light_line
+from stark_ray.eval.measure.memory import OverBudget
 from stark_ray.eval.tasks import TaskError
 from stark_ray.run.directory import new_run_dir, recorded_usage, run_record, write_run_file
 from stark_ray.run.mirror import RunMirror

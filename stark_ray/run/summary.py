@@ -25,7 +25,7 @@ class RunSummary:
     best_node: int | None
     best_runtime_ms: float | None
     best_ref_runtime_ms: float | None  # the reference as timed beside the best candidate
-    best_speedup_err: float | None  # its relative standard error (eval/noise.py), where known
+    best_speedup_err: float | None  # its relative standard error (eval/measure/noise.py), where known
     ref_runtime_ms: float | None  # the reference timed alone, at the start
     failures: int
     failures_by_stage: dict[str, int]
@@ -35,7 +35,8 @@ class RunSummary:
     wall_s: float
     settings: dict[str, Any] = field(default_factory=dict)
     replay_mismatches: int = 0  # replayed calls whose prompt the cassette did not hold (each served in order)
-    best_sol_fraction: float | None = None  # how close the best candidate comes to the speed of light (eval/sol.py)
+    # how close the best candidate comes to the speed of light (eval/judge/sol.py)
+    best_sol_fraction: float | None = None
 
 
 def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, budget: int, usage: UsageTotals,

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stark_ray.eval.locks import file_lock
+from stark_ray.eval.build.locks import file_lock
 from stark_ray.store.location import Location, locate
 from stark_ray.store.parquet import next_part_number, safe_name, write_part
 from stark_ray.store.parts import COMPACTED_DIR, REPLACES_KEY, is_compacted, part_files, read_parts, replaces

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # timing imports torch; the parent process only needs the backend's description
-    from stark_ray.eval.kernel_sources import KernelSources
-    from stark_ray.eval.timing import Timer
+    from stark_ray.eval.measure.timing import Timer
+    from stark_ray.eval.worker.kernel_sources import KernelSources
 
 
 class Backend(ABC):

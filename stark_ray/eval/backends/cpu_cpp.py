@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from stark_ray.eval.backends.base import Backend
 from stark_ray.eval.backends.requirements import CXX, NINJA
-from stark_ray.eval.build_cache import BuildCache
+from stark_ray.eval.build.cache import BuildCache
 from stark_ray.eval.hardware import describe_cpu
 
 if TYPE_CHECKING:
-    from stark_ray.eval.timing import Timer
+    from stark_ray.eval.measure.timing import Timer
 
 PROMPT_NOTES = ("Candidates are C++ built at import with torch.utils.cpp_extension.load_inline "
                 "(cpp_sources, functions, extra_cflags); compile with -O3, and with -fopenmp for "
@@ -45,7 +45,7 @@ class CpuCppBackend(Backend):
         self.cache = install_build_cache(build_dir)
 
     def timer(self, head_start: bool = True) -> Timer:
-        from stark_ray.eval.timing import CpuTimer
+        from stark_ray.eval.measure.timing import CpuTimer
 
         return CpuTimer()
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 from stark_ray.eval.backends import gpu
 from stark_ray.eval.backends.cpu_cpp import install_build_cache
 from stark_ray.eval.backends.requirements import CUDA_MATCH, CXX, DRIVER, GPU, NINJA, NVCC, TORCH_CUDA
-from stark_ray.eval.pch import ensure_pch
+from stark_ray.eval.build.pch import ensure_pch
 
 
 class CudaBackend(gpu.CudaDeviceBackend):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from stark_ray.eval.backends.base import Backend
 
 if TYPE_CHECKING:
-    from stark_ray.eval.timing import Timer
+    from stark_ray.eval.measure.timing import Timer
 
 _COPY_BYTES = 1 << 30  # a device-to-device copy this large measures the memory bandwidth
 _STICKY = ("illegal memory access", "illegal address", "unspecified launch failure", "device-side assert",
@@ -159,7 +159,7 @@ def is_sticky_error(message: str) -> bool:
 def cuda_timer(head_start: bool = True) -> Timer:
     import torch
 
-    from stark_ray.eval.timing import CudaTimer
+    from stark_ray.eval.measure.timing import CudaTimer
 
     props = torch.cuda.get_device_properties(0)
     l2 = int(getattr(props, "L2_cache_size", 0) or 0)

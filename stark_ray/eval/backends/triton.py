@@ -12,8 +12,8 @@ from stark_ray.eval.backends.requirements import GPU, TRITON
 from stark_ray.eval.hardware import describe_cpu
 
 if TYPE_CHECKING:
-    from stark_ray.eval.kernel_sources import KernelSources
-    from stark_ray.eval.timing import Timer
+    from stark_ray.eval.measure.timing import Timer
+    from stark_ray.eval.worker.kernel_sources import KernelSources
 
 INTERPRETER_NOTES = ("No GPU here: Triton kernels run in Triton's interpreter on CPU tensors "
                      "(TRITON_INTERPRET=1); timings are not representative of a GPU.")
@@ -77,7 +77,7 @@ class TritonBackend(gpu.CudaDeviceBackend):
     def timer(self, head_start: bool = True) -> Timer:
         if self.device == "cuda":
             return super().timer(head_start)
-        from stark_ray.eval.timing import CpuTimer
+        from stark_ray.eval.measure.timing import CpuTimer
 
         return CpuTimer()
 

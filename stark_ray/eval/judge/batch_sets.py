@@ -1,0 +1,77 @@
+"""A confirmation batch's K input sets and output slots, packed one after another on shared buffers
+(:meth:`Outbox.pack`): the judge's views of them, and the private staging of the inputs that a round writes in one
+copy per buffer once its clock runs (:mod:`stark_ray.eval.judge.confirmation`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from stark_ray.eval.measure.compare import flatten_outputs
+from stark_ray.eval.measure.inputs import map_tensors, same_values
+from stark_ray.eval.wire.exchange import TensorSpec, dtype_of
+from stark_ray.eval.wire.outbox import Outbox
+
+
+class PackedSets:
+    """K input sets packed on the buffers of ``box`` (:meth:`Outbox.pack`), with a private staging copy of the same
+    layout: a round's fresh values go into the staging before the clock starts (where no other process can see
+    them), and into the buffers by one copy per buffer inside it, the same few copies on both sides."""
+
+    def __init__(self, box: Outbox, template: list[Any], k: int, staging: PackedSets | None = None) -> None:
+        """``staging``: the other side's sets of the same layout, whose private staging these share (both sides
+        are given the same fresh values each round: one staging copy of the batch's inputs, not two)."""
+        leaves = _tensors(template)
+        placed = box.pack([t for _ in range(k) for t in leaves])
+        # buffer number -> (the shared buffer, a private staging of its bytes)
+        numbers = sorted({spec.buffer for spec, _ in placed})
+        theirs = [t for _, t in staging.pairs.values()] if staging is not None else []
+        self.pairs = {}
+        for j, i in enumerate(numbers):
+            data = box.buffers[i].data
+            same = j < len(theirs) and theirs[j].shape == data.shape and theirs[j].device == data.device
+            # zeros: the gaps between packed tensors reach the worker's buffers too, never the judge's old memory
+            self.pairs[i] = (box.buffers[i], theirs[j] if same else torch.zeros_like(data))
+        n = len(leaves)
+        self.specs = [[spec for spec, _ in placed[i * n:(i + 1) * n]] for i in range(k)]
+        self.sets = [_rebuilt(template, [view for _, view in placed[i * n:(i + 1) * n]]) for i in range(k)]
+        self.staged = [[_on(self.pairs[spec.buffer][1], spec) for spec in specs] for specs in self.specs]
+
+    def load(self, sets: list[list[Any]]) -> None:
+        """The fresh values into the staging (outside the clock)."""
+        for views, values in zip(self.staged, sets, strict=True):
+            for view, value in zip(views, _tensors(values), strict=True):
+                view.copy_(value)
+
+    def write(self) -> None:
+        """The staged values into the buffers (inside the clock)."""
+        for shared, staging in self.pairs.values():
+            shared.data.copy_(staging)
+
+    def changed(self, sets: list[list[Any]]) -> bool:
+        """Whether a set in the buffers differs from the values written (a candidate modified its inputs)."""
+        return not all(same_values(v, t) for views, values in zip(self.sets, sets, strict=True)
+                       for v, t in zip(_tensors(views), _tensors(values), strict=True))
+
+
+def _on(data: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+    return data.view(dtype_of(spec.dtype)).as_strided(spec.shape, spec.stride, spec.offset)
+
+
+def _rebuilt(template: list[Any], views: list[torch.Tensor]) -> list[Any]:
+    it = iter(views)
+    return list(map_tensors(template, lambda _: next(it)))
+
+
+def packed_slots(box: Outbox, like: Any, k: int) -> list[list[tuple[str, TensorSpec, torch.Tensor]]]:
+    """K sets of output slots (one per tensor of ``like``, by its path) packed on ``box``'s slot buffers."""
+    leaves = [(path, t) for path, t in flatten_outputs(like) if isinstance(t, torch.Tensor)]
+    placed = box.pack([t for _ in range(k) for _, t in leaves], slots=True)
+    n = len(leaves)
+    return [[(path, spec, view) for (path, _), (spec, view) in zip(leaves, placed[i * n:(i + 1) * n], strict=True)]
+            for i in range(k)]
+
+
+def _tensors(values: list[Any]) -> list[torch.Tensor]:
+    return [t for _, t in flatten_outputs(values, "input") if isinstance(t, torch.Tensor)]

@@ -1,0 +1,399 @@
+"""The judge's own measurement of a speedup: wall-clock time around a batch of calls, measured outside the worker.
+
+The worker's figures (CUDA events, or ``time.perf_counter`` on the CPU) are taken in the process that imported the
+candidate, which can patch them, hide work on other streams or answer from a cache. So a speedup above
+``EvalConfig.confirm_above`` (2 by default) is measured again by the judge:
+
+- K input sets, K chosen so that the candidate's batch lasts BATCH_TARGET_MS by its own claimed time (a claim too
+  fast only makes the batch longer; at least MIN_SETS, at most MAX_SETS, and as many as the judge makes in half a
+  second), within a memory budget. Both sides get K input sets and K sets of output buffers, packed one after
+  another on a buffer for each (:meth:`Outbox.pack`; the candidate's are shared with the worker: its slots),
+  filled first with the
+  first standard trial's inputs. The candidate's round also holds a message to the worker and its answer, which
+  the reference's does not: with at most 64 sets (a 1 ms batch of 15 us calls) a Triton kernel at 5.97x was
+  measured at 3.83x in one run and 2.86x in the next, and flagged; 256 sets make that share four times smaller;
+- on a GPU, both sides capture the whole batch (every set once, each output copied into its buffer) as a CUDA
+  graph, where both can: a replay runs the kernels back to back, so the host's time per call (Python, launches),
+  which the worker's timing leaves out by design, stays out of this figure too. Where either side cannot be
+  captured, both run the batch call by call;
+- then three rounds, each with fresh input sets (seeds no one knew), the two sides taking turns to go first. The
+  fresh values go first into a private staging copy of the buffers (one for both sides: their buffers have the
+  same layout); a round starts the judge's clock, copies the staging into the input buffers (one copy per buffer;
+  so nothing could be computed before), runs the batch (the candidate's: ``go`` to the worker) and ends when a
+  byte sum of each buffer of outputs has been read back: the worker's answer carries its sums, which must equal
+  the judge's own over the slots, so it cannot come before the outputs exist;
+- the outputs must match the reference's at tolerance, and the inputs must be unchanged;
+- writing the inputs, copying the outputs into their buffers and summing them cost both sides the same: the judge
+  measures that on its own buffers and takes it off both (leaving at least a fifth of either); the candidate's
+  rounds also hold a message to the worker and its answer, whose least time the judge measured on that worker
+  before it imported any candidate (so none can lengthen it) and takes off them (on an H200 a Triton batch of 111
+  calls of 11 us ran ~0.6 ms longer than its kernels). The batch speedup is the lower of two readings: the ratio
+  of each side's fastest round, and the median over rounds of the ratio of one round's two batches (a burst of
+  load that spans one side's rounds moves a round's two batches together: :class:`Reading`). It confirms the
+  worker's speedup when it is at least AGREEMENT (half) of it, or 10x by itself (a call of
+  microseconds carries host noise that compresses very large ratios; the worker's figure is then the one
+  reported, so a speedup that is really above 10x may be overstated). Else the judgement measures it once more
+  (a new batch, fresh inputs; where its clock leaves time: a busy host can slow one batch) and decides on the six
+  rounds pooled (both readings over all six), not on a second draw; a claim they do not bear out is flagged
+  ``suspicious`` and kept off the leaderboard.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+
+from stark_ray.eval.judge.batch_sets import PackedSets, packed_slots
+from stark_ray.eval.judge.trials import JudgeTask, synchronize
+from stark_ray.eval.measure.compare import Tolerances, compare_outputs, flatten_outputs, rebuild_outputs
+from stark_ray.eval.measure.inputs import clone_all, make_inputs
+from stark_ray.eval.measure.timing import capture_graph
+from stark_ray.eval.wire.exchange import digests, touch
+from stark_ray.eval.wire.outbox import Outbox
+from stark_ray.eval.worker.guards import nbytes_of
+
+AGREEMENT = 0.5  # the worker's figure stands when the judge's gain (speedup - 1) is at least this share of its ...
+CONFIRMED_BY_ITSELF = 10.0  # ... or the judge's speedup this large by itself; the judge's own figure stands when it
+# is at least AGREEMENT of the worker's speedup; below that the claim is suspicious
+LOW_CLAIM = 2.0  # a precise claim this small is held to half its gain (half the claim is no speedup at all)
+NEAR = 0.9  # a judge's figure this close to the claim stands without a second measurement (where it is lower)
+# the judge's figure can stand for the worker's where its batch ran as CUDA graphs or its calls took this long: a
+# batch of calls of microseconds, call by call, carries host costs the worker's timing leaves out (an honest 1.16x
+# affine map of 4096 floats, 9 us a call on the CPU, measured 0.62x)
+PRECISE_CALL_S = 1e-4
+BATCH_TARGET_MS = 10.0  # the candidate's batch lasts about this long, by its own claim
+MAX_SETS = 256  # packed on two buffers per side: a call of 15 us makes a batch of ~4 ms
+# at least this many where memory and time allow: a claim stretched by a busy host (5.5 ms for a 0.8 ms kernel)
+# asked for 2, and a round of 2 calls is mostly the fixed costs taken off it, whose noise then decides
+MIN_SETS = 8
+MIN_ROUND_MS = 1000.0  # ... where a round of both sides lasts at most this long by the claim (slow calls: fewer)
+MAKE_BUDGET_S = 0.5  # at most this long to make one round's fresh input sets, above the least number of sets ...
+# ... which only a task whose sets take longer than this to make goes below: a round of a few calls is mostly the
+# fixed costs taken off it, and their noise decides (a burst while one set was made asked for 2 sets of a 1 ms call)
+MAKE_CAP_S = 2.0
+MAKE_SAMPLES = 3  # sets made to tell how long one takes (the least counts: a busy host only ever adds time)
+ROUNDS = 3  # the fastest of each side counts: load on the host only ever adds time
+OVERHEAD_FLOOR = 0.2  # the cost taken off leaves at least this share of a side's batch
+CUDA_BUDGET_SHARE = 0.125  # of the device's memory, for a batch's inputs and outputs (all copies)
+CPU_BUDGET_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Walls:
+    """The rounds of a confirmation: each side's batch seconds, the fixed costs measured beside them, the batch."""
+
+    ref: list[float]
+    cand: list[float]
+    overheads: list[float]
+    k: int
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    confirmed: bool
+    note: str  # one line for the log (and the error, when not confirmed)
+    wall_speedup: float | None = None
+    problem: str | None = None  # the candidate's batch outputs (or inputs) were wrong: a correctness failure
+    walls: Walls | None = None  # its rounds, for a second confirmation to pool with its own
+    record: float | None = None  # the judge's speedup, where it stands instead of the worker's (bore out less)
+    unfit: bool = False  # not measured: not one batch set fits the memory the budget leaves
+    claim: float | None = None  # the worker's speedup
+
+    @property
+    def settled(self) -> bool:
+        """Nothing to measure again: the worker's figure borne out (or the judge's standing within NEAR of it), a
+        wrong output, or no room to measure."""
+        near = self.record is not None and self.claim is not None and self.record >= NEAR * self.claim
+        return (self.confirmed and (self.record is None or near)) or self.problem is not None or self.unfit
+
+
+class CandidateSide(Protocol):
+    """The worker's half of the batch, driven by the judge."""
+
+    round_trip_s: float  # the least time of a message to the worker and back, measured before it loaded a candidate
+
+    def stopped(self) -> AbstractContextManager[None]:
+        """The worker's processes stopped meanwhile (the judge's own side is measured then)."""
+        ...
+
+    def stage(self, sets: PackedSets, like: Any, k: int, graph: bool) -> bool:
+        """Share K input sets (laid out and filled as the reference side's ``sets``, whose staging they share) and
+        their slots (shaped as the outputs ``like``); with ``graph``, ask for a captured batch. Whether the worker
+        captured one."""
+        ...
+
+    def run(self, sets: list[list[Any]], seed: int | None = None) -> tuple[float, list[Any], str | None]:
+        """Start the clock, write ``sets`` into the shared inputs, run the batch: (seconds, the outputs per set
+        (copies), a problem with them or with the inputs)."""
+        ...
+
+
+def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out: Any, make_s: float = 0.0,
+              room: int | None = None, speedup: float = 1.0) -> int:
+    """Input sets per batch: the candidate's claimed time times this is about BATCH_TARGET_MS, and at least MIN_SETS
+    where a round of both sides (the reference's calls ``speedup`` times the claim) stays within MIN_ROUND_MS;
+    within the memory budget (``room``: what the evaluation's budget leaves; else a share of the device), and few
+    enough that making a round's fresh sets (``make_s`` each) takes at most MAKE_BUDGET_S (but not fewer than the
+    least, unless making those takes longer than MAKE_CAP_S)."""
+    least = min(MIN_SETS, int(MIN_ROUND_MS / max(claimed_ms * (1.0 + max(speedup, 0.0)), 1e-3)))
+    wanted = max(least, math.ceil(BATCH_TARGET_MS / max(claimed_ms, 1e-3)))
+    if make_s > 0:
+        floor = min(least, max(1, int(MAKE_CAP_S / make_s)))
+        wanted = min(wanted, max(floor, int(MAKE_BUDGET_S / make_s)))
+    # inputs: the fresh set, each side's buffers, the staging; outputs: the reference side's buffers, the slots and
+    # the copy of them read back (the reference's are compared where they are)
+    per_set = 4 * sum(nbytes_of(sample)) + 3 * sum(nbytes_of(sample_out))
+    if room is not None:  # less what the batch holds beside its sets (the template, an output of each side)
+        budget = room - 2 * (sum(nbytes_of(sample)) + sum(nbytes_of(sample_out)))
+    elif task.device == "cuda":
+        budget = int(CUDA_BUDGET_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    else:
+        budget = CPU_BUDGET_BYTES
+    return max(0, min(MAX_SETS, wanted, budget // max(per_set, 1)))  # 0: not one set fits
+
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    return [t for _, t in flatten_outputs(value) if isinstance(t, torch.Tensor)]
+
+
+class ReferenceSide:
+    """The reference's half of the batch, in the judge: its own input and output buffers, and a graph of it."""
+
+    def __init__(self, task: JudgeTask, template: list[Any], k: int, want_graph: bool) -> None:
+        self.task = task
+        # the same kind of memory as the worker's (a memfd, the driver's VMM): on the CPU, pages of shared memory
+        # are not those of a private heap, and a streaming kernel notices
+        self.box = Outbox()
+        self.packed = PackedSets(self.box, template, k)
+        self.inputs = self.packed.sets
+        with torch.no_grad():
+            self.like = task.model(*clone_all(template))
+        self.outputs = [[view for _, _, view in slots] for slots in packed_slots(self.box, self.like, k)]
+        for b in self.box.buffers:
+            touch(b.data)
+        # the judge's own batch: its memory sampler's thread may read the device meanwhile (judge_memory.py)
+        self.graph = capture_graph(self._body, "thread_local") if want_graph and task.device == "cuda" else None
+
+    def release(self) -> None:
+        self.graph = None
+        self.inputs, self.outputs = [], []
+        self.box.release()
+
+    def _body(self, seed: int | None = None) -> None:
+        with torch.no_grad():
+            for i, (inputs, outs) in enumerate(zip(self.inputs, self.outputs, strict=True)):
+                if seed is not None:  # a reference that draws random numbers: set i's call after seed + i
+                    torch.manual_seed(seed + i)
+                for buf, t in zip(outs, tensor_leaves(self.task.model(*inputs)), strict=True):
+                    buf.copy_(t)
+
+    def _sums(self) -> None:
+        digests(self.box.slot_buffers)
+
+    def run(self, sets: list[list[Any]], seed: int | None = None) -> tuple[float, list[Any]]:
+        """(wall seconds, the outputs per set: views of this side's own buffers, valid until its next run or
+        :meth:`overhead`); ``seed``: set i's call after seed + i."""
+        self.packed.load(sets)
+        synchronize(self.task)
+        started = time.perf_counter()
+        self.packed.write()
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._body(seed)
+        self._sums()
+        wall = time.perf_counter() - started
+        return wall, [self._outputs(i) for i in range(len(self.outputs))]
+
+    def overhead(self, sets: list[list[Any]]) -> float:
+        """What writing the inputs, copying the outputs into their buffers and summing them cost without the calls
+        (seconds): the same on both sides, the slots being the same kind of memory as these buffers."""
+        self.packed.load(sets)
+        synchronize(self.task)
+        started = time.perf_counter()
+        self.packed.write()
+        for outs in self.outputs:
+            for buf, t in zip(outs, tensor_leaves(self.like), strict=True):
+                buf.copy_(t)
+        self._sums()
+        return time.perf_counter() - started
+
+    def _outputs(self, i: int) -> Any:
+        """Set ``i``'s outputs, in this side's own buffers (private to the judge; written again only by this side's
+        next run, after this round's comparison)."""
+        paths = [p for p, t in flatten_outputs(self.like) if isinstance(t, torch.Tensor)]
+        return rebuild_outputs(self.like, dict(zip(paths, self.outputs[i], strict=True)))
+
+
+def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speedup: float, claimed_ms: float,
+            tol: Tolerances, candidate: CandidateSide, room: int | None = None,
+            earlier: Walls | None = None, strict: bool = False, above: bool = True) -> Confirmation:
+    """Measure the candidate's speedup with the judge's own clock (see the module's docstring): the batch's sets
+    filled first with ``make_template()``'s values; ``room``: the bytes the memory budget leaves it (None: a share
+    of the device); ``earlier``: the rounds of a confirmation that did not bear the claim out, pooled with these
+    (the same batch size; the readings over all the rounds count); ``strict``: the claim is in doubt, ``above``:
+    it is above ``EvalConfig.confirm_above`` (see :func:`verdict`)."""
+    template = make_template()
+    if earlier is not None:
+        k = earlier.k
+    else:
+        make_s = math.inf
+        began = time.perf_counter()
+        for _ in range(MAKE_SAMPLES):
+            started = time.perf_counter()
+            make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device)
+            synchronize(task)
+            make_s = min(make_s, time.perf_counter() - started)
+            if time.perf_counter() - began > MAKE_BUDGET_S:
+                break
+        k = set_count(task, claimed_ms, template, task.run(template, task.seed), make_s, room, event_speedup)
+        if k == 0:
+            return Confirmation(False, "not confirmed by the judge's wall clock: not one batch set of this task fits "
+                                       "the memory the budget leaves (a larger --memory-budget measures it)",
+                                unfit=True)
+    # a reference that draws random numbers: call by call, each after its own seed on both sides, and compared
+    ref = ReferenceSide(task, template, k, want_graph=not task.draws_random)
+    del template  # the sets hold its values: not a copy more through the rounds
+    try:
+        return _rounds(task, event_speedup, tol, candidate, ref, k, earlier, strict, above)
+    finally:
+        ref.release()
+
+
+def _compare_round(outs: list[Any], refs: list[Any], tol: Tolerances) -> Confirmation | None:
+    for i, (out, expected) in enumerate(zip(outs, refs, strict=True)):
+        c = compare_outputs(out, expected, tol)
+        if not c.ok:
+            problem = f"confirmation batch, set {i + 1}: {c.problem}"
+            return Confirmation(False, problem, problem=problem)
+    return None
+
+
+def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: CandidateSide, ref: ReferenceSide,
+            k: int, earlier: Walls | None = None, strict: bool = False, above: bool = True) -> Confirmation:
+    graph = candidate.stage(ref.packed, ref.like, k, graph=ref.graph is not None)
+    if ref.graph is not None and not graph:  # the same way on both sides
+        ref.graph = None
+    ref_walls: list[float] = [*earlier.ref] if earlier else []
+    cand_walls: list[float] = [*earlier.cand] if earlier else []
+    overheads: list[float] = [*earlier.overheads] if earlier else []
+    for r in range(ROUNDS):
+        sets = [make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device) for _ in range(k)]
+        seed = secrets.randbits(30) if task.draws_random else None  # told to the worker with go, on its clock
+        # first in the round (it writes the reference side's output buffers, which its run below writes again);
+        # the first round's comes before any call of the candidate's, and the least of the three counts: work a
+        # worker leaves running after an answer can only slow a later sample
+        with candidate.stopped():  # the judge's own side: nothing of the worker's runs beside it
+            overheads.append(ref.overhead(sets))
+        refs: list[Any] = []
+        outs: list[Any] = []
+        for side in ("ref", "cand") if r % 2 == 0 else ("cand", "ref"):
+            if side == "ref":
+                with candidate.stopped():
+                    wall, refs = ref.run(sets, seed)
+                ref_walls.append(wall)
+            else:
+                wall, outs, problem = candidate.run(sets, seed)
+                if problem:
+                    problem = f"confirmation batch: {problem}"
+                    return Confirmation(False, problem, problem=problem)
+                cand_walls.append(wall)
+        failed = _compare_round(outs, refs, tol)
+        if failed is not None:
+            return failed
+        del sets, refs, outs  # before the next round's sets are made (set_count counts one round's)
+    walls = Walls(ref_walls, cand_walls, overheads, k)
+    trip = max(0.0, candidate.round_trip_s)  # only the candidate's rounds carry a message to the worker and back
+    reading = read_walls(walls, trip)
+    how = "as CUDA graphs" if graph else "call by call"
+    calls = (f"{len(cand_walls)}x{k} call(s) {how} on fresh inputs, {1e3 * reading.cand_s / k:.3g} ms per call; "
+             f"fastest rounds {1e3 * min(ref_walls):.3g} ms (reference) and {1e3 * min(cand_walls):.3g} ms (of which "
+             f"{1e3 * reading.overhead:.3g} ms writing, copying and summing and {1e3 * trip:.2g} ms the message round "
+             f"trip){reading.note()}"
+             + ("; each call after a seed of its own, alike on both sides" if task.draws_random else ""))
+    return verdict(event_speedup, reading.speedup, calls, walls, strict,
+                   precise=graph or reading.cand_s / k >= PRECISE_CALL_S, above=above)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the judge reads from its rounds: the fixed costs taken off, each side's fastest round, and the ratio of
+    the two sides' rounds taken in pairs (the two batches of one round ran moments apart)."""
+
+    overhead: float
+    ref_s: float  # the fastest reference round, the fixed costs off
+    cand_s: float  # the fastest candidate round, the fixed costs and the round trip off
+    paired: float  # the median over rounds of reference / candidate, each round's costs off alike
+
+    @property
+    def fastest(self) -> float:
+        return self.ref_s / self.cand_s if self.cand_s > 0 else math.inf
+
+    @property
+    def speedup(self) -> float:
+        """The lower of the two readings. The fastest rounds are what each side costs with nothing beside it, and
+        no candidate can slow every one of the judge's rounds (work it leaves queued on a GPU slows the round after
+        its own); but a burst of load on the host that spans all of one side's rounds and spares one of the
+        other's, with the fixed costs taken off, reads as a factor of several (a 1.0x matmul claiming 5x was
+        confirmed at 2.5x on a loaded CI box). The pairs, each round's two batches moments apart, move together
+        under such a burst; a lone slowed pair does not move their median. A claim must hold on both."""
+        return min(self.fastest, self.paired)
+
+    def note(self) -> str:
+        if self.paired >= self.fastest:
+            return ""
+        return (f"; the rounds in pairs read {self.paired:.2f}x against the fastest rounds' {self.fastest:.2f}x: "
+                f"the lower counts")
+
+
+def read_walls(walls: Walls, trip: float) -> Reading:
+    """The judge's :class:`Reading` of its rounds (``trip``: the least round trip of a message to the worker)."""
+    overhead = min(walls.overheads)
+
+    def net_ref(s: float) -> float:
+        return max(s - overhead, OVERHEAD_FLOOR * s)
+
+    def net_cand(s: float) -> float:
+        return max(s - overhead - trip, OVERHEAD_FLOOR * s)
+
+    ratios = [net_ref(r) / net_cand(c) if net_cand(c) > 0 else math.inf
+              for r, c in zip(walls.ref, walls.cand, strict=True)]  # a round adds one of each
+    return Reading(overhead, net_ref(min(walls.ref)), net_cand(min(walls.cand)),
+                   statistics.median(ratios) if ratios else math.inf)
+
+
+def verdict(claim: float, wall: float, calls: str = "", walls: Walls | None = None, strict: bool = False,
+            precise: bool = True, above: bool = True) -> Confirmation:
+    """The worker's ``claim`` against the judge's ``wall`` speedup. A claim above ``EvalConfig.confirm_above``
+    stands where the judge measured at least AGREEMENT of it (or CONFIRMED_BY_ITSELF), else it is suspicious. A
+    ``strict`` one (in doubt: its reference ran slower beside the candidate than alone) stands where the judge
+    measured at least AGREEMENT of its gain; where the judge measured less but at least AGREEMENT of the claim,
+    the judge's figure stands (a claim inflated inside the worker, where the candidate runs, counts for no more
+    than the judge's clock saw); below that it is suspicious — all only where the judge's figure is ``precise``:
+    where it is not (calls of microseconds, call by call), a claim ``above`` confirm_above is judged as a
+    non-strict one, and one below it stands (as it did unmeasured). A precise claim of LOW_CLAIM or less is strict."""
+    strict = strict or (precise and claim <= LOW_CLAIM)
+    how = f" ({calls})" if calls else ""
+    confirmed = Confirmation(True, f"speedup confirmed by the judge's wall clock: {wall:.2f}x{how}", wall,
+                             walls=walls, claim=claim)
+    if not strict or (not precise and above):
+        if wall >= min(AGREEMENT * claim, CONFIRMED_BY_ITSELF):
+            return confirmed
+    elif not precise:
+        return replace(confirmed, note=f"the judge's wall clock measured {wall:.2f}x, of calls too short for it to "
+                                       f"tell: the worker's {claim:.2f}x stands{how}")
+    elif wall - 1.0 >= AGREEMENT * (claim - 1.0) or wall >= CONFIRMED_BY_ITSELF:
+        return confirmed
+    elif wall >= AGREEMENT * claim:
+        return Confirmation(True, f"the judge's wall clock bore out {wall:.2f}x of the worker's {claim:.2f}x: its "
+                                  f"figure stands{how}", wall, walls=walls, record=wall, claim=claim)
+    return Confirmation(False, f"suspicious: {claim:.2f}x by the worker's timing but {wall:.2f}x by the judge's "
+                               f"wall clock{how}", wall, walls=walls, claim=claim)

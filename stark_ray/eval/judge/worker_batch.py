@@ -1,0 +1,118 @@
+"""The worker's half of a confirmation batch, as the judge drives it (:class:`confirmation.CandidateSide`): the
+input sets and output slots shared with the worker, its ``stage`` and ``go`` steps, and the checks of its answer
+(the byte sums of the output buffers must be the judge's own: the answer cannot come before the outputs)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval.judge.batch_sets import PackedSets, packed_slots
+from stark_ray.eval.judge.trials import JudgeTask, synchronize
+from stark_ray.eval.judge.verdicts import Decided, protocol_broken
+from stark_ray.eval.measure.compare import rebuild_outputs
+from stark_ray.eval.wire.exchange import TensorSpec, digests
+from stark_ray.eval.wire.outbox import Outbox
+from stark_ray.eval.wire.protocol import OP_STAGE
+from stark_ray.eval.wire.trees import encode_tree
+from stark_ray.records import STAGE_OK, EvalResult
+
+LABEL = "confirmation batch"
+
+
+class Conversation(Protocol):
+    """The judge's conversation with the worker about one candidate."""
+
+    task: JudgeTask
+    cfg: EvalConfig
+    round_trip_s: float  # see confirmation.CandidateSide
+
+    def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
+        """One step: the worker's answer, checked (a Decided where it is not one)."""
+        ...
+
+    def ping(self) -> float:
+        """One round trip of a message to the worker and back, now (seconds)."""
+        ...
+
+    def go(self, seed: int | None = None) -> Callable[[], dict[str, Any]]:
+        """Send ``go`` (``seed``: set i's call after seed + i) and wait for the worker's answer; returns the check of
+        that answer, to be called once the clock has stopped."""
+        ...
+
+    def stopped(self) -> AbstractContextManager[None]:
+        """The worker's processes stopped meanwhile."""
+        ...
+
+
+class WorkerBatch:
+    def __init__(self, conversation: Conversation) -> None:
+        self.talk = conversation
+        # the least of the round trips measured before the worker loaded a candidate (none can lengthen them) and
+        # those measured beside the rounds (:meth:`run`): one measured at another moment, on a busier host, would
+        # take too much off the candidate's rounds (a 1.0x candidate measured at 2.5x on a loaded CI box)
+        self.round_trip_s = conversation.round_trip_s
+        self.box = Outbox()
+        self.packed: PackedSets | None = None  # the shared input sets (the judge's views, and its staging)
+        self.slots: list[dict[str, torch.Tensor]] = []
+        self.like: Any = None
+
+    def stopped(self) -> AbstractContextManager[None]:
+        return self.talk.stopped()
+
+    def stage(self, sets: PackedSets, like: Any, k: int, graph: bool) -> bool:
+        self.like = like  # the structure of the outputs
+        template = sets.sets[0]
+        self.packed = packed = PackedSets(self.box, template, k, staging=sets)
+        trees = [encode_tree(template, _spec_feeder(specs), prefix="input") for specs in packed.specs]
+        groups: list[list[dict[str, Any]]] = []
+        for slots in packed_slots(self.box, self.like, k):
+            self.slots.append({path: view for path, _, view in slots})
+            groups.append([{"path": path, **spec.to_json()} for path, spec, _ in slots])
+        fds = self.box.fds()
+        staged = self.talk.step(OP_STAGE, {"sets": trees, "slots": groups, "fds": len(fds), "graph": graph}, fds,
+                                LABEL)
+        if staged.get("staged") != k:
+            raise Decided(protocol_broken("the batch was not staged"), recycle=True)
+        return bool(staged.get("graph"))
+
+    def run(self, sets: list[list[Any]], seed: int | None = None) -> tuple[float, list[Any], str | None]:
+        task, packed = self.talk.task, self.packed
+        assert packed is not None
+        self.round_trip_s = min(self.round_trip_s, self.talk.ping())
+        self.box.poison_slots()
+        packed.load(sets)  # into the judge's private staging: the worker sees the values only once the clock runs
+        synchronize(task)
+        started = time.perf_counter()
+        packed.write()
+        synchronize(task)
+        check = self.talk.go(seed)
+        wall = time.perf_counter() - started
+        done = check().get("done")
+        if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
+            raise Decided(protocol_broken("no answer to go"), recycle=True)
+        synchronize(task)
+        if digests(self.box.slot_buffers) != done["digests"]:
+            raise Decided(EvalResult(compiled=True, passed_checks=True, stage=STAGE_OK, flags=["suspicious"],
+                                     error="suspicious: the worker answered before its outputs were final"),
+                          recycle=True)
+        if packed.changed(sets):
+            return wall, [], "the candidate modified its inputs"
+        outs = [rebuild_outputs(self.like, {p: t.clone() for p, t in slots.items()}) for slots in self.slots]
+        return wall, outs, None
+
+    def release(self) -> None:
+        self.box.release()
+
+
+def _spec_feeder(specs: list[TensorSpec]) -> Callable[[torch.Tensor, str], dict[str, Any]]:
+    """``encode_tree``'s callback for one packed set: each tensor's spec, in order."""
+    it = iter(specs)
+    return lambda t, path: {"spec": next(it).to_json()}
+
+

@@ -1,0 +1,383 @@
+"""Timing: reference and candidate measured in the same process and run, interleaved, on rotating inputs.
+
+A :class:`Timer` runs one call and returns a :class:`Sample`. On the CPU that is ``time.perf_counter`` around
+the call. On a GPU (:class:`CudaTimer`) the L2 cache is flushed first, CUDA events bracket the call on the
+current stream (``ms``), and a third event recorded after a device-wide synchronize (``synced_ms``) also
+counts work the call left running on other streams. The speedup uses ``ms`` unless a candidate leaves work
+behind on another stream (see :func:`leaves_work_behind`); then both sides use ``synced_ms``.
+
+Several input sets are made once and rotated, each call getting its own clone (so a candidate cannot
+memoise across calls by address or content), and every timed output of the candidate is compared with the
+reference's output for the same inputs in the same round (``check``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from stark_ray.eval.measure.compare import flatten_outputs
+from stark_ray.eval.measure.inputs import clone_all, make_inputs
+from stark_ray.eval.measure.noise import median_error
+from stark_ray.eval.measure.process_state import ProcessState
+from stark_ray.eval.worker.guards import nbytes_of, snapshot
+
+TIMING_SEED_OFFSET = 10_000  # timing inputs are fresh: seeds apart from the correctness trials'
+WALL_SEED_OFFSET = 20_000  # and the wall-clock re-measurement of a large speedup uses fresh ones again
+INPUT_SETS = 4  # input sets rotated through the timing rounds
+GPU_WARMUP_MS = 50.0  # on a GPU, warm-up lasts at least this long (wall clock): the clocks ramp up
+MAX_WARMUP_ROUNDS = 1000
+HEAD_START_US = 300.0  # GPU time queued before a timed call's start event, while the host launches it ...
+HEAD_START_LAUNCHES = 2.0  # ... or this many times the host's launch time of the slowest function timed ...
+MAX_HEAD_START_US = 20_000.0  # ... up to this
+MIN_TIMED_ROUNDS = 40  # timing may stop early (at a precision asked for) only after this many rounds ...
+PRECISION_EVERY = 10  # ... checked every this many
+
+
+@dataclass(frozen=True)
+class Sample:
+    ms: float  # the call, on the current stream (CPU: wall time)
+    synced_ms: float  # the call until the whole device was idle again (CPU: same as ms)
+    out: Any = None
+    host_ms: float | None = None  # GPU: the host's time to launch the call (until it returned)
+
+
+class Timer(Protocol):
+    def __call__(self, fn: Callable[..., Any], args: list[Any]) -> Sample:
+        """Run ``fn(*args)`` once and measure it."""
+        ...
+
+
+class CpuTimer:
+    def __call__(self, fn: Callable[..., Any], args: list[Any]) -> Sample:
+        t0 = time.perf_counter()
+        out = fn(*args)
+        ms = (time.perf_counter() - t0) * 1e3
+        return Sample(ms, ms, out)
+
+
+class CudaTimer:
+    """CUDA events with an L2 flush before each call and a device-wide sync before the last event.
+
+    The start event is queued behind the flush and a spin kernel (the head start), so that the host has
+    launched the call before the GPU reaches the start event: the window then holds the GPU's work, not the
+    Python overhead of launching it (which varies from call to call, and with the load of the host; that is
+    what ``triton.testing.do_bench`` hides too, by keeping the queue full). The head start is at least
+    ``head_start_us`` and, once :meth:`fit_head_start` has seen the host's launch time of the functions timed
+    together, twice that (up to MAX_HEAD_START_US): a launch-bound forward (a chain of small eager ops) is then
+    measured by its GPU time, the same on a busy host as on an idle one (measured on an H200: a 0.086 ms
+    network whose launches take 0.2–0.3 ms had medians of 0.14–0.20 ms under load with a fixed 300 µs head
+    start, 0.085 ms with the fitted one). Launch overhead itself is therefore not counted — on either side.
+    """
+
+    def __init__(self, l2_bytes: int, head_start_us: float = HEAD_START_US, fit: bool = True) -> None:
+        # twice the L2, at least 64 MB: writing it evicts whatever the previous call left in the cache
+        self.flush = torch.empty(max(2 * l2_bytes, 64 << 20), dtype=torch.uint8, device="cuda")
+        self.min_head_us = head_start_us
+        self.fit = fit  # False: a fixed head start (benchmarks compare the two)
+        self.head_us = 0.0
+        self.spin_cycles = 0
+        self._set_head(head_start_us)
+
+    def _set_head(self, us: float) -> None:
+        self.head_us = us
+        self.spin_cycles = int(us * cycles_per_us()) if us > 0 else 0
+
+    def fit_head_start(self, launch_ms: float) -> None:
+        """Size the head start for calls whose host side takes ``launch_ms`` to launch (a no-op for a fixed head
+        start: ``fit=False`` or none at all)."""
+        if self.fit and self.min_head_us > 0:
+            self._set_head(min(max(self.min_head_us, HEAD_START_LAUNCHES * launch_ms * 1e3), MAX_HEAD_START_US))
+
+    def __call__(self, fn: Callable[..., Any], args: list[Any]) -> Sample:
+        start, end, synced = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda.synchronize()
+        self.flush.zero_()
+        if self.spin_cycles:
+            torch.cuda._sleep(self.spin_cycles)
+        start.record()
+        t0 = time.perf_counter()
+        out = fn(*args)
+        host_ms = (time.perf_counter() - t0) * 1e3
+        end.record()
+        torch.cuda.synchronize()  # device-wide: work the call queued on any stream is done
+        synced.record()
+        synced.synchronize()
+        return Sample(start.elapsed_time(end), start.elapsed_time(synced), out, host_ms)
+
+
+_CYCLES_PER_US: list[float] = []
+MIN_CYCLES_PER_US = 2000.0
+
+
+def cycles_per_us() -> float:
+    """The spin kernel's cycles per microsecond, measured once (best of three), and never taken below 2 GHz: a
+    clock still ramping up during the measurement must make the head start longer, never shorter."""
+    if not _CYCLES_PER_US:
+        cycles, best_ms = 200_000, float("inf")
+        for _ in range(3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            torch.cuda._sleep(cycles)
+            b.record()
+            b.synchronize()
+            best_ms = min(best_ms, a.elapsed_time(b))
+        _CYCLES_PER_US.append(max(cycles / max(best_ms * 1e3, 1.0), MIN_CYCLES_PER_US))
+    return _CYCLES_PER_US[0]
+
+
+@dataclass(frozen=True)
+class Stats:
+    median: float
+    mean: float
+    std: float
+    min: float
+    n: int
+    samples: tuple[float, ...] = ()
+
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation (std / mean)."""
+        return self.std / self.mean if self.mean > 0 else 0.0
+
+    @staticmethod
+    def of(samples: Sequence[float]) -> Stats:
+        return Stats(statistics.median(samples), statistics.fmean(samples),
+                     statistics.stdev(samples) if len(samples) > 1 else 0.0, min(samples), len(samples),
+                     tuple(samples))
+
+    def describe(self) -> str:
+        return (f"median {self.median:.4g} ms, mean {self.mean:.4g} ms, std {self.std:.3g} ms, "
+                f"cv {100 * self.cv:.2f}%, n {self.n}")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One function's timing: on its stream, and until the device was idle."""
+
+    stats: Stats
+    synced: Stats
+    head_us: float | None = None  # GPU: the head start the calls were timed with
+
+    @property
+    def gap_ms(self) -> float:
+        """The shortest time between a call's end on its stream and the device going idle: the host's load only
+        ever lengthens a gap (a busy host wakes from the sync late), work left running on another stream
+        lengthens every one."""
+        return min(s - m for s, m in zip(self.synced.samples, self.stats.samples, strict=True))
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection inside a measurement (collected once before it)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def make_input_sets(get_inputs: Callable[[], Any], seed: int, device: str, count: int = INPUT_SETS,
+                    offset: int = TIMING_SEED_OFFSET) -> list[list[Any]]:
+    return [make_inputs(get_inputs, seed + offset + k, device=device) for k in range(count)]
+
+
+Check = Callable[[Any, Any], str | None]  # (candidate output, reference output) -> problem or None
+
+
+KEEP_CHECKED_BYTES = 1 << 30  # checked outputs kept per function, over all input sets
+
+
+def identical(a: Any, b: Any) -> bool:
+    """Bit-for-bit equal (nested) outputs; NaNs never are, which only costs a full check."""
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+                and a.device == b.device and bool(torch.equal(a, b)))
+    if isinstance(a, list | tuple):
+        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(identical, a, b))
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+class TimingMismatch(Exception):
+    """A timed output differed from the reference's for the same inputs (memoised, racy, input-dependent)."""
+
+
+class OddOutput(TimingMismatch):
+    """A timed output that is not plain tensors in plain containers."""
+
+
+def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]], timer: Timer, warmup: int,
+                     trials: int, check: Check | None = None, warmup_ms: float = 0.0,
+                     precision: float = 0.0, states: Sequence[ProcessState | None] = ()) -> list[Timing]:
+    """Time each of ``fns`` ``trials`` times, round-robin, the order rotating every round to cancel drift and
+    cache warmth, after at least ``warmup`` rounds and ``warmup_ms`` of warm-up. Round r uses input set
+    r mod len(input_sets), and each call gets its own clone. With ``check``, every output of ``fns[i]``
+    (i > 0) is checked against ``fns[0]``'s in the same round — or, cheaper, found bit for bit equal to its
+    own output that passed the check on the same input set in an earlier round (kept while small) — and
+    ``fns[0]`` runs last in every round (the others rotate before it): a function checked against it never runs
+    while its output for the same inputs is held (a copy of it, returned, passed the check at a copy's cost). With
+    ``precision`` > 0, timing stops before ``trials`` rounds (after MIN_TIMED_ROUNDS at least) once every
+    function's median is known within that relative standard error (:func:`median_error`). ``states[i]``: the
+    process state each call of ``fns[i]`` runs in (eval/measure/process_state.py; the loop's own no grad and no
+    collector on top), outside its timed region; none: as the calls before left it."""
+    ms: list[list[float]] = [[] for _ in fns]
+    synced: list[list[float]] = [[] for _ in fns]
+    launches: list[list[float]] = [[] for _ in fns]  # warm-up calls' host launch times (GPU)
+    fit = getattr(timer, "fit_head_start", None)
+    rotating = list(range(1, len(fns))) if check is not None else list(range(len(fns)))
+    r, timed = 0, 0
+    checked: dict[tuple[int, int], Any] = {}  # (function, input set) -> an output that passed the check
+    inside = [s.but(grad=False, gc=False) if s is not None else None for s in states]
+    inside += [None] * (len(fns) - len(inside))
+    with _gc_paused(), torch.no_grad():
+        started = time.perf_counter()
+        while timed < trials:
+            warm_ms = (time.perf_counter() - started) * 1e3
+            warming = r < warmup or (warm_ms < warmup_ms and r < MAX_WARMUP_ROUNDS)
+            inputs = input_sets[r % len(input_sets)]
+            outs: list[Any] = [None] * len(fns)
+            if not warming and timed == 0 and fit is not None and all(launches):
+                fit(max(statistics.median(h) for h in launches))  # one head start for all: the same conditions
+            order = [*rotating, 0] if check is not None else rotating
+            for i in order:
+                state = inside[i]
+                with state.around() if state is not None else contextlib.nullcontext():
+                    sample = timer(fns[i], clone_all(inputs))
+                # kept for the round's check only: the reference timed against itself and torch.compile held three
+                # 6 GB outputs at once, one more than the memory plan counts (19_ReLU out of memory at 40 GB)
+                outs[i] = sample.out if check is not None else None
+                if check is not None and i > 0 and (odd := _not_plain(sample.out)):  # its copy below would run its
+                    raise OddOutput(f"timing round {r + 1}: {odd}")  # code after the clock stopped
+                if check is not None and i > 0 and not _on_gpu(sample.out):
+                    # the candidate's output as it stands when its call returned, before the next call runs: work a
+                    # thread of its goes on doing meanwhile (the clock stopped at the return) leaves it unfinished
+                    outs[i] = snapshot(sample.out)
+                if not warming:
+                    ms[i].append(sample.ms)
+                    synced[i].append(sample.synced_ms)
+                elif sample.host_ms is not None:
+                    launches[i].append(sample.host_ms)
+                del sample  # its output lives in outs only: dropped with the round (a 6 GB task's outputs)
+            timed += not warming
+            if check is not None:
+                k = r % len(input_sets)
+                for i in range(1, len(fns)):
+                    if (i, k) in checked and identical(outs[i], checked[i, k]):
+                        continue  # bit for bit what passed the check on these inputs before
+                    problem = check(outs[i], outs[0])
+                    if problem:
+                        raise TimingMismatch(f"timing round {r + 1}: {problem}")
+                    if (i, k) not in checked and sum(nbytes_of(outs[i])) * len(input_sets) <= KEEP_CHECKED_BYTES:
+                        checked[i, k] = snapshot(outs[i])  # a copy: the candidate may reuse its buffer
+            rotating = rotating[1:] + rotating[:1]
+            r += 1
+            del outs
+            if (precision > 0 and timed >= MIN_TIMED_ROUNDS and timed % PRECISION_EVERY == 0
+                    and all(median_error(m) <= precision for m in ms)):
+                break
+    head = getattr(timer, "head_us", None)
+    return [Timing(Stats.of(m), Stats.of(s), head) for m, s in zip(ms, synced, strict=True)]
+
+
+_READERS = ("__iter__", "__getitem__", "__len__", "keys", "values", "items")
+
+
+def _builtin_reads(kind: type) -> type | None:
+    """The builtin container ``kind`` is read as (tuple, list, dict) where every way of reading it is the builtin's
+    own (a namedtuple, torch.max's result; not a subclass whose ``__iter__`` runs code of the candidate's), else
+    None."""
+    for base in (tuple, list, dict):
+        if issubclass(kind, base):
+            same = all(getattr(kind, m) is getattr(base, m) for m in _READERS if hasattr(base, m))
+            return base if same else None
+    return None
+
+
+def _not_plain(value: Any, path: str = "output") -> str | None:
+    """Why an output of a checked function is not plain tensors in containers read as the builtins are (a
+    subclass's ``detach``, ``clone`` or ``__iter__`` would run the candidate's own code outside its timed call: its
+    work done while the round's copy is made), else None."""
+    kind = type(value)
+    if isinstance(value, torch.Tensor):
+        return None if kind in (torch.Tensor, torch.nn.Parameter) else \
+            f"{path} is a {kind.__name__}, not a plain torch.Tensor"
+    base = _builtin_reads(kind) if isinstance(value, tuple | list | dict) else None
+    if isinstance(value, tuple | list | dict) and base is None:
+        return f"{path} is a {kind.__name__}, read by code of its own (not as a tuple, list or dict)"
+    if base is dict:
+        return next((p for k, v in dict.items(value) if (p := _not_plain(v, f"{path}[{k!r}]"))), None)
+    if base is not None:
+        return next((p for i, v in enumerate(base.__iter__(value)) if (p := _not_plain(v, f"{path}[{i}]"))), None)
+    return None
+
+
+def _on_gpu(value: Any) -> bool:
+    """Whether ``value``'s tensors live on a GPU (the CPU's are snapshot after a candidate's timed call)."""
+    return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for _, t in flatten_outputs(value))
+
+
+def capture_graph(body: Callable[[], None], mode: str = "global") -> torch.cuda.CUDAGraph | None:
+    """``body`` (its kernels) as a CUDA graph, after a warm-up run on a side stream; None when it cannot be captured
+    (a host sync inside, an allocation outside torch's allocator, a kernel on an unordered stream, ...). ``mode``:
+    the capture's error mode; "thread_local" lets the process's other threads call CUDA meanwhile (the judge's
+    device memory sampler), "global" makes any thread's unsafe call fail the capture (a candidate's process)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            body()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode=mode):  # type: ignore[arg-type]
+            body()
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph
+    except Exception:
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+        return None
+
+
+def leaves_work_behind(candidate: Timing, reference: Timing) -> bool:
+    """Did the candidate's calls leave work running on other streams after returning (more than the fixed
+    cost of a device-wide sync, which the reference's gap measures)?"""
+    margin = max(0.004, 0.02 * candidate.stats.median)
+    return candidate.gap_ms > reference.gap_ms + margin
+
+
+def wall_times(fns: list[Callable[..., Any]], input_sets: list[list[Any]], synchronize: Callable[[], None],
+               rounds: int, check: Check | None = None) -> list[Stats]:
+    """Host wall-clock time of each call up to a device-wide sync: a second opinion on a large speedup."""
+    samples: list[list[float]] = [[] for _ in fns]
+    with _gc_paused(), torch.no_grad():
+        for r in range(rounds + 1):
+            inputs = input_sets[r % len(input_sets)]
+            outs: list[Any] = []
+            for i, fn in enumerate(fns):
+                args = clone_all(inputs)
+                synchronize()
+                t0 = time.perf_counter()
+                outs.append(fn(*args))
+                synchronize()
+                if r > 0:  # the first round warms up
+                    samples[i].append((time.perf_counter() - t0) * 1e3)
+            if check is not None:
+                for i in range(1, len(fns)):
+                    problem = check(outs[i], outs[0])
+                    if problem:
+                        raise TimingMismatch(f"wall-clock re-measure: {problem}")
+    return [Stats.of(s) for s in samples]
