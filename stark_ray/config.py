@@ -1,12 +1,50 @@
-"""Frozen settings of a run. Where the paper leaves a value open, the default is ours (see docs/method.md)."""
+"""Frozen settings of a run. Where the paper leaves a value open, the default is ours (see docs/method.md).
+
+A setting the command line takes is declared with :func:`option`: its help and its spellings live with the field,
+and every command that takes its dataclass gets the option from there (stark_ray/cli/options.py), as a campaign
+file gets its key (stark_ray/run/campaign.py). The names a registry holds, a search policy's and a backend's, are
+checked by that registry (``search.policy.policy_factory``, ``eval.backends.backend_class``) where the name is
+resolved, so that this module needs no part of the search or the evaluator: the judge's process imports it.
+"""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
-from stark_ray.eval.backends import available_backends, known_backend
-from stark_ray.search.policy import POLICY_FACTORIES
+T = TypeVar("T")
+CLI = "cli"  # the key of a field's metadata that holds its CliOption
+
+
+@dataclass(frozen=True)
+class CliOption:
+    """How a settings field is given on the command line.
+
+    ``flags``: its spellings, where they are not ``--the-field-name`` alone (``("--budget", "-B")``). Fields that
+    share a spelling are one option that sets each of them (``--seed``: the search's and the evaluator's); their
+    defaults agree, and the first field's ``help`` is the option's. ``help`` may hold ``{policies}`` and
+    ``{backends}``: the command line writes the registries' names there. ``derived``: the default is worked out
+    from other settings, as ``help`` says; the option is unset (None) unless given. ``path``: the value is a path
+    (the field holds its text).
+    """
+
+    help: str
+    flags: tuple[str, ...] = ()
+    derived: bool = False
+    path: bool = False
+
+
+def option(default: T, help: str = "", *flags: str, derived: bool = False, path: bool = False) -> T:
+    """A settings field with ``default`` that the command line takes too (:class:`CliOption`)."""
+    return field(default=default, metadata={CLI: CliOption(help, flags, derived, path)})
+
+
+def cli_option(f: object) -> CliOption | None:
+    """The command-line option of a dataclass field, or None for a field the command line does not take."""
+    found = getattr(f, "metadata", {}).get(CLI)
+    return found if isinstance(found, CliOption) else None
+
 
 ABLATIONS = ("none", "search_agent", "ma_only")
 PROVIDERS = ("openai", "anthropic", "replay")
@@ -173,6 +211,9 @@ class EvalConfig:
     # can read the counters (else one line says why): DRAM and SM throughput, achieved occupancy and what limits
     # it, in its observations (stark_ray/eval/ncu.py). Seconds per accepted candidate.
     profile: str = "none"
+    # defences of the evaluator switched off, by name (stark_ray/eval/defences.py: the table), for tests and
+    # ablations only: a verdict with one off says so in its log, and can be fooled by what that defence stops
+    defences_off: tuple[str, ...] = ()
 
     def hiding(self, *paths: object) -> EvalConfig:
         """This configuration with ``paths`` (a run directory: a path or a filesystem URI, which needs none) hidden
@@ -183,6 +224,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         hidden = (self.hidden_paths,) if isinstance(self.hidden_paths, str) else self.hidden_paths
         object.__setattr__(self, "hidden_paths", tuple(str(p) for p in hidden))
+        off = (self.defences_off,) if isinstance(self.defences_off, str) else self.defences_off
+        object.__setattr__(self, "defences_off", tuple(str(d) for d in off))
         if isinstance(self.isolate, bool):
             object.__setattr__(self, "isolate", "on" if self.isolate else "off")
         if self.isolate not in ISOLATE_MODES:
