@@ -14,7 +14,7 @@ import typer
 from stark_ray.cli.app import AGENTS, EVAL, SEARCH, app, err, fail
 from stark_ray.config import ABLATIONS, TOLERANCES, AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.backends import available_backends
-from stark_ray.search.policy import POLICIES
+from stark_ray.search.policy import POLICIES, policy_factory
 
 _S, _A, _E = SEARCH, AGENTS, EVAL  # the defaults the help shows (defined in config.py, once)
 
@@ -104,6 +104,7 @@ def campaign(
     """Search many tasks at once over every evaluator of the Ray cluster, with spending caps."""
 
     from stark_ray.cli.places import existing_dir, gpu_first, writable_dir
+    from stark_ray.eval.backends import backend_class
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials
     from stark_ray.run.campaign import CampaignError, Caps, load_config, select_tasks
@@ -184,6 +185,8 @@ def campaign(
         search_cfg = SearchConfig(**merged["search"])
         agent_cfg = AgentConfig(**agents)
         eval_cfg = EvalConfig(**merged["eval"])
+        policy_factory(search_cfg.policy)  # the names, by their registries
+        backend_class(eval_cfg.backend)
         check_credentials(agent_cfg)
     except (CampaignError, ConfigError, ValueError) as e:
         fail(str(e))

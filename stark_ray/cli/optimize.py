@@ -28,7 +28,7 @@ from stark_ray.cli.app import (
     interrupt,
 )
 from stark_ray.config import ABLATIONS, AgentConfig, EvalConfig, SearchConfig
-from stark_ray.search.policy import POLICIES
+from stark_ray.search.policy import POLICIES, policy_factory
 
 if TYPE_CHECKING:
     from stark_ray.eval.tasks import Task
@@ -147,7 +147,8 @@ def optimize(
                               memory_budget_gb=memory_budget, compile_timeout_s=compile_timeout)
     except ValueError as e:
         fail(str(e))
-    try:  # a backend given by its import path is imported here, once
+    try:  # the names, by their registries (a backend given by its import path is imported here, once)
+        policy_factory(policy)
         backend_class(backend)
     except ValueError as e:
         fail(str(e))

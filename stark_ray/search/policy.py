@@ -16,14 +16,12 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from stark_ray.config import SearchConfig
 from stark_ray.records import Node
 from stark_ray.search.selection import Selection
 from stark_ray.search.tree import Tree
-
-if TYPE_CHECKING:  # config imports this module for its table of policies
-    from stark_ray.config import SearchConfig
 
 
 class Policy(Protocol):
@@ -162,8 +160,8 @@ def rules_of(search: SearchConfig) -> Rules:
 
 
 # Every policy by the name --policy gives it, and how it is made. A new policy is a class with ``select`` (the
-# Policy protocol above) and one entry here; SearchConfig, the CLI's help and both executors take it from this
-# table (docs/architecture.md, "Adding a search policy").
+# Policy protocol above) and one entry here; the CLI's help and checks and both executors take it from this table
+# (docs/architecture.md, "Adding a search policy").
 POLICY_FACTORIES: dict[str, Callable[[SearchConfig], Policy]] = {
     "epsilon_greedy": lambda search: EpsilonGreedy(search.epsilon, rules_of(search)),
     "greedy": lambda search: Greedy(rules_of(search)),
@@ -172,12 +170,19 @@ POLICY_FACTORIES: dict[str, Callable[[SearchConfig], Policy]] = {
 POLICIES = tuple(POLICY_FACTORIES)
 
 
+def policy_factory(name: str) -> Callable[[SearchConfig], Policy]:
+    """How the policy called ``name`` is made. ValueError, one line naming the policies, for a name the table does
+    not hold (the command line checks ``--policy`` with it before any work)."""
+    factory = POLICY_FACTORIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_FACTORIES)}")
+    return factory
+
+
 def make_policy(search: SearchConfig) -> Policy:
     """The policy a run's ``SearchConfig`` asks for. The ``ma_only`` ablation means agents + Best-of-K whatever
-    its ``policy`` says."""
+    its ``policy`` says (a name the table does not hold is refused all the same)."""
+    factory = policy_factory(search.policy)
     if search.ablation == "ma_only":
         return BestOfK(k=search.k, repair=True, max_debug_chain=search.max_debug_chain)
-    factory = POLICY_FACTORIES.get(search.policy)
-    if factory is None:
-        raise ValueError(f"unknown policy {search.policy!r}; choose one of {', '.join(POLICY_FACTORIES)}")
     return factory(search)

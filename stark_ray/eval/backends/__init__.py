@@ -45,11 +45,13 @@ def backend_path(name: str) -> str:
         return _REGISTRY[name]
     if ":" in name:
         return name
-    raise ValueError(f"backend {name!r} is not available here; available: {', '.join(available_backends())}")
+    raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(available_backends())}")
 
 
 def backend_class(name: str) -> type[Backend]:
-    """The class of backend ``name`` (a registered name, or an import path ``package.module:Class``)."""
+    """The class of backend ``name`` (a registered name, or an import path ``package.module:Class``). ValueError, one
+    line, for a name not registered or a path that does not import a Backend: the check of a backend's name (the
+    command line makes it on ``--backend`` before any work)."""
     module_name, _, cls_name = backend_path(name).partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), cls_name)
