@@ -21,7 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from stark_ray.eval.backends import available_backends, get_backend
+from stark_ray.eval.backends import (
+    Backend,
+    Package,
+    available_backends,
+    backend_class,
+    get_backend,
+    known_backend,
+    offered,
+)
 from stark_ray.eval.backends.requirements import (
     CUDA_MATCH,
     CXX,
@@ -34,21 +42,21 @@ from stark_ray.eval.backends.requirements import (
     NVRTC,
     RAY,
     TORCH_CUDA,
-    TRITON,
     WORKER_ENV,
 )
 
 Status = Literal["ok", "warn", "missing"]
 
 TOOL_TIMEOUT_S = 15.0  # nvcc, ninja, c++, nvidia-smi
-PACKAGES_TIMEOUT_S = 90.0  # importing torch, triton and ray (slow on a cold file cache)
+PACKAGES_TIMEOUT_S = 90.0  # importing torch, the backends' packages and ray (slow on a cold file cache)
 DEVICES_TIMEOUT_S = 45.0  # torch.cuda: a hung driver ends here
 _MARK = "@@stark-doctor@@"
 
 _CUDA_WHEELS = "install a CUDA build of torch (the cuXYZ wheel index for your CUDA: pytorch.org/get-started/locally)"
 
+# its arguments: the packages to import beside torch (the backends', then ray)
 _PACKAGES_PROBE = f"""
-import json
+import json, sys
 out = {{}}
 def error(e):
     return (type(e).__name__ + ": " + str(e)).splitlines()[0][:200]
@@ -58,7 +66,7 @@ try:
                     "compile_kernel": hasattr(torch.cuda, "_compile_kernel")}}
 except Exception as e:
     out["torch"] = {{"error": error(e)}}
-for name in ("triton", "ray"):
+for name in sys.argv[1:]:
     try:
         out[name] = {{"version": str(getattr(__import__(name), "__version__", "unknown"))}}
     except Exception as e:
@@ -129,9 +137,9 @@ def run_tool(cmd: list[str], timeout: float) -> tuple[int | None, str]:
     return proc.returncode, out + errs
 
 
-def _python_probe(script: str, timeout: float) -> tuple[Any, str]:
+def _python_probe(script: str, timeout: float, *args: str) -> tuple[Any, str]:
     """(the JSON the probe printed, or None; why it failed)."""
-    code, out = run_tool([sys.executable, "-c", script], timeout)
+    code, out = run_tool([sys.executable, "-c", script, *args], timeout)
     for line in reversed(out.splitlines()):
         if line.startswith(_MARK):
             try:
@@ -261,8 +269,8 @@ def check_gpu(devices: list[list[Any]] | None, problem: str, torch: dict[str, An
         detail = f"{len(parts)}× {parts[0]}" if len(set(parts)) == 1 else "; ".join(parts)
         return Check(GPU, "ok", detail)
     fix = "run on a GPU host or use --backend cpu_cpp"
-    if backend == "triton":
-        fix += " (or TRITON_INTERPRET=1 to run Triton on the CPU)"
+    if without := backend_class(backend).without_gpu:  # how the backend's kernels run without one
+        fix += f" (or {without})"
     if problem:
         return Check(GPU, "missing", f"torch.cuda failed: {problem}", "check nvidia-smi; the driver may be hung")
     if torch.get("cuda") is None and smi:
@@ -296,15 +304,23 @@ def check_nvrtc(torch: dict[str, Any]) -> Check:
     return Check(NVRTC, "ok", f"torch.cuda._compile_kernel (CUDA {torch['cuda']})")
 
 
-def check_triton(triton: dict[str, Any], gpu_visible: bool) -> Check:
-    if "error" in triton:
-        return Check(TRITON, "missing", f"not importable: {triton['error']}", "pip install triton")
-    if gpu_visible:
-        return Check(TRITON, "ok", triton["version"])
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return Check(TRITON, "ok", f"{triton['version']}, no GPU: TRITON_INTERPRET=1 runs it on the CPU")
-    return Check(TRITON, "warn", f"{triton['version']}, but no GPU to run it on",
-                 "TRITON_INTERPRET=1 runs Triton kernels on the CPU (slow; for testing)")
+def backend_packages(backend: str | None = None) -> list[tuple[Package, type[Backend]]]:
+    """The packages of every backend offered here and of ``backend`` (``Backend.packages``), each once, with the
+    backend that declares it (the first one to)."""
+    found: dict[str, tuple[Package, type[Backend]]] = {}
+    for cls in offered(backend):
+        for package in cls.packages:
+            found.setdefault(package.module, (package, cls))
+    return list(found.values())
+
+
+def check_package(package: Package, backend: type[Backend], probed: dict[str, Any], gpu_visible: bool) -> Check:
+    """The line of a backend's package: missing where it is not importable, else as the backend says
+    (:meth:`~stark_ray.eval.backends.base.Backend.package_line`)."""
+    if "error" in probed:
+        return Check(package.check, "missing", f"not importable: {probed['error']}", package.install)
+    status, detail, fix = backend.package_line(package, probed["version"], gpu_visible)
+    return Check(package.check, status, detail, fix)
 
 
 def check_ray(ray: dict[str, Any]) -> Check:
@@ -325,11 +341,12 @@ def check_keys() -> Check:
                  "export OPENAI_API_KEY or ANTHROPIC_API_KEY for a real model (replaying --cassette needs none)")
 
 
-def check_worker_env() -> Check:
-    """Which variables of this environment the evaluator's processes get (names only: never a value)."""
+def check_worker_env(backend: str | None = None) -> Check:
+    """Which variables of this environment the evaluator's processes (of ``backend``) get (names only: never a
+    value)."""
     from stark_ray.eval.proc.sandbox_env import passed
 
-    kept = sorted(n for n in os.environ if passed(n))
+    kept = sorted(n for n in os.environ if passed(n, backend))
     dropped = len(os.environ) - len(kept)
     return Check(WORKER_ENV, "ok", f"passes {len(kept)} variable(s) to the evaluator: {', '.join(kept) or 'none'}; "
                                    f"drops the other {dropped} (an allowlist: stark_ray/eval/proc/sandbox_env.py)")
@@ -354,16 +371,18 @@ def check_isolation() -> Check:
 
 def diagnose(backend: str | None = None) -> Report:
     """Run every check; ``backend`` None picks cuda when torch sees a CUDA GPU, else cpu_cpp."""
-    if backend is not None and backend not in available_backends():
+    if backend is not None and not known_backend(backend):
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(available_backends())}")
+    own = backend_packages(backend)
+    modules = (*(package.module for package, _ in own), "ray")
     with ThreadPoolExecutor(max_workers=5) as pool:
-        packages_f = pool.submit(_python_probe, _PACKAGES_PROBE, PACKAGES_TIMEOUT_S)
+        packages_f = pool.submit(_python_probe, _PACKAGES_PROBE, PACKAGES_TIMEOUT_S, *modules)
         nvcc_f, smi_f = pool.submit(check_nvcc), pool.submit(nvidia_smi)
         ninja_f, cxx_f = pool.submit(check_ninja), pool.submit(check_cxx)
         packages, packages_problem = packages_f.result()
         if not isinstance(packages, dict):
             failed = {"error": f"the probe failed: {packages_problem}"}
-            packages = {"torch": failed, "triton": failed, "ray": failed}
+            packages = {name: failed for name in ("torch", *modules)}
         torch: dict[str, Any] = packages["torch"]
         devices: list[list[Any]] | None = []
         devices_problem = ""
@@ -383,10 +402,10 @@ def diagnose(backend: str | None = None) -> Report:
         check_gpu(devices, devices_problem, torch, smi, backend),
         check_cuda_match(nvcc_version, torch.get("cuda")),
         check_nvrtc(torch),
-        check_triton(packages["triton"], gpu_visible),
+        *(check_package(package, cls, packages[package.module], gpu_visible) for package, cls in own),
         check_ray(packages["ray"]),
         check_keys(),
-        check_worker_env(),
+        check_worker_env(backend),
         check_isolation(),
     ]
     needs = set(get_backend(backend).needs())  # what the backend says it needs here

@@ -1,21 +1,30 @@
 """A backend is one object: a new one, registered by its import path, is accepted by the config, tells the agents
 its format, says what the doctor must check, and is what the evaluator's own processes (the judge, the worker) run —
-the example of docs/architecture.md, "Adding a backend"."""
+the example of docs/architecture.md, "Adding a backend". A JIT DSL's backend, in one file, declares what the
+sandbox needs of it (variables passed, a cache made private, a toolchain path kept visible in the jail, how its
+kernels are recorded) and the package the doctor checks: each reaches its place with no other file edited."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from stark_ray import doctor
 from stark_ray.config import EvalConfig
 from stark_ray.eval import backends
-from stark_ray.eval.backends import BUILT_IN, backend_class, backend_path, get_backend, register_backend
-from stark_ray.eval.backends.requirements import CXX
-from stark_ray.eval.proc.launch import WorkerSpec
+from stark_ray.eval.backends import BUILT_IN, backend_class, backend_path, declared, get_backend, register_backend
+from stark_ray.eval.backends.requirements import CXX, GPU
+from stark_ray.eval.proc import isolation
+from stark_ray.eval.proc.isolation import IsolationUnavailable, isolation_prefix, jailed
+from stark_ray.eval.proc.launch import WorkerSpec, spec_env
+from stark_ray.eval.proc.sandbox_env import worker_env
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import load_task
+from stark_ray.eval.worker.kernel_sources import KernelSources, python_kernel_names
+from stark_ray.eval.worker.private_places import PRIVATE_PLACES
 from stark_ray.prompts.loader import system_prompt
 
 TOY_MODULE = '''
@@ -133,4 +142,190 @@ def test_the_evaluator_runs_a_registered_backend_in_its_own_processes(toy: str, 
         assert service.hardware_description() == "a toy CPU (read in the judge)"
         service.reference(task)
         result = service.evaluate(task, CANDIDATE)
+    assert result.accepted, (result.stage, result.error, result.log)
+
+
+# -- a JIT DSL's backend: one file ---------------------------------------------------------------------------------
+
+TOYJIT_MODULE = '''
+"""toyjit: a toy JIT DSL (kernels are Python functions under ``@toyjit.kernel``) and its backend, in one module."""
+
+from typing import Any, ClassVar
+
+from stark_ray.eval.backends.base import Package
+from stark_ray.eval.backends.cpu_cpp import CpuCppBackend
+from stark_ray.eval.backends.requirements import CXX
+
+__version__ = "0.1"
+TOYJIT = Package("toyjit", "ToyJIT", "pip install toyjit")
+
+
+class Kernel:
+    """A function made a kernel (this JIT just calls it)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def kernel(fn):
+    return Kernel(fn)
+
+
+def _kernel_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+    return getattr(args[1] if len(args) > 1 else kwargs.get("fn"), "__name__", None)  # Kernel.__init__(self, fn)
+
+
+class ToyJitBackend(CpuCppBackend):
+    name: ClassVar[str] = "toyjit"
+    target: ClassVar[str] = "toyjit kernels on a toy CPU"
+    requirements: ClassVar[tuple[str, ...]] = (CXX, TOYJIT.check)
+    env_prefixes: ClassVar[tuple[str, ...]] = ("TOYJIT_",)
+    caches: ClassVar[tuple[tuple[str, str], ...]] = (("TOYJIT_CACHE_DIR", "toyjit"),)
+    toolchain_vars: ClassVar[tuple[str, ...]] = ("TOYJIT_COMPILER",)
+    kernel_definitions: ClassVar[tuple[str, ...]] = (r"@toyjit\\.kernel\\s*\\ndef\\s+(\\w+)\\s*\\(",)
+    packages: ClassVar[tuple[Package, ...]] = (TOYJIT,)
+    without_gpu: ClassVar[str] = "TOYJIT_CPU=1 to run toyjit on the CPU"
+
+    @classmethod
+    def prompt_section(cls) -> str:
+        return "Write ModelNew with @toyjit.kernel functions."  # here, not in a toyjit.txt: one file
+
+    def record_kernels(self, sources) -> None:
+        sources.record_names(Kernel, "__init__", _kernel_name)
+'''
+
+TOYJIT_CANDIDATE = '''
+import os
+import torch
+import torch.nn as nn
+import toyjit
+
+
+@toyjit.kernel
+def affine(x):
+    return torch.addcmul(torch.ones_like(x), x, torch.full_like(x, 2.0))
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if os.environ.get("TOYJIT_FLAGS") != "-O3":
+            raise RuntimeError("the toyjit backend's variable did not reach the worker")
+        if os.environ.get("TOYJIT_CACHE_DIR") != os.environ.get("TMPDIR"):
+            raise RuntimeError("the toyjit cache is not the candidate's own directory")
+        return affine(x)
+'''
+
+
+@pytest.fixture
+def toyjit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The toy JIT DSL's one module in a directory on the path (this process's and, through PYTHONPATH, the
+    evaluator's and the doctor's probes'), registered as ``toyjit``."""
+    package = tmp_path / "site"
+    package.mkdir()
+    (package / "toyjit.py").write_text(TOYJIT_MODULE)
+    monkeypatch.syspath_prepend(str(package))
+    monkeypatch.setenv("PYTHONPATH", str(package))
+    monkeypatch.setattr(backends, "_REGISTRY", dict(BUILT_IN))
+    register_backend("toyjit", "toyjit:ToyJitBackend")
+    yield "toyjit"
+    sys.modules.pop("toyjit", None)
+
+
+def test_a_jit_dsl_backend_in_one_file_reaches_the_sandbox_env_and_the_launch_env(
+        toyjit: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = {"PATH": "/usr/bin", "TOYJIT_FLAGS": "-O3", "TOYJIT_API_KEY": "s", "TRITON_INTERPRET": "1"}
+    env = worker_env(tmp_path / "w", 1, base, backend=toyjit)
+    assert env["TOYJIT_FLAGS"] == "-O3" and "TOYJIT_API_KEY" not in env  # passed by its prefix; a secret is not
+    assert env["TRITON_INTERPRET"] == "1"  # every backend offered declares for every process
+    # a process that knows the backend by its import path only (the judge, a worker) passes its variables too
+    monkeypatch.setattr(backends, "_REGISTRY", dict(BUILT_IN))
+    assert worker_env(tmp_path / "w", 1, base, backend="toyjit:ToyJitBackend")["TOYJIT_FLAGS"] == "-O3"
+    assert "TOYJIT_FLAGS" not in worker_env(tmp_path / "w", 1, base, backend="cpu_cpp")  # not offered there
+    register_backend(toyjit, "toyjit:ToyJitBackend")
+    # its cache: in the build directory's subdirectory, an isolated process's own, and each candidate's
+    build, work = tmp_path / "build", tmp_path / "work"
+    assert spec_env(WorkerSpec(toyjit, str(build), 1), work)["TOYJIT_CACHE_DIR"] == str(build / "toyjit")
+    isolated = spec_env(WorkerSpec(toyjit, str(build), 1, isolate=True), work)
+    assert isolated["TOYJIT_CACHE_DIR"] == str(work / "toyjit") and isolated["TRITON_CACHE_DIR"] == str(work / "triton")
+    assert declared(toyjit).cache_vars == ("TRITON_CACHE_DIR", "TOYJIT_CACHE_DIR")
+    assert not set(declared(toyjit).cache_vars) & set(PRIVATE_PLACES)  # the worker adds them (host.py)
+
+
+def test_a_jit_dsl_backends_toolchain_variable_reaches_the_jail(toyjit: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as m:  # the arguments, wherever isolation works or not
+        m.setattr(isolation, "isolation_prefix", lambda: ("unshare",))
+        argv = WorkerSpec(toyjit, str(tmp_path / "build"), 1, isolate=True).argv()
+    names = [argv[i + 1] for i, a in enumerate(argv[:argv.index("--")]) if a == "--toolchain"]
+    assert names == ["TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH", "TOYJIT_COMPILER"]
+    try:
+        isolation_prefix()
+    except IsolationUnavailable as e:
+        pytest.skip(str(e))
+    # in the jail /tmp is a fresh one: the compiler it names (under /tmp here) is there only where it is declared
+    tools, work = tmp_path / "toyjit-tools", tmp_path / "work"
+    tools.mkdir()
+    work.mkdir()
+    (tools / "toyjitc").write_text("the toyjit compiler")
+    env = {"PATH": "/usr/bin:/bin", "TOYJIT_COMPILER": str(tools / "toyjitc")}
+    command = [sys.executable, "-c", "import os; print(open(os.environ['TOYJIT_COMPILER']).read())"]
+
+    def jailed_run(toolchain: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(jailed(command, toolchain=toolchain), cwd=work, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    seen = jailed_run(declared(toyjit).toolchain_vars)
+    assert seen.returncode == 0 and seen.stdout.strip() == "the toyjit compiler", seen.stderr
+    unseen = jailed_run(())
+    assert unseen.returncode != 0 and "No such file" in unseen.stderr, (unseen.stdout, unseen.stderr)
+
+
+def test_a_jit_dsl_backends_kernels_are_recorded_and_read(toyjit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from torch.utils import cpp_extension
+
+    for owner, name in ((cpp_extension, "load_inline"), (cpp_extension, "load"), (torch.cuda, "_compile_kernel")):
+        if hasattr(owner, name):
+            monkeypatch.setattr(owner, name, getattr(owner, name))  # the recorder's wrappers go after the test
+    text = "import toyjit\n\n\n@toyjit.kernel\ndef scale(x):\n    return x * 2\n"
+    sources = KernelSources()
+    sources.install()
+    get_backend(toyjit).record_kernels(sources)
+    exec(compile(text, "candidate.py", "exec"), {})  # what a candidate of its format does at import
+    assert sources.recorded and sources.names() == {"scale"}
+    assert python_kernel_names(text, declared(toyjit).kernel_definitions) == {"scale"}  # where nothing is recorded
+
+
+def test_a_jit_dsl_backends_package_reaches_the_doctor(toyjit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOYJIT_FLAGS", "-O3")
+    cls = backend_class(toyjit)
+    assert [(p.module, c) for p, c in doctor.backend_packages()] == [("triton", backend_class("triton")),
+                                                                     ("toyjit", cls)]
+    missing = doctor.check_package(cls.packages[0], cls, {"error": "ModuleNotFoundError: toyjit"}, False)
+    assert (missing.name, missing.status, missing.fix) == ("ToyJIT", "missing", "pip install toyjit")
+    report = doctor.diagnose(toyjit)
+    checks = {c.name: c for c in report.checks}
+    assert checks["ToyJIT"].status == "ok" and checks["ToyJIT"].detail == "0.1" and checks["ToyJIT"].needed
+    assert "Triton" in checks  # the other backends' packages stay listed, for information
+    assert "TOYJIT_FLAGS" in checks[doctor.WORKER_ENV].detail
+    if checks[GPU].status != "ok":
+        assert checks[GPU].fix.endswith("(or TOYJIT_CPU=1 to run toyjit on the CPU)") and not checks[GPU].needed
+
+
+@pytest.mark.slow
+def test_the_evaluator_runs_a_jit_dsl_backend_with_its_variables_and_private_cache(
+        toyjit: str, tmp_path: Path, shared_build_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The judge and the worker know the backend by its import path only: its variables pass, its cache is the
+    candidate's own directory while it runs (the candidate checks both)."""
+    monkeypatch.setenv("TOYJIT_FLAGS", "-O3")
+    path = tmp_path / "1_Affine.py"
+    path.write_text(TASK)
+    task = load_task(path)
+    cfg = EvalConfig(backend=toyjit, build_dir=shared_build_dir, isolate="off", trials=2, warmup=1, timing_trials=5)
+    with EvalService(cfg) as service:
+        service.reference(task)
+        result = service.evaluate(task, TOYJIT_CANDIDATE)
     assert result.accepted, (result.stage, result.error, result.log)

@@ -13,6 +13,7 @@ import pytest
 
 from stark_ray import doctor
 from stark_ray.eval.backends import BUILT_IN, backend_class, get_backend
+from stark_ray.eval.backends.triton import TRITON
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "sk-test-Zq8vW3xK9pL2mN7rT4yU"
@@ -28,7 +29,7 @@ def stark_doctor(*args: str, env: dict[str, str] | None = None,
 
 def lines_by_name(stdout: str) -> dict[str, str]:
     names = (doctor.NVCC, doctor.NINJA, doctor.CXX, doctor.DRIVER, doctor.TORCH_CUDA, doctor.GPU,
-             doctor.CUDA_MATCH, doctor.NVRTC, doctor.TRITON, doctor.RAY, doctor.KEYS, doctor.WORKER_ENV,
+             doctor.CUDA_MATCH, doctor.NVRTC, TRITON.check, doctor.RAY, doctor.KEYS, doctor.WORKER_ENV,
              doctor.ISOLATION)
     found = {name: ln for ln in stdout.splitlines() for name in names if ln[8:].startswith(name + " ")}
     assert set(found) == set(names), stdout
@@ -136,7 +137,8 @@ def test_nvcc_not_on_path_is_missing_with_a_fix(tmp_path: Path) -> None:
 def test_every_backend_needs_checks_the_doctor_makes(monkeypatch: pytest.MonkeyPatch) -> None:
     from stark_ray.eval.backends import requirements
 
-    checks = {v for k, v in vars(requirements).items() if k.isupper()}
+    checks = {v for k, v in vars(requirements).items() if k.isupper()}  # the doctor's own, and the packages'
+    checks |= {package.check for package, _ in doctor.backend_packages()}
     for name in BUILT_IN:
         assert backend_class(name).requirements and set(backend_class(name).requirements) <= checks, name
     monkeypatch.setenv("TRITON_INTERPRET", "1")

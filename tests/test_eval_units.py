@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from stark_ray.config import EvalConfig
+from stark_ray.eval.backends import declared
 from stark_ray.eval.build.cache import build_key
 from stark_ray.eval.diagnostics import (
     clean_log,
@@ -452,7 +453,8 @@ def test_kernel_names_from_sources_and_profiles() -> None:
     """
     triton = "@triton.autotune(configs=[], key=['n'])\n@triton.jit\ndef scale_kernel(x_ptr, n):\n    pass\n"
     assert cuda_kernel_names(cuda) == {"fused_swish", "rowwise_softmax_kernel", "add_relu"}
-    assert python_kernel_names(triton) == {"scale_kernel"}
+    assert python_kernel_names(triton, declared().kernel_definitions) == {"scale_kernel"}  # the triton backend's
+    assert python_kernel_names(triton) == set()  # a DSL's kernels are read only by its backend's declaration
     launched = ["void rowwise_softmax_kernel<4>(float*)", "void at::native::vectorized_elementwise_kernel<4>()",
                 "scale_kernel_0d1d"]
     assert own_kernel_names(launched, {"rowwise_softmax_kernel"}) == {"void rowwise_softmax_kernel<4>(float*)"}

@@ -13,7 +13,7 @@ class TaskInfo:
 
     name: str
     reference_source: str  # the task file: class Model, get_inputs, get_init_inputs
-    backend: str  # cpu_cpp | cuda | cuda_nvrtc | triton
+    backend: str  # a backend's name (stark_ray/eval/backends)
     hardware: str = ""  # a few lines describing the target device (filled by the evaluator)
     light: str = ""  # the task's speed of light on that device, a line for the prompts (eval/judge/sol.py: light_line)
 

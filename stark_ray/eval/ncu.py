@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from stark_ray.eval.backends import backend_path
+from stark_ray.eval.backends import backend_path, declared
 from stark_ray.eval.measure.kernel_times import top_kernel
 from stark_ray.eval.proc.isolation import jailed
 from stark_ray.eval.proc.launch import WorkerSpec, spec_env
@@ -203,7 +203,8 @@ def profile(spec: WorkerSpec, task_name: str, task_source: str, source: str, ker
                   "--candidate", str(workdir / "candidate.py"), "--seed", str(seed)]
         argv = command(ncu, kernel, target, str(report))
         if spec.isolate:  # as the worker: a read-only world, the build cache readable, the user's things hidden
-            argv = jailed(argv, readable=(spec.build_dir,), hidden=spec.hidden)
+            argv = jailed(argv, readable=(spec.build_dir,), hidden=spec.hidden,
+                          toolchain=declared(spec.backend).toolchain_vars)
         output = workdir / "output.txt"  # the processes' own output: a file (a pipe a stray could hold open)
         with output.open("wb") as sink:
             proc = spawn(argv, spec_env(spec, workdir), direct=False, cwd=workdir, stdin=subprocess.DEVNULL,

@@ -61,7 +61,7 @@ DEVICE_PHASES = {PHASE_SETUP: "loading the task", PHASE_COMPILE: "importing", PH
 
 
 class EvaluatorError(RuntimeError):
-    """The evaluator itself cannot work on this host (no GPU, no Triton, a worker that cannot start)."""
+    """The evaluator itself cannot work on this host (no GPU, no backend's package, a worker that cannot start)."""
 
 
 _SAID: set[str] = set()

@@ -4,13 +4,21 @@ Each is imported only when asked for, so the parent never pays for the others. :
 this package ships; :func:`register_backend` adds another by its import path (``"package.module:Class"``), and
 such a path is a backend name too (``--backend mypkg.kernels:MyBackend``). The evaluator's own processes (the judge,
 the workers) are given the path, not the name, so they need no registration of their own.
+
+What a backend needs of the evaluator's processes (variables passed, caches made private, toolchain paths kept
+visible in the jail, how its kernels read in a candidate's text) the sandbox takes from :func:`declared`: those
+of every backend offered in the process, whichever backend it runs.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TypeVar
 
-from stark_ray.eval.backends.base import Backend
+from stark_ray.eval.backends.base import Backend, Package
 
 # name -> "module:Class", imported when first asked for
 BUILT_IN: dict[str, str] = {
@@ -20,6 +28,7 @@ BUILT_IN: dict[str, str] = {
     "triton": "stark_ray.eval.backends.triton:TritonBackend",
 }
 _REGISTRY: dict[str, str] = dict(BUILT_IN)
+T = TypeVar("T")
 
 
 def register_backend(name: str, path: str | type[Backend]) -> None:
@@ -67,5 +76,52 @@ def get_backend(name: str) -> Backend:
     return backend_class(name)()
 
 
-__all__ = ["BUILT_IN", "Backend", "available_backends", "backend_class", "backend_path", "get_backend",
-           "known_backend", "register_backend"]
+def offered(also: str | type[Backend] | None = None) -> tuple[type[Backend], ...]:
+    """The classes of every backend offered in this process (built in and registered; one that cannot be imported
+    is left out, and fails where it is used) and of ``also`` (the backend a process runs, which may be known to
+    it by its import path only), each once."""
+    classes = []
+    for name in _REGISTRY:
+        try:
+            classes.append(backend_class(name))
+        except ValueError:
+            continue
+    if also is not None:
+        classes.append(also if isinstance(also, type) else backend_class(also))
+    return tuple(dict.fromkeys(classes))
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What the backends of :func:`offered` declare for the evaluator's processes, together (:class:`Backend`)."""
+
+    env_prefixes: tuple[str, ...]  # the parent's variables so named pass (eval/proc/sandbox_env.py)
+    caches: tuple[tuple[str, str], ...]  # (variable, directory name): private per process and per candidate
+    toolchain_vars: tuple[str, ...]  # the paths they name stay visible in the jail (eval/proc/jail.py)
+    kernel_definitions: tuple[str, ...]  # regexes naming the kernels a candidate's text defines
+
+    @property
+    def cache_vars(self) -> tuple[str, ...]:
+        return tuple(variable for variable, _ in self.caches)
+
+
+def declared(also: str | type[Backend] | None = None) -> Declared:
+    """What every backend offered here and ``also`` (a name, an import path or a class) declare, each item once."""
+    path = also if also is None or isinstance(also, str) else f"{also.__module__}:{also.__qualname__}"
+    return _declared(tuple(_REGISTRY.items()), path if path is None else backend_path(path))
+
+
+@functools.cache
+def _declared(registry: tuple[tuple[str, str], ...], also: str | None) -> Declared:
+    classes = offered(also)  # ``registry``: the key, so that a backend registered later is seen
+    return Declared(env_prefixes=_union(c.env_prefixes for c in classes), caches=_union(c.caches for c in classes),
+                    toolchain_vars=_union(c.toolchain_vars for c in classes),
+                    kernel_definitions=_union(c.kernel_definitions for c in classes))
+
+
+def _union(groups: Iterable[tuple[T, ...]]) -> tuple[T, ...]:
+    return tuple(dict.fromkeys(x for group in groups for x in group))
+
+
+__all__ = ["BUILT_IN", "Backend", "Declared", "Package", "available_backends", "backend_class", "backend_path",
+           "declared", "get_backend", "known_backend", "offered", "register_backend"]

@@ -1,28 +1,41 @@
 """A backend: one candidate format, everything about it in one object — its name, what the agents are told about
-it, what it needs from the machine, how its kernels are recognised, and what it supplies to the evaluator (where
-tensors live, how builds are hooked, how to time a call). docs/architecture.md, "Adding a backend"."""
+it, what it needs from the machine and from the sandbox, how its kernels are recognised, and what it supplies to
+the evaluator (where tensors live, how builds are hooked, how to time a call). docs/architecture.md, "Adding a
+backend"."""
 
 from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:  # timing imports torch; the parent process only needs the backend's description
     from stark_ray.eval.measure.timing import Timer
     from stark_ray.eval.worker.kernel_sources import KernelSources
 
 
+@dataclass(frozen=True)
+class Package:
+    """A Python package a backend's candidates import: ``stark doctor`` checks that it is importable."""
+
+    module: str  # what the doctor's probe imports (``triton``)
+    check: str  # the name of its line in the doctor's report; the backend lists it among its ``requirements``
+    install: str  # the fix where it is not importable (``pip install triton``)
+
+
 class Backend(ABC):
-    """One candidate format (cpu_cpp, cuda, cuda_nvrtc, triton). Instances are cheap; each worker makes one.
+    """One candidate format, in a module of its own. Instances are cheap; each worker makes one.
 
     Described by its class (read in the parent without torch): ``name``, ``target`` and :meth:`prompt_section` for
-    the agents' system prompts, ``requirements`` (:meth:`needs`) for ``stark doctor``, ``device`` and
-    ``precompile`` for placement. In the judge: ``prepare_judge`` once, then ``hardware_info`` (sent to the service
-    as the judge's hello). In the worker: ``prepare_worker`` once, :meth:`record_kernels`, then any number of
-    candidates. In a compile-pool worker: ``prepare_compiler`` only. In the service: ``describe_hardware`` turns the
-    hello into the lines the agents' prompts show.
+    the agents' system prompts; ``requirements`` (:meth:`needs`), ``packages`` (:meth:`package_line`) and
+    ``without_gpu`` for ``stark doctor``; ``device`` and ``precompile`` for placement; ``env_prefixes``,
+    ``caches``, ``toolchain_vars`` and ``kernel_definitions`` for the evaluator's processes, which take those of
+    every backend offered there (:func:`stark_ray.eval.backends.declared`). In the judge: ``prepare_judge`` once,
+    then ``hardware_info`` (sent to the service as the judge's hello). In the worker: ``prepare_worker`` once,
+    :meth:`record_kernels`, then any number of candidates. In a compile-pool worker: ``prepare_compiler`` only. In
+    the service: ``describe_hardware`` turns the hello into the lines the agents' prompts show.
     """
 
     name: ClassVar[str]
@@ -30,6 +43,19 @@ class Backend(ABC):
     requirements: ClassVar[tuple[str, ...]] = ()  # stark doctor's checks it needs (eval/backends/requirements.py)
     device: str = "cpu"  # where inputs and models live: "cpu" or "cuda" (set by prepare_worker)
     precompile: ClassVar[bool] = False  # builds at import are done first in the CPU compile pool
+    # what the evaluator's processes need of it (of every backend offered, whichever one they run: a candidate of
+    # one format may use another's toolchain, as torch.compile makes Triton kernels in a cuda candidate)
+    env_prefixes: ClassVar[tuple[str, ...]] = ()  # the parent's variables so named pass to them (sandbox_env.py)
+    # (variable, directory name): a cache its toolchain writes, in the evaluator's process its build directory's
+    # (an isolated one's: its own directory's) subdirectory of that name, and a candidate's own directory while it
+    # runs (eval/proc/launch.py, eval/worker/private_places.py)
+    caches: ClassVar[tuple[tuple[str, str], ...]] = ()
+    toolchain_vars: ClassVar[tuple[str, ...]] = ()  # variables naming its tools' paths: kept visible in the jail
+    # regular expressions whose first group names a kernel that a candidate's Python text defines (read where
+    # nothing reached a recorded compiler: eval/worker/kernel_sources.py)
+    kernel_definitions: ClassVar[tuple[str, ...]] = ()
+    packages: ClassVar[tuple[Package, ...]] = ()  # what stark doctor must find importable
+    without_gpu: ClassVar[str] = ""  # how its kernels run where no GPU is visible (the doctor's GPU fix adds it)
 
     @classmethod
     def prompt_section(cls) -> str:
@@ -44,9 +70,16 @@ class Backend(ABC):
         environment, e.g. Triton's interpreter needs no GPU)."""
         return self.requirements
 
+    @classmethod
+    def package_line(cls, package: Package, version: str,
+                     gpu_visible: bool) -> tuple[Literal["ok", "warn"], str, str]:
+        """The doctor's line for ``package``, found importable at ``version``: (status, detail, fix)."""
+        return "ok", version, ""
+
     def record_kernels(self, sources: KernelSources) -> None:
         """Have ``sources`` record the kernels candidates of this format define, beyond what every worker records
-        (``load_inline``, ``load`` and NVRTC's sources): the kernel names ``no_kernel`` is judged against."""
+        (``load_inline``, ``load`` and NVRTC's sources): the kernel names ``no_kernel`` is judged against. A DSL
+        whose kernels are Python functions wraps its decorator or kernel class (:meth:`KernelSources.record_names`)."""
         return None
 
     @abstractmethod

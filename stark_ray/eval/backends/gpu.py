@@ -13,8 +13,6 @@ if TYPE_CHECKING:
     from stark_ray.eval.measure.timing import Timer
 
 _COPY_BYTES = 1 << 30  # a device-to-device copy this large measures the memory bandwidth
-_STICKY = ("illegal memory access", "illegal address", "unspecified launch failure", "device-side assert",
-           "misaligned address", "illegal instruction", "an illegal", "CUDA error: launch failure")
 
 
 def prepare_device() -> None:
@@ -149,11 +147,6 @@ def device_healthy() -> bool:
     except Exception:
         return False
     return True
-
-
-def is_sticky_error(message: str) -> bool:
-    low = message.lower()
-    return any(s.lower() in low for s in _STICKY)
 
 
 def cuda_timer(head_start: bool = True) -> Timer:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from stark_ray.eval.backends import gpu
-from stark_ray.eval.backends.requirements import GPU, TRITON
+from stark_ray.eval.backends.base import Package
+from stark_ray.eval.backends.requirements import GPU
 from stark_ray.eval.hardware import describe_cpu
 
 if TYPE_CHECKING:
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 INTERPRETER_NOTES = ("No GPU here: Triton kernels run in Triton's interpreter on CPU tensors "
                      "(TRITON_INTERPRET=1); timings are not representative of a GPU.")
+TRITON = Package("triton", "Triton", "pip install triton")
 
 
 class TritonBackend(gpu.CudaDeviceBackend):
@@ -24,7 +26,13 @@ class TritonBackend(gpu.CudaDeviceBackend):
 
     name: ClassVar[str] = "triton"
     target: ClassVar[str] = "Triton kernels"
-    requirements: ClassVar[tuple[str, ...]] = (TRITON, GPU)
+    requirements: ClassVar[tuple[str, ...]] = (TRITON.check, GPU)
+    env_prefixes: ClassVar[tuple[str, ...]] = ("TRITON_",)
+    caches: ClassVar[tuple[tuple[str, str], ...]] = (("TRITON_CACHE_DIR", "triton"),)
+    toolchain_vars: ClassVar[tuple[str, ...]] = ("TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH")
+    kernel_definitions: ClassVar[tuple[str, ...]] = (r"@triton\.(?:jit|autotune|heuristics)[\s\S]*?\ndef\s+(\w+)\s*\(",)
+    packages: ClassVar[tuple[Package, ...]] = (TRITON,)
+    without_gpu: ClassVar[str] = "TRITON_INTERPRET=1 to run Triton on the CPU"
     notes = "Candidates are Triton kernels (@triton.jit), compiled at their first launch."
 
     def needs(self) -> tuple[str, ...]:
@@ -32,8 +40,22 @@ class TritonBackend(gpu.CudaDeviceBackend):
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
         return tuple(r for r in self.requirements if not (interpreted and r == GPU))
 
+    @classmethod
+    def package_line(cls, package: Package, version: str,
+                     gpu_visible: bool) -> tuple[Literal["ok", "warn"], str, str]:
+        """Without a GPU, ready where TRITON_INTERPRET=1 runs the kernels on the CPU."""
+        if gpu_visible:
+            return "ok", version, ""
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return "ok", f"{version}, no GPU: TRITON_INTERPRET=1 runs it on the CPU", ""
+        return "warn", f"{version}, but no GPU to run it on", \
+            "TRITON_INTERPRET=1 runs Triton kernels on the CPU (slow; for testing)"
+
     def record_kernels(self, sources: KernelSources) -> None:
-        sources.install_triton()  # every @triton.jit function created from now on
+        """Every ``@triton.jit`` function created from now on (``JITFunction(fn, ...)``; imports triton)."""
+        from triton.runtime import jit
+
+        sources.record_names(jit.JITFunction, "__init__", _function_name)
 
     def prepare_worker(self, build_dir: Path, threads: int) -> None:
         import torch
@@ -85,3 +107,8 @@ class TritonBackend(gpu.CudaDeviceBackend):
         if info.get("device") == "cuda":
             return super().describe_hardware(info, threads)
         return f"{describe_cpu(threads)}\n{INTERPRETER_NOTES}"
+
+
+def _function_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+    """The name of the function ``JITFunction.__init__(self, fn, ...)`` is given."""
+    return getattr(args[1] if len(args) > 1 else kwargs.get("fn"), "__name__", None)

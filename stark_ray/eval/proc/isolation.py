@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from stark_ray.eval.backends import declared
+
 NAMESPACES = ("--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--ipc")
 JAIL = Path(__file__).with_name("jail.py")
 PACKAGE = Path(__file__).resolve().parents[2]  # stark_ray/: the worker's code, wherever it lies
@@ -60,13 +62,18 @@ def isolation_prefix() -> tuple[str, ...]:
 
 
 def jailed(command: list[str], writable: tuple[str, ...] = (), readable: tuple[str, ...] = (),
-           hidden: tuple[str, ...] = (), quota: int = 0) -> list[str]:
+           hidden: tuple[str, ...] = (), quota: int = 0, toolchain: tuple[str, ...] | None = None) -> list[str]:
     """``command`` started isolated, in a read-only world (:mod:`stark_ray.eval.proc.jail`) where its working directory,
     a private ``/tmp`` and ``writable`` can be written, ``readable`` (and this package) stays visible and
-    ``hidden`` is not there; ``quota``: its working directory a tmpfs of that many bytes (0: the host's own)."""
+    ``hidden`` is not there; ``quota``: its working directory a tmpfs of that many bytes (0: the host's own);
+    ``toolchain``: the variables naming the backends' tools, beside the jail's own (``Backend.toolchain_vars``;
+    None: those of every backend offered here)."""
     readable = (*readable, str(PACKAGE))
+    if toolchain is None:
+        toolchain = declared().toolchain_vars
     paths = ([a for p in writable for a in ("--rw", p)] + [a for p in readable for a in ("--ro", p)]
-             + [a for p in hidden for a in ("--hide", p)] + (["--quota", str(quota)] if quota else []))
+             + [a for p in hidden for a in ("--hide", p)] + (["--quota", str(quota)] if quota else [])
+             + [a for v in toolchain for a in ("--toolchain", v)])
     return [*isolation_prefix(), sys.executable, str(JAIL), *paths, "--", *command]
 
 

@@ -1,14 +1,15 @@
 """A read-only world for an isolated worker: the first process inside the namespaces sets it up, then becomes it.
 
 Started by path (standard library only: no package import before the world is read-only) as
-``python jail.py [--rw PATH | --ro PATH | --hide PATH]... [--quota BYTES] -- COMMAND...`` in the mount namespace that
-:mod:`stark_ray.eval.proc.isolation` creates, where it is root of its user namespace. It then
+``python jail.py [--rw PATH | --ro PATH | --hide PATH | --toolchain NAME]... [--quota BYTES] -- COMMAND...`` in the
+mount namespace that :mod:`stark_ray.eval.proc.isolation` creates, where it is root of its user namespace. It then
 
 1. clones (detached, with ``open_tree``) its working directory (the worker's private directory: its requests'
    directories, its TMPDIR, its HOME) and every ``--rw`` path, and what must stay readable where it lies in
    something covered below: Python's prefixes, every entry of ``sys.path``, the directories the toolchains are
-   found through (:data:`TOOLCHAIN_VARS`: PATH, CUDA_HOME, ...), every ``--ro`` path (the package, the build
-   cache of a device worker), and the device nodes it needs (:data:`DEVICES`, the GPU's ``/dev/nvidia*``);
+   found through (:data:`TOOLCHAIN_VARS`: PATH, CUDA_HOME, ...; and every ``--toolchain`` variable: the backends',
+   which the caller names), every ``--ro`` path (the package, the build cache of a device worker), and the device
+   nodes it needs (:data:`DEVICES`, the GPU's ``/dev/nvidia*``);
 2. makes the whole tree read-only with one recursive ``mount_setattr`` (site-packages, the project, the home
    directory, the build cache, every other mount: nothing can be written), and the kernel's knobs under its
    ``/proc`` too (:data:`PROC_READ_ONLY`);
@@ -58,10 +59,10 @@ TMPFS_SIZES = {"/tmp": "2g", "/run": "64m", "/dev/shm": "1g"}  # ... at most thi
 # never hidden, nor a directory holding one (the root): what every program needs
 NEVER_HIDDEN = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/var", "/proc",
                 "/sys", "/dev", "/run", "/tmp", "/boot", "/nix", "/gnu", "/snap")
-# where the toolchains are found through the environment: put back where they lie in something hidden
+# where the toolchains are found through the environment: put back where they lie in something hidden (with the
+# backends' own, named by --toolchain)
 TOOLCHAIN_VARS = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
-                  "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CC", "CXX", "CUDAHOSTCXX", "TRITON_PTXAS_PATH",
-                  "TRITON_LIBCUDA_PATH")
+                  "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CC", "CXX", "CUDAHOSTCXX")
 # the device nodes of the worker's /dev, beside the GPU's (/dev/nvidia*): no disk, no loop device, no kernel log
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 FAILED = 97  # the exit code of a world that could not be made
@@ -131,10 +132,11 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def _paths_in(env: dict[str, str]) -> list[str]:
-    """The directories the toolchains find through the environment (compilers, CUDA, libraries)."""
+def _paths_in(env: dict[str, str], toolchain: list[str]) -> list[str]:
+    """The directories the toolchains find through the environment (compilers, CUDA, libraries; ``toolchain``:
+    more variables to read, the backends')."""
     found = []
-    for name in TOOLCHAIN_VARS:
+    for name in (*TOOLCHAIN_VARS, *toolchain):
         for part in env.get(name, "").split(os.pathsep):
             if part and os.path.isabs(part):
                 found.append(part if os.path.isdir(part) else os.path.dirname(part))
@@ -167,11 +169,12 @@ def _closed_ancestors(paths: set[str]) -> set[str]:
 
 
 def build_world(writable: list[str], readable: list[str], hidden: list[str], unprivileged: bool = False,
-                quota: int = 0) -> None:
+                quota: int = 0, toolchain: list[str] | None = None) -> None:
     """Steps 1-5 of the module's doc, in this process's mount namespace (``readable``: more paths that stay
     visible, read-only, wherever they lie; ``hidden``: directories (or files) covered, but for what of them
     must stay visible; ``unprivileged``: for a process that will not be root, what it needs lies below
-    directories it may cross; ``quota``: the working directory a tmpfs of that many bytes)."""
+    directories it may cross; ``quota``: the working directory a tmpfs of that many bytes; ``toolchain``: more
+    variables naming the toolchains' paths, beside :data:`TOOLCHAIN_VARS`)."""
     here = os.getcwd()
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host's namespace
     for path in (*writable, *readable):  # a path not made yet (a new build cache) is the host's, not a private one
@@ -187,7 +190,8 @@ def build_world(writable: list[str], readable: list[str], hidden: list[str], unp
     python = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *sys.path]
     # a Python path that is itself hidden (the project, on sys.path) is not put back: what of it is needed is
     # named with --ro (the package); /tmp itself (PYTHONPATH=/tmp, say) would bring back every other worker's
-    wanted = {os.path.realpath(p) for p in (*python, *_paths_in(dict(os.environ))) if p and os.path.isdir(p)}
+    found = _paths_in(dict(os.environ), toolchain or [])
+    wanted = {os.path.realpath(p) for p in (*python, *found) if p and os.path.isdir(p)}
     wanted = {p for p in wanted if p not in roots}
     wanted |= {os.path.realpath(p) for p in readable if os.path.exists(p)}
     wanted |= {p for p in KEEP_IN_RUN if os.path.isdir(p)}
@@ -316,7 +320,8 @@ def drop_root(writable: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     try:
-        paths: dict[str, list[str]] = {"--rw": [os.getcwd()], "--ro": [], "--hide": [], "--quota": []}
+        paths: dict[str, list[str]] = {"--rw": [os.getcwd()], "--ro": [], "--hide": [], "--toolchain": [],
+                                       "--quota": []}
     except OSError as e:
         _fail(e)
     args = list(argv)
@@ -325,14 +330,14 @@ def main(argv: list[str]) -> None:
         args = args[2:]
     quota = paths["--quota"][-1] if paths["--quota"] else "0"
     if not args or args[0] != "--" or len(args) < 2 or not quota.isdigit():
-        print("usage: jail.py [--rw PATH | --ro PATH | --hide PATH]... [--quota BYTES] -- COMMAND...",
-              file=sys.stderr)
+        print("usage: jail.py [--rw PATH | --ro PATH | --hide PATH | --toolchain NAME]... [--quota BYTES] "
+              "-- COMMAND...", file=sys.stderr)
         sys.exit(2)
     command = args[1:]
     os.umask(0o022)  # the mount points it makes: crossable by the worker, whoever it is (the caller's may be 077)
     try:
         unprivileged = host_root()
-        build_world(paths["--rw"], paths["--ro"], paths["--hide"], unprivileged, int(quota))
+        build_world(paths["--rw"], paths["--ro"], paths["--hide"], unprivileged, int(quota), paths["--toolchain"])
         if unprivileged:
             drop_root(paths["--rw"])
         else:

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from stark_ray.eval.backends import backend_path
+from stark_ray.eval.backends import backend_path, declared
 from stark_ray.eval.proc.isolation import jailed
 from stark_ray.eval.proc.sandbox_env import worker_env
 
@@ -48,7 +48,7 @@ class WorkerSpec:
         if self.isolate:  # the cache read-only: what is missing there, a builder makes (eval/build/builder.py)
             args.append("--ask-builds")
             return jailed(args, writable=self.writable, readable=(self.build_dir,), hidden=self.hidden,
-                          quota=self.disk_bytes)
+                          quota=self.disk_bytes, toolchain=declared(self.backend).toolchain_vars)
         return args
 
 
@@ -66,11 +66,12 @@ def visible_device(device: int | None, base: str | None) -> str | None:
 
 def spec_env(spec: WorkerSpec, workdir: Path) -> dict[str, str]:
     """The environment of a process of ``spec`` whose private directory is ``workdir``."""
-    env = worker_env(workdir, spec.threads)
-    if spec.isolate:  # a cache that candidates write is theirs alone
-        env["TRITON_CACHE_DIR"] = str(workdir / "triton")
-    else:
-        env.setdefault("TRITON_CACHE_DIR", str(Path(spec.build_dir) / "triton"))
+    env = worker_env(workdir, spec.threads, backend=spec.backend)
+    for variable, directory in declared(spec.backend).caches:  # the backends' (Backend.caches)
+        if spec.isolate:  # a cache that candidates write is theirs alone
+            env[variable] = str(workdir / directory)
+        else:
+            env.setdefault(variable, str(Path(spec.build_dir) / directory))
     if spec.isolate:  # a home of its own: the evaluator's is not there (eval/proc/jail.py)
         user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else ""
         if user_site and os.path.isdir(user_site):  # what was installed with pip --user stays importable

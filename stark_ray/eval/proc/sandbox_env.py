@@ -3,14 +3,17 @@ evaluator need, never a credential; the package importable, threads pinned.
 
 An allowlist, not a deny list: a deny list of secret-looking names let ``PGPASSWORD``, ``DATABASE_URL``,
 ``OPENAI_KEY`` and ``SSH_AUTH_SOCK`` through to the generated code. A variable is passed when its name is on
-PASSED_NAMES or starts with one of PASSED_PREFIXES, and does not look like a secret (``TORCH_HUB_TOKEN`` is
-dropped all the same). ``stark doctor`` lists what is passed."""
+PASSED_NAMES or starts with one of PASSED_PREFIXES or of the backends' own (``Backend.env_prefixes`` of every backend
+offered, and of the one the process runs), and does not look like a secret (``TORCH_HUB_TOKEN`` is dropped all the
+same). ``stark doctor`` lists what is passed."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from pathlib import Path
+
+from stark_ray.eval.backends import declared
 
 # API keys, and the cloud credentials a run directory on an object store needs (AWS_ACCESS_KEY_ID,
 # AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, GOOGLE_APPLICATION_CREDENTIALS, AWS_SHARED_CREDENTIALS_FILE, ...)
@@ -41,13 +44,15 @@ PASSED_NAMES = frozenset({
     "CC", "CXX", "CUDAHOSTCXX", "MAX_JOBS",  # torch.utils.cpp_extension
     "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "XDG_CACHE_HOME", "GLIBC_TUNABLES",
 })
-PASSED_PREFIXES = ("LC_", "PYTHON", "CUDA_", "NVIDIA_", "NVCC_", "TORCH_", "PYTORCH_", "TRITON_", "OMP_", "KMP_",
-                   "GOMP_", "MKL_", "OPENBLAS_", "CUBLAS", "CUDNN_", "STARK_RAY_")
+PASSED_PREFIXES = ("LC_", "PYTHON", "CUDA_", "NVIDIA_", "NVCC_", "TORCH_", "PYTORCH_", "OMP_", "KMP_", "GOMP_",
+                   "MKL_", "OPENBLAS_", "CUBLAS", "CUDNN_", "STARK_RAY_")
 
 
-def passed(name: str) -> bool:
-    """Whether an evaluator process gets this variable of the parent's environment."""
-    return (name in PASSED_NAMES or name.startswith(PASSED_PREFIXES)) and not is_secret(name)
+def passed(name: str, backend: str | None = None) -> bool:
+    """Whether an evaluator process (of ``backend``, a name or an import path; None: any backend offered here)
+    gets this variable of the parent's environment."""
+    prefixes = PASSED_PREFIXES + declared(backend).env_prefixes
+    return (name in PASSED_NAMES or name.startswith(prefixes)) and not is_secret(name)
 
 
 def is_secret(name: str) -> bool:
@@ -55,8 +60,11 @@ def is_secret(name: str) -> bool:
     return upper in SECRET_NAMES or upper.endswith(SECRET_SUFFIXES)
 
 
-def worker_env(workdir: Path, threads: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in (os.environ if base is None else base).items() if passed(k)}
+def worker_env(workdir: Path, threads: int, base: Mapping[str, str] | None = None,
+               backend: str | None = None) -> dict[str, str]:
+    """The environment of an evaluator process of ``backend`` (as for :func:`passed`) whose private directory is
+    ``workdir``, from ``base`` (None: this process's)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if passed(k, backend)}
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + path if path else "")
     env["PYTHONFAULTHANDLER"] = "1"  # a crash before the worker enables faulthandler still dumps a stack

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.backends import Backend
+from stark_ray.eval.backends import Backend, declared
 from stark_ray.eval.diagnostics import compiler_log, describe_exception
 from stark_ray.eval.loader import import_source
 from stark_ray.eval.measure.laps import Laps
@@ -95,6 +95,7 @@ class CandidateHost:
         self.backend = backend
         self.sock = sock
         self.tasks: OrderedDict[str, WarmReference] = OrderedDict()
+        self.declared = declared(type(backend))  # what the backends offered need of a worker (caches, kernels)
         self.sources = KernelSources()
         self.sources.install()
         backend.record_kernels(self.sources)
@@ -108,7 +109,7 @@ class CandidateHost:
         self.healthy = True
         self.plan: Plan | None = None  # the memory plan of the task in progress, as the judge sent it
         self.home = Path.cwd()
-        self.places = places_now()  # the worker's own, put back after each candidate
+        self.places = places_now(self.declared.cache_vars)  # the worker's own, put back after each candidate
 
     # -- tasks ------------------------------------------------------------------------------------------------
     def warm_reference(self, name: str, source: str, cfg: EvalConfig) -> WarmReference:
@@ -239,7 +240,8 @@ class CandidateHost:
         source = str(msg.get("candidate_source") or "")
         self.sources.reset()
         name = f"stark_candidate_{self.count}"
-        private_places(private)  # from its import to its end (the task's files stay the worker's)
+        # from its import to its end (the task's files stay the worker's)
+        private_places(private, self.declared.cache_vars)
         try:
             cand = import_source(source, name, Path.cwd(), "candidate.py")
             if self.fingerprint.changed():  # before ModelNew runs anything: the answer says what changed
@@ -293,7 +295,9 @@ class CandidateHost:
         send({"phase": PHASE_TIME})
 
         def defined() -> set[str]:  # the kernels its source defines, as recorded at its build or read from it
-            return self.sources.names() if self.sources.recorded else python_kernel_names(cur.source)
+            if self.sources.recorded:
+                return self.sources.names()
+            return python_kernel_names(cur.source, self.declared.kernel_definitions)
 
         seed = msg.get("seed")
         try:

@@ -3,9 +3,11 @@
 Installed in the worker before any candidate is imported, :class:`KernelSources` records what goes to
 ``cpp_extension.load_inline`` (its ``cuda_sources`` and ``cpp_sources``, the strings after Python built them: a
 module may assemble its CUDA source from escaped one-line strings) and ``cpp_extension.load`` (the files' contents),
-to ``torch.cuda._compile_kernel`` (NVRTC: the source and the kernel's name), and every ``@triton.jit`` function
-created. :meth:`names` gives the kernel names the profile of a call is matched against (``no_kernel``). A candidate
-that compiles by some other way (a subprocess, ctypes) has nothing recorded: its Python text is read instead.
+to ``torch.cuda._compile_kernel`` (NVRTC: the source and the kernel's name), and what a backend adds
+(:meth:`stark_ray.eval.backends.base.Backend.record_kernels`: the kernels of a DSL whose kernels are Python functions,
+by :meth:`KernelSources.record_names`). :meth:`names` gives the kernel names the profile of a call is matched against
+(``no_kernel``). A candidate that compiles by some other way (a subprocess, ctypes) has nothing recorded: its Python
+text is read instead (:func:`python_kernel_names`, with the backends' ``kernel_definitions``).
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 _GLOBAL = re.compile(r"__global__\s[^(;{]*?\b(\w+)\s*\(")  # CUDA (after removing __launch_bounds__(...))
-_TRITON_DEF = re.compile(r"@triton\.(?:jit|autotune|heuristics)[\s\S]*?\ndef\s+(\w+)\s*\(")
 
 
 def cuda_kernel_names(source: str) -> set[str]:
@@ -27,9 +28,11 @@ def cuda_kernel_names(source: str) -> set[str]:
     return {m.group(1) for m in _GLOBAL.finditer(source)} - {"void"}
 
 
-def python_kernel_names(source: str) -> set[str]:
-    """What a candidate's Python text seems to define (the fallback when nothing was recorded)."""
-    return cuda_kernel_names(source) | {m.group(1) for m in _TRITON_DEF.finditer(source)}
+def python_kernel_names(source: str, definitions: Iterable[str] = ()) -> set[str]:
+    """What a candidate's Python text seems to define (the fallback when nothing was recorded): its ``__global__``
+    functions, and the names the regular expressions ``definitions`` find (their first group; the backends'
+    ``kernel_definitions``, :func:`stark_ray.eval.backends.declared`)."""
+    return cuda_kernel_names(source) | {m.group(1) for d in definitions for m in re.finditer(d, source)}
 
 
 def _texts(value: Any) -> list[str]:
@@ -48,7 +51,7 @@ class KernelSources:
 
     def __init__(self) -> None:
         self.cuda: list[str] = []  # CUDA/C++ source texts
-        self.named: set[str] = set()  # kernel names given as such (NVRTC's kernel_name, Triton functions)
+        self.named: set[str] = set()  # kernel names given as such (NVRTC's kernel_name, a DSL's functions)
 
     def reset(self) -> None:
         self.cuda, self.named = [], set()
@@ -78,23 +81,24 @@ class KernelSources:
         if compile_kernel is not None:
             torch.cuda._compile_kernel = _recording(compile_kernel, "_nvrtc")
 
-    def install_triton(self) -> None:
-        """Record every ``@triton.jit`` function created from now on (imports triton)."""
-        from triton.runtime import jit
+    def record_names(self, owner: Any, attribute: str,
+                     name_of: Callable[[tuple[Any, ...], dict[str, Any]], object]) -> None:
+        """Record from now on, as kernel names, what ``name_of(args, kwargs)`` gives for each call of
+        ``owner.attribute`` (a string; anything else is passed over): for a DSL whose kernels are Python functions,
+        its decorator or its kernel class's constructor. Wrapped once per process; the names go to the active
+        recorder."""
 
-        original = jit.JITFunction.__init__
-        if getattr(original, "__stark_sources__", False):
-            return
-
-        @functools.wraps(original)
-        def init(self: Any, fn: Any, *args: Any, **kwargs: Any) -> None:
-            name = getattr(fn, "__name__", None)
+        def record(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            name = name_of(args, kwargs)
             if isinstance(name, str) and _ACTIVE:
                 _ACTIVE[-1].named.add(name)
-            original(self, fn, *args, **kwargs)
 
-        init.__stark_sources__ = True  # type: ignore[attr-defined]
-        jit.JITFunction.__init__ = init  # type: ignore[method-assign]
+        original = getattr(owner, attribute)
+        if getattr(original, "__stark_sources__", False):
+            return
+        wrapped = KernelSources._wrap(original, record)
+        wrapped.__stark_sources__ = True  # type: ignore[attr-defined]
+        setattr(owner, attribute, wrapped)
 
     @staticmethod
     def _wrap(original: Callable[..., Any], record: Callable[[tuple[Any, ...], dict[str, Any]], None]

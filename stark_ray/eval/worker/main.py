@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             collect()  # what start-up made is frozen: a collection after each candidate scans only its objects
             lap("host_s")
         hello: dict[str, Any] = {"device": backend.device, "start_phases": laps}
-    except BaseException as e:  # a host problem (no GPU, no triton): the parent reports the log's last lines
+    except BaseException as e:  # a host problem (no GPU, no backend package): the parent reports the log's last lines
         traceback.print_exc()
         print(f"worker start failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(3)
