@@ -343,6 +343,23 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
     assert passed(after), after.error
 
 
+@pytest.mark.parametrize(("off", "task", "source"), [
+    (("sensitivity_trial", "blocks_trial"), "mse", mse_candidate(16, False)),  # a mean over every 16th element
+    (("confirmation",), "matmul", matmul(HIDE_BODY, BLIND + HIDE_TIME)),  # 80% of its time hidden, blinded
+])
+def test_each_cheat_is_stopped_by_its_row_of_the_defence_table(service: EvalService, tasks: dict[str, Task],
+                                                                off: tuple[str, ...], task: str, source: str) -> None:
+    """The rows of the defence table are what stop these cheats: with them switched off (EvalConfig.defences_off,
+    for tests and ablations) the same candidate is accepted, and its log says which were off; with them on it is
+    not (the tests above: the special trials' verdict is certain, the judge's clock is a measurement)."""
+    r = service.evaluate(tasks[task], source, replace(service.cfg, defences_off=off))
+    assert r.accepted, (off, r.stage, r.flags, r.error)
+    assert f"defences switched off (EvalConfig.defences_off): {', '.join(sorted(off))}" in (r.log or ""), r.log
+    if "confirmation" not in off:
+        on = judged(service, tasks[task], source)
+        assert not on.accepted and (on.error or "").startswith("sensitivity trial"), (on.stage, on.error)
+
+
 def test_an_honest_candidate_of_the_same_speed_is_timed_as_such(service: EvalService,
                                                                 tasks: dict[str, Task]) -> None:
     from stark_ray.eval.measure.noise import is_noisy

@@ -31,6 +31,7 @@ from stark_ray.eval.backends import backend_path, get_backend
 from stark_ray.eval.build.builder import serve_build
 from stark_ray.eval.build.cache import cache_root, open_to_readers
 from stark_ray.eval.build.pool import CompilePool
+from stark_ray.eval.defences import check_off
 from stark_ray.eval.hardware import usable_cpus
 from stark_ray.eval.measure.memory import OverBudget
 from stark_ray.eval.ncu import profile as ncu_profile
@@ -145,6 +146,10 @@ class EvalService:
                  compile_workers: int | None = None, spare: bool | None = None) -> None:
         self.cfg = cfg or EvalConfig()
         self.backend = get_backend(self.cfg.backend)  # ValueError for a backend this version does not offer
+        try:
+            check_off(self.cfg.defences_off)
+        except ValueError as e:
+            raise EvaluatorError(str(e)) from None
         if self.cfg.profile == "ncu" and self.backend.device != "cuda":
             raise EvaluatorError(f"--profile ncu counts a GPU's kernels: backend {self.cfg.backend} runs on the CPU")
         self.build_dir = cache_root(self.cfg.build_dir)

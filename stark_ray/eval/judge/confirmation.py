@@ -54,11 +54,10 @@ import torch
 from stark_ray.eval.judge.batch_sets import PackedSets, packed_slots
 from stark_ray.eval.judge.trials import JudgeTask, synchronize
 from stark_ray.eval.measure.compare import Tolerances, compare_outputs, flatten_outputs, rebuild_outputs
-from stark_ray.eval.measure.inputs import clone_all, make_inputs
+from stark_ray.eval.measure.inputs import clone_all, make_inputs, nbytes_of
 from stark_ray.eval.measure.timing import capture_graph
 from stark_ray.eval.wire.exchange import digests, touch
 from stark_ray.eval.wire.outbox import Outbox
-from stark_ray.eval.worker.guards import nbytes_of
 
 AGREEMENT = 0.5  # the worker's figure stands when the judge's gain (speedup - 1) is at least this share of its ...
 CONFIRMED_BY_ITSELF = 10.0  # ... or the judge's speedup this large by itself; the judge's own figure stands when it

@@ -5,7 +5,7 @@ the reference without patching anything or leaving a setting behind (that, eval/
 thread that keeps a core busy, work left running. The judge knows the reference's time alone (``JudgeTask.alone_ms``,
 and its fastest call ``alone_min_ms``, measured in a worker no candidate had run in); where the reference ran more than
 REF_DRIFT slower than that beside a candidate claiming a gain, by its median or by its fastest call, the claim is
-measured by the judge's clock, strictly (:mod:`stark_ray.eval.judge.judgement`).
+measured by the judge's clock, strictly (:mod:`stark_ray.eval.judge.claim`).
 
 The two times are measured at different moments, and on a shared host a burst of other work during either one
 decides the check (CI, four test processes on two cores: the reference alone at 1.8x its quiet time, and a 1.0x

@@ -74,10 +74,6 @@ class Demand:
     def bytes(self) -> int:
         return self.input_bytes + self.output_bytes + self.param_bytes
 
-    @property
-    def total_flops(self) -> int:
-        return sum(self.flops.values())
-
 
 @dataclass(frozen=True)
 class Peaks:

@@ -34,10 +34,9 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.judge.input_key import input_key, trial_seed
 from stark_ray.eval.judge.perturbations import Blocks, Change, Inputs, Perturbation, change_in_place, random_source
 from stark_ray.eval.measure.compare import Tolerances, compare_outputs, flatten_outputs
-from stark_ray.eval.measure.inputs import clone_all, make_inputs, trial_scale
+from stark_ray.eval.measure.inputs import clone_all, make_inputs, nbytes_of, trial_scale
 from stark_ray.eval.measure.memory import TRIAL_CACHE_BYTES, Footprint, Plan, param_bytes
 from stark_ray.eval.tasks import BuiltReference, TaskError
-from stark_ray.eval.worker.guards import nbytes_of
 
 SENSITIVE_COUNTS = (2, 8, 64, 512)  # elements changed per floating input (the last one included)
 SENSITIVE_FACTORS = (4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 2.0**20, 2.0**24)
@@ -301,9 +300,13 @@ def all_trials(task: JudgeTask, cfg: EvalConfig, tol: Tolerances) -> Iterator[tu
     for t in range(cfg.trials):
         yield standard_trial(task, cfg, t), ""
     gen = random_source(task.device)
-    yield blocks_trial(task, standard_trial(task, cfg, 0), gen)
-    yield sensitivity_trial(task, standard_trial(task, cfg, 0), gen, tol)
-    yield same_address_trial(standard_trial(task, cfg, 0), lambda: _second(task, cfg)), ""
+    off = set(cfg.defences_off)  # the special trials are defences of the table (eval/defences.py)
+    if "blocks_trial" not in off:
+        yield blocks_trial(task, standard_trial(task, cfg, 0), gen)
+    if "sensitivity_trial" not in off:
+        yield sensitivity_trial(task, standard_trial(task, cfg, 0), gen, tol)
+    if "same_address_trial" not in off:
+        yield same_address_trial(standard_trial(task, cfg, 0), lambda: _second(task, cfg)), ""
 
 
 def _second(task: JudgeTask, cfg: EvalConfig) -> Contents:

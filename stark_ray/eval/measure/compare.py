@@ -92,6 +92,11 @@ def flatten_outputs(value: Any, prefix: str = "output") -> list[tuple[str, Any]]
     return [(prefix, value)]
 
 
+
+def tensors_of(values: Any) -> list[torch.Tensor]:
+    """The tensors of a structure of values, in order."""
+    return [v for _, v in flatten_outputs(values, "input") if isinstance(v, torch.Tensor)]
+
 def rebuild_outputs(like: Any, leaves: dict[str, Any], prefix: str = "output") -> Any:
     """``like``'s structure with each tensor replaced by the one at its path in ``leaves`` (:func:`flatten_outputs`
     names the paths)."""

@@ -58,6 +58,18 @@ def scale_floats(values: list[Any], factor: float, in_place: bool = False) -> li
     return list(map_tensors(values, scale))
 
 
+def nbytes_of(value: Any) -> list[int]:
+    """The size in bytes of each tensor in a structure of values."""
+    found: list[torch.Tensor] = []
+    map_tensors(value, found.append)
+    return [t.numel() * t.element_size() for t in found]
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of the outputs taken right away on the current stream (a race with other streams shows)."""
+    return map_tensors(value, lambda t: t.detach().clone())
+
+
 def clone_all(values: list[Any]) -> list[Any]:
     return list(map_tensors(values, lambda t: t.detach().clone()))
 

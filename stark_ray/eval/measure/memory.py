@@ -162,7 +162,7 @@ def on_meta(module: Any, init_inputs: list[Any], get_inputs: Any, mode: Any = No
 
     import torch
 
-    from stark_ray.eval.worker.guards import nbytes_of
+    from stark_ray.eval.measure.inputs import nbytes_of
 
     with torch.device("meta"):
         inputs = list(get_inputs())

@@ -24,10 +24,9 @@ from typing import Any, Protocol
 import torch
 
 from stark_ray.eval.measure.compare import flatten_outputs
-from stark_ray.eval.measure.inputs import clone_all, make_inputs
+from stark_ray.eval.measure.inputs import clone_all, make_inputs, nbytes_of, snapshot
 from stark_ray.eval.measure.noise import median_error
 from stark_ray.eval.measure.process_state import ProcessState
-from stark_ray.eval.worker.guards import nbytes_of, snapshot
 
 TIMING_SEED_OFFSET = 10_000  # timing inputs are fresh: seeds apart from the correctness trials'
 WALL_SEED_OFFSET = 20_000  # and the wall-clock re-measurement of a large speedup uses fresh ones again
@@ -357,27 +356,3 @@ def leaves_work_behind(candidate: Timing, reference: Timing) -> bool:
     cost of a device-wide sync, which the reference's gap measures)?"""
     margin = max(0.004, 0.02 * candidate.stats.median)
     return candidate.gap_ms > reference.gap_ms + margin
-
-
-def wall_times(fns: list[Callable[..., Any]], input_sets: list[list[Any]], synchronize: Callable[[], None],
-               rounds: int, check: Check | None = None) -> list[Stats]:
-    """Host wall-clock time of each call up to a device-wide sync: a second opinion on a large speedup."""
-    samples: list[list[float]] = [[] for _ in fns]
-    with _gc_paused(), torch.no_grad():
-        for r in range(rounds + 1):
-            inputs = input_sets[r % len(input_sets)]
-            outs: list[Any] = []
-            for i, fn in enumerate(fns):
-                args = clone_all(inputs)
-                synchronize()
-                t0 = time.perf_counter()
-                outs.append(fn(*args))
-                synchronize()
-                if r > 0:  # the first round warms up
-                    samples[i].append((time.perf_counter() - t0) * 1e3)
-            if check is not None:
-                for i in range(1, len(fns)):
-                    problem = check(outs[i], outs[0])
-                    if problem:
-                        raise TimingMismatch(f"wall-clock re-measure: {problem}")
-    return [Stats.of(s) for s in samples]

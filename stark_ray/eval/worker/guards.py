@@ -243,15 +243,6 @@ def poison(nbytes: Iterable[int], device: str) -> None:
     del blocks
 
 
-def nbytes_of(value: Any) -> list[int]:
-    return [t.numel() * t.element_size() for t in _tensors(value)]
-
-
-def snapshot(value: Any) -> Any:
-    """A copy of the outputs taken right away on the current stream (a race with other streams shows)."""
-    return map_tensors(value, lambda t: t.detach().clone())
-
-
 def preload() -> None:
     """The imports a device worker needs, done ahead (no device work): a spare does them while it waits."""
     import torch._dynamo  # noqa: F401

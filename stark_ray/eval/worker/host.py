@@ -33,6 +33,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend, declared
 from stark_ray.eval.diagnostics import compiler_log, describe_exception
 from stark_ray.eval.loader import import_source
+from stark_ray.eval.measure.inputs import nbytes_of
 from stark_ray.eval.measure.laps import Laps
 from stark_ray.eval.measure.memory import KEPT_SHARE, Plan, apply_cap, give_back_cached
 from stark_ray.eval.measure.process_state import ProcessState
@@ -56,7 +57,7 @@ from stark_ray.eval.wire.protocol import (
     recv_fds,
 )
 from stark_ray.eval.worker.build_log import LogTail, candidate_frame, compile_failure
-from stark_ray.eval.worker.guards import Fingerprint, nbytes_of, output_problem, poison, settle_torch
+from stark_ray.eval.worker.guards import Fingerprint, output_problem, poison, settle_torch
 from stark_ray.eval.worker.kernel_sources import KernelSources, python_kernel_names
 from stark_ray.eval.worker.private_places import places_now, private_places, restore_places
 from stark_ray.eval.worker.shared_views import fill_slots, inputs_on, map_buffers, slots_on, specs_of
@@ -104,6 +105,7 @@ class CandidateHost:
             warm_profiler()
         self.fingerprint = Fingerprint()  # after our own hooks and torch's own patches
         self.state = ProcessState.taken()  # set up, no candidate yet: the state the reference is timed in
+        self.off: frozenset[str] = frozenset()  # the defences the current candidate's request switched off
         self.current: Loaded | None = None
         self.count = 0
         self.healthy = True
@@ -202,7 +204,9 @@ class CandidateHost:
             return answer
         if self.tasks and op != OP_RELEASE:
             self.evict(next(reversed(self.tasks)))
-        changed = self.fingerprint.changed() + [n for t in self.tasks.values() if t.seal for n in t.seal.broken()]
+        changed = [] if "fingerprint" in self.off else self.fingerprint.changed()
+        if "reference_seal" not in self.off:
+            changed += [n for t in self.tasks.values() if t.seal for n in t.seal.broken()]
         self.healthy = not changed and self.backend.healthy()
         answer["tampered"] = changed
         answer["healthy"] = self.healthy
@@ -212,6 +216,7 @@ class CandidateHost:
 
     def reference(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         cfg = EvalConfig(**msg["cfg"])
+        self.off = frozenset()  # no candidate: every defence
         send({"phase": PHASE_SETUP})
         laps = Laps()  # where the worker's seconds went: said in the log
         state = self.warm_reference(str(msg["task_name"]), str(msg["task_source"]), cfg)
@@ -229,6 +234,7 @@ class CandidateHost:
         private = tempfile.mkdtemp(prefix="req-", dir=self.home)
         os.chdir(private)  # the candidate's private directory, to its end (removed then, with all it wrote)
         cfg = EvalConfig(**msg["cfg"])
+        self.off = frozenset(cfg.defences_off)
         send({"phase": PHASE_SETUP})
         state = self.warm_reference(str(msg["task_name"]), str(msg["task_source"]), cfg)
         before = in_use(self.backend.device)
@@ -244,7 +250,8 @@ class CandidateHost:
         private_places(private, self.declared.cache_vars)
         try:
             cand = import_source(source, name, Path.cwd(), "candidate.py")
-            if self.fingerprint.changed():  # before ModelNew runs anything: the answer says what changed
+            if "fingerprint" not in self.off and self.fingerprint.changed():  # before ModelNew runs anything: the
+                # answer says what changed
                 return {"failed": asdict(EvalResult(compiled=True, stage=STAGE_CORRECTNESS))}
             model_cls = getattr(cand, "ModelNew", None)
             if model_cls is None:
@@ -270,14 +277,15 @@ class CandidateHost:
         if not msg.get("same"):  # else: the same input tensors (and slots) as the last run, with new contents
             cur.inputs, cur.slots, cur.buffers = self._attach(msg["inputs"], msg["slots"], int(msg["fds"]),
                                                               cur.buffers)
-        poison([t.numel() * t.element_size() for t in cur.slots.values()], cur.state.device)  # unwritten: NaN
+        if "poisoned_memory" not in self.off:  # unwritten output elements read as NaN
+            poison([t.numel() * t.element_size() for t in cur.slots.values()], cur.state.device)
         if isinstance(seed := msg.get("seed"), int):  # the judge's, where its reference draws random numbers
             torch.manual_seed(seed)
         try:
             with torch.no_grad():
                 raw = cur.model(*cur.inputs)
                 self.backend.synchronize()
-                problem = output_problem(raw, cur.inputs, cur.state.device)
+                problem = None if "output_form" in self.off else output_problem(raw, cur.inputs, cur.state.device)
                 tree = fill_slots(raw, cur.slots)
                 self.backend.synchronize()
             del raw
@@ -395,7 +403,8 @@ class CandidateHost:
 
     def _timing(self, state: WarmReference, cfg: EvalConfig) -> Timing:
         return Timing(self.backend, cfg, lambda: self._sets(state),
-                      cfg.timing_trials or self.backend.default_timing_trials(), self.state)
+                      cfg.timing_trials or self.backend.default_timing_trials(),
+                      None if "process_state" in self.off else self.state)
 
 
 def _task_failure(error: str) -> EvalResult:

@@ -4,7 +4,7 @@ streams (``unordered_stream``, ``extra_stream``) and where its GPU time goes
 (:mod:`stark_ray.eval.measure.kernel_times`).
 
 These run in the worker, beside the candidate: what they report is its claim, which the judge checks against its
-own clock where it matters (:mod:`stark_ray.eval.judge.judgement`, :mod:`stark_ray.eval.judge.confirmation`).
+own clock where it matters (:mod:`stark_ray.eval.judge.claim`, :mod:`stark_ray.eval.judge.confirmation`).
 """
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
     cfg = how.cfg
     flags: list[str] = []
     notes: list[str] = []
+    findings: dict[str, str] = {}  # the line of each flag that decides a verdict (the judge reads it, not the log)
     head_start = True
     kernels: dict[str, Any] = {}
     if state.device == "cuda":
@@ -132,8 +133,9 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
             if not own_kernel_names(report.names, defined()):
                 flags.append("no_kernel")
                 shown = ", ".join(sorted(set(report.names))[:6]) or "nothing"
-                notes.append(f"no kernel of its own was launched (only: {shown})")
-            if report.unordered:
+                findings["no_kernel"] = f"no kernel of its own was launched (only: {shown})"
+                notes.append(findings["no_kernel"])
+            if report.unordered and "stream_order" not in cfg.defences_off:
                 return {"rejected": "unordered_stream", "error": report.describe_unordered(),
                         "flags": [*flags, "unordered_stream"], "log": notes}
             if report.side_streams:
@@ -179,6 +181,7 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
         notes.append(f"launch-bound: timed with a {ref_t.head_us:.0f} us head start (GPU time; launch "
                      "overhead not counted)")
     return {"ref": _stats(ref_stats), "new": _stats(new_stats), "compiled_ms": compiled_ms, "flags": flags,
+            "findings": findings,
             "log": [f"reference: {ref_stats.describe()}", f"candidate: {new_stats.describe()}", *notes], **kernels}
 
 

@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stark_ray.eval.diagnostics import describe_exception
-from stark_ray.eval.measure.inputs import clone_all
+from stark_ray.eval.measure.inputs import clone_all, nbytes_of
 from stark_ray.eval.measure.memory import LARGE_SET_BYTES, param_bytes
 from stark_ray.eval.measure.timing import INPUT_SETS, make_input_sets
 from stark_ray.eval.tasks import BuiltReference, TaskError
-from stark_ray.eval.worker.guards import nbytes_of
 from stark_ray.eval.worker.reference_seal import Seal
 
 

@@ -1,0 +1,90 @@
+"""The evaluator's defences, one row each: what each stops, where it runs, in which stage of a candidate's way, and
+whether it can be switched off (``EvalConfig.defences_off``, for tests and ablations: a verdict with a defence off
+says so in its log).
+
+The stages run in this order for every candidate: ``load`` (the import, in the worker), ``trials`` (the judge's
+correctness trials), ``timing`` (the worker's interleaved timing), ``claim`` (the judge's pipeline over the worker's
+timing: :mod:`stark_ray.eval.judge.claim`, its rows applied in the order listed here), ``after`` (what follows the
+verdict). Within the claim stage each row is one check of the same interface (``check(claim, ctx) -> findings``: a
+rejection, a cap, a flag, a note or the judge's figure of record).
+
+This module is data only: no torch, nothing of the judge's or the worker's, so that both processes, the service and
+docs/evaluator.md's table (checked by tests/test_defences.py) read the same rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOAD, TRIALS, TIMING, CLAIM, AFTER = "load", "trials", "timing", "claim", "after"
+STAGES = (LOAD, TRIALS, TIMING, CLAIM, AFTER)
+JUDGE, WORKER = "judge", "worker"
+
+
+@dataclass(frozen=True)
+class Defence:
+    """One defence: its name (``EvalConfig.defences_off`` takes it), its stage, the process it runs in, the class of
+    cheat or fault it stops, and whether it can be switched off."""
+
+    name: str
+    stage: str
+    process: str
+    stops: str
+    switchable: bool = True
+
+
+DEFENCES: tuple[Defence, ...] = (
+    Defence("fingerprint", LOAD, WORKER,
+            "a candidate that patches torch, the timer or the evaluator's own code in its process (`tampered`)"),
+    Defence("standard_trials", TRIALS, JUDGE,
+            "wrong outputs on fresh seeded inputs the judge makes and compares itself", switchable=False),
+    Defence("inputs_unchanged", TRIALS, JUDGE,
+            "a candidate that writes its inputs (the judge's copy made again and compared)", switchable=False),
+    Defence("output_form", TRIALS, WORKER,
+            "outputs aliasing an input, tensor subclasses, outputs on the wrong device"),
+    Defence("poisoned_memory", TRIALS, WORKER,
+            "outputs left partly unwritten (the allocator's next blocks and the slots filled with NaN bytes)"),
+    Defence("blocks_trial", TRIALS, JUDGE,
+            "a kernel that computes on part of its input and extrapolates"),
+    Defence("sensitivity_trial", TRIALS, JUDGE,
+            "a kernel that ignores or samples part of its input"),
+    Defence("same_address_trial", TRIALS, JUDGE,
+            "an output cache keyed by the input's address"),
+    Defence("reference_seal", TIMING, WORKER,
+            "a hook, patch or swapped part of the reference the candidate is timed beside (`tampered`)"),
+    Defence("process_state", TIMING, WORKER,
+            "global state left set to slow the reference (threads, grad, modes, profile functions)"),
+    Defence("timed_outputs", TIMING, WORKER,
+            "a memoised or racy output in the timed calls (each checked against the reference's of its round)",
+            switchable=False),
+    Defence("stream_order", TIMING, WORKER,
+            "kernels on a stream that does not wait for the caller's, run outside the timing window "
+            "(`unordered_stream`)"),
+    Defence("noise", CLAIM, JUDGE,
+            "a speedup too noisy to trust: measured once more, the lower-speedup or steadier reading kept"),
+    Defence("own_kernel", CLAIM, JUDGE,
+            "a candidate that launched no kernel of its own, only library ops (`no_kernel`: off the leaderboard)"),
+    Defence("large_speedup", CLAIM, JUDGE, "a speedup above 10x: flagged for a look (`large_speedup`)"),
+    Defence("drift", CLAIM, JUDGE,
+            "a reference slowed beside the candidate (a thread, queued work): its claim then measured by the judge, "
+            "strictly"),
+    Defence("confirmation", CLAIM, JUDGE,
+            "a claim above `confirm_above` the judge's own wall clock does not bear out (`suspicious`), or cannot "
+            "measure (`unconfirmed`, capped)"),
+    Defence("fresh_worker", AFTER, JUDGE,
+            "what a candidate left in its interpreter deciding a later candidate's verdict (a worker per candidate "
+            "on a GPU)", switchable=False),
+)
+
+BY_NAME = {d.name: d for d in DEFENCES}
+
+
+def check_off(names: tuple[str, ...] | list[str]) -> None:
+    """ValueError (one line) for a name in ``names`` that is no defence, or one that cannot be switched off."""
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise ValueError(f"defences_off: no defence named {', '.join(map(repr, unknown))} "
+                         f"(the defences: {', '.join(BY_NAME)})")
+    fixed = [n for n in names if not BY_NAME[n].switchable]
+    if fixed:
+        raise ValueError(f"defences_off: {', '.join(map(repr, fixed))} cannot be switched off")

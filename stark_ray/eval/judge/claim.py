@@ -1,0 +1,213 @@
+"""The judge's verdict on a timed claim: the worker's timing of a candidate, passed through the claim stage's rows of
+the defence table (:mod:`stark_ray.eval.defences`) in their order, each one check of one interface.
+
+The worker ran the candidate and timed it in its own process: its figures are the candidate's *claim*. Each defence
+reads the :class:`Claim` and what the judgement can do for it (:class:`Judging`: time again, confirm by the judge's
+clock, pace the reference) and returns :class:`Finding`\\ s; :func:`judge_claim` applies them in order. A finding is
+one of: ``reject`` (kept off the leaderboard, with why: it passed its checks but is no success), ``fail`` (a wrong
+output in the judge's own batch: a correctness failure, the worker replaced), ``cap`` (the speedup counts for no
+more than a bound), ``record`` (the judge's figure stands for the worker's), ``flag``, ``note``, and ``timing`` (a
+new measurement replaces the claim's). Verdict facts travel as fields of the worker's answer (its ``flags`` and
+``findings``), never as its log's text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from stark_ray.eval.defences import CLAIM, DEFENCES
+from stark_ray.eval.judge.confirmation import Confirmation
+from stark_ray.eval.judge.drift import Drift
+from stark_ray.eval.measure.noise import Measured, interval, is_noisy, kept
+
+LARGE_SPEEDUP = 10.0  # flagged (informational) above this
+# what the worker's profile may report: informational flags taken as they come, and no_kernel (own_kernel's)
+INFORMATIONAL = ("extra_stream",)
+REJECT, FAIL, CAP, RECORD, FLAG, NOTE, TIMING = "reject", "fail", "cap", "record", "flag", "note", "timing"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What one defence found: its ``kind`` (above), a line for the log (and the error where it rejects or fails), a
+    flag, and the figures a cap, a record or a new timing sets."""
+
+    kind: str
+    line: str = ""
+    flag: str | None = None
+    speedup: float | None = None  # cap, record: the speedup of record
+    ref_ms: float | None = None  # record: the reference's time it is taken against
+    timing: Measured | None = None  # timing: the measurement that stands now
+
+
+@dataclass
+class Claim:
+    """A candidate's timed claim as the defences see it, and its figures of record as they stand so far."""
+
+    timing: Measured
+    worker_flags: list[str]  # what the worker's profile reported (no_kernel, extra_stream)
+    findings: dict[str, str]  # the worker's line for each of its flags
+    worker_log: list[str]  # the worker's notes, each prefixed "worker: "
+    speedup: float = 0.0
+    ref_ms: float = 0.0
+    new_ms: float = 0.0
+    new_cv: float | None = None
+    error: float | None = None
+    flags: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    drift: Drift | None = None  # the reference ran slower beside the candidate than alone: its claim is in doubt
+    recycle: bool = False  # its worker must not serve another candidate
+
+    def __post_init__(self) -> None:
+        self.take(self.timing)
+
+    def take(self, timing: Measured) -> None:
+        """The figures of record from a measurement of the worker's."""
+        self.timing = timing
+        self.speedup, self.ref_ms, self.new_ms = timing.speedup, timing.ref_ms, timing.new_ms
+        self.new_cv = timing.new_cv
+        self.error = timing.error if math.isfinite(timing.error) else None
+
+
+class Judging(Protocol):
+    """What a claim's defences may ask of the judgement in progress."""
+
+    confirm_above: float
+
+    def can_time_again(self) -> bool:
+        """Whether the clock leaves time to have the worker time both sides once more."""
+        ...
+
+    def time_again(self) -> Measured | None:
+        """The worker's timing once more (None: it gave no second timing)."""
+        ...
+
+    def drift(self, ref_ms: float, ref_min_ms: float | None, speedup: float) -> Drift | None:
+        """The reference's drift beside the candidate against its time alone (None: not slowed, or no yardstick)."""
+        ...
+
+    def confirm(self, speedup: float, new_ms: float, strict: bool) -> Confirmation:
+        """The judge's wall-clock confirmation of a claimed speedup."""
+        ...
+
+    def passed(self, name: str) -> None:
+        """Defence ``name``'s turn is over (switched off or not): where the judgement's seconds went is said so."""
+        ...
+
+
+Check = Callable[[Claim, Judging], list[Finding]]
+
+
+def noise(claim: Claim, ctx: Judging) -> list[Finding]:
+    """A speedup known to less than ±10% (95%) is measured once more; which of the two stands is
+    :func:`noise.kept`'s rule. One still noisy says so."""
+    found: list[Finding] = []
+    first = claim.timing
+    if is_noisy(first.error) and ctx.can_time_again():
+        second = ctx.time_again()
+        if second is None:
+            found.append(Finding(NOTE, "timing measured again: no second timing"))
+        else:
+            stands = kept(first, second)
+            found.append(Finding(TIMING, f"timing measured again (the first speedup, {first.speedup:.3g}x, was "
+                                         f"known to {interval(first.error)} only): {second.speedup:.3g}x "
+                                         f"{interval(second.error)}; kept the "
+                                         f"{'second' if stands is second else 'first'}", timing=stands))
+            first = stands
+    if is_noisy(first.error):
+        found.append(Finding(NOTE, f"noisy timing: the speedup is known to {interval(first.error)} only (95%; its "
+                                   "pairs of calls vary that much: a busy host?)"))
+    return found
+
+
+def own_kernel(claim: Claim, ctx: Judging) -> list[Finding]:
+    """A candidate whose profiled call launched no kernel of its own (only library ops) is off the leaderboard."""
+    if "no_kernel" not in claim.worker_flags:
+        return []
+    return [Finding(REJECT, claim.findings.get("no_kernel") or "no kernel of its own was launched", flag="no_kernel")]
+
+
+def large_speedup(claim: Claim, ctx: Judging) -> list[Finding]:
+    """A claim above LARGE_SPEEDUP is flagged for a look (informational)."""
+    return [Finding(FLAG, flag="large_speedup")] if claim.speedup > LARGE_SPEEDUP else []
+
+
+def drift(claim: Claim, ctx: Judging) -> list[Finding]:
+    """The reference's time beside the candidate against its time alone (:mod:`stark_ray.eval.judge.drift`): a
+    reference slowed beside it puts the claim in doubt (the confirmation then measures it, strictly)."""
+    found = ctx.drift(claim.ref_ms, claim.timing.ref_min_ms, claim.speedup)
+    if found is None:
+        return []
+    claim.drift = found
+    return [Finding(NOTE, found.note)]
+
+
+def confirmation(claim: Claim, ctx: Judging) -> list[Finding]:
+    """A claim above ``confirm_above`` (or any gain where the reference drifted) measured by the judge's own clock;
+    none for a claim already off the leaderboard."""
+    strict = claim.drift is not None
+    if claim.rejected or not (claim.speedup > ctx.confirm_above or (strict and claim.speedup > 1.0)):
+        return []
+    c = ctx.confirm(claim.speedup, claim.new_ms, strict)
+    if c.problem:
+        return [Finding(FAIL, c.problem)]
+    found = [Finding(NOTE, c.note)]
+    if c.unfit:  # a claim the judge could not measure counts for no more than it asks to see (the candidate's
+        cap = 1.0 if strict else ctx.confirm_above  # memory decides what room is left: never a free pass)
+        found.append(Finding(FLAG, flag="unconfirmed"))
+        if claim.speedup > cap:
+            found.append(Finding(CAP, f"unconfirmed: the worker's {claim.speedup:.2f}x counts as {cap:.2f}x",
+                                 speedup=cap))
+    elif not c.confirmed:
+        found.append(Finding(REJECT, c.note, flag="suspicious"))  # its worker serves no other candidate
+    elif c.record is not None:  # the judge's figure, the lower, is the speedup of record, against the reference's
+        # time alone (its time beside this candidate is what was in doubt)
+        found.append(Finding(RECORD, speedup=c.record,
+                             ref_ms=claim.drift.alone_ms if claim.drift is not None else claim.ref_ms))
+    return found
+
+
+CHECKS: dict[str, Check] = {"noise": noise, "own_kernel": own_kernel, "large_speedup": large_speedup,
+                            "drift": drift, "confirmation": confirmation}
+ORDER = tuple(d.name for d in DEFENCES if d.stage == CLAIM)
+
+
+class Failed(Exception):
+    """A defence found the candidate wrong (its batch's outputs, in the judge's confirmation)."""
+
+
+def judge_claim(claim: Claim, ctx: Judging, off: frozenset[str] = frozenset()) -> Claim:
+    """The claim through every claim-stage defence not switched ``off``, in the table's order, after the worker's own
+    report (its lines, its informational flags); a ``fail`` raises :class:`Failed`."""
+    claim.notes += claim.worker_log
+    claim.flags += [f for f in INFORMATIONAL if f in claim.worker_flags]
+    for name in ORDER:
+        if name not in off:
+            for f in CHECKS[name](claim, ctx):
+                apply(claim, f)
+        ctx.passed(name)
+    return claim
+
+
+def apply(claim: Claim, f: Finding) -> None:
+    """One finding's effect on the claim."""
+    if f.kind == FAIL:
+        raise Failed(f.line)
+    if f.kind == TIMING:
+        assert f.timing is not None
+        claim.take(f.timing)
+    if f.flag:
+        claim.flags.append(f.flag)
+    if f.kind == REJECT:
+        claim.rejected.append(f.line)
+        claim.recycle = claim.recycle or f.flag == "suspicious"
+    elif f.line:
+        claim.notes.append(f.line)
+    if f.kind in (CAP, RECORD):
+        assert f.speedup is not None
+        ref_ms = f.ref_ms if f.ref_ms is not None else claim.ref_ms
+        claim.speedup, claim.ref_ms, claim.new_ms = f.speedup, ref_ms, ref_ms / f.speedup
+        claim.new_cv = claim.error = None

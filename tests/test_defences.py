@@ -1,0 +1,178 @@
+"""The defence table (stark_ray/eval/defences.py) and the judge's claim stage (stark_ray/eval/judge/claim.py): every
+row named once and documented, the claim's defences applied in the table's order, and each one tested alone on a
+hand-made claim (the machinery around them — the worker's timing, the judge's batch — is tested through real
+processes in tests/test_integrity.py, tests/test_timing_cheats.py and tests/test_confirmation_cheats.py, where a
+defence switched off lets its cheat through)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from stark_ray.config import EvalConfig
+from stark_ray.eval import defences
+from stark_ray.eval.judge import claim as claims
+from stark_ray.eval.judge.claim import Claim, Failed, judge_claim
+from stark_ray.eval.judge.confirmation import Confirmation
+from stark_ray.eval.judge.drift import Drift
+from stark_ray.eval.measure.noise import Measured
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "evaluator.md"
+
+
+def timing(speedup: float, error: float = 0.01, ref_ms: float = 1.0) -> Measured:
+    return Measured(ref_ms, ref_ms / speedup, 0.01, 0.01, error, ref_ms * 0.95)
+
+
+@dataclass
+class Judging:
+    """A judgement's side of the claim stage, scripted: what the worker's second timing says, whether the reference
+    drifted, what the judge's clock measures; and what was asked of it."""
+
+    confirm_above: float = 2.0
+    again: Measured | None = None
+    time_left: bool = True
+    drifted: Drift | None = None
+    confirmation: Confirmation | None = None
+    asked: list[str] = field(default_factory=list)
+
+    def can_time_again(self) -> bool:
+        return self.time_left
+
+    def time_again(self) -> Measured | None:
+        self.asked.append("time_again")
+        return self.again
+
+    def drift(self, ref_ms: float, ref_min_ms: float | None, speedup: float) -> Drift | None:
+        self.asked.append("drift")
+        return self.drifted
+
+    def confirm(self, speedup: float, new_ms: float, strict: bool) -> Confirmation:
+        self.asked.append(f"confirm strict={strict}")
+        assert self.confirmation is not None
+        return self.confirmation
+
+    def passed(self, name: str) -> None:
+        self.asked.append(f"passed {name}")
+
+
+def claim_of(speedup: float, error: float = 0.01, flags: tuple[str, ...] = (), log: tuple[str, ...] = (),
+             findings: dict[str, str] | None = None) -> Claim:
+    return Claim(timing(speedup, error), list(flags), findings or {}, [f"worker: {line}" for line in log])
+
+
+# -- the table ---------------------------------------------------------------------------------------------------
+def test_every_defence_has_one_row_a_known_stage_and_the_claim_rows_their_checks() -> None:
+    names = [d.name for d in defences.DEFENCES]
+    assert len(names) == len(set(names))
+    assert all(d.stage in defences.STAGES and d.process in (defences.JUDGE, defences.WORKER)
+               for d in defences.DEFENCES)
+    claim_rows = [d.name for d in defences.DEFENCES if d.stage == defences.CLAIM]
+    assert list(claims.ORDER) == claim_rows and set(claims.CHECKS) == set(claim_rows)
+    # the stages in their order: a row's place says when it runs
+    stages = [defences.STAGES.index(d.stage) for d in defences.DEFENCES]
+    assert stages == sorted(stages)
+
+
+def test_docs_list_every_defence_in_the_tables_order() -> None:
+    """docs/evaluator.md's defence table: one row per defence, named as in the code, in the same order."""
+    section = DOCS.read_text().split("## The defence table", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M)
+    assert rows == [d.name for d in defences.DEFENCES]
+
+
+def test_a_defence_switched_off_is_named_and_checked() -> None:
+    defences.check_off(["confirmation", "drift"])
+    with pytest.raises(ValueError, match="no defence named 'confirmaton'"):
+        defences.check_off(["confirmaton"])
+    with pytest.raises(ValueError, match="'standard_trials' cannot be switched off"):
+        defences.check_off(["standard_trials"])
+    assert EvalConfig(defences_off="drift").defences_off == ("drift",)  # type: ignore[arg-type]
+
+
+# -- each claim defence alone ------------------------------------------------------------------------------------
+def test_noise_times_a_noisy_claim_again_and_keeps_the_lower_of_two_noisy_readings() -> None:
+    ctx = Judging(again=timing(1.2, error=0.2))
+    c = claim_of(1.9, error=0.2)
+    judge_claim(c, ctx, frozenset(defences.BY_NAME) - {"noise"})
+    assert ctx.asked[0] == "time_again" and c.speedup == pytest.approx(1.2)
+    assert any("kept the second" in n for n in c.notes) and any("noisy timing" in n for n in c.notes)
+    steady = claim_of(1.9, error=0.01)
+    judge_claim(steady, Judging(), frozenset(defences.BY_NAME) - {"noise"})
+    assert steady.speedup == pytest.approx(1.9) and steady.notes == []
+    hurried = Judging(time_left=False)  # no time left: no second timing, the first said noisy
+    noisy = claim_of(1.9, error=0.2)
+    judge_claim(noisy, hurried, frozenset(defences.BY_NAME) - {"noise"})
+    assert "time_again" not in hurried.asked and any("noisy timing" in n for n in noisy.notes)
+
+
+def test_own_kernel_reads_the_workers_flag_never_its_words() -> None:
+    no_kernel = claim_of(1.5, flags=("no_kernel",), findings={"no_kernel": "no kernel of its own (only: at::mm)"})
+    judge_claim(no_kernel, Judging(), frozenset())
+    assert no_kernel.rejected == ["no kernel of its own (only: at::mm)"] and "no_kernel" in no_kernel.flags
+    # a log line that says the same words, without the flag, decides nothing (and a flag without a line still does)
+    worded = claim_of(1.5, log=("no kernel of its own was launched (only: at::mm)",))
+    judge_claim(worded, Judging(), frozenset())
+    assert worded.rejected == [] and "no_kernel" not in worded.flags
+    bare = claim_of(1.5, flags=("no_kernel",))
+    judge_claim(bare, Judging(), frozenset())
+    assert bare.rejected == ["no kernel of its own was launched"]
+
+
+def test_large_speedup_is_a_flag_and_nothing_more() -> None:
+    c = claim_of(12.0)
+    judge_claim(c, Judging(), frozenset(defences.BY_NAME) - {"large_speedup"})
+    assert c.flags == ["large_speedup"] and c.rejected == [] and c.speedup == pytest.approx(12.0)
+
+
+def test_a_drifted_reference_makes_any_gain_go_to_the_judges_clock_strictly() -> None:
+    ctx = Judging(drifted=Drift(0.8, "the reference ran at 1.0 ms beside this candidate, 1.25x its 0.8 ms alone"),
+                  confirmation=Confirmation(True, "speedup confirmed", record=1.1, claim=1.5))
+    c = claim_of(1.5)
+    judge_claim(c, ctx, frozenset())
+    assert "confirm strict=True" in ctx.asked
+    # the judge's figure stands, against the reference's time alone (its time beside the candidate was in doubt)
+    assert c.speedup == pytest.approx(1.1) and c.ref_ms == pytest.approx(0.8) and c.new_ms == pytest.approx(0.8 / 1.1)
+    undrifted = Judging(confirmation=Confirmation(True, "speedup confirmed"))
+    judge_claim(claim_of(1.5), undrifted, frozenset())
+    assert not any(a.startswith("confirm") for a in undrifted.asked)  # under confirm_above, no drift: no clock
+
+
+def test_the_confirmation_rejects_caps_fails_or_records() -> None:
+    def judged(confirmation: Confirmation, speedup: float = 5.0, drifted: Drift | None = None) -> Claim:
+        c = claim_of(speedup)
+        judge_claim(c, Judging(confirmation=confirmation, drifted=drifted), frozenset())
+        return c
+
+    suspicious = judged(Confirmation(False, "suspicious: 5.0x by the worker's timing but 0.9x by the judge's"))
+    assert "suspicious" in suspicious.flags and suspicious.rejected and suspicious.recycle
+    unfit = judged(Confirmation(False, "no room", unfit=True))
+    assert "unconfirmed" in unfit.flags and unfit.speedup == pytest.approx(2.0) and not unfit.rejected
+    unfit_drifted = judged(Confirmation(False, "no room", unfit=True), drifted=Drift(1.0, "slowed"))
+    assert unfit_drifted.speedup == pytest.approx(1.0)
+    with pytest.raises(Failed, match="batch output"):
+        judged(Confirmation(False, "", problem="batch output 3 differs"))
+    confirmed = judged(Confirmation(True, "speedup confirmed by the judge's wall clock: 4.9x"))
+    assert confirmed.speedup == pytest.approx(5.0) and confirmed.rejected == [] and confirmed.flags == []
+    # a claim already off the leaderboard is not measured
+    off_board = claim_of(5.0, flags=("no_kernel",))
+    ctx = Judging(confirmation=Confirmation(False, "suspicious"))
+    judge_claim(off_board, ctx, frozenset())
+    assert not any(a.startswith("confirm") for a in ctx.asked) and "suspicious" not in off_board.flags
+
+
+def test_the_pipeline_runs_the_rows_in_the_tables_order_and_skips_those_off() -> None:
+    ctx = Judging(drifted=Drift(1.0, "slowed"), confirmation=Confirmation(False, "suspicious: not borne out"))
+    c = claim_of(3.0, flags=("extra_stream",), log=("its kernels use 1 more stream(s)",))
+    judge_claim(c, ctx, frozenset())
+    assert [a for a in ctx.asked if a.startswith("passed")] == [f"passed {n}" for n in claims.ORDER]
+    assert c.flags == ["extra_stream", "suspicious"]
+    assert c.notes[0] == "worker: its kernels use 1 more stream(s)"  # the worker's report first, then the defences
+    ctx_off = Judging(drifted=Drift(1.0, "slowed"), confirmation=Confirmation(False, "suspicious"))
+    free = claim_of(3.0)
+    judge_claim(free, ctx_off, frozenset({"confirmation", "drift"}))
+    assert "drift" not in ctx_off.asked and not any(a.startswith("confirm") for a in ctx_off.asked)
+    assert free.speedup == pytest.approx(3.0) and free.rejected == []
