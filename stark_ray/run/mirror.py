@@ -64,7 +64,7 @@ class RunMirror:
                 while todo:  # with it, the nodes whose acknowledgement reached the driver before it
                     n = todo.pop()
                     if n.id not in tree.nodes:
-                        tree._attach(replace(n, children=[]))
+                        tree.attach(replace(n, children=[]))
                         attached.append(tree[n.id])
                         todo += waiting.pop(n.id, [])
             else:  # its parent's acknowledgement has not been handled yet (one commit wrote both)

@@ -44,10 +44,12 @@ class Tree:
             input_tokens=sum(u.input_tokens for u in calls), output_tokens=sum(u.output_tokens for u in calls),
             cost_usd=sum(u.cost_usd for u in calls),
         )
-        self._attach(node)
+        self.attach(node)
         return node
 
-    def _attach(self, node: Node) -> None:
+    def attach(self, node: Node) -> None:
+        """A node made elsewhere (its id, parent and result set), attached as it is: a ValueError where its id is
+        taken or its parent missing."""
         if node.id in self.nodes:
             raise ValueError(f"node {node.id} is already in the tree")
         if node.parent not in self.nodes:
@@ -161,5 +163,5 @@ class Tree:
                 raise ValueError(f"node {node.id} names parent {node.parent}, which is not an earlier node")
             if node.depth != tree[node.parent].depth + 1:
                 raise ValueError(f"node {node.id} has depth {node.depth}, its parent {tree[node.parent].depth}")
-            tree._attach(replace(node, children=[]))
+            tree.attach(replace(node, children=[]))
         return tree
