@@ -8,6 +8,9 @@ evaluator of the home's device class has room, each timed against the reference 
 results back (``add_next``: the attempt, and in the same round trip the work that takes its place) — never
 waiting on one call: whatever finishes first is handled (``ray.wait``), with a cap on the work in flight.
 
+An evaluator that dies costs what :mod:`stark_ray.run.evaluator_deaths` decides; the driver carries it out. The
+live view gets the run's status twice a second, and once a second what each expansion in flight is doing.
+
 A run directory holds ``run.json`` (settings and task sources, for ``--resume``), the memory's Parquet rows, and
 each task's ``summary.json`` and ``best_kernel.py`` (:mod:`stark_ray.run.mirror`).
 """
@@ -17,60 +20,73 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from stark_ray.agents.base import AgentResult
+from stark_ray.actors.tree_memory import TaskSpec
+from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.eval.backends import get_backend
+from stark_ray.eval.judge.sol import light_line
+from stark_ray.eval.measure.memory import OverBudget
+from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.llm.base import LLMError
-from stark_ray.records import STAGE_CRASH, EvalResult
-from stark_ray.run import evaluator_loss
+from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
+from stark_ray.run import evaluator_deaths
 from stark_ray.run.campaign import CapTracker
-from stark_ray.run.directory import RunError, task_summary
+from stark_ray.run.directory import RunError, new_run_dir, recorded_usage, run_record, task_summary, write_run_file
 from stark_ray.run.dispatch import EvalDispatch
-from stark_ray.run.evaluator_deaths import EvaluatorDeaths
-from stark_ray.run.evaluator_loss import EvaluatorLoss
+from stark_ray.run.evaluator_deaths import EvaluatorDeaths, Verdict
 from stark_ray.run.in_flight import InFlightCap
-from stark_ray.run.live_status import LiveStatus
 from stark_ray.run.mirror import RunMirror
 from stark_ray.run.placement import (
     STATUS_CAPPED,
     RayRun,
+    checked_get,
     connect,
     disconnect,
     one_line,
+    recorded_tasks,
     start_agents,
+    start_evaluators,
+    start_memory,
     stop_actors,
 )
-from stark_ray.run.ray_start import EXECUTOR, RayStart
-from stark_ray.run.reporter import Reporter
+from stark_ray.run.reporter import InFlight, Reporter
+from stark_ray.run.resume import record_changes
 from stark_ray.run.room import Room
 from stark_ray.run.summary import STATUS_FAILED, STATUS_FINISHED, STATUS_INTERRUPTED, RunSummary
 from stark_ray.run.work import ADD, AGENT, BACK, EVAL, NEXT, Expansion, Work, ticket_of
 from stark_ray.search.memory import Ticket, no_candidate
 from stark_ray.search.tree import Tree
 from stark_ray.store.compact import compact_ended, whole_run_compacted
-from stark_ray.store.location import Location
+from stark_ray.store.location import Location, locate
 
 log = logging.getLogger(__name__)
 _UNSET: Any = object()  # a ref's value not fetched yet
+EXECUTOR = "ray"  # as run.json and the summaries name it
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
+ASK_EVERY_S = 0.2  # how often a dead evaluator is asked whether it is back
+AGENT_WORDS = {"plan+code": "plan and code agents", "debug": "debug agent", "single": "agent"}
 
 
-class RayDriver(RayStart, EvaluatorLoss, LiveStatus):
-    """A run on Ray: :meth:`start` (``ray_start.py``: evaluators, references, run directory, memory), :meth:`loop`
-    (every expansion a generator, :meth:`_expansion`, moved along as its calls finish; evaluator deaths in
-    ``evaluator_loss.py``, the live view in ``live_status.py``), :meth:`finish` (the summaries), :meth:`close`."""
+class RayDriver:
+    """A run on Ray: :meth:`start` (evaluators, references, run directory, memory), :meth:`loop` (every expansion
+    a generator, :meth:`_expansion`, moved along as its calls finish; evaluator deaths carried out by :meth:`_act`
+    and :meth:`_mind_the_dead`, the live view by :meth:`_progress`), :meth:`finish` (the summaries), :meth:`close`.
+    """
 
     def __init__(self, run: RayRun, reporter: Reporter, embedded: bool = False) -> None:
         self.run, self.reporter = run, reporter
         self.embedded = embedded  # a local Ray this run started: no autoscaler will add GPUs
-        self.tasks = {t.name: t for t in run.tasks}
+        self.tasks: dict[str, Task] = {t.name: t for t in run.tasks}
         self.view = RunMirror(t.name for t in run.tasks)  # the trees as the memory acknowledged them
         self.pending: dict[Any, Work] = {}  # object ref -> what it is
         self.cap = InFlightCap(run.max_in_flight)  # expansions in flight at once: fixed, or derived as the run goes
@@ -82,7 +98,10 @@ class RayDriver(RayStart, EvaluatorLoss, LiveStatus):
         self.spend = CapTracker(run.caps)
         self.capped = self.spend.capped  # task -> why no new LLM calls are made for it
         self._caps_unchecked = True  # the caps are checked against what a resumed run spent before
-        self.start_live_status()
+        self._last_progress = 0.0  # when the status was last reported
+        self._last_look = 0.0  # when the evaluators were last asked what their candidates go through
+        self._looking: dict[Any, int] = {}  # activity() asked and not answered yet -> the evaluator
+        self._steps: dict[int, dict[str, tuple[str, float]]] = {}  # each evaluator's last answer
         self.phases: dict[str, float] = {}  # seconds of each start phase (logged; benchmarks read them)
         self.agents = start_agents(run)  # now: they start (and import) while the evaluators and references do
         self.agent_load = [0] * len(self.agents)  # calls outstanding on each
@@ -90,6 +109,91 @@ class RayDriver(RayStart, EvaluatorLoss, LiveStatus):
         self.deaths: EvaluatorDeaths[Work] = EvaluatorDeaths(lambda w: w.step.source if w.step else None)
         self.ask_at: dict[int, float] = {}  # a dead evaluator -> when to ask it ``where`` again
         self._nodes_asked = 0.0  # when Ray was last asked which nodes are alive
+        # :meth:`start` sets the evaluators, the run directory (dir, run_id), infos and the memory: :meth:`close`,
+        # which may follow a start that failed, reads them with getattr
+
+    # -- the start: evaluators, references, run directory, memory --------------------------------------------
+    def start(self) -> None:
+        """Start the evaluators (each times its tasks' references as soon as its device worker is up) and the
+        TreeMemory actor with every task's tree; make the run directory, or reopen the resumed one (what a resumed
+        run spent before counts against its caps)."""
+        run = self.run
+        token = uuid.uuid4().hex[:6]  # a resumed run's actors must not collide with a dying driver's
+        t0 = time.monotonic()
+        self.evaluators: list[Any] = start_evaluators(run, self.embedded, token)  # the actors' handles
+        self.cap.evaluators = len(self.evaluators)
+        self.dispatch.place([t.name for t in run.tasks], len(self.evaluators))
+        home = self.dispatch.home
+        # every evaluator starts its device worker now, at once, and times its tasks' references as soon as that
+        # is up. Every reference is checked before a run directory exists; a resumed run needs them only for tasks
+        # whose tree has no row yet (killed before its reference was written)
+        hardware_refs = [e.hardware.remote() for e in self.evaluators]
+        recorded = set(recorded_tasks(run.resume)) if run.resume is not None else set()
+        pending = {t.name: self.evaluators[home[t.name]].reference.remote(t) for t in run.tasks
+                   if t.name not in recorded}
+        self.reporter.phase(f"starting {len(self.evaluators)} {run.eval.backend} evaluator(s), then timing "
+                            f"{len(pending)} reference(s)")
+        hardware = checked_get(hardware_refs)  # EvaluatorError: this host cannot evaluate (one line)
+        self.phases["evaluators_s"] = time.monotonic() - t0
+        self.worker_starts: list[Any] = [h["start_phases"] for h in hardware]  # where each device worker's start went
+        self.deaths.instances = {i: h.get("instance") for i, h in enumerate(hardware)}
+        self.deaths.nodes = {i: h.get("node") for i, h in enumerate(hardware)}
+        self.dispatch.share([h["class"] for h in hardware])
+        specs = []
+        self.infos: dict[str, TaskInfo] = {
+            t.name: TaskInfo(name=t.name, reference_source=t.source, backend=run.eval.backend,
+                             hardware=hardware[home[t.name]]["description"]) for t in run.tasks}
+        skipped: list[str] = []
+        for task in run.tasks:
+            try:
+                reference = checked_get(pending[task.name]) if task.name in pending else None
+            except OverBudget as e:  # this device cannot evaluate it at this budget: a campaign goes on without it
+                if len(run.tasks) == 1:
+                    raise
+                skipped.append(task.name)
+                print(f"stark: skipped: {e}", file=sys.stderr, flush=True)
+                continue
+            specs.append(TaskSpec(self.infos[task.name], reference))
+        if skipped:
+            self.skip(skipped)
+            run = self.run
+        self.phases["references_s"] = time.monotonic() - t0 - self.phases["evaluators_s"]
+        t1 = time.monotonic()
+        if run.resume is not None:
+            self.dir = locate(run.resume)
+            record_changes(self.dir, run.search)  # a raised budget or another --parallel: the next resume keeps it
+        else:
+            base = run.tasks[0].name if len(run.tasks) == 1 else "campaign"
+            out = locate(run.out)
+            self.dir = new_run_dir(out, base) if run.run_id is None else out / run.run_id
+            self.dir.mkdir()
+            write_run_file(self.dir, run_record(run.tasks, run.search, run.agents, run.eval, EXECUTOR))
+        self.run_id = self.dir.name
+        self.view.dir = self.dir
+        self.memory = start_memory(run, self.dir, f"stark-memory-{self.run_id}-{token}", specs)
+        snapshots = ray.get([self.memory.snapshot.remote(name) for name in self.tasks])
+        recorded = recorded_usage(self.dir) if run.resume is not None else None  # all tasks' calls, one read
+        for name, snapshot in zip(self.tasks, snapshots, strict=True):
+            if recorded is not None:  # what the earlier part of the run spent counts against the caps
+                spent = recorded[name]
+                self.spend.add(name, spent.cost_usd, spent.input_tokens + spent.output_tokens)
+                self.view.usage[name] = spent  # and in the summaries: this part's calls are added as they come
+            tree = Tree.from_records(snapshot)
+            self.infos[name] = replace(self.infos[name], light=light_line(tree.nodes[0].result))  # its reference's
+            self.view.load(name, tree)
+            self.reporter.start(self.tasks[name], run.search.budget, tree)
+        self.phases["memory_s"] = time.monotonic() - t1
+        log.info("run %s started: %s; device workers: %s", self.run_id,
+                 ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()), self.worker_starts)
+
+    def skip(self, names: list[str]) -> None:
+        """Go on without these tasks (their references do not fit the memory budget); none left is a TaskError."""
+        kept = [t for t in self.run.tasks if t.name not in names]
+        if not kept:
+            raise TaskError(f"no task fits the memory budget ({len(names)} skipped)")
+        self.run = replace(self.run, tasks=kept)
+        self.tasks = {t.name: t for t in kept}
+        self.view = RunMirror(t.name for t in kept)
 
     # -- the loop --------------------------------------------------------------------------------------------
     def loop(self) -> None:
@@ -106,7 +210,7 @@ class RayDriver(RayStart, EvaluatorLoss, LiveStatus):
                 return
             refs = list(self.pending)
             if not refs:  # every evaluator is restarting: only the next question to one of them is due
-                time.sleep(evaluator_loss.ASK_EVERY_S)
+                time.sleep(ASK_EVERY_S)
                 continue
             ready = ray.wait(refs, num_returns=len(refs), timeout=0)[0]  # all that have finished, or
             if not ready:
@@ -265,6 +369,108 @@ class RayDriver(RayStart, EvaluatorLoss, LiveStatus):
 
     def _await_restart(self, which: int) -> None:
         self.pending[self.evaluators[which].where.remote()] = Work(BACK, which=which)
+
+    # -- evaluator deaths: what evaluator_deaths decides, carried out ----------------------------------------
+    def _act(self, which: int, verdict: Verdict[Work]) -> None:
+        """Carry out what :mod:`stark_ray.run.evaluator_deaths` decided about evaluator ``which``: pause it and ask
+        it again, charge a candidate, send candidates again, give it up."""
+        if verdict.gone:
+            self.cap.evaluators = len(self.evaluators) - len(self.deaths.gone)
+            left = [t for t in self.tasks if not set(self.dispatch.peers[t]) - self.deaths.gone
+                    and t not in self.capped and self.view.trees[t].evaluated < self.run.search.budget]
+            if left:
+                raise RunError(f"evaluator {which} died and did not come back within "
+                               f"{evaluator_deaths.RESTART_WAIT_S:.0f} s, and no evaluator is left for "
+                               f"{len(left)} task(s) ({left[0]}, ...); every attempt acknowledged is recorded: "
+                               f"continue with --resume {self.dir}")
+            log.warning("evaluator %d died and did not come back: the run goes on without it", which)
+        if verdict.pause:
+            self.dispatch.pause(which)
+            self._await_restart(which)
+        if verdict.ask_again:
+            self.ask_at[which] = time.monotonic() + ASK_EVERY_S
+        for work in verdict.charge:
+            self._resume(work.expansion, EvalResult.failed(
+                STAGE_CRASH, "the evaluator actor died while evaluating this candidate (it is restarted; this "
+                "candidate is not run again)"))
+        for work in verdict.resend:
+            assert work.ticket is not None
+            self.dispatch.put(work.ticket.task, work)
+        if verdict.resume:
+            log.info("evaluator %d answers again", which)
+            self.dispatch.resume(which)
+        if verdict.resend or verdict.resume:
+            self._send_evaluations()
+
+    def _mind_the_dead(self) -> None:
+        """Ask the dead evaluators whose next question is due; send the orphans of those that have not come back
+        for a while to their peers (:mod:`stark_ray.run.evaluator_deaths`)."""
+        if not self.deaths.dead:
+            return
+        now = time.monotonic()
+        for which in [w for w, at in self.ask_at.items() if at <= now]:
+            del self.ask_at[which]
+            self._await_restart(which)
+        if not self.deaths.late(now) or now - self._nodes_asked < 1.0:
+            return
+        self._nodes_asked = now  # Ray's GCS is asked at most once a second which nodes are alive
+        for which, verdict in self.deaths.overdue(now, self._alive_nodes()).items():
+            log.warning("evaluator %d has not come back for %.0f s and its node is gone: its %d candidate(s) go to "
+                        "the others", which, evaluator_deaths.MOVE_AFTER_S, len(verdict.resend) + len(verdict.charge))
+            self._act(which, verdict)
+
+    # -- the live view ---------------------------------------------------------------------------------------
+    def _progress(self, final: bool = False) -> None:
+        """The run's status to the reporter, twice a second (``final``: now), and once a second what each
+        expansion in flight is doing (:meth:`_in_flight`) when the reporter shows it."""
+        now = time.monotonic()
+        if now - self._last_progress < 0.5 and not final:
+            return
+        self._last_progress = now
+        if getattr(self.reporter, "shows_expansions", False) and now - self._last_look >= 1.0:
+            self._last_look = now
+            self.reporter.expansions(self._in_flight(now))
+        report = getattr(self.reporter, "status", None)
+        if report is None:
+            return
+        running = {w.ticket.task for w in self.pending.values() if w.ticket is not None}
+        running |= {task for task, _ in self.dispatch.queue}
+        report({
+            **self.view.status(running, self.run.search.budget, set(self.capped)),
+            "cost": self.spend.total.cost, "tokens": self.spend.total.tokens,
+            "evaluators": len(self.evaluators),
+            "evaluating": self.dispatch.running, "waiting": len(self.dispatch.queue),
+            "busy": sum(1 for load in self.dispatch.load if load), "in_flight_cap": self.cap.value,
+            "capped": dict(self.capped),
+        })
+
+    def _in_flight(self, now: float) -> list[InFlight]:
+        """What each expansion in flight is doing: its agent call, its wait for an evaluator, or its evaluation's
+        step as its evaluator last said. The evaluators are asked without waiting: an answer is used once it has
+        come (a busy host answers late; the driver never blocks on it)."""
+        answered = ray.wait(list(self._looking), num_returns=len(self._looking), timeout=0)[0] if self._looking else []
+        for ref in answered:
+            which = self._looking.pop(ref)
+            with contextlib.suppress(RayError):
+                self._steps[which] = ray.get(ref)
+        busy = {w.which for w in self.pending.values() if w.kind == EVAL}
+        for which in busy - set(self._looking.values()):
+            self._looking[self.evaluators[which].activity.remote()] = which
+        steps = {key: step for which in busy for key, step in self._steps.get(which, {}).items()}
+        out = []
+        for w in self.pending.values():
+            if w.ticket is None or w.kind not in (AGENT, EVAL):
+                continue
+            if w.kind == AGENT:
+                out.append(InFlight(w.ticket.task, w.ticket.parent, AGENT_WORDS.get(w.ticket.request.agent, "agent"),
+                                    now - w.since))
+            else:
+                doing, seconds = steps.get(source_digest(w.step.source if w.step else ""), ("evaluating",
+                                                                                            now - w.since))
+                out.append(InFlight(w.ticket.task, w.ticket.parent, doing, seconds))
+        out += [InFlight(task, w.ticket.parent, "waiting for an evaluator", now - w.since)
+                for task, w in self.dispatch.queue if w.ticket is not None]
+        return out
 
     # -- end -------------------------------------------------------------------------------------------------
     def finish(self, status: str, wall_s: float) -> list[RunSummary]:
