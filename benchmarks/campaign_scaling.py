@@ -88,7 +88,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     started_log: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: started_log.append(record.getMessage())  # type: ignore[method-assign]
-    driver_log = logging.getLogger("stark_ray.run")  # the driver's modules (ray_start: "run ... started")
+    driver_log = logging.getLogger("stark_ray.run")  # the driver's modules (ray_driver: "run ... started")
     driver_log.addHandler(handler)
     driver_log.setLevel(logging.INFO)
     started: list[float] = []
