@@ -66,22 +66,27 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
 
 @dataclass(frozen=True)
 class SearchConfig:
-    budget: int = 30  # B: evaluated candidates, debug fixes included
-    policy: str = "epsilon_greedy"
-    ablation: str = "none"
-    epsilon: float = 0.3
-    n_root: int = 5  # the root gets at most this many children
-    n_child: int = 3  # a node with more than this many children, all failed, is pruned
-    n_child_max: int = 8  # no node gets more children than this (the root: n_root), so exploitation spreads; 0: no cap
-    top_r: int = 5  # leaderboard entries shown to the plan agent
-    k: int = 0  # Best-of-K width; 0 = the whole budget goes to root children
-    max_debug_chain: int = 2  # at most this many debug fixes in a row on one lineage
-    window_chars: int = 24_000  # size limit of one context window (code shown per node shrinks to fit)
-    prompt_chars: int = 100_000  # size limit of a whole user message, fixed parts included (docs/method.md)
-    seed: int = 0
-    parallel: int = 1  # expansions of one task in flight at once (1: the paper's sequential search)
+    budget: int = option(30, "Evaluated candidates per task (debug fixes count).", "--budget", "-B")
+    policy: str = option("epsilon_greedy", "{policies}")
+    ablation: str = option("none", " | ".join(ABLATIONS))
+    epsilon: float = option(0.3, "Exploration probability of the ε-greedy policy.")
+    n_root: int = option(5, "The root gets at most this many children.")
+    # a node other than the root with more than this many children, none of them accepted, is pruned
+    n_child: int = option(3, "Prune a node with more failed children than this.")
+    # no node gets more children than this (the root: n_root), so exploitation spreads; 0: no cap
+    n_child_max: int = option(8, "No node but the root gets more children than this (0: no cap).")
+    top_r: int = option(5, "Leaderboard entries shown to the plan agent.")
+    k: int = option(0, "Best-of-K width (0: the whole budget).")  # 0: the whole budget goes to root children
+    max_debug_chain: int = option(2, "Repairs in a row one lineage may get.")
+    # size limit of one context window (code shown per node shrinks to fit)
+    window_chars: int = option(24_000, "Size limit of one context window in a prompt.")
+    # size limit of a whole user message, fixed parts included (docs/method.md)
+    prompt_chars: int = option(100_000, "Size limit of a whole prompt, its fixed parts included.")
+    seed: int = option(0, "Seeds the policy and the evaluator's inputs.")
+    parallel: int = option(1, "Expansions of a task in flight at once (1: the paper's sequential search).")
     # a task stops once its best candidate reaches this share of its speed of light (eval/judge/sol.py); 0: off
-    stop_at_sol: float = 0.0
+    stop_at_sol: float = option(0.0, "Stop a task once its best candidate runs at this share of its speed of light, "
+                                     "e.g. 0.9 (0: off).")
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -109,15 +114,18 @@ DEFAULT_MODELS: dict[str, str] = {"openai": "gpt-4o", "anthropic": "claude-sonne
 
 @dataclass(frozen=True)
 class AgentConfig:
-    provider: str = "openai"
-    model: str = ""  # "": the provider's default (DEFAULT_MODELS)
-    base_url: str | None = None
-    temperature_plan: float = 0.8
-    temperature_code: float = 0.1
-    temperature_debug: float = 0.1
-    temperature_single: float = 0.1
+    provider: str = option("openai", f"{' | '.join(PROVIDERS)} (default: openai, or replay when --cassette is given).",
+                           derived=True)
+    # "": the provider's default (DEFAULT_MODELS)
+    model: str = option("", f"Model name for every agent (default: {DEFAULT_MODELS['openai']} with openai, "
+                            f"{DEFAULT_MODELS['anthropic']} with anthropic).", derived=True)
+    base_url: str | None = option(None, "OpenAI-compatible server (vLLM, SGLang, Ollama).")
+    temperature_plan: float = option(0.8, "Plan agent temperature.")
+    temperature_code: float = option(0.1, "Code agent temperature (and the single agent's: --ablation search_agent).")
+    temperature_debug: float = option(0.1, "Debug agent temperature.")
+    temperature_single: float = option(0.1, "", "--temperature-code")  # given with the code agent's
     max_tokens: int = 8192
-    timeout_s: float = 180.0  # per call
+    timeout_s: float = option(180.0, "Seconds per LLM call.", "--timeout")  # per call
     max_retries: int = 4  # retries of a transient failure (429, 5xx, timeouts), each try a row: llm/retry.py
     cassette: str | None = None  # replay provider: the JSONL to read
     record: str | None = None  # any provider: write a cassette here
@@ -153,37 +161,49 @@ ISOLATE_MODES = ("auto", "on", "off")
 
 @dataclass(frozen=True)
 class EvalConfig:
-    backend: str = "cpu_cpp"
-    trials: int = 5  # correctness trials, fresh inputs each (the last ones scaled: another distribution)
+    backend: str = option("cpu_cpp", "Candidate format: {backends}")
+    # correctness trials, fresh inputs each (the last ones scaled: another distribution)
+    trials: int = option(5, "Correctness trials with fresh inputs.")
     # allclose tolerances and the normalized-error bound ||out - ref|| / ||ref||: per output dtype from the
     # preset (stark_ray/eval/measure/compare.py: TOLERANCE_PRESETS); a value given here overrides it for every dtype
-    tolerance: str = "default"  # "default" (per dtype) | "kernelbench" (atol = rtol = 1e-2, as the paper)
+    # "kernelbench": atol = rtol = 1e-2, as the paper
+    tolerance: str = option("default", "default (per dtype) | kernelbench (atol=rtol=1e-2).")
     atol: float | None = None
     rtol: float | None = None
     max_rel_err: float | None = None
     warmup: int = 3
-    timing_trials: int | None = None  # timed calls per function; None: the backend's default (CPU 20, GPU 100)
+    # timed calls per function; None: the backend's default
+    timing_trials: int | None = option(None, "Timed calls at most (default: CPU 20, GPU 100).")
     # timing stops before timing_trials once every median is known within this relative standard error (checked
     # every 10 rounds from the 40th); 0: always timing_trials
-    timing_precision: float = 0.003
-    baseline: str = "eager"  # "compile": also time torch.compile(reference) in the same worker and run
-    compile_timeout_s: float = 300.0
+    timing_precision: float = option(0.003, "Stop timing (after 40 rounds) once each median's relative standard "
+                                            "error is below this; 0: always --timing-trials.")
+    # "compile": also time torch.compile(reference) in the same worker and run
+    baseline: str = option("eager", "eager | compile (also time torch.compile(reference)).")
+    compile_timeout_s: float = option(300.0, "Seconds one candidate's build may take (a busy host's builds can take "
+                                             "minutes).", "--compile-timeout")
     check_timeout_s: float = 120.0  # correctness trials (and the task set-up in the worker)
     timing_timeout_s: float = 120.0
-    build_dir: str | None = None  # persistent build cache; default ~/.cache/stark-ray/build
-    seed: int = 0
+    # persistent build cache; default ~/.cache/stark-ray/build
+    build_dir: str | None = option(None, "Build cache (default ~/.cache/stark-ray/build).", path=True)
+    seed: int = option(0, "Seeds the inputs.")
     # workers that run generated code in namespaces of their own (no other process visible, no network, a
     # read-only world): stark_ray/eval/proc/isolation.py, jail.py. "auto" (the default): where the host can create
     # them, else one line and the run goes on unisolated; "on": an error where it cannot; "off". (True/False,
     # from run.json of older versions: on/off.)
-    isolate: str = "auto"
+    isolate: str = option("auto", "auto | on | off: generated code in namespaces of its own, no other process "
+                                  "visible, no network (auto: where the host allows it; on: an error where it does "
+                                  "not).")
     # paths isolated generated code never sees, beside the evaluator's home and working directory (a run adds
     # its run directory: hiding()); what a worker needs of them is put back (stark_ray/eval/proc/jail.py)
     hidden_paths: tuple[str, ...] = ()
     # device memory for one evaluation, judge and worker together (GB); None: 90% of the device's free memory when
     # the evaluator starts. What is kept (timing sets, trials, other tasks) is chosen to fit; a task that cannot
     # fit is one line and no evaluation (stark_ray/eval/measure/memory.py). No effect on the CPU backends.
-    memory_budget_gb: float | None = None
+    memory_budget_gb: float | None = option(None, "Device memory (GB) for one evaluation, judge and worker together "
+                                                  "(default: 90% of the GPU's free memory); what is kept is chosen to "
+                                                  "fit, a task that cannot is one line (a campaign skips it).",
+                                            "--memory-budget")
     # a speedup above this is measured again by the judge's own wall clock before it counts
     # (stark_ray/eval/judge/confirmation.py), and any gain whose reference ran slower beside the candidate than alone
     # (eval/judge/drift.py REF_DRIFT); 0: every candidate's (benchmarks/kernelbench_sweep.py --confirm)
@@ -208,7 +228,8 @@ class EvalConfig:
     # "ncu": each accepted candidate's top kernel counted by Nsight Compute after its evaluation, on a GPU where ncu
     # can read the counters (else one line says why): DRAM and SM throughput, achieved occupancy and what limits
     # it, in its observations (stark_ray/eval/ncu.py). Seconds per accepted candidate.
-    profile: str = "none"
+    profile: str = option("none", "none | ncu (each accepted candidate's top kernel counted by Nsight Compute, on a "
+                                  "GPU where it can).")
     # defences of the evaluator switched off, by name (stark_ray/eval/defences.py: the table), for tests and
     # ablations only: a verdict with one off says so in its log, and can be fooled by what that defence stops
     defences_off: tuple[str, ...] = ()

@@ -9,20 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from stark_ray.cli.app import (
-    EVAL,
-    Backend,
-    Baseline,
-    BuildDir,
-    CompileTimeout,
-    Isolate,
-    MemoryBudget,
-    Profile,
-    Tolerance,
-    Trials,
-    app,
-    fail,
-)
+from stark_ray.cli.app import app, fail
+from stark_ray.cli.options import Settings, check_names, settings_options
 from stark_ray.config import EvalConfig
 
 if TYPE_CHECKING:
@@ -30,45 +18,26 @@ if TYPE_CHECKING:
 
 
 @app.command("eval")
+@settings_options(eval=EvalConfig)
 def eval_candidate(
     task: Annotated[Path, typer.Argument(help="KernelBench-style task file.", show_default=False)],
     candidate: Annotated[Path, typer.Argument(help="Candidate module defining class ModelNew.",
                                               show_default=False)],
-    backend: Backend = EVAL.backend,
-    trials: Trials = EVAL.trials,
-    timing_trials: Annotated[int | None, typer.Option(help="Timed calls at most (default: CPU 20, GPU 100).")] = None,
-    timing_precision: Annotated[float, typer.Option(
-        help="Stop timing (after 40 rounds) once each median's relative standard error is below this; 0: "
-             "always --timing-trials.")] = EVAL.timing_precision,
-    baseline: Baseline = EVAL.baseline,
-    profile: Profile = EVAL.profile,
-    tolerance: Tolerance = EVAL.tolerance,
-    seed: Annotated[int, typer.Option(help="Seeds the inputs.")] = EVAL.seed,
-    build_dir: BuildDir = None,
-    isolate: Isolate = EVAL.isolate,
-    compile_timeout: CompileTimeout = EVAL.compile_timeout_s,
-    memory_budget: MemoryBudget = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a report.")] = False,
+    *,
+    settings: Settings,  # here: the options of EvalConfig (cli/options.py)
 ) -> None:
     """Compile, check and time one candidate against the task's reference. Exit 0 when it is accepted."""
     import json
     from dataclasses import asdict
 
     from stark_ray.cli.places import gpu_first
-    from stark_ray.eval.backends import backend_class
     from stark_ray.eval.service import EvalService, EvaluatorError
     from stark_ray.eval.tasks import TaskError, load_task
 
-    try:
-        cfg = EvalConfig(backend=backend, trials=trials, timing_trials=timing_trials, seed=seed, baseline=baseline,
-                         profile=profile,
-                         timing_precision=timing_precision, isolate=isolate, memory_budget_gb=memory_budget,
-                         compile_timeout_s=compile_timeout,
-                         tolerance=tolerance, build_dir=str(build_dir) if build_dir else None)
-    except ValueError as e:
-        fail(str(e))
-    try:  # a backend given by its import path is imported here, once
-        backend_class(backend)
+    try:  # the backend's name too, by its registry (one given by its import path is imported here, once)
+        cfg = EvalConfig(**settings["eval"])
+        check_names(cfg)
     except ValueError as e:
         fail(str(e))
     try:
@@ -78,7 +47,7 @@ def eval_candidate(
         fail(str(e))
     except (OSError, UnicodeDecodeError) as e:
         fail(f"{candidate}: cannot read the candidate ({getattr(e, 'strerror', None) or e})")
-    gpu_first(backend, None)
+    gpu_first(cfg.backend, None)
     try:
         service = EvalService(cfg)
     except EvaluatorError as e:
@@ -92,8 +61,9 @@ def eval_candidate(
         peaks = service.hello().get("peaks")
     result = named_as(result, candidate.name)
     if as_json:
-        typer.echo(json.dumps({**asdict(result), "accepted": result.accepted, "task": the_task.name, "backend": backend,
-                               "candidate": str(candidate), "reference_alone_ms": reference.runtime_ms}))
+        typer.echo(json.dumps({**asdict(result), "accepted": result.accepted, "task": the_task.name,
+                               "backend": cfg.backend, "candidate": str(candidate),
+                               "reference_alone_ms": reference.runtime_ms}))
     else:
         typer.echo(eval_report(the_task.name, candidate.name, result, peaks if isinstance(peaks, str) else None))
     raise typer.Exit(0 if result.accepted else 1)

@@ -8,27 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from stark_ray.cli.app import (
-    AGENTS,
-    EVAL,
-    SEARCH,
-    Backend,
-    Baseline,
-    BuildDir,
-    CompileTimeout,
-    Isolate,
-    MemoryBudget,
-    Profile,
-    Tolerance,
-    Trials,
-    app,
-    err,
-    fail,
-    given_options,
-    interrupt,
-)
-from stark_ray.config import ABLATIONS, AgentConfig, EvalConfig, SearchConfig
-from stark_ray.search.policy import POLICIES, policy_factory
+from stark_ray.cli.app import app, err, fail, given_options, interrupt, spelled
+from stark_ray.cli.options import PANELS, Settings, check_names, run_settings, settings_options
+from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 
 if TYPE_CHECKING:
     from stark_ray.eval.tasks import Task
@@ -40,6 +22,7 @@ if TYPE_CHECKING:
 
 
 @app.command()
+@settings_options(search=SearchConfig, agents=AgentConfig, eval=EvalConfig)
 def optimize(
     ctx: typer.Context,
     task: Annotated[Path | None, typer.Argument(help="KernelBench-style task file (class Model, get_inputs, "
@@ -53,53 +36,10 @@ def optimize(
     problem: Annotated[str | None, typer.Option(help="KernelBench problem of --level: its id (19) or a part of "
                                                      "its name (ReLU) that names one file.",
                                                 show_default=False)] = None,
-    budget: Annotated[int, typer.Option("--budget", "-B",
-                                        help="Evaluated candidates (debug fixes count).")] = SEARCH.budget,
-    provider: Annotated[str | None, typer.Option(help="openai | anthropic | replay (default: openai, or "
-                                                      "replay when --cassette is given).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model name for every agent (default: gpt-4o with openai, "
-                                                   "claude-sonnet-4-5 with anthropic).", show_default=False)] = None,
-    epsilon: Annotated[float, typer.Option(help="Exploration probability of the ε-greedy policy.")] = SEARCH.epsilon,
-    ablation: Annotated[str, typer.Option(help=f"{' | '.join(ABLATIONS)}")] = SEARCH.ablation,
-    policy: Annotated[str, typer.Option(help=f"{' | '.join(POLICIES)}")] = SEARCH.policy,
-    backend: Backend = EVAL.backend,
-    seed: Annotated[int, typer.Option(help="Seeds the policy and the evaluator's inputs.")] = SEARCH.seed,
     out: Annotated[str, typer.Option(help="Where run directories go: a local directory or a filesystem URI "
                                           "(s3://bucket/prefix, gs://…).")] = "runs",
-    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (vLLM, SGLang, Ollama).")] = None,
-    cassette: Annotated[Path | None, typer.Option(help="Replay recorded LLM exchanges from this JSONL.")] = None,
-    record: Annotated[Path | None, typer.Option(help="Record every LLM exchange to this JSONL.")] = None,
-    n_root: Annotated[int, typer.Option(help="The root gets at most this many children.")] = SEARCH.n_root,
-    n_child: Annotated[int, typer.Option(help="Prune a node with more failed children than this.")] = SEARCH.n_child,
-    n_child_max: Annotated[int, typer.Option(help="No node but the root gets more children than this (0: no "
-                                                  "cap).")] = SEARCH.n_child_max,
-    top_r: Annotated[int, typer.Option(help="Leaderboard entries shown to the plan agent.")] = SEARCH.top_r,
-    k: Annotated[int, typer.Option(help="Best-of-K width (0: the whole budget).")] = SEARCH.k,
-    stop_at_sol: Annotated[float, typer.Option(help="Stop a task once its best candidate runs at this share of its "
-                                                    "speed of light, e.g. 0.9 (0: off).")] = SEARCH.stop_at_sol,
-    trials: Trials = EVAL.trials,
-    max_debug_chain: Annotated[int, typer.Option(help="Repairs in a row one lineage may get.")] = (
-        SEARCH.max_debug_chain),
-    window_chars: Annotated[int, typer.Option(help="Size limit of one context window in a prompt.")] = (
-        SEARCH.window_chars),
-    prompt_chars: Annotated[int, typer.Option(help="Size limit of a whole prompt, its fixed parts included.")] = (
-        SEARCH.prompt_chars),
-    timeout: Annotated[float, typer.Option(help="Seconds per LLM call.")] = AGENTS.timeout_s,
-    temperature_plan: Annotated[float, typer.Option(help="Plan agent temperature.")] = AGENTS.temperature_plan,
-    temperature_code: Annotated[float, typer.Option(help="Code agent temperature.")] = AGENTS.temperature_code,
-    temperature_debug: Annotated[float, typer.Option(help="Debug agent temperature.")] = AGENTS.temperature_debug,
-    build_dir: BuildDir = None,
-    isolate: Isolate = EVAL.isolate,
-    compile_timeout: CompileTimeout = EVAL.compile_timeout_s,
-    memory_budget: MemoryBudget = None,
-    baseline: Baseline = EVAL.baseline,
-    profile: Profile = EVAL.profile,
-    tolerance: Tolerance = EVAL.tolerance,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
     executor: Annotated[str, typer.Option(help="ray (TreeMemory and Evaluator actors, agent tasks) | local "
                                                "(one process, no Ray).")] = "ray",
-    parallel: Annotated[int, typer.Option(help="Expansions of the task in flight at once (1: the paper's "
-                                               "sequential search).")] = SEARCH.parallel,
     address: Annotated[str | None, typer.Option(help="Ray cluster to join: auto or ray://host:10001 (default: "
                                                      "an embedded local Ray).")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this run directory (its task, settings and "
@@ -112,10 +52,16 @@ def optimize(
                                                       "(default: derived from the evaluators and the measured agent "
                                                       "and evaluation times, at least 64).", min=1,
                                                  show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view; print the summary only.")] = False,
+    *,
+    settings: Settings,  # here: the options of SearchConfig, AgentConfig and EvalConfig (cli/options.py)
+    cassette: Annotated[Path | None, typer.Option(help="Replay recorded LLM exchanges from this JSONL.",
+                                                  rich_help_panel=PANELS["agents"])] = None,
+    record: Annotated[Path | None, typer.Option(help="Record every LLM exchange to this JSONL.",
+                                                rich_help_panel=PANELS["agents"])] = None,
 ) -> None:
     """Search for a faster implementation of TASK and write the best one to the run directory."""
     from stark_ray.cli.places import gpu_first, kernelbench_task, writable_dir, writable_file
-    from stark_ray.eval.backends import backend_class
     from stark_ray.eval.tasks import TaskError, load_task
     from stark_ray.llm.base import ConfigError
     from stark_ray.llm.factory import check_credentials, make_client
@@ -129,27 +75,12 @@ def optimize(
         return
     path = _one_task(task, ref_path) if kernelbench is None and level is None and problem is None else \
         kernelbench_task(kernelbench, level, problem, given=task or ref_path)
+    provider = settings["agents"].get("provider")
     if cassette is not None and provider not in (None, "replay"):
         fail(f"--cassette replays recorded replies; it cannot be combined with --provider {provider}")
-    try:
-        search_cfg = SearchConfig(budget=budget, policy=policy, ablation=ablation, epsilon=epsilon,
-                                  n_root=n_root, n_child=n_child, n_child_max=n_child_max, top_r=top_r, k=k, seed=seed,
-                                  max_debug_chain=max_debug_chain, window_chars=window_chars,
-                                  prompt_chars=prompt_chars, parallel=parallel, stop_at_sol=stop_at_sol)
-        agent_cfg = AgentConfig(provider=provider or ("replay" if cassette else "openai"), model=model or "",
-                                base_url=base_url, cassette=str(cassette) if cassette else None,
-                                record=str(record) if record else None, timeout_s=timeout,
-                                temperature_plan=temperature_plan, temperature_code=temperature_code,
-                                temperature_debug=temperature_debug, temperature_single=temperature_code)
-        eval_cfg = EvalConfig(backend=backend, trials=trials, seed=seed, baseline=baseline, tolerance=tolerance,
-                              profile=profile,
-                              build_dir=str(build_dir) if build_dir else None, isolate=isolate,
-                              memory_budget_gb=memory_budget, compile_timeout_s=compile_timeout)
-    except ValueError as e:
-        fail(str(e))
-    try:  # the names, by their registries (a backend given by its import path is imported here, once)
-        policy_factory(policy)
-        backend_class(backend)
+    settings["agents"].update({k: str(v) for k, v in (("cassette", cassette), ("record", record)) if v})
+    try:  # the names too, by their registries (a backend given by its import path is imported here, once)
+        search_cfg, agent_cfg, eval_cfg = run_settings(settings)
     except ValueError as e:
         fail(str(e))
     try:  # the task and the places first (the first thing to fix), then the key, before any work
@@ -161,9 +92,9 @@ def optimize(
         client = make_client(agent_cfg)
     except (ConfigError, TaskError) as e:
         fail(str(e))
-    gpu_first(backend, address if executor == "ray" else None, evaluators)
+    gpu_first(eval_cfg.backend, address if executor == "ray" else None, evaluators)
 
-    if parallel > 1 and executor == "local":
+    if search_cfg.parallel > 1 and executor == "local":
         fail("--parallel needs --executor ray (the local executor expands one node at a time)")
     reporter = reporter_for(quiet)
     if executor == "ray":
@@ -244,7 +175,7 @@ def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None,
     given = given_options(ctx)
     run_dir = existing_dir(resume, "--resume", "run directory")
     try:
-        refuse_changes(["TASK" if g in ("task", "ref_path") else "--" + g.replace("_", "-")
+        refuse_changes(["TASK" if g in ("task", "ref_path") else spelled(ctx, g)
                         for g in given if g not in RESUME_OPTIONS])
         run = resumed(run_dir, ctx.params["budget"] if "budget" in given else None,
                       ctx.params["parallel"] if "parallel" in given else None,
@@ -252,6 +183,7 @@ def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None,
         if run.finished:
             typer.echo(run.finished_line(run_dir))
             return
+        check_names(run.search, run.eval)
         check_credentials(run.agents)
         if "executor" not in given:
             executor = run.executor  # the one that made it, unless told otherwise

@@ -2,7 +2,8 @@
 executor runs it.
 
 Tasks come from a KernelBench checkout (levels, ids, names, the representative subset), from files and globs,
-or from a campaign TOML file holding the same settings as the command line::
+or from a campaign TOML file holding the same settings as the command line (both made from the settings
+dataclasses' fields: a key of ``[search]``, ``[agents]``, ``[eval]`` or ``[caps]`` is its field's name)::
 
     [tasks]
     kernelbench = "~/KernelBench"      # or: files = ["examples/tasks/*.py"]
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stark_ray.config import option
 from stark_ray.eval.tasks import Task, TaskError, load_task
 
 if sys.version_info >= (3, 11):
@@ -54,10 +56,10 @@ class CampaignError(ValueError):
 class Caps:
     """Spending limits; None = no limit. Reaching one stops new LLM calls (work in flight finishes)."""
 
-    max_cost: float | None = None  # USD, the whole campaign
-    max_tokens: int | None = None
-    task_max_cost: float | None = None  # USD, each task
-    task_max_tokens: int | None = None
+    max_cost: float | None = option(None, "USD cap for the campaign.")
+    max_tokens: int | None = option(None, "Token cap for the campaign.")
+    task_max_cost: float | None = option(None, "USD cap per task.")
+    task_max_tokens: int | None = option(None, "Token cap per task.")
 
     def __post_init__(self) -> None:
         for name in ("max_cost", "max_tokens", "task_max_cost", "task_max_tokens"):
