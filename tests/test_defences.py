@@ -80,8 +80,8 @@ def test_every_defence_has_one_row_a_known_stage_and_the_claim_rows_their_checks
 def test_docs_list_every_defence_in_the_tables_order() -> None:
     """docs/evaluator.md's defence table: one row per defence, named as in the code, in the same order."""
     section = DOCS.read_text().split("## The defence table", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M)
-    assert rows == [d.name for d in defences.DEFENCES]
+    rows = re.findall(r"^\| `([a-z_]+)` \|(?:[^|\n]*\|){3} (yes|no) \|", section, flags=re.M)
+    assert rows == [(d.name, "yes" if d.switchable else "no") for d in defences.DEFENCES]
 
 
 def test_a_defence_switched_off_is_named_and_checked() -> None:
@@ -90,6 +90,9 @@ def test_a_defence_switched_off_is_named_and_checked() -> None:
         defences.check_off(["confirmaton"])
     with pytest.raises(ValueError, match="'standard_trials' cannot be switched off"):
         defences.check_off(["standard_trials"])
+    # a switch in the worker would be one more thing the candidate's process could flip: only the judge's rows
+    assert {d.name for d in defences.DEFENCES if d.switchable} <= {d.name for d in defences.DEFENCES
+                                                                   if d.process == defences.JUDGE}
     assert EvalConfig(defences_off="drift").defences_off == ("drift",)  # type: ignore[arg-type]
 
 
@@ -107,6 +110,13 @@ def test_noise_times_a_noisy_claim_again_and_keeps_the_lower_of_two_noisy_readin
     noisy = claim_of(1.9, error=0.2)
     judge_claim(noisy, hurried, frozenset(defences.BY_NAME) - {"noise"})
     assert "time_again" not in hurried.asked and any("noisy timing" in n for n in noisy.notes)
+
+
+def test_a_rejection_carries_a_flag_that_keeps_it_off_the_leaderboard() -> None:
+    """EvalResult.accepted reads the flags: a rejection without one would be a success with an error line."""
+    c = claim_of(3.0)
+    with pytest.raises(ValueError, match="must carry one of"):
+        claims.apply(c, claims.Finding(claims.REJECT, "rejected", flag="large_speedup"))
 
 
 def test_own_kernel_reads_the_workers_flag_never_its_words() -> None:

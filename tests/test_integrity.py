@@ -350,14 +350,21 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
 def test_each_cheat_is_stopped_by_its_row_of_the_defence_table(service: EvalService, tasks: dict[str, Task],
                                                                 off: tuple[str, ...], task: str, source: str) -> None:
     """The rows of the defence table are what stop these cheats: with them switched off (EvalConfig.defences_off,
-    for tests and ablations) the same candidate is accepted, and its log says which were off; with them on it is
-    not (the tests above: the special trials' verdict is certain, the judge's clock is a measurement)."""
+    for tests and ablations) the same candidate gets past them — the sampled mean passes its checks, the hidden
+    time is accepted — its result flagged ``defences_off`` with the rows named in its log; with them on it does not
+    (the tests above: the special trials' verdict is certain, the judge's clock a measurement). A name the table
+    does not hold is an error, not a switch silently ignored."""
     r = service.evaluate(tasks[task], source, replace(service.cfg, defences_off=off))
-    assert r.accepted, (off, r.stage, r.flags, r.error)
+    assert "defences_off" in r.flags, r.flags
     assert f"defences switched off (EvalConfig.defences_off): {', '.join(sorted(off))}" in (r.log or ""), r.log
-    if "confirmation" not in off:
+    if "confirmation" in off:
+        assert r.accepted, (r.stage, r.flags, r.error)
+    else:  # past its checks (its 16x less work may still be judged by the clock: not this row's verdict)
+        assert r.passed_checks and r.stage == "ok", (r.stage, r.error)
         on = judged(service, tasks[task], source)
-        assert not on.accepted and (on.error or "").startswith("sensitivity trial"), (on.stage, on.error)
+        assert not on.passed_checks and (on.error or "").startswith("sensitivity trial"), (on.stage, on.error)
+    with pytest.raises(ValueError, match="no defence named"):
+        service.evaluate(tasks[task], source, replace(service.cfg, defences_off=("sensitivty_trial",)))
 
 
 def test_an_honest_candidate_of_the_same_speed_is_timed_as_such(service: EvalService,

@@ -1,6 +1,10 @@
 """The evaluator's defences, one row each: what each stops, where it runs, in which stage of a candidate's way, and
-whether it can be switched off (``EvalConfig.defences_off``, for tests and ablations: a verdict with a defence off
-says so in its log).
+whether it can be switched off (``EvalConfig.defences_off``, for tests and ablations: a result judged with a defence
+off carries the flag ``defences_off`` and says which in its log).
+
+Only the judge's rows can be switched off. A switch inside the worker would live in the process the candidate runs
+in, one more thing for it to flip (a candidate reaches the worker's objects through its frames); the worker's rows
+always run.
 
 The stages run in this order for every candidate: ``load`` (the import, in the worker), ``trials`` (the judge's
 correctness trials), ``timing`` (the worker's interleaved timing), ``claim`` (the judge's pipeline over the worker's
@@ -35,15 +39,17 @@ class Defence:
 
 DEFENCES: tuple[Defence, ...] = (
     Defence("fingerprint", LOAD, WORKER,
-            "a candidate that patches torch, the timer or the evaluator's own code in its process (`tampered`)"),
+            "a candidate that patches torch, the timer or the evaluator's own code in its process (`tampered`; "
+            "checked after every step)", switchable=False),
     Defence("standard_trials", TRIALS, JUDGE,
             "wrong outputs on fresh seeded inputs the judge makes and compares itself", switchable=False),
     Defence("inputs_unchanged", TRIALS, JUDGE,
             "a candidate that writes its inputs (the judge's copy made again and compared)", switchable=False),
     Defence("output_form", TRIALS, WORKER,
-            "outputs aliasing an input, tensor subclasses, outputs on the wrong device"),
+            "outputs aliasing an input, tensor subclasses, outputs on the wrong device", switchable=False),
     Defence("poisoned_memory", TRIALS, WORKER,
-            "outputs left partly unwritten (the allocator's next blocks and the slots filled with NaN bytes)"),
+            "outputs left partly unwritten (the allocator's next blocks filled with NaN bytes in the worker; the "
+            "judge fills its slots so too)", switchable=False),
     Defence("blocks_trial", TRIALS, JUDGE,
             "a kernel that computes on part of its input and extrapolates"),
     Defence("sensitivity_trial", TRIALS, JUDGE,
@@ -51,15 +57,18 @@ DEFENCES: tuple[Defence, ...] = (
     Defence("same_address_trial", TRIALS, JUDGE,
             "an output cache keyed by the input's address"),
     Defence("reference_seal", TIMING, WORKER,
-            "a hook, patch or swapped part of the reference the candidate is timed beside (`tampered`)"),
+            "a hook, patch or swapped part of the reference the candidate is timed beside (`tampered`; checked "
+            "after every step)", switchable=False),
     Defence("process_state", TIMING, WORKER,
-            "global state left set to slow the reference (threads, grad, modes, profile functions)"),
+            "global state left set to slow the reference (threads, grad, modes, profile functions)",
+            switchable=False),
     Defence("timed_outputs", TIMING, WORKER,
             "a memoised or racy output in the timed calls (each checked against the reference's of its round)",
             switchable=False),
     Defence("stream_order", TIMING, WORKER,
             "kernels on a stream that does not wait for the caller's, run outside the timing window "
-            "(`unordered_stream`)"),
+            "(`unordered_stream`); work on streams in order is timed up to a device-wide sync (`extra_stream`)",
+            switchable=False),
     Defence("noise", CLAIM, JUDGE,
             "a speedup too noisy to trust: measured once more, the lower-speedup or steadier reading kept"),
     Defence("own_kernel", CLAIM, JUDGE,
@@ -73,7 +82,7 @@ DEFENCES: tuple[Defence, ...] = (
             "measure (`unconfirmed`, capped)"),
     Defence("fresh_worker", AFTER, JUDGE,
             "what a candidate left in its interpreter deciding a later candidate's verdict (a worker per candidate "
-            "on a GPU)", switchable=False),
+            "on a GPU; EvalConfig.worker_candidates above 1 trades it for speed)", switchable=False),
 )
 
 BY_NAME = {d.name: d for d in DEFENCES}

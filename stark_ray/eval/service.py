@@ -319,9 +319,17 @@ class EvalService:
 
         threading.Thread(target=warm, name="stark-warm-toolchain", daemon=True).start()
 
+    def _checked(self, cfg: EvalConfig | None) -> EvalConfig:
+        """The configuration of one call (the service's own, checked when it was made, where none is given)."""
+        if cfg is None or cfg is self.cfg:
+            return self.cfg
+        check_off(cfg.defences_off)
+        return cfg
+
     def evaluate(self, task: Task, source: str, cfg: EvalConfig | None = None) -> EvalResult:
-        """Build, check and time one candidate (``class ModelNew``); its faults never raise here."""
-        cfg = cfg or self.cfg
+        """Build, check and time one candidate (``class ModelNew``); its faults never raise here (a ``cfg`` that
+        names a defence there is none of, or one that cannot be switched off: ValueError)."""
+        cfg = self._checked(cfg)
         key = source_digest(source)
         try:
             result = self._evaluate(task, source, cfg, key)
@@ -378,6 +386,7 @@ class EvalService:
         there are compile workers) and the device checks and times each as soon as it is built."""
         if not items:
             return []
+        cfg = self._checked(cfg)
         with ThreadPoolExecutor(max_workers=min(len(items), self.compile_workers + 1) + 1) as pool:
             pool.submit(self._start_quietly)  # the device worker starts while the first builds run
             return list(pool.map(lambda item: self.evaluate(item[0], item[1], cfg), items))

@@ -22,9 +22,12 @@ from stark_ray.eval.defences import CLAIM, DEFENCES
 from stark_ray.eval.judge.confirmation import Confirmation
 from stark_ray.eval.judge.drift import Drift
 from stark_ray.eval.measure.noise import Measured, interval, is_noisy, kept
+from stark_ray.records import REJECTING_FLAGS
 
 LARGE_SPEEDUP = 10.0  # flagged (informational) above this
-# what the worker's profile may report: informational flags taken as they come, and no_kernel (own_kernel's)
+# what the worker's profile may report (its answer's "flags"): the informational one is taken as it comes,
+# no_kernel is own_kernel's to act on, unordered_stream comes with the worker's rejection (an early end)
+WORKER_FLAGS = ("no_kernel", "extra_stream", "unordered_stream")
 INFORMATIONAL = ("extra_stream",)
 REJECT, FAIL, CAP, RECORD, FLAG, NOTE, TIMING = "reject", "fail", "cap", "record", "flag", "note", "timing"
 
@@ -103,7 +106,7 @@ Check = Callable[[Claim, Judging], list[Finding]]
 
 def noise(claim: Claim, ctx: Judging) -> list[Finding]:
     """A speedup known to less than ±10% (95%) is measured once more; which of the two stands is
-    :func:`noise.kept`'s rule. One still noisy says so."""
+    :func:`stark_ray.eval.measure.noise.kept`'s rule. One still noisy says so."""
     found: list[Finding] = []
     first = claim.timing
     if is_noisy(first.error) and ctx.can_time_again():
@@ -201,7 +204,9 @@ def apply(claim: Claim, f: Finding) -> None:
         claim.take(f.timing)
     if f.flag:
         claim.flags.append(f.flag)
-    if f.kind == REJECT:
+    if f.kind == REJECT:  # off the leaderboard by its flag (EvalResult.accepted reads the flags)
+        if f.flag not in REJECTING_FLAGS:
+            raise ValueError(f"a rejection must carry one of {REJECTING_FLAGS}, not {f.flag!r}")
         claim.rejected.append(f.line)
         claim.recycle = claim.recycle or f.flag == "suspicious"
     elif f.line:

@@ -39,7 +39,7 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend
 from stark_ray.eval.diagnostics import describe_exception
-from stark_ray.eval.judge.claim import Claim, Failed, judge_claim
+from stark_ray.eval.judge.claim import WORKER_FLAGS, Claim, Failed, judge_claim
 from stark_ray.eval.judge.confirmation import Confirmation, confirm
 from stark_ray.eval.judge.drift import Drift, DriftCheck, pace, reading, slower
 from stark_ray.eval.judge.memory import JudgeMemory
@@ -359,6 +359,9 @@ class Judge:
             self.candidate_source = None
             self._retire_worker(cfg)
         clock.close()
+        if cfg.defences_off:  # an ablation's result, whatever its verdict: said in its row and its log
+            result.flags.append("defences_off")
+            result.add_line(f"defences switched off (EvalConfig.defences_off): {', '.join(sorted(cfg.defences_off))}")
         collect_after(self.backend.device, held, task.input_bytes)  # a cycle holding a trial's gigabytes, say
         if held is not None:  # what this candidate cost the judge's device memory, and what it kept before
             self.memory.close_interval()
@@ -530,16 +533,16 @@ class Judgement:
         timed = self.timed(base)
         self.base = base
         # the worker's findings: only those it may report (each can only keep the candidate off the leaderboard)
-        worker_flags = [f for f in ("no_kernel", "extra_stream", "unordered_stream") if f in timed.get("flags", [])]
+        reported = timed.get("flags")
+        worker_flags = [f for f in WORKER_FLAGS if isinstance(reported, list) and f in reported]
         worker_log = [f"worker: {str(line)[:300]}" for line in timed.get("log", [])][:20]
-        if off:
-            notes.append(f"defences switched off (EvalConfig.defences_off): {', '.join(sorted(off))}")
         if "rejected" in timed:
             return EvalResult(passed_checks=True, stage=STAGE_OK, error=str(timed.get("error", ""))[:300],
                               flags=worker_flags, log=excerpt("\n".join([checks, *notes, *worker_log])), **base)
         findings = timed.get("findings") if isinstance(timed.get("findings"), dict) else {}
+        no_kernel = findings.get("no_kernel")  # the one finding with a line of its own (own_kernel's reason)
         try:
-            claim = Claim(measured(timed), worker_flags, {str(k): str(v)[:300] for k, v in findings.items()},
+            claim = Claim(measured(timed), worker_flags, {"no_kernel": str(no_kernel)[:300]} if no_kernel else {},
                           worker_log)
             compiled_ms = None if timed.get("compiled_ms") is None else _number(timed["compiled_ms"])
         except (KeyError, TypeError, ValueError, ExchangeError) as e:

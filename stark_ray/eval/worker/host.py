@@ -105,7 +105,6 @@ class CandidateHost:
             warm_profiler()
         self.fingerprint = Fingerprint()  # after our own hooks and torch's own patches
         self.state = ProcessState.taken()  # set up, no candidate yet: the state the reference is timed in
-        self.off: frozenset[str] = frozenset()  # the defences the current candidate's request switched off
         self.current: Loaded | None = None
         self.count = 0
         self.healthy = True
@@ -204,9 +203,7 @@ class CandidateHost:
             return answer
         if self.tasks and op != OP_RELEASE:
             self.evict(next(reversed(self.tasks)))
-        changed = [] if "fingerprint" in self.off else self.fingerprint.changed()
-        if "reference_seal" not in self.off:
-            changed += [n for t in self.tasks.values() if t.seal for n in t.seal.broken()]
+        changed = self.fingerprint.changed() + [n for t in self.tasks.values() if t.seal for n in t.seal.broken()]
         self.healthy = not changed and self.backend.healthy()
         answer["tampered"] = changed
         answer["healthy"] = self.healthy
@@ -216,7 +213,6 @@ class CandidateHost:
 
     def reference(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         cfg = EvalConfig(**msg["cfg"])
-        self.off = frozenset()  # no candidate: every defence
         send({"phase": PHASE_SETUP})
         laps = Laps()  # where the worker's seconds went: said in the log
         state = self.warm_reference(str(msg["task_name"]), str(msg["task_source"]), cfg)
@@ -234,7 +230,6 @@ class CandidateHost:
         private = tempfile.mkdtemp(prefix="req-", dir=self.home)
         os.chdir(private)  # the candidate's private directory, to its end (removed then, with all it wrote)
         cfg = EvalConfig(**msg["cfg"])
-        self.off = frozenset(cfg.defences_off)
         send({"phase": PHASE_SETUP})
         state = self.warm_reference(str(msg["task_name"]), str(msg["task_source"]), cfg)
         before = in_use(self.backend.device)
@@ -250,8 +245,7 @@ class CandidateHost:
         private_places(private, self.declared.cache_vars)
         try:
             cand = import_source(source, name, Path.cwd(), "candidate.py")
-            if "fingerprint" not in self.off and self.fingerprint.changed():  # before ModelNew runs anything: the
-                # answer says what changed
+            if self.fingerprint.changed():  # before ModelNew runs anything: the answer says what changed
                 return {"failed": asdict(EvalResult(compiled=True, stage=STAGE_CORRECTNESS))}
             model_cls = getattr(cand, "ModelNew", None)
             if model_cls is None:
@@ -277,15 +271,14 @@ class CandidateHost:
         if not msg.get("same"):  # else: the same input tensors (and slots) as the last run, with new contents
             cur.inputs, cur.slots, cur.buffers = self._attach(msg["inputs"], msg["slots"], int(msg["fds"]),
                                                               cur.buffers)
-        if "poisoned_memory" not in self.off:  # unwritten output elements read as NaN
-            poison([t.numel() * t.element_size() for t in cur.slots.values()], cur.state.device)
+        poison([t.numel() * t.element_size() for t in cur.slots.values()], cur.state.device)  # unwritten: NaN
         if isinstance(seed := msg.get("seed"), int):  # the judge's, where its reference draws random numbers
             torch.manual_seed(seed)
         try:
             with torch.no_grad():
                 raw = cur.model(*cur.inputs)
                 self.backend.synchronize()
-                problem = None if "output_form" in self.off else output_problem(raw, cur.inputs, cur.state.device)
+                problem = output_problem(raw, cur.inputs, cur.state.device)
                 tree = fill_slots(raw, cur.slots)
                 self.backend.synchronize()
             del raw
@@ -403,8 +396,7 @@ class CandidateHost:
 
     def _timing(self, state: WarmReference, cfg: EvalConfig) -> Timing:
         return Timing(self.backend, cfg, lambda: self._sets(state),
-                      cfg.timing_trials or self.backend.default_timing_trials(),
-                      None if "process_state" in self.off else self.state)
+                      cfg.timing_trials or self.backend.default_timing_trials(), self.state)
 
 
 def _task_failure(error: str) -> EvalResult:

@@ -135,7 +135,7 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
                 shown = ", ".join(sorted(set(report.names))[:6]) or "nothing"
                 findings["no_kernel"] = f"no kernel of its own was launched (only: {shown})"
                 notes.append(findings["no_kernel"])
-            if report.unordered and "stream_order" not in cfg.defences_off:
+            if report.unordered:
                 return {"rejected": "unordered_stream", "error": report.describe_unordered(),
                         "flags": [*flags, "unordered_stream"], "log": notes}
             if report.side_streams:
