@@ -6,7 +6,8 @@
 #     && export PYTHONPATH=$PWD:/tmp/site && bash benchmarks/gpu_session.sh STEP [STEP...]
 #
 # Steps (the order they are meant in; several in one call where they fit):
-#   tests-a     pytest -m gpu, tests/test_gpu.py                                    (~7 min on an H200)
+#   tests-a     pytest -m gpu, tests/test_gpu.py, the cuda candidates              (their builds: most of a call)
+#   tests-a2    pytest -m gpu, tests/test_gpu.py, the cuda_nvrtc and triton ones    (~5.5 min on an H100)
 #   tests-b     pytest -m gpu, the other files (exchange, memory budget, Ray, read-only world)
 #   probes      worker_turnover.py --backend cuda --spares 1 3, bandwidth_probe.py, sol_fractions.py on KernelBench
 #   sweep-rep   kernelbench_sweep.py: the representative subset, default budget and 40 GB (issue 20's SOL, issue 15)
@@ -43,7 +44,10 @@ sweep() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/steps.txt" 2>&1
 for s in "$@"; do
     case $s in
-        tests-a) step tests-a python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py ;;
+        tests-a) STARK_TEST_BACKENDS=cuda step tests-a python3 -m pytest -q -m gpu -p no:cacheprovider \
+            tests/test_gpu.py ;;
+        tests-a2) STARK_TEST_BACKENDS=cuda_nvrtc,triton step tests-a2 python3 -m pytest -q -m gpu -p no:cacheprovider \
+            tests/test_gpu.py ;;
         tests-b) step tests-b python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_exchange.py \
             tests/test_memory_budget.py tests/test_ray_gpu.py tests/test_read_only_world.py ;;
         probes)
@@ -53,7 +57,7 @@ for s in "$@"; do
         sweep-rep) sweep sweep-rep --subset representative --budget default 40 ;;
         sweep-80) sweep sweep-80 --levels 2 3 --budget 80 ;;
         sweep-all) sweep sweep-all --budget default ;;
-        *) echo "unknown step: $s (tests-a, tests-b, probes, sweep-rep, sweep-80, sweep-all)" >&2; exit 2 ;;
+        *) echo "unknown step: $s (tests-a, tests-a2, tests-b, probes, sweep-rep, sweep-80, sweep-all)" >&2; exit 2 ;;
     esac
 done
 cat "$OUT/steps.txt"
