@@ -965,3 +965,24 @@ def test_a_timed_output_is_read_as_plain_tensors_in_builtin_containers() -> None
     with pytest.raises(TimingMismatch, match="read by code of its own"):
         time_interleaved([lambda x: [x], lambda x: Lazy([x])], sets, CpuTimer(), warmup=1, trials=2,
                          check=lambda out, ref: None)
+
+
+def test_the_device_a_result_names_is_the_gpu_the_judge_runs_on(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attempt evaluated on a GPU says which one, also where no device index was given (`stark eval`, a test's
+    service): the first visible GPU, as the hello says the judge runs on one; a CPU service says cpu (on the H100 a
+    result once read `vm:cpu`)."""
+    import socket
+
+    from stark_ray.eval.service import EvalService
+
+    host = socket.gethostname()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    with EvalService(EvalConfig(build_dir=str(tmp_path))) as cpu:
+        assert cpu.device_label == f"{host}:cpu"  # nothing started yet, no device given
+        cpu._hello = {"device": "cpu"}
+        assert cpu.device_label == f"{host}:cpu"
+        cpu._hello = {"device": "cuda"}  # the judge's hello: it runs on a GPU
+        assert cpu.device_label == f"{host}:gpu3"
+    with EvalService(EvalConfig(build_dir=str(tmp_path)), device=1) as pinned:
+        assert pinned.device_label == f"{host}:gpu5"

@@ -195,7 +195,6 @@ class EvalService:
         self._doing_lock = threading.Lock()
         self._build_times: deque[float] = deque(maxlen=BUILDS_KEPT)  # seconds of the latest builds (told to an
         # agent whose build ran out of time)
-        self.device_label = f"{socket.gethostname()}:" + ("cpu" if device is None else f"gpu{self._visible}")
         self._finalizer = weakref.finalize(self, self.judge.close)
 
     # -- the judge ------------------------------------------------------------------------------------------
@@ -216,6 +215,17 @@ class EvalService:
             self.judge.kill()
             raise EvaluatorError(str(hello["worker_error"]))
         self._hello = hello
+
+    @property
+    def device_label(self) -> str:
+        """Where this service evaluates, as the attempt rows say it: ``<host>:gpu<index>`` (the physical GPU: its index
+        among the host's, through CUDA_VISIBLE_DEVICES) where the judge runs on a GPU — with no device given, the first
+        visible one, which is where the judge's processes run — else ``<host>:cpu``."""
+        on_gpu = self._visible is not None or (self._hello or {}).get("device") == "cuda"
+        if not on_gpu:
+            return f"{socket.gethostname()}:cpu"
+        index = self._visible or visible_device(0, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return f"{socket.gethostname()}:gpu{index}"
 
     def hardware_description(self) -> str:
         return self.backend.describe_hardware(self.hello(), self.threads)
