@@ -539,11 +539,10 @@ class Judgement:
         if "rejected" in timed:
             return EvalResult(passed_checks=True, stage=STAGE_OK, error=str(timed.get("error", ""))[:300],
                               flags=worker_flags, log=excerpt("\n".join([checks, *notes, *worker_log])), **base)
-        findings = timed.get("findings") if isinstance(timed.get("findings"), dict) else {}
-        no_kernel = findings.get("no_kernel")  # the one finding with a line of its own (own_kernel's reason)
+        reported_findings = timed.get("findings") if isinstance(timed.get("findings"), dict) else {}
+        findings = {f: str(reported_findings[f])[:300] for f in worker_flags if reported_findings.get(f)}
         try:
-            claim = Claim(measured(timed), worker_flags, {"no_kernel": str(no_kernel)[:300]} if no_kernel else {},
-                          worker_log)
+            claim = Claim(measured(timed), worker_flags, findings, worker_log)
             compiled_ms = None if timed.get("compiled_ms") is None else _number(timed["compiled_ms"])
         except (KeyError, TypeError, ValueError, ExchangeError) as e:
             raise Decided(protocol_broken(f"a malformed timing: {e}"), recycle=True) from None
