@@ -103,8 +103,11 @@ def results(gpu_build_dir: str) -> Iterator[dict[str, tuple[EvalResult, int]]]:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_candidate_is_judged_as_expected(results: dict[str, tuple[EvalResult, int]], name: str) -> None:
     if not available(name):
-        pytest.skip(f"{EXPECTED[name]['task']}: not in this run (no KernelBench data at {KERNELBENCH}: set "
-                    "STARK_KERNELBENCH; or left out by STARK_TEST_CANDIDATES)")
+        why = (f"backend {EXPECTED[name]['backend']} left out by STARK_TEST_BACKENDS"
+               if EXPECTED[name]["backend"] not in BACKENDS
+               else "left out by STARK_TEST_CANDIDATES" if task_path(EXPECTED[name]["task"]).exists()
+               else f"no KernelBench data at {KERNELBENCH}: set STARK_KERNELBENCH")
+        pytest.skip(f"{EXPECTED[name]['task']}: not in this run ({why})")
     r, _ = results[name]
     expect = EXPECTED[name]["expect"]
     summary = f"{name}: stage={r.stage} flags={r.flags} speedup={r.speedup} error={r.error}"
