@@ -5,6 +5,10 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
 #     && export PYTHONPATH=$PWD:/tmp/site && bash benchmarks/gpu_session.sh STEP [STEP...]
 #
+# with ".whl" and ".kb" carried: ../shared does not travel, so copy the KernelBench data into the checkout first
+# (cp -r ../shared/kernelbench/KernelBench .kb/, .kb/ ignored through .git/info/exclude); without it the KernelBench
+# candidates of the tests are skipped and the sweeps find no tasks.
+#
 # Steps (the order they are meant in; several in one call where they fit):
 #   tests-a     pytest -m gpu, tests/test_gpu.py, the cuda candidates              (their builds: most of a call)
 #   tests-a2    pytest -m gpu, tests/test_gpu.py, the cuda_nvrtc and triton ones    (~5.5 min on an H100)
@@ -20,7 +24,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export RAY_AUTH_MODE=disabled
-KB=${KB:-../shared/kernelbench}
+KB=${KB:-$([ -d .kb/KernelBench ] && echo .kb || echo ../shared/kernelbench)}
+export STARK_KERNELBENCH=${STARK_KERNELBENCH:-$PWD/$KB/KernelBench}
 CSV=benchmarks/results/kernelbench_sweep.csv
 LEFT=${LEFT:-540}  # seconds this call may still spend (a step starts no task past it)
 
