@@ -114,10 +114,10 @@ def test_candidate_is_judged_as_expected(results: dict[str, tuple[EvalResult, in
     allowed = expect.split("|")
     matched = False
     for option in allowed:
-        if option.startswith("ok"):  # "ok", or "ok:FLAG": accepted with exactly that (informational) flag
+        if option.startswith("ok"):  # "ok", or "ok:FLAG,...": accepted with exactly those (informational) flags
             flags = option[3:].split(",") if option.startswith("ok:") else []
             matched |= (r.accepted and r.speedup is not None and r.runtime_ms is not None and r.runtime_ms > 0
-                        and r.flags == flags)
+                        and sorted(r.flags) == sorted(flags))
         elif option.startswith("flag:"):
             matched |= option[5:] in r.flags and not r.accepted
         elif option == "crash_or_runtime":
