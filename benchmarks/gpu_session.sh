@@ -17,9 +17,14 @@
 #   sweep-rep   kernelbench_sweep.py: the representative subset, default budget and 40 GB (issue 20's SOL, issue 15)
 #   sweep-80    kernelbench_sweep.py --budget 80, levels 2 and 3, resumable
 #   sweep-all   kernelbench_sweep.py --budget default, every task, resumable
+#   confirm-rep kernelbench_sweep.py --confirm (every candidate through the judge's confirmation, the path a fast
+#               kernel takes), the representative subset, default budget and 40 GB (issue 41, part 1)
+#   confirm-all the same, every task, default, 40 and 80 GB, resumable
+#   l2          l2_persisting.py: a persisting-L2 set-aside against the flush, with and without the reset
 # Logs go to $OUT/<step>.log and one line per step to $OUT/steps.txt; the sweeps read and extend
-# benchmarks/results/kernelbench_sweep.csv, copied to $OUT/kb.csv after each sweeping step: copy it back over the
-# one in benchmarks/results/ here before the next call (the machine is a fresh one each time).
+# benchmarks/results/kernelbench_sweep.csv (the --confirm ones kernelbench_confirm.csv), copied to $OUT/ after each
+# sweeping step: copy it back over the one in benchmarks/results/ here before the next call (the machine is a fresh
+# one each time).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -43,7 +48,7 @@ sweep() {
     shift
     step "$name" python3 benchmarks/kernelbench_sweep.py --kernelbench "$KB" --csv "$CSV" \
         --stop-after $((LEFT - 60)) "$@"
-    cp "$CSV" "$OUT/kb.csv"
+    cp "$CSV" "$OUT/$(basename "$CSV")"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/steps.txt" 2>&1
@@ -62,7 +67,13 @@ for s in "$@"; do
         sweep-rep) sweep sweep-rep --subset representative --budget default 40 ;;
         sweep-80) sweep sweep-80 --levels 2 3 --budget 80 ;;
         sweep-all) sweep sweep-all --budget default ;;
-        *) echo "unknown step: $s (tests-a, tests-a2, tests-b, probes, sweep-rep, sweep-80, sweep-all)" >&2; exit 2 ;;
+        confirm-rep) CSV=benchmarks/results/kernelbench_confirm.csv sweep confirm-rep --subset representative \
+            --budget default 40 --confirm ;;
+        confirm-all) CSV=benchmarks/results/kernelbench_confirm.csv sweep confirm-all --budget default 40 80 \
+            --confirm ;;
+        l2) step l2 python3 benchmarks/l2_persisting.py --json "$OUT/l2.json" ;;
+        *) echo "unknown step: $s (tests-a, tests-a2, tests-b, probes, sweep-rep, sweep-80, sweep-all, confirm-rep," \
+            "confirm-all, l2)" >&2; exit 2 ;;
     esac
 done
 cat "$OUT/steps.txt"

@@ -29,8 +29,10 @@ task ran, sampled by nvidia-smi every 100 ms: CUDA contexts included) and ``smi_
 highest in that time, largest first: the judge, its worker, a spare worker; a buffer shared by two processes
 counts in both); ``needs_gb``: the least the evaluation needs by the task's measured footprint (the budget's
 check); ``task_s``: the row's wall time, loading the task included; ``confirm_s``: the judge's wall-clock
-confirmation of the speedup (with ``--confirm``, which sends every candidate through it: the reference's own
-forward has no speedup to confirm otherwise). A sweep with ``--confirm`` is best written to a CSV of its own.
+confirmation of the speedup (with ``--confirm``, which sends every candidate through it, the path a fast kernel
+takes: the defence ``own_kernel`` is switched off so that the reference's own forward reaches it, and ``ok`` means
+confirmed within the budget, neither ``unconfirmed`` for want of memory nor ``suspicious``). A sweep with
+``--confirm`` is best written to a CSV of its own.
 ``sol_ms``, ``sol_bound``: the task's speed of light on the device and which floor sets it (eval/judge/sol.py; empty
 where it cannot be told, and in rows from before it existed); ``ref_sol_fraction``: speed of light / the reference's
 runtime (how close PyTorch already comes); ``ref_kernels``: the reference's kernels in one call (its GPU profile);
@@ -186,7 +188,11 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
     overhead = None
     if result.runtime_ms is not None and calls:
         overhead = round(wall - result.runtime_ms * calls / 1e3, 3)
-    expected = result.passed_checks and "no_kernel" in result.flags
+    if cfg.confirm_above == 0.0:  # --confirm: own_kernel off, so that the claim reaches the judge's clock
+        expected = result.passed_checks and result.runtime_ms is not None and "confirmation" in phases \
+            and not {"unconfirmed", "suspicious"} & set(result.flags)
+    else:
+        expected = result.passed_checks and "no_kernel" in result.flags
     status = "ok" if expected else (result.stage if not result.passed_checks else "not_flagged")
     return row | {"status": status, "error": one_line(result.error or "", 800) if not expected else "",
                   "candidate_s": round(wall, 3), "judge_s": result.eval_s and round(result.eval_s, 3),
@@ -224,7 +230,8 @@ def sweep(args: argparse.Namespace) -> None:
                 continue
             cfg = EvalConfig(backend=args.backend, baseline=args.baseline, isolate=args.isolate,
                              memory_budget_gb=None if budget == "default" else float(budget),
-                             confirm_above=0.0 if args.confirm else EvalConfig.confirm_above)
+                             confirm_above=0.0 if args.confirm else EvalConfig.confirm_above,
+                             defences_off=("own_kernel",) if args.confirm else ())
             stopped = False
             with EvalService(cfg) as service:
                 for ref in todo:
@@ -315,7 +322,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--retry-failed", action="store_true",
                    help="run again the tasks whose row at a swept budget is not ok (the newer row stands)")
     p.add_argument("--confirm", action="store_true",
-                   help="every candidate through the judge's wall-clock confirmation (else only a speedup above 2x)")
+                   help="every candidate through the judge's wall-clock confirmation, the path a fast kernel takes "
+                        "(own_kernel off, so that the reference's own forward is not rejected first); ok: confirmed, "
+                        "measured by the judge within the budget")
     p.add_argument("--backend", default="cuda")
     p.add_argument("--isolate", default="auto")
     p.add_argument("--csv", type=Path, default=DEFAULT_CSV)

@@ -62,8 +62,35 @@ class CpuTimer:
         return Sample(ms, ms, out)
 
 
+def persisting_l2_reset() -> Callable[[], int] | None:
+    """``cudaCtxResetPersistingL2Cache`` of the CUDA runtime this process loaded (None where there is none): every
+    line of the L2 cache marked persisting goes back to normal, so that the flush evicts it too. Without it, a
+    candidate that gives its data a persisting access-policy window keeps it in the L2's set-aside across the
+    flush, from one timed call to the next (a known way to beat an L2 flush). Taken once, before any candidate
+    runs in the process."""
+    import ctypes
+    import ctypes.util
+
+    paths = []
+    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
+        paths = sorted({line.split()[-1] for line in maps if "libcudart.so" in line})
+    found = ctypes.util.find_library("cudart")
+    for path in [*paths, *([found] if found else [])]:
+        try:
+            fn = ctypes.CDLL(path).cudaCtxResetPersistingL2Cache
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_int
+        fn.argtypes = []
+        return fn  # type: ignore[no-any-return]
+    return None
+
+
 class CudaTimer:
     """CUDA events with an L2 flush before each call and a device-wide sync before the last event.
+
+    Before the flush, the L2's persisting lines are reset to normal (:func:`persisting_l2_reset`): a set-aside
+    a candidate made for its data is emptied by the flush like the rest of the cache.
 
     The start event is queued behind the flush and a spin kernel (the head start), so that the host has
     launched the call before the GPU reaches the start event: the window then holds the GPU's work, not the
@@ -81,6 +108,7 @@ class CudaTimer:
         self.flush = torch.empty(max(2 * l2_bytes, 64 << 20), dtype=torch.uint8, device="cuda")
         self.min_head_us = head_start_us
         self.fit = fit  # False: a fixed head start (benchmarks compare the two)
+        self.reset_l2 = persisting_l2_reset()
         self.head_us = 0.0
         self.spin_cycles = 0
         self._set_head(head_start_us)
@@ -98,6 +126,8 @@ class CudaTimer:
     def __call__(self, fn: Callable[..., Any], args: list[Any]) -> Sample:
         start, end, synced = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         torch.cuda.synchronize()
+        if self.reset_l2 is not None:
+            self.reset_l2()
         self.flush.zero_()
         if self.spin_cycles:
             torch.cuda._sleep(self.spin_cycles)
