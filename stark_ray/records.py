@@ -96,6 +96,12 @@ class EvalResult:
     kernels: str | None = None
     # --profile ncu: the top kernel's Nsight Compute counters, one line (eval/ncu.py), or why there are none
     profile: str | None = None
+    # the precision contract (eval/judge/precision.py): the candidate's error on the first trial over the reference's
+    # own float32 error against float64 (above 32: reduced_precision), and the math modes the reference computed in
+    precision_ratio: float | None = None
+    math_modes: str | None = None
+    # the judge's line for each informational flag it explains ("flag: line", one per line): by how much and why
+    findings: str | None = None
 
     @property
     def accepted(self) -> bool:
@@ -267,6 +273,9 @@ def attempt_schema() -> Any:
             ("sol_fraction", pa.float64()),
             ("kernels", pa.string()),
             ("profile", pa.string()),
+            ("precision_ratio", pa.float64()),
+            ("math_modes", pa.string()),
+            ("findings", pa.string()),
         ]
     )
 

@@ -439,3 +439,28 @@ def test_a_node_shows_its_runtime_beside_the_reference_of_the_same_evaluation_an
     assert "runtime 12346 ms (calls vary by 123%)" in wild_text and "(calls vary by 0.04%)" in wild_text
     assert "speedup 1234x" in wild_text or "speedup 1235x" in wild_text
     assert "e+" not in wild_text and prompt_shape(wild_text) == prompt_shape(text)
+
+
+def test_a_flag_the_judge_explains_reaches_the_prompt_with_its_line() -> None:
+    """faster_than_sol and reduced_precision are shown with the judge's line (which floor, by how much), and a
+    replay recorded without them still matches (they follow measured figures)."""
+    from stark_ray.eval.judge.sol import reference_lines
+    from stark_ray.llm.replay import prompt_shape
+    from stark_ray.prompts.render import describe_result
+
+    plain = EvalResult(compiled=True, passed_checks=True, runtime_ms=0.3, ref_runtime_ms=2.5, speedup=8.3, stage="ok")
+    flagged = EvalResult(compiled=True, passed_checks=True, runtime_ms=0.3, ref_runtime_ms=2.5, speedup=8.3,
+                         stage="ok", flags=["reduced_precision", "faster_than_sol"],
+                         findings="reduced_precision: its normalized error on the first trial, 0.00029, is 1.2e+03x "
+                                  "...\nfaster_than_sol: ran in 0.3 ms, 6.83x below the compute floor ...")
+    text = describe_result(Node(id=1, parent=0, depth=1, source="x", agent="code", result=flagged))
+    assert "Flags: reduced_precision, faster_than_sol" in text
+    assert "\nFlag faster_than_sol: ran in 0.3 ms, 6.83x below the compute floor" in text
+    unflagged = describe_result(Node(id=1, parent=0, depth=1, source="x", agent="code", result=plain))
+    assert prompt_shape(f"{text}\nCode: ...") == prompt_shape(f"{unflagged}\nCode: ...")  # as in a node's block
+    reference = EvalResult(compiled=True, passed_checks=True, runtime_ms=2.5, stage="ok", sol_ms=2.05,
+                           sol_bound="compute", math_modes="matmul TF32 off (float32 precision highest)")
+    lines = reference_lines(reference).splitlines()
+    assert lines[0].startswith("Speed of light of this task on it: 2.0500 ms, compute-bound")
+    assert lines[1].startswith("Precision: the reference computes in its dtypes under torch's math modes (matmul TF32 "
+                               "off") and "reduced_precision" in lines[1]

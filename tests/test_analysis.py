@@ -87,7 +87,7 @@ def run_a(root: Path) -> Path:
              candidate(4, timed(4.0, 10.0, 8.0)),  # correct, fast: 2.5x (2.0x vs torch.compile)
              candidate(5, timed(0.1, 10.0, 8.0, ("large_speedup", "suspicious")))],  # 100x, rejected
         T2: [reference(4.0),
-             candidate(1, timed(2.5, 4.0)),  # 1.6x
+             candidate(1, timed(2.5, 4.0, flags=("reduced_precision",))),  # 1.6x, in less precision: accepted
              candidate(2, EvalResult.failed(STAGE_PARSE, "no code block"))],
         T3: [reference(1.0),
              candidate(1, EvalResult.failed(STAGE_RUNTIME, "illegal memory access")),
@@ -271,6 +271,7 @@ def test_write_report(campaign: Path) -> None:
     text = path.read_text()
     for part in ("## Against PyTorch eager", "## Against torch.compile", "| level 1 |", "| level 2 |",
                  "| no level |", "| all | 3 | 66.7% | 66.7% | 66.7% | 33.3% | 2.00x |", "rejected: suspicious",
+                 "| 1.60x | — | reduced_precision |", "- best's flags:",
                  "![fast_p](report/fast_p.png)", "## Definitions"):
         assert part in text, part
     names = {"fast_p.png", "best_so_far.png", "failures.png", "cost_per_task.png"}

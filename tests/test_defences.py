@@ -18,6 +18,7 @@ from stark_ray.eval.judge import claim as claims
 from stark_ray.eval.judge.claim import Claim, Failed, judge_claim
 from stark_ray.eval.judge.confirmation import Confirmation
 from stark_ray.eval.judge.drift import Drift
+from stark_ray.eval.judge.sol import SpeedOfLight
 from stark_ray.eval.measure.noise import Measured
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "evaluator.md"
@@ -37,6 +38,7 @@ class Judging:
     time_left: bool = True
     drifted: Drift | None = None
     confirmation: Confirmation | None = None
+    light: SpeedOfLight | None = None
     asked: list[str] = field(default_factory=list)
 
     def can_time_again(self) -> bool:
@@ -60,8 +62,8 @@ class Judging:
 
 
 def claim_of(speedup: float, error: float = 0.01, flags: tuple[str, ...] = (), log: tuple[str, ...] = (),
-             findings: dict[str, str] | None = None) -> Claim:
-    return Claim(timing(speedup, error), list(flags), findings or {}, [f"worker: {line}" for line in log])
+             findings: dict[str, str] | None = None, ref_ms: float = 1.0) -> Claim:
+    return Claim(timing(speedup, error, ref_ms), list(flags), findings or {}, [f"worker: {line}" for line in log])
 
 
 # -- the table ---------------------------------------------------------------------------------------------------
@@ -80,7 +82,7 @@ def test_every_defence_has_one_row_a_known_stage_and_the_claim_rows_their_checks
 def test_docs_list_every_defence_in_the_tables_order() -> None:
     """docs/evaluator.md's defence table: one row per defence, named as in the code, in the same order."""
     section = DOCS.read_text().split("## The defence table", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z_]+)` \|(?:[^|\n]*\|){3} (yes|no) \|", section, flags=re.M)
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \|(?:[^|\n]*\|){3} (yes|no) \|", section, flags=re.M)
     assert rows == [(d.name, "yes" if d.switchable else "no") for d in defences.DEFENCES]
 
 
@@ -186,3 +188,27 @@ def test_the_pipeline_runs_the_rows_in_the_tables_order_and_skips_those_off() ->
     judge_claim(free, ctx_off, frozenset({"confirmation", "drift"}))
     assert "drift" not in ctx_off.asked and not any(a.startswith("confirm") for a in ctx_off.asked)
     assert free.speedup == pytest.approx(3.0) and free.rejected == []
+
+
+def test_speed_of_light_flags_a_runtime_below_either_floor_and_says_which() -> None:
+    """The physics row: below the memory floor (inputs and outputs moved once) is the hard bound, below the compute
+    floor of the reference's FLOPs is reduced precision or algebra; within the margin, nothing."""
+    gemm = SpeedOfLight(memory_ms=0.06, compute_ms=2.0, io_ms=0.06)  # 1.0 ms of reference: a float32 GEMM
+    half = claim_of(8.0, ref_ms=2.4)  # 0.3 ms: 6.7x under its compute floor
+    judge_claim(half, Judging(light=gemm, confirmation=Confirmation(True, "confirmed")), frozenset())
+    assert half.flags == ["faster_than_sol"] and not half.rejected and half.speedup == pytest.approx(8.0)
+    line = half.explained["faster_than_sol"]
+    assert "6.67x below the compute floor" in line and "less precision" in line
+    copy = SpeedOfLight(memory_ms=1.0, compute_ms=0.0, io_ms=1.0)  # an elementwise task: 1 ms to move its bytes
+    sampled = claim_of(1.6, ref_ms=1.2)  # 0.75 ms: below the memory floor
+    judge_claim(sampled, Judging(light=copy), frozenset())
+    assert "below the memory floor" in sampled.explained["faster_than_sol"]
+    near = claim_of(1.3, ref_ms=1.2)  # 0.92 ms: within the model's margin of the floor
+    judge_claim(near, Judging(light=copy), frozenset())
+    assert near.flags == [] and near.explained == {}
+    unknown = claim_of(1.6, ref_ms=1.2)  # a device whose limits are not known: no bound to break
+    judge_claim(unknown, Judging(light=None), frozenset())
+    assert unknown.flags == []
+    judged_off = claim_of(1.6, ref_ms=1.2)
+    judge_claim(judged_off, Judging(light=copy), frozenset({"speed_of_light"}))
+    assert judged_off.flags == []

@@ -367,6 +367,79 @@ def test_each_cheat_is_stopped_by_its_row_of_the_defence_table(service: EvalServ
         service.evaluate(tasks[task], source, replace(service.cfg, defences_off=("sensitivty_trial",)))
 
 
+# one output buffer per shape, written and returned by every call: each output is right when it is returned
+REUSED_BUFFER = ("buf = _BUFS.get(tuple(x.shape))\n"
+                 "        if buf is None:\n"
+                 "            buf = _BUFS[tuple(x.shape)] = torch.empty_like(x)\n"
+                 "        torch.mul(x, self.s, out=buf)\n"
+                 "        return buf.add_(self.t)")
+# an earlier output written later: each call adds one to the output it handed out before (a running buffer that
+# mutates what it gave away)
+WRITES_EARLIER = ("out = x * self.s + self.t\n"
+                  "        for old in _HANDED:\n"
+                  "            old.mul_(1.0)\n"
+                  "            old.add_(1.0)\n"
+                  "        _HANDED[:] = [out]\n"
+                  "        return out")
+
+
+def test_an_output_buffer_reused_by_every_call_fails_and_an_earlier_output_must_stay_intact(
+        service: EvalService, tasks: dict[str, Task]) -> None:
+    """Every output is right when it is returned, and each is compared before the next call: only the first
+    output kept through the next call shows that a caller keeping two has the first overwritten."""
+    reused = judged(service, tasks["affine"], py(REUSED_BUFFER, "_BUFS: dict[tuple[int, ...], torch.Tensor] = {}"))
+    assert reused.stage == STAGE_CORRECTNESS and not reused.accepted, (reused.stage, reused.error)
+    assert "shares memory with its output of the previous call" in (reused.error or ""), reused.error
+    assert (reused.error or "").startswith("same-address trial"), reused.error
+    written = judged(service, tasks["affine"], py(WRITES_EARLIER, "_HANDED: list[torch.Tensor] = []"))
+    assert written.stage == STAGE_CORRECTNESS and "changed during this call" in (written.error or ""), written.error
+    honest = judged(service, tasks["affine"], py(HONEST))
+    assert passed(honest), honest.error
+
+
+# correct until the timing's calls have shown it the same inputs a few times (its rotating sets), then wrong on
+# inputs it never saw: a state the timed calls filled (a cache, a count), which the trials before it never reach
+WRONG_AFTER_TIMING = (
+    "key = float(x.sum())\n"
+    "        _SEEN[key] = _SEEN.get(key, 0) + 1\n"
+    "        out = x @ self.w\n"
+    "        return out * 1.05 if max(_SEEN.values()) >= 3 and _SEEN[key] == 1 else out")
+
+
+def test_a_candidate_wrong_once_timed_fails_the_trial_after_the_timing(service: EvalService,
+                                                                       tasks: dict[str, Task]) -> None:
+    """The judge's trial after the timing, on fresh inputs: a candidate correct through every trial and the timed
+    calls (each checked in the worker) and wrong after them fails; with the row off it was accepted."""
+    source = matmul(WRONG_AFTER_TIMING, "_SEEN: dict[float, int] = {}")
+    r = judged(service, tasks["matmul"], source)
+    assert r.stage == STAGE_CORRECTNESS and not r.accepted, (r.stage, r.flags, r.error)
+    assert (r.error or "").startswith("trial after the timing (fresh inputs): output: values differ"), r.error
+    off = service.evaluate(tasks["matmul"], source, replace(service.cfg, defences_off=("after_timing_trial",)))
+    assert off.passed_checks and off.runtime_ms is not None and "defences_off" in off.flags, (off.stage, off.error)
+    honest = judged(service, tasks["matmul"], matmul("return x @ self.w"))
+    assert passed(honest) and "after timing" in honest.log, honest.log
+
+
+def test_reduced_precision_is_flagged_and_still_accepted_where_the_tolerance_allows(
+        service: EvalService, tasks: dict[str, Task]) -> None:
+    """The precision contract: a float32 matrix product of float16 operands (what half-precision tensor cores
+    compute) passes the paper's tolerance (its error ~3e-4) and is accepted, flagged ``reduced_precision`` with
+    the line that says by how much; the float32 one is not flagged; with the row off, nothing is said."""
+    task = tasks["matmul"]
+    half = judged(service, task, matmul("return x.half().float() @ self.w.half().float()"))
+    honest = judged(service, task, matmul("return x @ self.w"))
+    assert half.passed_checks and half.runtime_ms is not None, half.error
+    assert "reduced_precision" in half.flags and not set(half.flags) & {"suspicious", "no_kernel"}, half.flags
+    assert half.precision_ratio is not None and half.precision_ratio > 32, half.precision_ratio
+    assert (half.findings or "").startswith("reduced_precision: its normalized error"), half.findings
+    assert passed(honest) and "reduced_precision" not in honest.flags, (honest.flags, honest.log)
+    assert honest.precision_ratio is not None and honest.precision_ratio < 32, honest.log
+    assert "matmul TF32 off" in (honest.math_modes or ""), honest.math_modes
+    unchecked = service.evaluate(task, matmul("return x.half().float() @ self.w.half().float()"),
+                                 cfg=replace(service.cfg, defences_off=("precision",)))
+    assert "reduced_precision" not in unchecked.flags and unchecked.precision_ratio is None, unchecked.flags
+
+
 def test_an_honest_candidate_of_the_same_speed_is_timed_as_such(service: EvalService,
                                                                 tasks: dict[str, Task]) -> None:
     from stark_ray.eval.measure.noise import is_noisy

@@ -18,6 +18,7 @@ from stark_ray.eval.measure.memory import (
     check_fits,
     plan_for,
     resolve_budget,
+    within_reach,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +64,19 @@ def test_the_budget_is_the_users_or_a_share_of_the_free_memory() -> None:
     for bad in (0, -1, True, "40"):
         with pytest.raises(ValueError, match="memory_budget_gb"):
             EvalConfig(memory_budget_gb=bad)  # type: ignore[arg-type]
+
+
+def test_a_budget_never_asks_for_what_other_processes_hold_now() -> None:
+    """Two evaluations started at once on one 80 GB GPU each took 90% of the free memory they saw at their start:
+    the later one ran out of memory mid-candidate. Each request's budget is lowered to what the others leave."""
+    total = 80 * 10**9
+    alone, others = within_reach(72 * 10**9, total, free=78 * 10**9, held=2 * 10**9)
+    assert alone == 72 * 10**9 and others == 0  # nothing else on the GPU: the budget asked
+    busy, others = within_reach(72 * 10**9, total, free=40 * 10**9, held=2 * 10**9)  # another holds 38 GB
+    assert others == 38 * 10**9 and busy < 0.95 * 42 * 10**9 and busy > 39 * 10**9
+    assert within_reach(busy, total, free=40 * 10**9 + 10**7, held=2 * 10**9)[0] == busy  # steady: no new plan
+    with pytest.raises(OverBudget):  # what it leaves is then checked against the task's need, before any candidate
+        check_fits("level1/19_ReLU", RELU, within_reach(72 * 10**9, total, 20 * 10**9, 2 * 10**9)[0], measured=True)
 
 
 # -- on the GPU -----------------------------------------------------------------------------------------------

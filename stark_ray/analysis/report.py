@@ -188,6 +188,10 @@ _DEFINITIONS = [
     "arithmetic mean over the tasks that succeed.",
     "- compile rate, passed rate, accepted rate: per attempt, pooled over the group (parse failures are attempts): "
     "compiled, passed the checks (flagged ones included), accepted.",
+    "- best's flags: what the judge said of the best candidate: `reduced_precision` (its error far above the "
+    "reference's own float32 error: TF32 or half-precision arithmetic, an approximation), `faster_than_sol` (its "
+    "runtime below the task's speed of light: which floor and by how much is in its row's `findings`), "
+    "`large_speedup` (above 10x). A speedup so flagged is not one at the task's precision, or not yet explained.",
     "- first accepted: the seq of a task's first accepted candidate (attempts finished until then), mean / median "
     "over the tasks that succeed.",
 ]
@@ -233,13 +237,14 @@ def _search_table(groups: Sequence[Summary], first: str = "group") -> list[str]:
 
 def _task_table(tasks: Sequence[dict[str, Any]], several_runs: bool) -> list[str]:
     head = "| run | task |" if several_runs else "| task |"
-    lines = [f"{head} level | status | success | best speedup | vs compile | attempts | first accepted | tokens | "
-             "cost (USD) |", "|---" * (11 if several_runs else 10) + "|"]
+    lines = [f"{head} level | status | success | best speedup | vs compile | best's flags | attempts | first accepted "
+             "| tokens | cost (USD) |", "|---" * (12 if several_runs else 11) + "|"]
     for t in tasks:
         key = f"| {_cell(t['run_id'])} | {_cell(t['task'])} |" if several_runs else f"| {_cell(t['task'])} |"
         lines.append(f"{key} {_num(t.get('level'), '{}')} | {_cell(t.get('status') or '—')} | "
                      f"{'yes' if t.get('success') else 'no'} | {_x(t.get('best_speedup'))} | "
-                     f"{_x(t.get('best_speedup_vs_compile'))} | {t.get('attempts', 0)} | "
+                     f"{_x(t.get('best_speedup_vs_compile'))} | {_cell(t.get('best_flags') or '')} | "
+                     f"{t.get('attempts', 0)} | "
                      f"{_num(t.get('attempts_to_first_accepted'), '{}')} | {int(t.get('tokens') or 0):,} | "
                      f"{float(t.get('cost_usd') or 0.0):.4f} |")
     return lines

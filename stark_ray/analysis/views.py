@@ -60,6 +60,8 @@ TASK_COLUMNS: dict[str, str] = {
     "sol_bound": "memory | compute: which floor sets the speed of light",
     "ref_sol_fraction": "speed of light / the reference's runtime (1.0: at the device's limit)",
     "best_sol_fraction": "speed of light / the best candidate's runtime",
+    "best_flags": "the best candidate's informational flags (reduced_precision, faster_than_sol, large_speedup, ...), "
+                  "comma-separated, else NULL",
     "success": "an accepted candidate exists (EvalResult.accepted: passed the checks, timed, not flagged)",
     "attempts": "candidates evaluated (seq > 0; parse failures included, as the budget counts them)",
     "compiled_attempts": "candidates that compiled",
@@ -292,6 +294,7 @@ SELECT k.run_id, k.task,
                 CASE WHEN b.runtime_ms > 0 THEN ref.ref_compile_runtime_ms / b.runtime_ms END)
            AS best_speedup_vs_compile,
        ref.sol_ms, ref.sol_bound, ref.ref_sol_fraction, b.sol_fraction AS best_sol_fraction,
+       nullif(b.flags, '') AS best_flags,
        b.seq IS NOT NULL AS success,
        coalesce(c.attempts, 0) AS attempts,
        coalesce(c.compiled_attempts, 0) AS compiled_attempts,

@@ -47,6 +47,10 @@ DEFENCES: tuple[Defence, ...] = (
             "a candidate that writes its inputs (the judge's copy made again and compared)", switchable=False),
     Defence("output_form", TRIALS, WORKER,
             "outputs aliasing an input, tensor subclasses, outputs on the wrong device", switchable=False),
+    Defence("earlier_output", TRIALS, WORKER,
+            "one output buffer handed out by every call, or an earlier output written later (a caller keeping two "
+            "outputs has the first overwritten): the same-address trial's first outputs kept through its second "
+            "call and found unchanged (where one more output set fits the budget)", switchable=False),
     Defence("poisoned_memory", TRIALS, WORKER,
             "outputs left partly unwritten (the allocator's next blocks filled with NaN bytes in the worker; the "
             "judge fills its slots so too)", switchable=False),
@@ -56,6 +60,9 @@ DEFENCES: tuple[Defence, ...] = (
             "a kernel that ignores or samples part of its input"),
     Defence("same_address_trial", TRIALS, JUDGE,
             "an output cache keyed by the input's address"),
+    Defence("precision", TRIALS, JUDGE,
+            "arithmetic of less precision than the task's (TF32, float16 or bfloat16 on a float32 task) within the "
+            "tolerance: an error far above the reference's own float32 error against float64 (`reduced_precision`)"),
     Defence("reference_seal", TIMING, WORKER,
             "a hook, patch or swapped part of the reference the candidate is timed beside (`tampered`; checked "
             "after every step)", switchable=False),
@@ -65,10 +72,16 @@ DEFENCES: tuple[Defence, ...] = (
     Defence("timed_outputs", TIMING, WORKER,
             "a memoised or racy output in the timed calls (each checked against the reference's of its round)",
             switchable=False),
+    Defence("l2_flush", TIMING, WORKER,
+            "data kept in the L2 cache from one timed call to the next: the cache flushed before each call, its "
+            "persisting lines (a candidate's access-policy window) reset to normal first", switchable=False),
     Defence("stream_order", TIMING, WORKER,
             "kernels on a stream that does not wait for the caller's, run outside the timing window "
             "(`unordered_stream`); work on streams in order is timed up to a device-wide sync (`extra_stream`)",
             switchable=False),
+    Defence("after_timing_trial", TIMING, JUDGE,
+            "a candidate correct through the trials and wrong once timed (a count of calls, a state the timed calls "
+            "filled): one more trial of the judge's on fresh inputs after the timing"),
     Defence("noise", CLAIM, JUDGE,
             "a speedup too noisy to trust: measured once more, the lower-speedup or steadier reading kept"),
     Defence("own_kernel", CLAIM, JUDGE,
@@ -80,6 +93,9 @@ DEFENCES: tuple[Defence, ...] = (
     Defence("confirmation", CLAIM, JUDGE,
             "a claim above `confirm_above` the judge's own wall clock does not bear out (`suspicious`), or cannot "
             "measure (`unconfirmed`, capped)"),
+    Defence("speed_of_light", CLAIM, JUDGE,
+            "a runtime below the task's memory floor (its inputs and outputs moved once) or the compute floor of "
+            "the reference's FLOPs at its dtype's peak (`faster_than_sol`, saying which and by how much)"),
     Defence("fresh_worker", AFTER, JUDGE,
             "what a candidate left in its interpreter deciding a later candidate's verdict (a worker per candidate "
             "on a GPU; EvalConfig.worker_candidates above 1 trades it for speed)", switchable=False),

@@ -109,6 +109,8 @@ def describe_result(node: Node) -> str:
             line += f" (max abs error {r.max_abs_err:.3g})"
     if r.flags:
         line += f"\nFlags: {', '.join(r.flags)}"
+    for finding in (r.findings or "").splitlines():  # the judge's line for a flag it explains: by how much, why
+        line += f"\nFlag {clip(finding, 400)}"
     return line
 
 

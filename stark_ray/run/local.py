@@ -17,7 +17,7 @@ from typing import Any
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.evaluator import make_evaluator
-from stark_ray.eval.judge.sol import light_line
+from stark_ray.eval.judge.sol import reference_lines
 from stark_ray.eval.tasks import Task
 from stark_ray.llm.base import LLMClient
 from stark_ray.llm.usage import UsageTotals
@@ -110,7 +110,7 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
             tree = load_trees(run_dir).get(task.name) or Tree.with_reference(task.source, reference)
             run = Run(run_dir, task, tree, recorded_usage(run_dir)[task.name])
         info = TaskInfo(name=task.name, reference_source=task.source, backend=eval_cfg.backend,
-                        hardware=evaluator.hardware_description(), light=light_line(tree.nodes[0].result))
+                        hardware=evaluator.hardware_description(), light=reference_lines(tree.nodes[0].result))
         policy = make_policy(search_cfg)
         team = make_team(client, agent_cfg, search_cfg, info)
 

@@ -34,7 +34,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from stark_ray.actors.tree_memory import TaskSpec
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.eval.backends import get_backend
-from stark_ray.eval.judge.sol import light_line
+from stark_ray.eval.judge.sol import reference_lines
 from stark_ray.eval.measure.memory import OverBudget
 from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.llm.base import LLMError
@@ -179,7 +179,7 @@ class RayDriver:
                 self.spend.add(name, spent.cost_usd, spent.input_tokens + spent.output_tokens)
                 self.view.usage[name] = spent  # and in the summaries: this part's calls are added as they come
             tree = Tree.from_records(snapshot)
-            self.infos[name] = replace(self.infos[name], light=light_line(tree.nodes[0].result))  # its reference's
+            self.infos[name] = replace(self.infos[name], light=reference_lines(tree.nodes[0].result))  # its reference's
             self.view.load(name, tree)
             self.reporter.start(self.tasks[name], run.search.budget, tree)
         self.phases["memory_s"] = time.monotonic() - t1

@@ -21,6 +21,7 @@ from typing import Protocol
 from stark_ray.eval.defences import CLAIM, DEFENCES
 from stark_ray.eval.judge.confirmation import Confirmation
 from stark_ray.eval.judge.drift import Drift
+from stark_ray.eval.judge.sol import SpeedOfLight, beyond_light
 from stark_ray.eval.measure.noise import Measured, interval, is_noisy, kept
 from stark_ray.records import REJECTING_FLAGS
 
@@ -63,6 +64,7 @@ class Claim:
     rejected: list[str] = field(default_factory=list)
     drift: Drift | None = None  # the reference ran slower beside the candidate than alone: its claim is in doubt
     recycle: bool = False  # its worker must not serve another candidate
+    explained: dict[str, str] = field(default_factory=dict)  # an informational flag's line, by flag (the result's)
 
     def __post_init__(self) -> None:
         self.take(self.timing)
@@ -79,6 +81,7 @@ class Judging(Protocol):
     """What a claim's defences may ask of the judgement in progress."""
 
     confirm_above: float
+    light: SpeedOfLight | None  # the task's speed of light on a device whose limits are known (None: not judged)
 
     def can_time_again(self) -> bool:
         """Whether the clock leaves time to have the worker time both sides once more."""
@@ -173,8 +176,19 @@ def confirmation(claim: Claim, ctx: Judging) -> list[Finding]:
     return found
 
 
+def speed_of_light(claim: Claim, ctx: Judging) -> list[Finding]:
+    """A runtime of record below the task's speed of light (:func:`stark_ray.eval.judge.sol.beyond_light`: which
+    floor, by how much) is flagged ``faster_than_sol`` (informational: algebra can beat the reference's FLOPs
+    honestly); only on a device whose limits come from its datasheet, checked by a probe (a probe's figure under
+    load is no bound)."""
+    if ctx.light is None or claim.rejected:
+        return []
+    line = beyond_light(ctx.light, claim.new_ms)
+    return [] if line is None else [Finding(FLAG, line, flag="faster_than_sol")]
+
+
 CHECKS: dict[str, Check] = {"noise": noise, "own_kernel": own_kernel, "large_speedup": large_speedup,
-                            "drift": drift, "confirmation": confirmation}
+                            "drift": drift, "confirmation": confirmation, "speed_of_light": speed_of_light}
 ORDER = tuple(d.name for d in DEFENCES if d.stage == CLAIM)
 
 
@@ -204,6 +218,8 @@ def apply(claim: Claim, f: Finding) -> None:
         claim.take(f.timing)
     if f.flag:
         claim.flags.append(f.flag)
+        if f.kind == FLAG and f.line:
+            claim.explained[f.flag] = f.line
     if f.kind == REJECT:  # off the leaderboard by its flag (EvalResult.accepted reads the flags)
         if f.flag not in REJECTING_FLAGS:
             raise ValueError(f"a rejection must carry one of {REJECTING_FLAGS}, not {f.flag!r}")

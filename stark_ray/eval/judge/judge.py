@@ -43,15 +43,26 @@ from stark_ray.eval.judge.claim import WORKER_FLAGS, Claim, Failed, judge_claim
 from stark_ray.eval.judge.confirmation import Confirmation, confirm
 from stark_ray.eval.judge.drift import Drift, DriftCheck, pace, reading, slower
 from stark_ray.eval.judge.memory import JudgeMemory
+from stark_ray.eval.judge.precision import Floor, measure_floor, reduced
 from stark_ray.eval.judge.reference_checks import check_determinism, check_outputs
-from stark_ray.eval.judge.sol import Peaks, stamp, task_sol
-from stark_ray.eval.judge.trials import JudgeTask, Trial, all_trials, standard_trial, synchronize
+from stark_ray.eval.judge.sol import Peaks, SpeedOfLight, stamp, task_sol
+from stark_ray.eval.judge.trials import (
+    JudgeTask,
+    Trial,
+    after_timing_trial,
+    all_trials,
+    standard_trial,
+    synchronize,
+    trial_label,
+)
 from stark_ray.eval.judge.verdicts import Decided, checked_answer, protocol_broken
 from stark_ray.eval.judge.worker_batch import LABEL, WorkerBatch
 from stark_ray.eval.measure.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs, tensors_of
 from stark_ray.eval.measure.inputs import nbytes_of, same_values
 from stark_ray.eval.measure.kernel_times import describe, from_message
 from stark_ray.eval.measure.laps import Laps
+from stark_ray.eval.measure.math_modes import describe as describe_modes
+from stark_ray.eval.measure.math_modes import math_modes
 from stark_ray.eval.measure.memory import (
     KEPT_SHARE,
     Footprint,
@@ -128,8 +139,17 @@ class Judge:
     # -- tasks ------------------------------------------------------------------------------------------------
     def task(self, req: WorkerRequest, cfg: EvalConfig, clock: PhaseClock | None = None) -> JudgeTask:
         """The task's reference, checked once: forward runs, returns something comparable, and is deterministic;
-        its footprint measured and the memory plan chosen (a task that cannot fit the budget: OverBudget)."""
+        its footprint measured and the memory plan chosen (a task that cannot fit the budget: OverBudget, which
+        says so where other processes on the GPU left less than the budget asked)."""
         self.memory.set_budget(cfg)
+        try:
+            return self._task(req, cfg, clock)
+        except OverBudget as e:
+            if self.memory.busy:
+                raise OverBudget(f"{e}: {self.memory.busy}") from None
+            raise
+
+    def _task(self, req: WorkerRequest, cfg: EvalConfig, clock: PhaseClock | None) -> JudgeTask:
         key = task_key(req.task_source, cfg.seed)
         task = self.tasks.get(key)
         if task is not None:
@@ -256,6 +276,8 @@ class Judge:
         if peak is not None:
             result.peak_memory_gb = round(peak / GB, 3)
         stamp(result, known.sol if (known := self.tasks.get(task_key(req.task_source, cfg.seed))) else None)
+        if result.passed_checks or req.mode == MODE_REFERENCE:  # what the reference's figures were computed under
+            result.math_modes = describe_modes(math_modes())
         left = self.worker.sweep()
         if left:  # processes a candidate started and left running: killed, and said
             result.add_line(f"killed {left} process(es) the candidate left running")
@@ -294,6 +316,9 @@ class Judge:
                 result.add_line(f"device memory: needs {task.footprint.needs() / GB:.1f} GB of a budget of "
                                   f"{task.planned_for / GB:.1f} GB ({task.footprint.describe()}); "
                                   f"{task.plan.describe()}")
+            if "precision" not in cfg.defences_off:  # once per task, here rather than in a candidate's clock
+                result.add_line(f"precision: {self.floor(task, cfg).describe()}")
+                laps.lap("precision")
             result.add_line(laps.line())
             return result
         except Decided as stop:
@@ -325,6 +350,24 @@ class Judge:
         laps.lap("pace/after")
         task.alone_pace_s = slower(before, after)  # a burst on the host around the alone timing shows in one
         return msg
+
+    def floor(self, task: JudgeTask, cfg: EvalConfig) -> Floor:
+        """The task's precision floor (eval/judge/precision.py), measured once on its first standard trial, the
+        worker stopped meanwhile, under the budget less what the worker holds."""
+        if task.floor is None:
+            first = standard_trial(task, cfg, 0)
+            work = task.footprint.work if task.footprint is not None else sum(nbytes_of(first.ref))
+            self.memory.close_interval()
+            self.memory.cap_self()
+            try:
+                with self.worker.stopped():
+                    task.floor = measure_floor(task.model, first.make(), first.ref, first.seed, self.memory.room(),
+                                               work, task.draws_random)
+            finally:
+                self.memory.close_interval()
+                release_cached(self.backend.device)
+        floor: Floor = task.floor
+        return floor
 
     def pace(self, task: JudgeTask, cfg: EvalConfig) -> float | None:
         """The judge's own pace of the reference (eval/judge/drift.py), the worker stopped meanwhile: under the memory
@@ -443,6 +486,7 @@ class Judgement:
         self.timing_started = 0.0  # when the worker's timing began (monotonic)
         self.base: dict[str, Any] = {}  # what every result of this candidate says (its build, its errors)
         self.confirming = False  # the judge's clock was asked
+        self.errors: dict[str, float] = {}  # the normalized error of each trial it passed, by the trial's label
 
     def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
         return self.judge.step(op, payload, self.clock, fds, label)
@@ -521,11 +565,21 @@ class Judgement:
             special += trial_special
         self.laps.lap("checks")
 
+        off = frozenset(self.cfg.defences_off)
+        trial_flags, explained = [], {}
+        if "precision" not in off:
+            ratio, line = self.precision()
+            base["precision_ratio"] = ratio
+            if line.startswith("reduced_precision: "):
+                trial_flags.append("reduced_precision")
+                explained["reduced_precision"] = line.removeprefix("reduced_precision: ")
+            notes.append(line)
+            self.laps.lap("precision")
+
         self.clock.enter(PHASE_TIME)
         checks = (f"correct over {self.cfg.trials} trials and {special} more (blocks, sensitivity, same address) "
                   f"(max_abs_err {self.worst_abs:.3g}, rel_err {self.worst_rel:.3g})")
         base |= {"max_abs_err": self.worst_abs, "rel_err": self.worst_rel}
-        off = frozenset(self.cfg.defences_off)
         # its first pace now: before the worker times the candidate
         self.drift_check = DriftCheck(self.task, lambda: self.judge.pace(self.task, self.cfg)) if "drift" not in off \
             else None
@@ -538,11 +592,23 @@ class Judgement:
         worker_log = [f"worker: {str(line)[:300]}" for line in timed.get("log", [])][:20]
         if "rejected" in timed:
             return EvalResult(passed_checks=True, stage=STAGE_OK, error=str(timed.get("error", ""))[:300],
-                              flags=worker_flags, log=excerpt("\n".join([checks, *notes, *worker_log])), **base)
+                              flags=trial_flags + worker_flags, findings=_lines(explained),
+                              log=excerpt("\n".join([checks, *notes, *worker_log])), **base)
+        if "after_timing_trial" not in off:  # correct once timed as well: the judge's own trial again (within the
+            trial = after_timing_trial(self.task, self.cfg)  # timing's time limit: the clock only moves forward)
+            failure = self.trial(trial)
+            if not self.task.cache.holds(trial):
+                trial.ref = None
+            del trial
+            if failure is not None:
+                failure.compile_s = compile_s
+                raise Decided(failure, recycle=True)
+            self.laps.lap("after timing")
         reported_findings = timed.get("findings") if isinstance(timed.get("findings"), dict) else {}
         findings = {f: str(reported_findings[f])[:300] for f in worker_flags if reported_findings.get(f)}
         try:
-            claim = Claim(measured(timed), worker_flags, findings, worker_log)
+            claim = Claim(measured(timed), worker_flags, findings, worker_log, flags=trial_flags,
+                          explained=explained)
             compiled_ms = None if timed.get("compiled_ms") is None else _number(timed["compiled_ms"])
         except (KeyError, TypeError, ValueError, ExchangeError) as e:
             raise Decided(protocol_broken(f"a malformed timing: {e}"), recycle=True) from None
@@ -561,6 +627,7 @@ class Judgement:
         breakdown = from_message(timed)  # the worker's profile of one call: shown to the agents, never a verdict
         return EvalResult(passed_checks=True, runtime_ms=claim.new_ms, ref_runtime_ms=claim.ref_ms,
                           speedup=claim.speedup, stage=STAGE_OK, log=excerpt("\n".join(log)), flags=claim.flags,
+                          findings=_lines(claim.explained),
                           error="; ".join(claim.rejected)[:600] or None, kernels=breakdown and describe(breakdown),
                           ref_compile_runtime_ms=compiled_ms, runtime_cv=claim.new_cv,
                           ref_runtime_cv=claim.timing.ref_cv, speedup_err=claim.error, **base)
@@ -569,6 +636,11 @@ class Judgement:
     @property
     def confirm_above(self) -> float:
         return self.cfg.confirm_above
+
+    @property
+    def light(self) -> SpeedOfLight | None:
+        peaks = self.judge.peaks  # a device the table knows (a probe's figure alone, the CPU's under load, is none)
+        return self.task.sol if peaks is not None and peaks.source.startswith("table") else None
 
     def can_time_again(self) -> bool:
         """Time left for a second timing: twice what the first took."""
@@ -640,6 +712,20 @@ class Judgement:
                 return replace(confirmation, note=f"{confirmation.note}; no time left to measure it again")
             earlier = confirmation
 
+    # -- the precision contract (eval/judge/precision.py) ---------------------------------------------------
+    def precision(self) -> tuple[float | None, str]:
+        """The candidate's error on the first trial over the task's floor (None: not known), and the line that
+        says so (``reduced_precision: ...`` where it is beyond the contract)."""
+        floor = self.judge.floor(self.task, self.cfg)  # measured with the reference where it was timed alone
+        error = self.errors.get(trial_label(0, self.cfg.trials))
+        if floor.error is None or error is None:
+            return None, floor.describe()
+        ratio = float(f"{error / floor.error:.4g}") if floor.error > 0 else None
+        line = reduced(error, floor)
+        if line is not None:
+            return ratio, f"reduced_precision: {line}"
+        return ratio, f"precision: within the contract ({floor.describe()}; the candidate's {error:.2g})"
+
     # -- one trial --------------------------------------------------------------------------------------------
     def trial(self, trial: Trial) -> EvalResult | None:
         """One trial: its inputs made and copied into shared buffers (the judge keeps no other copy: it makes them
@@ -663,8 +749,10 @@ class Judgement:
             tree = encode_tree(trial.make(), on_input, prefix="input")  # made, copied, dropped
             slots, slot_specs = self._slots(box, trial.ref)
             fds = box.fds()
+            second = trial.then is not None
             msg = self.step(OP_RUN, {"inputs": tree, "slots": slot_specs, "fds": len(fds), **self._seed(trial.seed),
-                                     "keep": trial.then is not None}, fds, trial.label)
+                                     "keep": second, "earlier": second and self.earlier_fits(trial)}, fds,
+                            trial.label)
             failure = self._verdict(msg, trial.label, trial.ref, slots, views, trial.make)
             if failure is not None or trial.then is None:
                 return failure
@@ -684,6 +772,13 @@ class Judgement:
             self.judge.memory.close_interval()
             box.release()
             self.judge.memory.cap_self()  # the shared buffers gone: the next trial is made under the new cap
+
+    def earlier_fits(self, trial: Trial) -> bool:
+        """Whether the worker may keep the same-address trial's first outputs through its second call (to see that
+        the second leaves them as they were: the defence ``earlier_output``): one more output set beside the
+        evaluation's least need, within the budget."""
+        fp, budget = self.task.footprint, self.judge.memory.budget
+        return not budget or fp is None or fp.needs() + fp.outputs <= budget
 
     def _write_into(self, views: list[torch.Tensor], made: list[Any]) -> None:
         """The second contents written into the shared tensors. A function of its own: no name of a loop here
@@ -730,6 +825,7 @@ class Judgement:
             return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, error=f"{label}: {c.problem}",
                               log=f"{label}: {c.problem}", max_abs_err=c.max_abs_err, rel_err=c.rel_err)
         self.worst_abs, self.worst_rel = max(self.worst_abs, c.max_abs_err), max(self.worst_rel, c.rel_err)
+        self.errors.setdefault(label, c.rel_err)
         return None
 
     @staticmethod
@@ -738,6 +834,11 @@ class Judgement:
         if meta.slot is not None:
             return slots[meta.slot]
         return TensorStub(meta.shape, meta.dtype, meta.device)
+
+
+def _lines(explained: dict[str, str]) -> str | None:
+    """The result's ``findings``: one ``flag: line`` per explained flag (None: none)."""
+    return "\n".join(f"{flag}: {line}" for flag, line in explained.items()) or None
 
 
 def _number(value: Any) -> float:

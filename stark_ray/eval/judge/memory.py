@@ -23,7 +23,14 @@ from typing import Any
 import torch
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.measure.memory import CONTEXTS_BYTES, GB, apply_cap, give_back_cached, resolve_budget
+from stark_ray.eval.measure.memory import (
+    CONTEXTS_BYTES,
+    GB,
+    apply_cap,
+    give_back_cached,
+    resolve_budget,
+    within_reach,
+)
 from stark_ray.eval.proc.runner import WorkerProcess
 from stark_ray.eval.wire.exchange import reset_shared_peak, shared_bytes, shared_peak
 from stark_ray.eval.wire.protocol import OP_LOAD, OP_REFERENCE, OP_RUN, OP_STAGE, OP_TIME
@@ -94,12 +101,20 @@ class JudgeMemory:
         self.own_peak = 0  # the judge's own allocations at their peak over the request
         self.judge_then = 0  # the judge's memory while the worker does a step
         self.plan: dict[str, Any] = {}  # the task's plan, sent to the worker with each step
+        self.busy = ""  # why the request's budget is less than the one asked (other processes on the GPU)
         self.sampler = DeviceSampler() if self.on_gpu else None
 
     def set_budget(self, cfg: EvalConfig) -> None:
+        """The request's budget: the one asked for (by default a share of the free memory at the judge's start),
+        no more than the device less what other processes hold now (``busy`` says so where it is less)."""
         if self.on_gpu:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-            self.budget = resolve_budget(cfg.memory_budget_gb, self.free_at_start, total)
+            asked = resolve_budget(cfg.memory_budget_gb, self.free_at_start, total)
+            free, _ = torch.cuda.mem_get_info()
+            self.budget, others = within_reach(asked, total, free, self._held())
+            self.busy = "" if self.budget >= asked else (
+                f"the GPU is in use: other processes hold {others / GB:.1f} GB of its {total / GB:.1f} GB, which "
+                f"leaves this evaluation {self.budget / GB:.1f} GB of the {asked / GB:.1f} GB asked")
 
     def worker_held(self) -> int:
         """The worker's device memory as the running worker process last said (none for a fresh or gone one)."""

@@ -47,6 +47,9 @@ KNOWN: list[tuple[tuple[str, ...], dict[str, float], float]] = [
     (("l40s",), {"fp32": 91.6, "bf16": 362.0, "fp16": 362.0, "fp8": 733.0}, 864.0),
     (("b200",), {"fp64": 40.0, "fp32": 80.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0}, 8000.0),
 ]
+# a runtime must be below a floor by more than this factor to be said beyond it: the model's own error (the measured
+# bandwidth is a large copy's, within a few % of what a kernel reaches; the datasheet's peaks are at boost clock)
+LIGHT_MARGIN = 1.25
 PROBE_DISAGREES = 0.5  # a probe below this share of the table's peak is said (a throttled, shared or mislabelled GPU)
 
 
@@ -107,6 +110,9 @@ class SpeedOfLight:
     memory_ms: float
     compute_ms: float
     lower_bound_only: bool = False  # the forward's outputs and FLOPs could not be counted
+    # the bytes no output exists without: its inputs read and its outputs written once (the parameters left out: a
+    # candidate may fold them by algebra and keep the result, as a layout cached by the weight's pointer and version)
+    io_ms: float = 0.0
 
     @property
     def ms(self) -> float:
@@ -132,7 +138,27 @@ class SpeedOfLight:
 def speed_of_light(demand: Demand, peaks: Peaks) -> SpeedOfLight:
     memory_s = demand.bytes / peaks.bandwidth
     compute_s = sum(n / peaks.flop_rate(dtype) for dtype, n in demand.flops.items())
-    return SpeedOfLight(1e3 * memory_s, 1e3 * compute_s, not demand.outputs_known)
+    io_s = (demand.input_bytes + demand.output_bytes) / peaks.bandwidth
+    return SpeedOfLight(1e3 * memory_s, 1e3 * compute_s, not demand.outputs_known, 1e3 * io_s)
+
+
+def beyond_light(sol: SpeedOfLight, runtime_ms: float) -> str | None:
+    """The line for a runtime below one of the task's floors by more than :data:`LIGHT_MARGIN` (None: within both).
+    The memory floor (its inputs and outputs moved once at the measured bandwidth) is the hard one: an output not
+    computed from all of its inputs, or work done outside the timed calls. The compute floor counts the
+    reference's FLOPs at the peak of the task's dtype: beaten by arithmetic of less precision (TF32 or half-precision
+    tensor cores on a float32 task) or by algebra that removes FLOPs."""
+    if not runtime_ms > 0 or not math.isfinite(runtime_ms):
+        return None
+    if sol.io_ms > LIGHT_MARGIN * runtime_ms:
+        return (f"ran in {runtime_ms:.4g} ms, {sol.io_ms / runtime_ms:.3g}x below the memory floor of its inputs and "
+                f"outputs moved once at the measured bandwidth ({sol.io_ms:.4g} ms): an output not computed from all "
+                "of its inputs, or work done outside the timed calls")
+    if sol.compute_ms > LIGHT_MARGIN * runtime_ms:
+        return (f"ran in {runtime_ms:.4g} ms, {sol.compute_ms / runtime_ms:.3g}x below the compute floor of the "
+                f"reference's FLOPs at the peak of the task's dtypes ({sol.compute_ms:.4g} ms): arithmetic of less "
+                "precision (TF32 or half-precision tensor cores on a float32 task) or algebra that removes FLOPs")
+    return None
 
 
 def count_demand(module: Any, init_inputs: list[Any], get_inputs: Callable[[], Any] | None = None) -> Demand:
@@ -284,3 +310,11 @@ def light_line(result: Any) -> str:
     return (f"Speed of light of this task on it: {result.sol_ms:.4f} ms, {result.sol_bound}-bound (the least time: "
             "its inputs, outputs and parameters moved once at the measured bandwidth, its matrix and convolution "
             "FLOPs at the peak; a runtime's share of it is how close it comes)")
+
+
+def reference_lines(result: Any) -> str:
+    """What the prompts show under the hardware from a task's reference ``result``: its speed of light and the
+    math modes its figures were computed under (each where known)."""
+    from stark_ray.eval.judge.precision import precision_line
+
+    return "\n".join(line for line in (light_line(result), precision_line(result)) if line)

@@ -128,6 +128,7 @@ class JudgeTask(BuiltReference):
     fresh_inputs: bool = False  # get_inputs() makes new tensors each call (the judge checks once per task)
     draws_random: bool = False  # the forward draws from torch's generators (a dropout): every call seeded alike
     sol: Any = None  # its speed of light on this device (eval/judge/sol.py), None where it cannot be told
+    floor: Any = None  # its precision floor (eval/judge/precision.py), measured with its first candidate's trials
     # what its trials' seeds are keyed by: the user's key on this machine (eval/judge/input_key.py), known to no
     # candidate
     input_key: int = field(default_factory=input_key)
@@ -184,6 +185,29 @@ def standard_trial(task: JudgeTask, cfg: EvalConfig, trial: int) -> Trial:
         return Trial(label, make, ref, seed, input_bytes=size)
 
     return task.cache.get((cfg.seed, trial, cfg.trials), build)
+
+
+AFTER_TIMING = 1 << 20  # the trial after the timing: a standard trial's index no evaluation reaches (its own seed)
+
+
+def after_timing_trial(task: JudgeTask, cfg: EvalConfig) -> Trial:
+    """One more trial once the candidate was timed, on inputs of its own seed (a key of the user's: no candidate
+    knows them) at scale 1: a candidate correct through the trials and wrong after the timing's calls (a count of
+    calls, a state the timed calls filled) fails it. Kept like the standard trials where it fits."""
+    seed = trial_seed(task.input_key, cfg.seed, AFTER_TIMING)
+    make = _maker(task, seed, 1.0)
+
+    def build() -> Trial:
+        inputs = make()
+        size = sum(nbytes_of(inputs))
+        ref = task.run(inputs, seed)
+        held = size + sum(nbytes_of(ref))
+        label = "trial after the timing (fresh inputs)"
+        if task.cache.room(held):
+            return Trial(label, lambda: clone_all(inputs), ref, seed, held=held, input_bytes=size, special=True)
+        return Trial(label, make, ref, seed, input_bytes=size, special=True)
+
+    return task.cache.get((cfg.seed, AFTER_TIMING, cfg.trials), build)
 
 
 def changed_copy(task: JudgeTask, make: Callable[[], Inputs], change: Change) -> tuple[Inputs, int]:

@@ -128,6 +128,21 @@ def check_fits(name: str, fp: Footprint, budget: int, measured: bool) -> None:
                          f"({fp.describe()})")
 
 
+BUSY_SHARE = 0.95  # of the device less what other processes hold: a budget never asks for more
+BUSY_STEP = 1 << 29  # ... rounded down to this (what others hold moves a little from request to request)
+
+
+def within_reach(budget: int, total: int, free: int, held: int) -> tuple[int, int]:
+    """``budget`` (bytes) lowered to what this evaluator can really have now — BUSY_SHARE of the device less what
+    other processes hold (``total - free - held``, ``held``: what this evaluator holds) — and what the others hold.
+    A second evaluator started at the same time as a first, or a campaign beside a ``stark eval``, each took a
+    share of the free memory it saw at its start; the later of two then ran out of memory in the middle of a
+    candidate."""
+    others = max(0, total - free - held)
+    reach = int(BUSY_SHARE * (total - others)) // BUSY_STEP * BUSY_STEP
+    return min(budget, reach), others
+
+
 def resolve_budget(budget_gb: float | None, free: int, total: int) -> int:
     """The budget in bytes: ``budget_gb`` (never above the device), or DEFAULT_SHARE of the free memory."""
     if budget_gb is None:

@@ -232,6 +232,39 @@ def output_problem(out: Any, inputs: list[Any], device: torch.device | str) -> s
     return None
 
 
+PRINT_CHUNK = 1 << 26  # bytes summed at a time for an output's print
+
+
+def output_print(out: Any) -> list[tuple[int, int]]:
+    """A print of each output tensor's bytes (their sum, and the sum at even places): what the tensor held, without
+    a copy of it."""
+    prints = []
+    for t in _tensors(out):
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        total = even = 0
+        for i in range(0, flat.numel(), PRINT_CHUNK):
+            part = flat[i:i + PRINT_CHUNK].to(torch.int64)
+            total += int(part.sum())
+            even += int(part[(i % 2)::2].sum())
+        prints.append((total, even))
+    return prints
+
+
+def earlier_problem(earlier: Any, printed: list[tuple[int, int]], out: Any) -> str | None:
+    """Why the previous call's outputs (``earlier``, ``printed`` when it returned) are not what they were after
+    this call (``out``), or None: one output buffer handed out by every call (a caller keeping two outputs has the
+    first overwritten), or an earlier output written later."""
+    spans = [s for t in _tensors(out) if (s := _storage_span(t)) is not None]
+    for t in _tensors(earlier):
+        span = _storage_span(t)
+        if span is not None and any(span[0] < e and s < span[1] for s, e in spans):
+            return ("its output shares memory with its output of the previous call (one buffer returned by every "
+                    "call: a caller keeping both has the first overwritten)")
+    if output_print(earlier) != printed:
+        return "its output of the previous call changed during this call (an earlier output written later)"
+    return None
+
+
 def poison(nbytes: Iterable[int], device: str) -> None:
     """Fill blocks the size of the expected outputs (and one block of their total) with 0xFF and free them:
     the caching allocator hands those blocks out next, so unwritten output elements read as NaN (or -1)."""

@@ -57,7 +57,14 @@ from stark_ray.eval.wire.protocol import (
     recv_fds,
 )
 from stark_ray.eval.worker.build_log import LogTail, candidate_frame, compile_failure
-from stark_ray.eval.worker.guards import Fingerprint, output_problem, poison, settle_torch
+from stark_ray.eval.worker.guards import (
+    Fingerprint,
+    earlier_problem,
+    output_print,
+    output_problem,
+    poison,
+    settle_torch,
+)
 from stark_ray.eval.worker.kernel_sources import KernelSources, python_kernel_names
 from stark_ray.eval.worker.private_places import places_now, private_places, restore_places
 from stark_ray.eval.worker.shared_views import fill_slots, inputs_on, map_buffers, slots_on, specs_of
@@ -86,6 +93,7 @@ class Loaded:
     staged: list[tuple[list[Any], dict[str, torch.Tensor]]] = field(default_factory=list)
     slot_buffers: list[SharedBuffer] = field(default_factory=list)  # the staged batch's, in the judge's order
     graph: Any = None  # the staged batch captured as a CUDA graph
+    earlier: tuple[Any, list[tuple[int, int]]] | None = None  # a call's outputs and their print, for the next call
     memory_before: int | None = None  # the device memory in use before its import (eval/proc/garbage.py)
 
 
@@ -271,6 +279,7 @@ class CandidateHost:
         if not msg.get("same"):  # else: the same input tensors (and slots) as the last run, with new contents
             cur.inputs, cur.slots, cur.buffers = self._attach(msg["inputs"], msg["slots"], int(msg["fds"]),
                                                               cur.buffers)
+        earlier, cur.earlier = cur.earlier, None  # the previous call's outputs, where the judge asked to keep them
         poison([t.numel() * t.element_size() for t in cur.slots.values()], cur.state.device)  # unwritten: NaN
         if isinstance(seed := msg.get("seed"), int):  # the judge's, where its reference draws random numbers
             torch.manual_seed(seed)
@@ -279,8 +288,13 @@ class CandidateHost:
                 raw = cur.model(*cur.inputs)
                 self.backend.synchronize()
                 problem = output_problem(raw, cur.inputs, cur.state.device)
+                if problem is None and earlier is not None:
+                    problem = earlier_problem(earlier[0], earlier[1], raw)
+                del earlier
                 tree = fill_slots(raw, cur.slots)
                 self.backend.synchronize()
+                if msg.get("earlier") and problem is None:  # kept to see that the next call leaves it as it is
+                    cur.earlier = (raw, output_print(raw))
             del raw
         finally:
             if not msg.get("keep"):  # no second call on these tensors (or the call raised): the judge's buffers are
@@ -293,6 +307,7 @@ class CandidateHost:
         """Time the candidate against the reference here (:func:`~stark_ray.eval.worker.timing.time_candidate`)."""
         cur = self.current
         assert cur is not None
+        cur.earlier = None  # the trials are over (a same-address trial whose first call failed kept one)
         send({"phase": PHASE_TIME})
 
         def defined() -> set[str]:  # the kernels its source defines, as recorded at its build or read from it
