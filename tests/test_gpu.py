@@ -126,7 +126,8 @@ def test_candidate_is_judged_as_expected(results: dict[str, tuple[EvalResult, in
             matched |= r.stage == option and not r.accepted
     assert matched, summary
     if expect.startswith("ok"):
-        assert r.runtime_cv is not None and r.ref_runtime_ms, summary
+        # the worker's spread, unless the judge's own figure (its confirmation's, without one) stands for its speedup
+        assert (r.runtime_cv is not None or "its figure stands" in r.log) and r.ref_runtime_ms, summary
         # where its time went: the profile names a kernel of its own source (the selected node's line in a prompt)
         assert r.kernels and "ms of GPU time" in r.kernels, summary
         source = (GPU_CANDIDATES / name).read_text()

@@ -417,7 +417,7 @@ def test_a_candidate_wrong_once_timed_fails_the_trial_after_the_timing(service: 
     off = service.evaluate(tasks["matmul"], source, replace(service.cfg, defences_off=("after_timing_trial",)))
     assert off.passed_checks and off.runtime_ms is not None and "defences_off" in off.flags, (off.stage, off.error)
     honest = judged(service, tasks["matmul"], matmul("return x @ self.w"))
-    assert passed(honest) and "after timing" in honest.log, honest.log
+    assert passed(honest) and "trial/after" in honest.log, honest.log
 
 
 def test_reduced_precision_is_flagged_and_still_accepted_where_the_tolerance_allows(

@@ -585,6 +585,7 @@ class Judgement:
             else None
         self.timing_started = time.monotonic()
         timed = self.timed(base)
+        self.laps.lap("timing")
         self.base = base
         # the worker's findings: only those it may report (each can only keep the candidate off the leaderboard)
         reported = timed.get("flags")
@@ -603,7 +604,7 @@ class Judgement:
             if failure is not None:
                 failure.compile_s = compile_s
                 raise Decided(failure, recycle=True)
-            self.laps.lap("after timing")
+            self.laps.lap("trial/after")
         reported_findings = timed.get("findings") if isinstance(timed.get("findings"), dict) else {}
         findings = {f: str(reported_findings[f])[:300] for f in worker_flags if reported_findings.get(f)}
         try:
@@ -648,7 +649,9 @@ class Judgement:
         return self.clock.deadline - now > 2 * (now - self.timing_started)
 
     def time_again(self) -> Measured | None:
+        self.laps.lap("claim")
         timed = self.timed(self.base, again=True)
+        self.laps.lap("timing/again")
         try:
             return measured(timed) if "rejected" not in timed else None
         except (KeyError, TypeError, ValueError) as e:
@@ -662,9 +665,7 @@ class Judgement:
         return self.confirmed(speedup, new_ms, strict)
 
     def passed(self, name: str) -> None:
-        if name == "noise":  # the worker's timing and its second where it was noisy
-            self.laps.lap("timing")
-        elif name == "confirmation" and self.confirming:  # the drift's pace now and the judge's batch
+        if name == "confirmation" and self.confirming:  # the drift's pace now and the judge's batch
             self.laps.lap("confirmation")
 
     def _seed(self, seed: int) -> dict[str, Any]:
