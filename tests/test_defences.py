@@ -212,3 +212,25 @@ def test_speed_of_light_flags_a_runtime_below_either_floor_and_says_which() -> N
     judged_off = claim_of(1.6, ref_ms=1.2)
     judge_claim(judged_off, Judging(light=copy), frozenset({"speed_of_light"}))
     assert judged_off.flags == []
+
+
+def test_library_compute_is_the_workers_informational_flag_with_its_line() -> None:
+    """A library doing the work behind kernels of its own: the worker's profile says so (the share and the kernels),
+    the judge takes the flag and its line as they come, and nothing else follows from it."""
+    from stark_ray.eval.worker.kernel_sources import library_compute
+    from stark_ray.eval.worker.streams import Launch
+
+    casts = [Launch("f32_to_f16_kernel", 7, 0.0, 10.0), Launch("f32_to_f16_kernel", 7, 10.0, 20.0),
+             Launch("f16_to_f32_kernel", 7, 300.0, 320.0)]
+    gemm = Launch("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64", 7, 20.0, 300.0)
+    own = {"f32_to_f16_kernel", "f16_to_f32_kernel"}
+    line = library_compute([*casts, gemm], own)
+    assert line is not None and line.startswith("88% of its kernels' GPU time") and "sm90_xmma_gemm" in line
+    assert library_compute(casts, own) is None  # its own kernels do the work
+    assert library_compute([gemm, Launch("Memcpy DtoD", 7, 0.0, 500.0)], set()) is None  # no kernel: no_kernel's
+    epilogue = [Launch("gelu_bias_kernel", 7, 0.0, 30.0), Launch("Memset (Device)", 7, 30.0, 90.0),
+                Launch("ampere_sgemm_128x64_nn", 7, 90.0, 110.0)]
+    assert library_compute(epilogue, {"gelu_bias_kernel"}) is None  # copies and fills are not code: 40% library
+    c = claim_of(7.9, flags=("library_compute",), findings={"library_compute": line})
+    judge_claim(c, Judging(confirmation=Confirmation(True, "confirmed")), frozenset())
+    assert "library_compute" in c.flags and c.explained["library_compute"] == line and not c.rejected

@@ -79,6 +79,10 @@ DEFENCES: tuple[Defence, ...] = (
             "kernels on a stream that does not wait for the caller's, run outside the timing window "
             "(`unordered_stream`); work on streams in order is timed up to a device-wide sync (`extra_stream`)",
             switchable=False),
+    Defence("library_compute", TIMING, WORKER,
+            "a library op doing the work behind a token kernel of its own (cuBLAS or cuDNN after two cast kernels, "
+            "a subclass calling the reference's forward): most of the profiled call's GPU time in kernels not of "
+            "its own (`library_compute`, informational)", switchable=False),
     Defence("after_timing_trial", TIMING, JUDGE,
             "a candidate correct through the trials and wrong once timed (a count of calls, a state the timed calls "
             "filled): one more trial of the judge's on fresh inputs after the timing"),

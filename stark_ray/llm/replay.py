@@ -120,7 +120,7 @@ _KERNELS = re.compile(r"^(?:Kernels in one call \(GPU profile\): |Nsight Compute
 
 
 # a node's flags (prompts/render.py) that a measured figure alone sets: a speedup above 10x by one timing
-_MEASURED_FLAGS = ("large_speedup", "faster_than_sol", "reduced_precision")
+_MEASURED_FLAGS = ("large_speedup", "faster_than_sol", "reduced_precision", "library_compute")
 _FLAGS = re.compile(r"^Flags: (.*)\n?", re.MULTILINE)
 # the judge's line for such a flag (prompts/render.py), absent from cassettes recorded before it existed
 _FLAG_LINES = re.compile(r"^Flag (?:" + "|".join(_MEASURED_FLAGS) + r"): .*\n?", re.MULTILINE)
@@ -134,9 +134,9 @@ def _unmeasured_flags(m: re.Match[str]) -> str:
 def prompt_shape(prompt: str) -> str:
     """The prompt with every number and the hardware description masked (the task's speed of light on it
     included), and the nodes' shares of the speed of light, their kernels and the flags a measured figure alone
-    sets (``large_speedup``, ``faster_than_sol``, ``reduced_precision``, with their lines) left out: prompts that
-    differ only in measured runtimes, speedups or errors (which change from run to run) or in the machine (a
-    cassette recorded on another CPU or GPU: its name, cores, SIMD) have the same shape."""
+    sets (``large_speedup``, ``faster_than_sol``, ``reduced_precision``, ``library_compute``, with their lines) left
+    out: prompts that differ only in measured runtimes, speedups or errors (which change from run to run) or in the
+    machine (a cassette recorded on another CPU or GPU: its name, cores, SIMD) have the same shape."""
     text = _FLAGS.sub(_unmeasured_flags, _FLAG_LINES.sub("", _LIGHT.sub("", _KERNELS.sub("", prompt))))
     return _NUMBER.sub("#", _HARDWARE.sub("Target hardware:\n<hardware>\n", text))
 

@@ -26,10 +26,11 @@ from stark_ray.eval.measure.noise import Measured, interval, is_noisy, kept
 from stark_ray.records import REJECTING_FLAGS
 
 LARGE_SPEEDUP = 10.0  # flagged (informational) above this
-# what the worker's profile may report (its answer's "flags"): the informational one is taken as it comes,
-# no_kernel is own_kernel's to act on, unordered_stream comes with the worker's rejection (an early end)
-WORKER_FLAGS = ("no_kernel", "extra_stream", "unordered_stream")
-INFORMATIONAL = ("extra_stream",)
+# what the worker's profile may report (its answer's "flags"): the informational ones are taken as they come (with
+# their lines, library_compute's shown in the result's findings), no_kernel is own_kernel's to act on,
+# unordered_stream comes with the worker's rejection (an early end)
+WORKER_FLAGS = ("no_kernel", "extra_stream", "unordered_stream", "library_compute")
+INFORMATIONAL = ("extra_stream", "library_compute")
 REJECT, FAIL, CAP, RECORD, FLAG, NOTE, TIMING = "reject", "fail", "cap", "record", "flag", "note", "timing"
 
 
@@ -201,6 +202,7 @@ def judge_claim(claim: Claim, ctx: Judging, off: frozenset[str] = frozenset()) -
     report (its lines, its informational flags); a ``fail`` raises :class:`Failed`."""
     claim.notes += claim.worker_log
     claim.flags += [f for f in INFORMATIONAL if f in claim.worker_flags]
+    claim.explained |= {f: claim.findings[f] for f in INFORMATIONAL if f in claim.worker_flags and f in claim.findings}
     for name in ORDER:
         if name not in off:
             for f in CHECKS[name](claim, ctx):

@@ -156,3 +156,26 @@ def own_kernel_names(launched: list[str], defined: set[str]) -> set[str]:
         if any(re.search(rf"(?<!\w){re.escape(d)}(?!\w)", name) for d in defined):
             own.add(name)
     return own
+
+
+LIBRARY_SHARE = 0.5  # a candidate with kernels of its own whose GPU time is mostly in library kernels ...
+NOT_CODE = ("Memcpy", "Memset")  # what a profile lists beside kernels: copies and fills
+
+
+def library_compute(launches: list[Any], own: set[str]) -> str | None:
+    """The line for a candidate whose profiled call spent LIBRARY_SHARE or more of its kernels' GPU time in kernels
+    that are not its own (cuBLAS, cuDNN, torch's): a library doing the work behind a kernel of its own (None: its
+    own kernels did most of it, or it has none: that is ``no_kernel``). ``launches``: the call's kernels (``name``,
+    ``start_us``, ``end_us``)."""
+    ms: dict[str, float] = {}
+    for k in launches:
+        if not str(k.name).startswith(NOT_CODE):
+            ms[k.name] = ms.get(k.name, 0.0) + max(0.0, (k.end_us - k.start_us) / 1e3)
+    total = sum(ms.values())
+    library = {name: t for name, t in ms.items() if name not in own}
+    if not own or total <= 0 or sum(library.values()) < LIBRARY_SHARE * total:
+        return None
+    top = sorted(library, key=lambda n: -library[n])[:3]
+    return (f"{sum(library.values()) / total:.0%} of its kernels' GPU time in one call went to kernels not of its "
+            f"own ({'; '.join(n[:80] for n in top)}): a library does most of the work, its own kernels "
+            f"{1 - sum(library.values()) / total:.0%}")

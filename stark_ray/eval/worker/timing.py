@@ -34,7 +34,7 @@ from stark_ray.eval.measure.timing import (
     time_interleaved,
 )
 from stark_ray.eval.tasks import TaskError
-from stark_ray.eval.worker.kernel_sources import own_kernel_names
+from stark_ray.eval.worker.kernel_sources import library_compute, own_kernel_names
 from stark_ray.eval.worker.streams import profile_call
 from stark_ray.eval.worker.warm_reference import WarmReference
 from stark_ray.records import STAGE_OK, EvalResult
@@ -130,11 +130,15 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
             notes.append(f"kernel profile unavailable: {describe_exception(e)}")
         if report is not None:
             kernels = to_message(kernel_times(report.launches))
-            if not own_kernel_names(report.names, defined()):
+            own = own_kernel_names(report.names, defined())
+            if not own:
                 flags.append("no_kernel")
                 shown = ", ".join(sorted(set(report.names))[:6]) or "nothing"
                 findings["no_kernel"] = f"no kernel of its own was launched (only: {shown})"
                 notes.append(findings["no_kernel"])
+            elif (library := library_compute(report.launches, own)) is not None:
+                flags.append("library_compute")
+                findings["library_compute"] = library
             if report.unordered:
                 return {"rejected": "unordered_stream", "error": report.describe_unordered(),
                         "flags": [*flags, "unordered_stream"], "log": notes}
