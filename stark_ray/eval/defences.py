@@ -81,8 +81,9 @@ DEFENCES: tuple[Defence, ...] = (
             switchable=False),
     Defence("library_compute", TIMING, WORKER,
             "a library op doing the work behind a token kernel of its own (cuBLAS or cuDNN after two cast kernels, "
-            "a subclass calling the reference's forward): most of the profiled call's GPU time in kernels not of "
-            "its own (`library_compute`, informational)", switchable=False),
+            "a subclass calling the reference's forward): half the profiled call's GPU time in kernels not of its "
+            "own, or a quarter in a library's matrix products or convolutions (`library_compute`, informational)",
+            switchable=False),
     Defence("after_timing_trial", TIMING, JUDGE,
             "a candidate correct through the trials and wrong once timed (a count of calls, a state the timed calls "
             "filled): one more trial of the judge's on fresh inputs after the timing"),

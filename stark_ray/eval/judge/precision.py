@@ -17,9 +17,9 @@ is not checked, and the result says so). Tasks whose outputs are not floating, t
 that draw random numbers (a dropout: its float64 mask is another) are not checked.
 
 The reference's math modes (TF32 for matrix products and cuDNN convolutions, reduced-precision reductions) are
-the judge's and the worker's alike — torch's defaults, set in neither — and are stated with the result
-(:func:`stark_ray.eval.measure.math_modes.describe`): a convolution task's reference computes in TF32 under
-torch's defaults, and its floor says so.
+the judge's and the worker's alike — on a GPU both processes switch TF32 off as they set up the device
+(``backends/gpu.py``), so that a float32 reference computes in float32 — and are stated with the result
+(:func:`stark_ray.eval.measure.math_modes.describe`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The math modes torch computes a float32 (or half) task in: TF32 for matrix products and for cuDNN convolutions,
-reduced-precision reductions in half-precision matrix products. They decide the reference's own precision (under
-torch's defaults a convolution computes in TF32 on a GPU with tensor cores, a matrix product does not), so a
-result states them beside its precision figures.
+reduced-precision reductions in half-precision matrix products. They decide the reference's own precision (torch's
+defaults differ between versions: cuDNN's TF32 was on by default for years), so a result states them beside its
+precision figures. On a GPU the judge and the worker both switch TF32 off as they set up the device
+(``backends/gpu.py``): a float32 reference computes in float32.
 
 Read through torch's C functions, each where this torch has it; a mode that cannot be read (torch raises where its
-two TF32 APIs were mixed) reads ``unreadable``. Nothing here writes a mode: the judge and the worker both compute
-under torch's defaults, set by neither."""
+two TF32 APIs were mixed) reads ``unreadable``. Nothing here writes a mode."""
 
 from __future__ import annotations
 

@@ -158,14 +158,19 @@ def own_kernel_names(launched: list[str], defined: set[str]) -> set[str]:
     return own
 
 
-LIBRARY_SHARE = 0.5  # a candidate with kernels of its own whose GPU time is mostly in library kernels ...
+LIBRARY_SHARE = 0.5  # a candidate with kernels of its own whose GPU time is mostly in kernels not its own ...
+ARITHMETIC_SHARE = 0.25  # ... or at least this much in a library's matrix-product or convolution kernels
+# the names of cuBLAS/cuBLASLt, CUTLASS and cuDNN's matrix-product, convolution and attention kernels
+LIBRARY_ARITHMETIC = re.compile(r"gemm|xmma|nvjet|cutlass|cudnn|conv|winograd|fmha|flash_fwd|flash_bwd", re.I)
 NOT_CODE = ("Memcpy", "Memset")  # what a profile lists beside kernels: copies and fills
 
 
 def library_compute(launches: list[Any], own: set[str]) -> str | None:
-    """The line for a candidate whose profiled call spent LIBRARY_SHARE or more of its kernels' GPU time in kernels
-    that are not its own (cuBLAS, cuDNN, torch's): a library doing the work behind a kernel of its own (None: its
-    own kernels did most of it, or it has none: that is ``no_kernel``). ``launches``: the call's kernels (``name``,
+    """The line for a candidate with kernels of its own whose profiled call spent LIBRARY_SHARE of its kernels' GPU
+    time in kernels not its own, or ARITHMETIC_SHARE in a library's matrix-product or convolution kernels: a
+    library doing the work behind a kernel of its own (None: its own kernels did it, or it has none: that is
+    ``no_kernel``). A float32 GEMM in float16 behind two cast kernels of its own spent 51% in cuBLAS on an H100: its
+    casts are memory-bound, the half-precision product fast. ``launches``: the call's kernels (``name``,
     ``start_us``, ``end_us``)."""
     ms: dict[str, float] = {}
     for k in launches:
@@ -173,9 +178,11 @@ def library_compute(launches: list[Any], own: set[str]) -> str | None:
             ms[k.name] = ms.get(k.name, 0.0) + max(0.0, (k.end_us - k.start_us) / 1e3)
     total = sum(ms.values())
     library = {name: t for name, t in ms.items() if name not in own}
-    if not own or total <= 0 or sum(library.values()) < LIBRARY_SHARE * total:
+    arithmetic = sum(t for name, t in library.items() if LIBRARY_ARITHMETIC.search(name))
+    if not own or total <= 0 or (sum(library.values()) < LIBRARY_SHARE * total
+                                 and arithmetic < ARITHMETIC_SHARE * total):
         return None
     top = sorted(library, key=lambda n: -library[n])[:3]
     return (f"{sum(library.values()) / total:.0%} of its kernels' GPU time in one call went to kernels not of its "
-            f"own ({'; '.join(n[:80] for n in top)}): a library does most of the work, its own kernels "
-            f"{1 - sum(library.values()) / total:.0%}")
+            f"own ({'; '.join(n[:80] for n in top)}): a library does {'the arithmetic' if arithmetic else 'most of'} "
+            f"the work, its own kernels {1 - sum(library.values()) / total:.0%}")
