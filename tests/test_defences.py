@@ -238,3 +238,36 @@ def test_library_compute_is_the_workers_informational_flag_with_its_line() -> No
     c = claim_of(7.9, flags=("library_compute",), findings={"library_compute": line})
     judge_claim(c, Judging(confirmation=Confirmation(True, "confirmed")), frozenset())
     assert "library_compute" in c.flags and c.explained["library_compute"] == line and not c.rejected
+
+
+def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_unconfirmed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The judge's own batch running out of device memory is never the candidate's failure: it is made again with
+    a quarter of the room, and where that does not fit either, the claim is unconfirmed (capped), not failed."""
+    import types
+
+    import torch
+
+    from stark_ray.eval.judge import judge as judge_module
+
+    rooms: list[int | None] = []
+
+    def full(task, make, speedup, new_ms, tol, batch, room, *rest, **kw):  # type: ignore[no-untyped-def]
+        rooms.append(room)
+        if len(rooms) < 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return Confirmation(True, "speedup confirmed by the judge's wall clock: 7.8x")
+
+    monkeypatch.setattr(judge_module, "confirm", full)
+    judgement = types.SimpleNamespace(
+        task=types.SimpleNamespace(device="cpu"), cfg=EvalConfig(), tol=None, round_trip_s=0.0,
+        judge=types.SimpleNamespace(memory=types.SimpleNamespace(room=lambda: 16 << 30)),
+        clock=types.SimpleNamespace(deadline=float("inf")))
+    c = judge_module.Judgement.confirmed(judgement, 7.9, 0.3)  # type: ignore[arg-type]
+    assert c.confirmed and rooms == [16 << 30, 4 << 30, 1 << 30]
+    def never_fits(*args, **kw):  # type: ignore[no-untyped-def]
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(judge_module, "confirm", never_fits)
+    never = judge_module.Judgement.confirmed(judgement, 7.9, 0.3)  # type: ignore[arg-type]
+    assert never.unfit and not never.confirmed and "did not fit in the device's memory" in never.note

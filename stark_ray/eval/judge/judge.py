@@ -107,6 +107,7 @@ KEPT_CPU_BYTES = 4 << 30
 RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
 GB = 1e9
 PINGS = 5  # round trips measured to a fresh worker (the least counts)
+OOM_SHRINK = 4  # a confirmation batch that ran out of device memory is made again with a quarter of the room (twice)
 LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial this large (inputs and slots), cached blocks go back to the device
 
 
@@ -693,14 +694,28 @@ class Judgement:
         a candidate is given no second draw — the reference's fastest round only gets faster with more of them, and
         the lower of two readings is never above either."""
         earlier: Confirmation | None = None
+        share = 1  # of the room the budget leaves: a batch that did not fit the device is made smaller
         while True:
             started = time.monotonic()
             batch = WorkerBatch(self)
+            room = self.judge.memory.room()
             try:
                 confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
-                                       new_ms, self.tol, batch, self.judge.memory.room(),
+                                       new_ms, self.tol, batch, None if room is None else room // share,
                                        earlier.walls if earlier is not None else None, strict,
                                        above=speedup > self.cfg.confirm_above)
+            except (torch.OutOfMemoryError, ExchangeError) as e:  # the judge's own batch: never the candidate's fault
+                if isinstance(e, ExchangeError) and "OUT_OF_MEMORY" not in str(e):
+                    raise
+                batch.release()
+                release_cached(self.task.device)
+                why = f"the judge's batch did not fit in the device's memory ({describe_exception(e)[:160]})"
+                if earlier is not None:  # its second measurement: the first's stands
+                    return replace(earlier, note=f"{earlier.note}; measured again: {why}")
+                if room is None or share >= OOM_SHRINK ** 2:
+                    return Confirmation(False, f"not confirmed by the judge's wall clock: {why}", unfit=True)
+                share *= OOM_SHRINK  # fewer sets, the same measurement
+                continue
             finally:
                 batch.release()
             if earlier is not None:
