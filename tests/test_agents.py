@@ -462,5 +462,5 @@ def test_a_flag_the_judge_explains_reaches_the_prompt_with_its_line() -> None:
                            sol_bound="compute", math_modes="matmul TF32 off (float32 precision highest)")
     lines = reference_lines(reference).splitlines()
     assert lines[0].startswith("Speed of light of this task on it: 2.0500 ms, compute-bound")
-    assert lines[1].startswith("Precision: the reference computes in its dtypes under torch's math modes (matmul TF32 "
-                               "off") and "reduced_precision" in lines[1]
+    assert lines[1].startswith("Precision: the reference computes in its own dtypes (math modes: matmul TF32 off") \
+        and "reduced_precision" in lines[1]

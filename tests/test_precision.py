@@ -72,3 +72,4 @@ def test_the_math_modes_are_read_and_said() -> None:
     modes = math_modes()
     assert modes.get("matmul_tf32") is False  # torch's default, which neither process changes
     assert describe(modes).startswith("matmul TF32 off")
+    assert describe(modes, "cpu") == "float32 matmul precision highest"  # on the CPU only what applies there

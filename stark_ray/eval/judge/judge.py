@@ -278,7 +278,7 @@ class Judge:
             result.peak_memory_gb = round(peak / GB, 3)
         stamp(result, known.sol if (known := self.tasks.get(task_key(req.task_source, cfg.seed))) else None)
         if result.passed_checks or req.mode == MODE_REFERENCE:  # what the reference's figures were computed under
-            result.math_modes = describe_modes(math_modes())
+            result.math_modes = describe_modes(math_modes(), self.backend.device)
         left = self.worker.sweep()
         if left:  # processes a candidate started and left running: killed, and said
             result.add_line(f"killed {left} process(es) the candidate left running")

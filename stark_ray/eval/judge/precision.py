@@ -147,6 +147,6 @@ def precision_line(result: Any) -> str:
     modes = getattr(result, "math_modes", None)
     if not modes:
         return ""
-    return (f"Precision: the reference computes in its dtypes under torch's math modes ({modes}); a candidate "
+    return (f"Precision: the reference computes in its own dtypes (math modes: {modes}); a candidate "
             "whose error is far above the reference's own (TF32 or half-precision arithmetic on float32 data, an "
             "approximation) is accepted where the tolerance allows it but flagged reduced_precision")

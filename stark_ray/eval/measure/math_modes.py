@@ -49,9 +49,12 @@ def _on(value: Any) -> str:
     return value if isinstance(value, str) else ("on" if value else "off")
 
 
-def describe(modes: dict[str, Any]) -> str:
+def describe(modes: dict[str, Any], device: str = "cuda") -> str:
     """``matmul TF32 off (float32 precision highest), cuDNN convolution TF32 on, half-precision reductions in
-    reduced precision allowed (fp16 on, bf16 on)``."""
+    reduced precision allowed (fp16 on, bf16 on)``; on the CPU only what applies there (``float32 matmul
+    precision highest``: "high" or "medium" would let oneDNN use bfloat16)."""
+    if device != "cuda":
+        return f"float32 matmul precision {modes.get('float32_matmul_precision', 'not known')}"
     parts = []
     if "matmul_tf32" in modes:
         extra = f" (float32 precision {modes['float32_matmul_precision']})" if "float32_matmul_precision" in modes \
