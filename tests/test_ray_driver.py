@@ -159,9 +159,10 @@ class DyingEvaluator(Evaluator):
     Ray knows that it died, every call sent to it fails as well (its first ``where`` after the death too);
     afterwards it works again."""
 
-    def __init__(self, note: bool = True, slow: int = 1) -> None:
+    def __init__(self, note: bool = True, slow: int = 1, host: bool = False) -> None:
         super().__init__()
         self.note, self.slow = note, slow  # slow: its ``where`` calls that fail before the restart answers
+        self.host = host  # killed by the host's memory monitor (Ray's error says so)
         self.dead = self.killed = False
         self.unnoticed = 0  # calls that reach the dead process before Ray knows
         self.died_running: str | None = None
@@ -177,6 +178,9 @@ class DyingEvaluator(Evaluator):
             self.dead = self.killed = True
             self.unnoticed = self.slow
             self.died_running = source_digest(source) if self.note else None
+            if self.host:  # the words of Ray's memory monitor (its ActorDiedError's message)
+                raise RayActorError(error_msg="The actor died unexpectedly before finishing this task.\nTask was "
+                                              "killed due to the node running low on memory.")
             raise RayActorError()
         return super().evaluate(task, source)
 
@@ -509,3 +513,46 @@ def test_an_evaluator_killed_from_outside_charges_no_candidate(
         tree = memory.memory[name].tree
         assert tree.evaluated == 5 and not [n for n in tree if n.result.stage == "crash"]
     assert len(evaluator.seen) == sum(1 for name in driver.tasks for n in memory.memory[name].tree if n.id and n.source)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_evaluator_killed_by_the_hosts_memory_monitor_charges_no_candidate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Ray's memory monitor killed the evaluator while a candidate ran on it: the restart names that candidate,
+    but the host's memory was not its doing (the monitor picks by when a worker was scheduled, and other processes
+    filled the host): it goes again, is evaluated, and its row says what happened."""
+    evaluator = DyingEvaluator(host=True)
+    driver, memory = drive(tmp_path, monkeypatch, seed, tasks=1, budget=5, parallel=2, evaluators=[evaluator])
+    driver.deaths.nodes = {0: "live"}
+    driver.loop()
+    assert evaluator.killed
+    tree = memory.memory["t0"].tree
+    assert tree.evaluated == 5 and not [n for n in tree if n.result.stage == "crash"]
+    again = [n for n in tree if n.source.endswith("call 2")]
+    assert len(again) == 1 and "killed by the host's memory monitor" in again[0].result.log, again[0].result.log
+    assert ray_driver.killed_by_host(RayActorError(error_msg="Task was killed due to the node running low on memory"))
+    assert not ray_driver.killed_by_host(RayActorError())
+
+
+def test_a_candidate_in_flight_at_every_host_kill_is_charged_at_the_limit() -> None:
+    """The host's kills charge no candidate, up to MAX_DEATHS: one in flight at that many may be what fills it."""
+    from dataclasses import dataclass as _dataclass
+
+    @_dataclass
+    class Orphan:
+        source: str
+        deaths: int = 0
+        host_kills: int = 0
+        instance: str | None = "a"
+
+    deaths: evaluator_deaths.EvaluatorDeaths[Orphan] = evaluator_deaths.EvaluatorDeaths(lambda w: w.source)
+    work = Orphan("class ModelNew: ...")
+    deaths.instances[0] = "a"  # the process it was sent to, as the evaluator's hardware() said
+    for n in range(1, evaluator_deaths.MAX_DEATHS + 1):
+        assert deaths.lost(0, work, float(n), host=True).pause
+        verdict = deaths.answered(0, {"instance": f"p{n}", "died_running": source_digest(work.source)}, n + 20.0)
+        work.instance = f"p{n}"
+        if n < evaluator_deaths.MAX_DEATHS:
+            assert verdict.resend == [work] and verdict.charge == []
+        else:
+            assert verdict.charge == [work] and work.host_kills == n

@@ -10,7 +10,8 @@ actor itself die (out of memory, a candidate that kills it, a user's ``kill -9``
 the device its digest is in a note of the actor's own (:func:`note_path`, on the actor's host); the restarted
 actor reads what the dead one left there and says, in :meth:`where`, which candidate it died running (None: it
 was building or waiting, or the actor came back on another host). The driver charges that candidate alone and
-sends the others in flight again.
+sends the others in flight again — unless Ray's memory monitor killed the actor (the host ran low on memory): then
+no candidate is charged (run/evaluator_deaths.py).
 """
 
 from __future__ import annotations

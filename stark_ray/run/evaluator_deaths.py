@@ -16,6 +16,12 @@ The first orphan pauses the evaluator (a call sent now could reach the dead proc
 - **no answer** for :data:`RESTART_WAIT_S`: it is not coming back; the run goes on without it (and stops, in one
   line, when no evaluator is left).
 
+A death that was the host's doing — Ray's memory monitor killed the actor because the node ran low on memory
+(``host``: the driver reads it from Ray's error) — charges no candidate, whatever the note says: the monitor picks
+its victim by when it was scheduled, not by its memory, and on a shared host the memory was other processes'
+(a live search lost one of its six attempts so). Its orphans go again; one in flight at :data:`MAX_DEATHS` deaths
+is charged all the same (it may be what fills the host).
+
 An orphan whose call was sent to a process whose death was judged already (its error came after the restart's
 answer) is judged at once by that restart's note.
 """
@@ -36,6 +42,7 @@ MAX_DEATHS = 3  # evaluator deaths a candidate may be in flight for before it is
 
 class Orphan(Protocol):
     deaths: int  # evaluator deaths this candidate was in flight for
+    host_kills: int  # ... of them the host's doing
     instance: str | None  # the evaluator's process it was sent to
 
 
@@ -66,20 +73,24 @@ class EvaluatorDeaths(Generic[W]):
         self.orphans: dict[int, list[W]] = {}
         self.since: dict[int, float] = {}  # evaluator -> when its first orphan came back
         self.gone: set[int] = set()  # evaluators given up: an orphan of theirs is judged at once, without a note
+        self.by_host: dict[int, bool] = {}  # evaluator -> its death (until an answer) was the host's doing
 
     @property
     def waiting(self) -> bool:
         """Some candidate waits for its evaluator's answer."""
         return any(self.orphans.values())
 
-    def lost(self, which: int, work: W, now: float) -> Verdict[W]:
-        """``work``'s call to evaluator ``which`` failed as if the actor died."""
+    def lost(self, which: int, work: W, now: float, host: bool = False) -> Verdict[W]:
+        """``work``'s call to evaluator ``which`` failed as if the actor died (``host``: Ray says its node's memory
+        monitor killed it)."""
         work.deaths += 1
+        work.host_kills += host
         if which in self.gone:
             return self._judge([work], None)
         if work.instance is not None and which not in self.dead and work.instance != self.instances.get(which):
-            return self._judge([work], self.notes.get(which))  # a death judged already
+            return self._judge([work], self.notes.get(which), host)  # a death judged already
         self.orphans.setdefault(which, []).append(work)
+        self.by_host[which] = self.by_host.get(which, False) or host
         if which in self.dead:  # its death is known: one more orphan for its answer
             return Verdict()
         self.dead[which], self.since[which] = work.instance, now
@@ -122,16 +133,19 @@ class EvaluatorDeaths(Generic[W]):
         else:
             self.instances[which], self.notes[which] = instance, where.get("died_running")
             self.nodes[which] = where.get("node")
-            verdict = self._judge(orphans, self.notes[which])
+            verdict = self._judge(orphans, self.notes[which], self.by_host.get(which, False))
+        self.by_host.pop(which, None)
         verdict.resume = True
         return verdict
 
-    def _judge(self, orphans: list[W], died_running: str | None) -> Verdict[W]:
+    def _judge(self, orphans: list[W], died_running: str | None, host: bool = False) -> Verdict[W]:
         verdict: Verdict[W] = Verdict()
         for work in orphans:
             source = self.source_of(work)
             ran = died_running is not None and source is not None and source_digest(source) == died_running
-            if ran or (died_running is None and work.deaths >= 2) or work.deaths >= MAX_DEATHS:
+            if host and work.deaths < MAX_DEATHS:  # the host's doing: no candidate's
+                verdict.resend.append(work)
+            elif ran or (died_running is None and work.deaths >= 2) or work.deaths >= MAX_DEATHS:
                 verdict.charge.append(work)
             else:
                 verdict.resend.append(work)

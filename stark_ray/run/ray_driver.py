@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskError
 
 from stark_ray.actors.tree_memory import TaskSpec
 from stark_ray.agents.base import AgentResult, TaskInfo
@@ -75,6 +75,15 @@ EXECUTOR = "ray"  # as run.json and the summaries name it
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 ASK_EVERY_S = 0.2  # how often a dead evaluator is asked whether it is back
 AGENT_WORDS = {"plan+code": "plan and code agents", "debug": "debug agent", "single": "agent"}
+
+
+HOST_MEMORY = ("running low on memory", "NODE_OUT_OF_MEMORY", "memory monitor")  # Ray's words for its monitor's kill
+
+
+def killed_by_host(e: BaseException) -> bool:
+    """Whether Ray says its node's memory monitor killed the actor (an OutOfMemoryError, or an actor's death whose
+    message gives that reason)."""
+    return isinstance(e, OutOfMemoryError) or any(word in str(e) for word in HOST_MEMORY)
 
 
 class RayDriver:
@@ -321,11 +330,16 @@ class RayDriver:
         self._send_evaluations()
         try:
             result = fetch()
-        except RayActorError:  # its evaluator died: the restarted one says whom of its orphans to charge
-            self._act(work.which, self.deaths.lost(work.which, work, time.monotonic()))
+        except (RayActorError, OutOfMemoryError) as e:  # its evaluator died: the restarted one says whom of its
+            # orphans to charge; none where the host's memory monitor killed it
+            self._act(work.which, self.deaths.lost(work.which, work, time.monotonic(), host=killed_by_host(e)))
             return
         except RayError as e:
             result = EvalResult.failed(STAGE_CRASH, f"evaluation failed: {one_line(e)}")
+        if work.deaths:  # the row keeps what the machine did to it
+            result.add_line(f"evaluated again: its evaluator died {work.deaths} time(s) while it was in flight"
+                            + (f", {work.host_kills} of them killed by the host's memory monitor (the host's memory, "
+                               "not this candidate's)" if work.host_kills else ""))
         self.cap.evaluated(result.eval_s)
         self._resume(work.expansion, result)
 
@@ -390,9 +404,11 @@ class RayDriver:
         if verdict.ask_again:
             self.ask_at[which] = time.monotonic() + ASK_EVERY_S
         for work in verdict.charge:
+            host = (f"; {work.host_kills} of its {work.deaths} deaths were the host's memory monitor"
+                    if work.host_kills else "")
             self._resume(work.expansion, EvalResult.failed(
                 STAGE_CRASH, "the evaluator actor died while evaluating this candidate (it is restarted; this "
-                "candidate is not run again)"))
+                f"candidate is not run again{host})"))
         for work in verdict.resend:
             assert work.ticket is not None
             self.dispatch.put(work.ticket.task, work)

@@ -28,6 +28,7 @@ class Work:
     which: int = -1  # the agent worker (agent) or the evaluator (eval, back)
     limit: int = 0  # tickets asked for (add, next): room kept for them until they come back
     deaths: int = 0  # eval: evaluator deaths this candidate was in flight for (sent again after each)
+    host_kills: int = 0  # eval: ... of them the host's doing (Ray's memory monitor): never the candidate's
     instance: str | None = None  # eval: the evaluator's actor process it was sent to
     since: float = field(default_factory=time.monotonic)  # when it was launched, sent or queued
     ref: Any = None  # the object ref it stands for (an evaluation: once sent to an evaluator)
