@@ -28,7 +28,7 @@ from typing import Any
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import backend_path, get_backend
-from stark_ray.eval.build.builder import serve_build
+from stark_ray.eval.build.builder import make_due_headers, serve_build
 from stark_ray.eval.build.cache import cache_root, open_to_readers
 from stark_ray.eval.build.pool import CompilePool
 from stark_ray.eval.defences import check_off
@@ -191,6 +191,8 @@ class EvalService:
         self._arch: str | None = None
         self._visible = visible_device(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._warmed = threading.Event()
+        self._headers: threading.Thread | None = None  # the precompiled headers being made (_make_headers)
+        self._headers_lock = threading.Lock()
         self._doing: dict[str, tuple[str, float]] = {}  # candidate digest -> (what it goes through, since)
         self._doing_lock = threading.Lock()
         self._build_times: deque[float] = deque(maxlen=BUILDS_KEPT)  # seconds of the latest builds (told to an
@@ -291,6 +293,7 @@ class EvalService:
         if outcome.result is not None:  # the compile process imported the candidate: its word is a failure's at most
             result = replace(failure_from_message(asdict(result)), eval_s=result.eval_s)
         build_s = outcome.phase_s.get(PHASE_COMPILE, 0.0)
+        self._make_headers()  # a header its flags have earned, made now, outside any candidate's time
         if outcome.phase == PHASE_START and outcome.result is None:
             return None, 0.0  # the compile process could not start: let the device worker build it
         if outcome.timed_out and outcome.phase == PHASE_COMPILE:
@@ -328,6 +331,30 @@ class EvalService:
                 self.backend.warm_toolchain(self.build_dir)
 
         threading.Thread(target=warm, name="stark-warm-toolchain", daemon=True).start()
+
+    def _make_headers(self) -> None:
+        """Build the precompiled headers that builds have made due (eval/build/builder.py: make_due_headers) in one
+        background thread of the service's, never inside a candidate's build: one at a time, while builds go on
+        without them."""
+        with self._headers_lock:
+            if self._headers is not None and self._headers.is_alive():
+                return
+
+            def make() -> None:
+                with contextlib.suppress(Exception):  # only a head start: the builds work without them
+                    make_due_headers(self.build_dir)
+
+            self._headers = threading.Thread(target=make, name="stark-headers", daemon=True)
+            self._headers.start()
+
+    def wait_for_headers(self, timeout: float | None = None) -> bool:
+        """Wait until the precompiled headers being made in the background are done (or ``timeout`` seconds):
+        whether none is being made any more."""
+        with self._headers_lock:
+            thread = self._headers
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
 
     def _checked(self, cfg: EvalConfig | None) -> EvalConfig:
         """The configuration of one call (the service's own, checked when it was made, where none is given)."""
@@ -374,6 +401,7 @@ class EvalService:
                 return decided
         self._doing_now(key, "waiting for the device")
         outcome = self._on_device(self._request(MODE_CANDIDATE, task, cfg, source), cfg, key)
+        self._make_headers()  # the worker's builds (cpu_cpp builds there) may have earned one
         result = outcome_to_result(outcome, judge_limits(cfg), "judge")
         if build_s:  # the pool's build plus the device worker's (cached) load
             result.compile_s = build_s + (result.compile_s or 0.0)

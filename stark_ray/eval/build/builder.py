@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stark_ray.eval.build.pch import ensure_pch, pch_key, safe_flags
+from stark_ray.eval.build.pch import build_header, due_headers, ensure_pch, note_build, pch_key, safe_flags
 from stark_ray.eval.build.publish import publish, publish_choice
 from stark_ray.eval.proc.launch import WorkerSpec
 from stark_ray.eval.proc.runner import run_once
@@ -73,7 +73,7 @@ def serve_build(request: dict[str, Any], spec: WorkerSpec, cache: Path, seconds:
             publish(out / key, cache)
         except (OSError, ValueError) as e:
             return {"built": False, "log": log, "error": f"the build could not be published: {e}"}
-        _precompile_header(request, cache)  # counted for builds that were made: the next ones of its flags use it
+        _count_header(request, cache)  # counted for builds that were made: made later, outside any candidate's time
         return {"built": True, "log": log}
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -88,9 +88,10 @@ def _buildable(arguments: Any, inline: bool) -> bool:
     return any(arguments.get(k) for k in wanted)
 
 
-def _precompile_header(request: dict[str, Any], cache: Path) -> None:
-    """The precompiled torch/extension.h for a load_inline build's flags, counted and made here as a build in
-    this process would (eval/build/pch.py), where the flags are safe and name no include directory."""
+def _count_header(request: dict[str, Any], cache: Path) -> None:
+    """One more build of a load_inline build's flags, counted for its precompiled torch/extension.h (eval/build/pch.py:
+    the service makes due headers in the background, :func:`make_due_headers`), where the flags are safe and name no
+    include directory."""
     arguments = request.get("arguments") or {}
     if os.environ.get("STARK_RAY_PCH", "1") == "0" or not request.get("inline", True):
         return
@@ -100,8 +101,25 @@ def _precompile_header(request: dict[str, Any], cache: Path) -> None:
     cflags = [cflags] if isinstance(cflags, str) else list(cflags)
     if includes or not safe_flags(cflags):
         return
-    made = [d for d in (cache / "pch").glob("*") if d.is_dir()] if (cache / "pch").is_dir() else []
-    if len(made) >= MAX_HEADERS and not any(d.name == pch_key(cflags, []) for d in made):
-        return  # a few flag sets at most (each header is hundreds of MB)
-    with contextlib.suppress(OSError):  # only a head start: the build works without it
-        ensure_pch(cache, cflags, [])
+    if ensure_pch(cache, cflags, [], build=False) is None:
+        note_build(cache, cflags, [])
+
+
+def make_due_headers(cache: Path) -> int:
+    """Build the precompiled headers that are due (eval/build/pch.py: due_headers), one after another, in the calling
+    thread — the service's background one, outside any candidate's time limit: a header built inside a candidate's
+    build took 60-70 s of it on 2 cores (10 minutes on a loaded host: the candidate was recorded a timeout, and its
+    killed build left every later one to try again). Only safe flags without include paths (the trusted side builds
+    them), a few flag sets at most; how many were built."""
+    if os.environ.get("STARK_RAY_PCH", "1") == "0":
+        return 0
+    built = 0
+    for cflags, includes in due_headers(cache):
+        if includes or not safe_flags(cflags):
+            continue
+        made = [d for d in (cache / "pch").glob("*") if d.is_dir()]
+        if len(made) >= MAX_HEADERS and not any(d.name == pch_key(cflags, []) for d in made):
+            continue  # each header is hundreds of MB
+        with contextlib.suppress(OSError):
+            built += build_header(cache, cflags, []) is not None
+    return built

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from stark_ray.eval.build.locks import file_lock
-from stark_ray.eval.build.pch import ensure_pch
+from stark_ray.eval.build.pch import ensure_pch, note_build
 from stark_ray.eval.hardware import cpu_signature
 
 DEFAULT_BUILD_DIR = Path("~/.cache/stark-ray/build")
@@ -272,8 +272,10 @@ class BuildCache:
         elif self.pch_root is not None:  # a builder: only a header the trusted side made
             include_dir = ensure_pch(self.pch_root, cflags, includes, build=False)
             choice.write_text(str(include_dir) if include_dir else "")
-        else:
-            include_dir = ensure_pch(self.root, cflags, includes)
+        else:  # the header for these flags where it is there; built outside any candidate's time (note_build)
+            include_dir = ensure_pch(self.root, cflags, includes, build=False)
+            if include_dir is None:
+                note_build(self.root, cflags, includes)
             choice.write_text(str(include_dir) if include_dir else "")
         if include_dir is not None:
             arguments["extra_include_paths"] = [*includes, str(include_dir)]

@@ -74,33 +74,80 @@ def ensure_pch(root: Path, extra_cflags: list[str], extra_include_paths: list[st
     """The include directory holding a precompiled torch/extension.h for these flags, or None: for the first
     ``after_builds`` builds of a flag set (counted in the cache), while another process is building the header
     (a build never waits for it), and when it cannot be built (non-gcc compiler, bad flags); the build then
-    goes on without it. ``build=False``: only a header that is there, whole (a builder's: eval/build/cache.py)."""
+    goes on without it. ``build=False``: only a header that is there, whole — what a candidate's build uses (the
+    header is built outside any candidate's time: :func:`note_build`, :func:`due_headers`)."""
     if not sys.platform.startswith("linux"):
         return None
+    include_dir = root / "pch" / pch_key(extra_cflags, extra_include_paths)
     if not build:
-        include_dir = root / "pch" / pch_key(extra_cflags, extra_include_paths)
         whole = (include_dir / HEADER.with_suffix(".h.gch")).is_file() and (include_dir / HEADER).is_file()
         return include_dir if whole else None
     if after_builds is None:
         after_builds = int(os.environ.get("STARK_RAY_PCH_AFTER", PCH_AFTER_BUILDS))
+    if (include_dir / HEADER.with_suffix(".h.gch")).exists():
+        return _with_stub(include_dir)
+    if (include_dir / "FAILED").exists():
+        return None
+    if note_build(root, extra_cflags, extra_include_paths) <= after_builds:
+        return None
+    return build_header(root, extra_cflags, extra_include_paths)
+
+
+def note_build(root: Path, extra_cflags: list[str], extra_include_paths: list[str]) -> int:
+    """Count one more build of this flag set in the cache, and record its flags (for :func:`due_headers`); how many
+    builds of it there have been, this one included (0 where the cache cannot be written)."""
+    key = pch_key(extra_cflags, extra_include_paths)
+    try:
+        (root / "pch").mkdir(parents=True, exist_ok=True)
+        wanted = root / "pch" / f"{key}.flags"
+        if not wanted.exists():
+            tmp = wanted.with_name(f"{wanted.name}.tmp{os.getpid()}")
+            tmp.write_text(json.dumps({"cflags": extra_cflags, "includes": extra_include_paths}))
+            os.replace(tmp, wanted)
+        with open(root / "pch" / f"{key}.builds", "a") as f:
+            f.write(".")
+        return len((root / "pch" / f"{key}.builds").read_text())
+    except OSError:
+        return 0
+
+
+def due_headers(root: Path, after_builds: int | None = None) -> list[tuple[list[str], list[str]]]:
+    """The flag sets whose header is due (more than ``after_builds`` builds counted) and neither built nor failed:
+    (cflags, include paths), as :func:`note_build` recorded them."""
+    if after_builds is None:
+        after_builds = int(os.environ.get("STARK_RAY_PCH_AFTER", PCH_AFTER_BUILDS))
+    due = []
+    for wanted in sorted((root / "pch").glob("*.flags")) if (root / "pch").is_dir() else []:
+        key = wanted.name.removesuffix(".flags")
+        builds = root / "pch" / f"{key}.builds"
+        done = (root / "pch" / key / HEADER.with_suffix(".h.gch")).exists() or (root / "pch" / key / "FAILED").exists()
+        try:
+            counted = len(builds.read_text()) if builds.exists() else 0
+            flags = json.loads(wanted.read_text())
+            cflags, includes = flags["cflags"], flags["includes"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if done or counted <= after_builds:
+            continue
+        if all(isinstance(f, str) for f in [*cflags, *includes]):
+            due.append((list(cflags), list(includes)))
+    return due
+
+
+def build_header(root: Path, extra_cflags: list[str], extra_include_paths: list[str]) -> Path | None:
+    """Build the header for these flags now (None: another process is building it, or it failed: said in
+    ``FAILED``, never tried again)."""
     key = pch_key(extra_cflags, extra_include_paths)
     include_dir = root / "pch" / key
     gch = include_dir / HEADER.with_suffix(".h.gch")
     failed = include_dir / "FAILED"
-    if gch.exists():
-        return _with_stub(include_dir)
-    if failed.exists():
-        return None
+    (root / "pch").mkdir(parents=True, exist_ok=True)
     with try_file_lock(root / "pch" / f"{key}.lock") as mine:
         if not mine:
-            return None  # being built by another process: this build goes without it
+            return None  # being built by another process
         if gch.exists():
             return _with_stub(include_dir)
-        counter = root / "pch" / f"{key}.builds"
-        seen = len(counter.read_text()) if counter.exists() else 0
-        if seen < after_builds:
-            with open(counter, "a") as f:
-                f.write(".")
+        if failed.exists():
             return None
         gch.parent.mkdir(parents=True, exist_ok=True)
         for stale in gch.parent.glob("*.tmp*"):  # left by a build killed mid-way
