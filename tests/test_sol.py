@@ -160,3 +160,29 @@ def test_a_run_whose_tasks_stopped_at_their_speed_of_light_resumes_as_finished(t
 
     assert finished(0.9, share) and not finished(0.95, share) and not finished(0.0, share)
     assert not finished(0.9, None) and not finished(0.9, 3.0)  # beyond 1.1: not taken at its word
+
+
+def test_the_cpus_peak_is_an_upper_bound_and_a_share_comes_from_the_paired_ratio(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe on a busy host read 31 GFLOP/s where torch alone reached 94, and an honest candidate ran at 130% of the
+    speed of light: the CPU's float32 peak is its cores x clock x its ISA's FLOPs per cycle where the host tells its
+    clock (never less than the probe), and a candidate's share is SOL x its speedup / the reference alone."""
+    from types import SimpleNamespace
+
+    from stark_ray.eval import hardware
+    from stark_ray.eval.judge.sol import SpeedOfLight, cpu_peaks, stamp
+
+    monkeypatch.setattr(hardware, "cpu_clock_ghz", lambda: 2.5)
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: ["avx", "avx2", "fma", "sse2"])
+    assert hardware.cpu_peak_flops(2) == 2 * 2.5e9 * 32
+    busy = Peaks("cpu", {"fp32": 31e9}, 10e9, "probe")
+    bound = cpu_peaks(busy)
+    assert bound.flops["fp32"] >= 2.5e9 * 32 and bound.bandwidth == 10e9 and "ISA" in bound.source
+    monkeypatch.setattr(hardware, "cpu_clock_ghz", lambda: None)  # no clock told: the probe's figure stands
+    assert cpu_peaks(busy) is busy
+    sol = SpeedOfLight(memory_ms=0.1, compute_ms=1.0)
+    loaded = SimpleNamespace(runtime_ms=0.77, speedup=1.3)  # timed beside the reference on a busy host
+    stamp(loaded, sol)
+    assert loaded.sol_fraction == pytest.approx(1.0 / 0.77, rel=1e-3)  # absolute times of two loads: 130%
+    stamp(loaded, sol, alone_ms=2.0)  # the reference alone (quiet): 2.0 ms; the pair's ratio 1.3
+    assert loaded.sol_fraction == pytest.approx(1.0 * 1.3 / 2.0, rel=1e-3)

@@ -49,3 +49,34 @@ def describe_cpu(threads: int) -> str:
     simd = ", ".join(simd_flags()) or "unknown"
     return (f"CPU: {cpu_model()} ({platform.machine()}), {os.cpu_count()} logical cores, "
             f"{threads} usable; torch and OpenMP use {threads} threads.\nSIMD: {simd}.")
+
+
+def cpu_clock_ghz() -> float | None:
+    """The CPU's highest clock the host tells (its cpufreq maximum, else the highest "cpu MHz" of /proc/cpuinfo), in
+    GHz; None where it tells none."""
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e6
+    except (OSError, ValueError):
+        pass
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        mhz = [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", text, re.MULTILINE)]
+    except OSError:
+        return None
+    return max(mhz) / 1e3 if mhz else None
+
+
+# float32 FLOPs one core can do per cycle at most, by its widest vector FMA (two FMA units, as the largest cores of
+# each ISA have): an upper bound, so that a speed of light made from it is a lower bound of the time
+FP32_FLOPS_PER_CYCLE = (("avx512f", 64), ("fma", 32), ("avx", 16), ("sse2", 8))
+
+
+def cpu_peak_flops(cores: int) -> float | None:
+    """An upper bound of the CPU's float32 FLOP/s on ``cores`` cores: cores x clock x FLOPs per cycle of its ISA
+    (None where the clock is not told)."""
+    clock = cpu_clock_ghz()
+    if clock is None:
+        return None
+    flags = set(_cpu_flags())
+    per_cycle = next((n for flag, n in FP32_FLOPS_PER_CYCLE if flag in flags), 8)
+    return cores * clock * 1e9 * per_cycle

@@ -276,7 +276,8 @@ class Judge:
         peak = self.memory.peak_bytes()
         if peak is not None:
             result.peak_memory_gb = round(peak / GB, 3)
-        stamp(result, known.sol if (known := self.tasks.get(task_key(req.task_source, cfg.seed))) else None)
+        known = self.tasks.get(task_key(req.task_source, cfg.seed))
+        stamp(result, known.sol if known else None, known.alone_ms if known and req.mode == MODE_CANDIDATE else None)
         if result.passed_checks or req.mode == MODE_REFERENCE:  # what the reference's figures were computed under
             result.math_modes = describe_modes(math_modes(), self.backend.device)
         left = self.worker.sweep()

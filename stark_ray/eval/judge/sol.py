@@ -285,19 +285,41 @@ def device_peaks(device: str, hardware: dict[str, Any]) -> Peaks | None:
     try:
         if device == "cuda":
             return probe_peaks("cuda", float(hardware["bandwidth_gbs"]) * GB, str(hardware.get("name") or "cuda"))
-        return probe_peaks("cpu", host_bandwidth(64 << 20, seconds=0.1), "cpu", seconds=0.1)
+        return cpu_peaks(probe_peaks("cpu", host_bandwidth(64 << 20, seconds=0.1), "cpu", seconds=0.1))
     except Exception:  # no figure: candidates go without a speed of light
         return None
 
 
-def stamp(result: Any, sol: SpeedOfLight | None) -> None:
-    """Set ``result``'s ``sol_ms``, ``sol_bound`` and (where it has a runtime) ``sol_fraction``."""
+def cpu_peaks(probed: Peaks) -> Peaks:
+    """The CPU's limits: its float32 peak from its ISA, clock and cores (an upper bound: a probe on a busy host read
+    31 GFLOP/s where torch alone reached 94, and an honest candidate then ran at 130% of the speed of light) where
+    the host tells its clock, the probe's where that is higher or not told; the bandwidth as probed."""
+    import torch
+
+    from stark_ray.eval.hardware import cpu_peak_flops
+
+    bound = cpu_peak_flops(torch.get_num_threads())
+    if bound is None or bound <= probed.flops.get("fp32", 0.0):
+        return probed
+    return Peaks(probed.device, {**probed.flops, "fp32": bound}, probed.bandwidth,
+                 "the ISA x clock x cores; bandwidth probed", [*probed.notes,
+                 f"fp32: the probe's {probed.flops.get('fp32', 0.0) / TFLOPS:.3g} TFLOP/s, under the bound"])
+
+
+def stamp(result: Any, sol: SpeedOfLight | None, alone_ms: float | None = None) -> None:
+    """Set ``result``'s ``sol_ms``, ``sol_bound`` and (where it has a runtime) ``sol_fraction``. With ``alone_ms``
+    (the reference's time alone, where the task knows it) a candidate's share comes from its paired ratio: SOL x
+    speedup / the reference alone — its runtime beside the reference and the reference's alone were measured under
+    different loads on a busy host, the speedup under one."""
     result.sol_ms = result.sol_bound = result.sol_fraction = None  # the judge's figures only, never a message's
     if sol is None:
         return
     result.sol_ms, result.sol_bound = float(f"{sol.ms:.6g}"), sol.bound
     runtime = result.runtime_ms
+    speedup = result.speedup
     if isinstance(runtime, int | float) and not isinstance(runtime, bool):
+        if alone_ms and isinstance(speedup, int | float) and speedup > 0 and math.isfinite(speedup):
+            runtime = alone_ms / speedup
         fraction = sol.fraction(float(runtime))
         result.sol_fraction = None if fraction is None else float(f"{fraction:.4g}")
 
