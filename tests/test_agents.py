@@ -464,3 +464,32 @@ def test_a_flag_the_judge_explains_reaches_the_prompt_with_its_line() -> None:
     assert lines[0].startswith("Speed of light of this task on it: 2.0500 ms, compute-bound")
     assert lines[1].startswith("Precision: the reference computes in its own dtypes (math modes: matmul TF32 off") \
         and "reduced_precision" in lines[1]
+
+
+def test_the_plan_and_code_prompts_carry_the_tolerance_and_each_accepted_nodes_error() -> None:
+    """The decision-relevant facts the model had to guess: the numeric tolerance per dtype and, for an accepted
+    node, its error against the reference (an error of 3.8e-6 against 5.4e-7 was the only evidence that a bf16 path
+    ran at all); a replay recorded before they were shown still matches."""
+    from dataclasses import replace as _replace
+
+    from stark_ray.config import EvalConfig
+    from stark_ray.eval.judge.sol import reference_lines
+    from stark_ray.llm.replay import prompt_shape
+    from stark_ray.prompts.messages import code_messages, plan_messages
+    from stark_ray.prompts.render import describe_result
+
+    reference = EvalResult(compiled=True, passed_checks=True, runtime_ms=1.0, stage="ok", math_modes="float32 "
+                           "matmul precision highest")
+    task = _replace(TASK, light=reference_lines(reference, EvalConfig()))
+    result = EvalResult(compiled=True, passed_checks=True, runtime_ms=0.5, ref_runtime_ms=1.0, speedup=2.0,
+                        stage="ok", max_abs_err=3.8e-6, rel_err=5.4e-7)
+    node = Node(id=1, parent=0, depth=1, source="class ModelNew: ...", agent="code", result=result)
+    for _, user in (plan_messages(task, node, describe_result(node), 60_000),
+                    code_messages(task, node, "class ModelNew: ...", {}, describe_result(node), 60_000)):
+        assert "Tolerance: every output against the reference's" in user
+        assert "float32: atol 0.01, rtol 0.01, normalized error <= 0.001" in user
+        assert "; its error against the reference at most 3.8e-06 (normalized 5.4e-07)" in user
+    shown = describe_result(node)
+    before = describe_result(Node(id=1, parent=0, depth=1, source="x", agent="code",
+                                  result=_replace(result, max_abs_err=None, rel_err=None)))
+    assert prompt_shape(shown) == prompt_shape(before)

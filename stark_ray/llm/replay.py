@@ -114,6 +114,8 @@ _HARDWARE = re.compile(r"^Target hardware:\n(?:[^\n]+\n?)+", re.MULTILINE)
 # a node's share of the task's speed of light (prompts/render.py): a measured figure, absent from cassettes recorded
 # before it existed or on a device without its figures
 _LIGHT = re.compile(r", \d+(?:\.\d+)?% of the speed of light")
+# an accepted node's errors (prompts/render.py), absent from cassettes recorded before they were shown
+_ERRORS = re.compile(r"; its error against the reference at most [^\n]*? \(normalized [^)\n]*\)")
 # a node's kernels in one call and its Nsight Compute counters (prompts/render.py's KERNELS_LINE, NCU_LINE): names
 # and figures from a GPU profile, absent from cassettes recorded before they existed, off the GPU or without ncu
 _KERNELS = re.compile(r"^(?:Kernels in one call \(GPU profile\): |Nsight Compute, top kernel ).*\n?", re.MULTILINE)
@@ -132,12 +134,14 @@ def _unmeasured_flags(m: re.Match[str]) -> str:
 
 
 def prompt_shape(prompt: str) -> str:
-    """The prompt with every number and the hardware description masked (the task's speed of light on it
-    included), and the nodes' shares of the speed of light, their kernels and the flags a measured figure alone
-    sets (``large_speedup``, ``faster_than_sol``, ``reduced_precision``, ``library_compute``, with their lines) left
-    out: prompts that differ only in measured runtimes, speedups or errors (which change from run to run) or in the
-    machine (a cassette recorded on another CPU or GPU: its name, cores, SIMD) have the same shape."""
-    text = _FLAGS.sub(_unmeasured_flags, _FLAG_LINES.sub("", _LIGHT.sub("", _KERNELS.sub("", prompt))))
+    """The prompt with every number and the hardware description masked (the task's speed of light, math modes and
+    tolerance on it included), and the nodes' shares of the speed of light, their errors, their kernels and the
+    flags a measured figure alone sets (``large_speedup``, ``faster_than_sol``, ``reduced_precision``,
+    ``library_compute``, with their lines) left out: prompts that differ only in measured runtimes, speedups or
+    errors (which change from run to run) or in the machine (a cassette recorded on another CPU or GPU: its name,
+    cores, SIMD) have the same shape."""
+    measured = _ERRORS.sub("", _KERNELS.sub("", prompt))
+    text = _FLAGS.sub(_unmeasured_flags, _FLAG_LINES.sub("", _LIGHT.sub("", measured)))
     return _NUMBER.sub("#", _HARDWARE.sub("Target hardware:\n<hardware>\n", text))
 
 

@@ -73,6 +73,14 @@ def _light(fraction: float | None) -> str:
         f", {_decimal(100 * fraction, 2)}% of the speed of light")
 
 
+def _errors(max_abs: float | None, rel: float | None) -> str:
+    """Its largest error against the reference over the trials, and the normalized one (the task section says the
+    tolerance); replays match prompts with and without it alike (llm/replay.py)."""
+    if max_abs is None or rel is None or not (math.isfinite(max_abs) and math.isfinite(rel)):
+        return ""
+    return f"; its error against the reference at most {max_abs:.2g} (normalized {rel:.2g})"
+
+
 def _decimal(x: float, digits: int) -> str:
     """``x`` to about ``digits`` significant digits, never in exponent form (a spread of 120% reads as 120, not
     1.2e+02)."""
@@ -102,7 +110,7 @@ def describe_result(node: Node) -> str:
             line += f": speedup {_decimal(r.speedup, 3)}x"
             if r.speedup_err is not None:  # always where known: a prompt's shape does not change with the noise
                 line += f" ({interval(r.speedup_err)}, 95%)"
-        line += _light(r.sol_fraction)
+        line += _light(r.sol_fraction) + _errors(r.max_abs_err, r.rel_err)
     else:
         line = f"Result: failed at stage {r.stage!r}: {clip(r.error or 'no error message', 300)}"
         if r.max_abs_err is not None:

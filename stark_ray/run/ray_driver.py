@@ -188,7 +188,8 @@ class RayDriver:
                 self.spend.add(name, spent.cost_usd, spent.input_tokens + spent.output_tokens)
                 self.view.usage[name] = spent  # and in the summaries: this part's calls are added as they come
             tree = Tree.from_records(snapshot)
-            self.infos[name] = replace(self.infos[name], light=reference_lines(tree.nodes[0].result))  # its reference's
+            self.infos[name] = replace(self.infos[name],  # its reference's figures, the tolerance
+                                       light=reference_lines(tree.nodes[0].result, self.run.eval))
             self.view.load(name, tree)
             self.reporter.start(self.tasks[name], run.search.budget, tree)
         self.phases["memory_s"] = time.monotonic() - t1

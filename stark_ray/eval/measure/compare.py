@@ -64,6 +64,18 @@ class Tolerances:
                          f * (base.rtol if self.rtol is None else self.rtol),
                          f * (base.max_rel_err if self.max_rel_err is None else self.max_rel_err))
 
+    def describe(self) -> str:
+        """One line for the prompts: what an output must meet, per dtype (``float32: atol 0.01, rtol 0.01,
+        normalized error <= 0.001; ...``)."""
+        parts = []
+        for name in ("float32", "float16", "bfloat16", "float64"):
+            t = self.for_dtype(getattr(torch, name))
+            parts.append(f"{name}: atol {t.atol:g}, rtol {t.rtol:g}, normalized error <= {t.max_rel_err:g}")
+        exact = self.for_dtype(torch.int64)
+        parts.append("integers and booleans exactly" if exact.atol == exact.rtol == 0 else
+                     f"integers: atol {exact.atol:g}, rtol {exact.rtol:g}")
+        return "; ".join(parts)
+
     def widened(self, factor: float) -> Tolerances:
         return Tolerances(self.preset, self.atol, self.rtol, self.max_rel_err, self.factor * factor)
 
