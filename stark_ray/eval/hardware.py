@@ -30,7 +30,7 @@ def _cpu_flags() -> list[str]:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return []
-    m = re.search(r"^flags\s*:\s*(.+)$", text, re.MULTILINE)
+    m = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", text, re.MULTILINE)  # x86's flags, Arm's Features
     return sorted(m.group(1).split()) if m else []
 
 
@@ -52,31 +52,33 @@ def describe_cpu(threads: int) -> str:
 
 
 def cpu_clock_ghz() -> float | None:
-    """The CPU's highest clock the host tells (its cpufreq maximum, else the highest "cpu MHz" of /proc/cpuinfo), in
-    GHz; None where it tells none."""
+    """The CPU's highest clock the host tells (its cpufreq maximum, else BOOST x the highest "cpu MHz" of
+    /proc/cpuinfo, a current clock), in GHz; None where it tells none."""
     try:
         return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e6
     except (OSError, ValueError):
-        pass
+        pass  # then the current clock, with the most a turbo adds
     try:
         text = Path("/proc/cpuinfo").read_text()
         mhz = [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", text, re.MULTILINE)]
     except OSError:
         return None
-    return max(mhz) / 1e3 if mhz else None
+    return BOOST * max(mhz) / 1e3 if mhz else None
 
 
 # float32 FLOPs one core can do per cycle at most, by its widest vector FMA (two FMA units, as the largest cores of
 # each ISA have): an upper bound, so that a speed of light made from it is a lower bound of the time
-FP32_FLOPS_PER_CYCLE = (("avx512f", 64), ("fma", 32), ("avx", 16), ("sse2", 8))
+# (x86's flags; Arm's "Features": four 128-bit FMA pipes, or SVE's wider ones, at most 64)
+FP32_FLOPS_PER_CYCLE = (("avx512f", 64), ("fma", 32), ("avx", 16), ("sse2", 8), ("sve", 64), ("asimd", 64))
+BOOST = 1.5  # where only the current clock is told ("cpu MHz"), the most a turbo can add to it
 
 
 def cpu_peak_flops(cores: int) -> float | None:
     """An upper bound of the CPU's float32 FLOP/s on ``cores`` cores: cores x clock x FLOPs per cycle of its ISA
-    (None where the clock is not told)."""
+    (None where the clock or the ISA is not told)."""
     clock = cpu_clock_ghz()
-    if clock is None:
-        return None
     flags = set(_cpu_flags())
-    per_cycle = next((n for flag, n in FP32_FLOPS_PER_CYCLE if flag in flags), 8)
+    per_cycle = next((n for flag, n in FP32_FLOPS_PER_CYCLE if flag in flags), None)
+    if clock is None or per_cycle is None:
+        return None
     return cores * clock * 1e9 * per_cycle

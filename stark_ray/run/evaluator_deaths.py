@@ -19,8 +19,8 @@ The first orphan pauses the evaluator (a call sent now could reach the dead proc
 A death that was the host's doing — Ray's memory monitor killed the actor because the node ran low on memory
 (``host``: the driver reads it from Ray's error) — charges no candidate, whatever the note says: the monitor picks
 its victim by when it was scheduled, not by its memory, and on a shared host the memory was other processes'
-(a live search lost one of its six attempts so). Its orphans go again; one in flight at :data:`MAX_DEATHS` deaths
-is charged all the same (it may be what fills the host).
+(a live search lost one of its six attempts so). Its orphans go again, and those kills count towards no other
+rule; only the candidate the note names at :data:`MAX_DEATHS` of them is charged (it may be what fills the host).
 
 An orphan whose call was sent to a process whose death was judged already (its error came after the restart's
 answer) is judged at once by that restart's note.
@@ -74,6 +74,7 @@ class EvaluatorDeaths(Generic[W]):
         self.since: dict[int, float] = {}  # evaluator -> when its first orphan came back
         self.gone: set[int] = set()  # evaluators given up: an orphan of theirs is judged at once, without a note
         self.by_host: dict[int, bool] = {}  # evaluator -> its death (until an answer) was the host's doing
+        self.host_killed: set[str] = set()  # the evaluator processes the host killed (a late orphan's is judged so)
 
     @property
     def waiting(self) -> bool:
@@ -83,14 +84,17 @@ class EvaluatorDeaths(Generic[W]):
     def lost(self, which: int, work: W, now: float, host: bool = False) -> Verdict[W]:
         """``work``'s call to evaluator ``which`` failed as if the actor died (``host``: Ray says its node's memory
         monitor killed it)."""
+        host = host or (work.instance is not None and work.instance in self.host_killed)
         work.deaths += 1
         work.host_kills += host
         if which in self.gone:
-            return self._judge([work], None)
+            return self._judge([work], None, host)
         if work.instance is not None and which not in self.dead and work.instance != self.instances.get(which):
             return self._judge([work], self.notes.get(which), host)  # a death judged already
         self.orphans.setdefault(which, []).append(work)
         self.by_host[which] = self.by_host.get(which, False) or host
+        if host and work.instance is not None:
+            self.host_killed.add(work.instance)
         if which in self.dead:  # its death is known: one more orphan for its answer
             return Verdict()
         self.dead[which], self.since[which] = work.instance, now
@@ -127,8 +131,10 @@ class EvaluatorDeaths(Generic[W]):
         self.since.pop(which, None)
         orphans = self.orphans.pop(which, [])
         if alive:  # never dead: nothing of it is charged
+            host = self.by_host.get(which, False)
             for orphan in orphans:
                 orphan.deaths -= 1
+                orphan.host_kills -= min(orphan.host_kills, int(host))
             verdict = self._judge(orphans, None)
         else:
             self.instances[which], self.notes[which] = instance, where.get("died_running")
@@ -143,9 +149,10 @@ class EvaluatorDeaths(Generic[W]):
         for work in orphans:
             source = self.source_of(work)
             ran = died_running is not None and source is not None and source_digest(source) == died_running
-            if host and work.deaths < MAX_DEATHS:  # the host's doing: no candidate's
-                verdict.resend.append(work)
-            elif ran or (died_running is None and work.deaths >= 2) or work.deaths >= MAX_DEATHS:
+            own = work.deaths - work.host_kills  # the deaths that were not the host's doing
+            if host:  # the host's doing: the named candidate is charged only at MAX_DEATHS such kills
+                (verdict.charge if ran and work.host_kills >= MAX_DEATHS else verdict.resend).append(work)
+            elif ran or (died_running is None and own >= 2) or own >= MAX_DEATHS:
                 verdict.charge.append(work)
             else:
                 verdict.resend.append(work)

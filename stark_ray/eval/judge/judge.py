@@ -43,10 +43,11 @@ from stark_ray.eval.judge.claim import WORKER_FLAGS, Claim, Failed, judge_claim
 from stark_ray.eval.judge.confirmation import Confirmation, confirm
 from stark_ray.eval.judge.drift import Drift, DriftCheck, pace, reading, slower
 from stark_ray.eval.judge.memory import JudgeMemory
-from stark_ray.eval.judge.precision import Floor, measure_floor, reduced
+from stark_ray.eval.judge.precision import Floor, float64_need, measure_floor, reduced
 from stark_ray.eval.judge.reference_checks import check_determinism, check_outputs
 from stark_ray.eval.judge.sol import Peaks, SpeedOfLight, stamp, task_sol
 from stark_ray.eval.judge.trials import (
+    AFTER_TIMING_LABEL,
     JudgeTask,
     Trial,
     after_timing_trial,
@@ -107,6 +108,8 @@ KEPT_CPU_BYTES = 4 << 30
 RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
 GB = 1e9
 PINGS = 5  # round trips measured to a fresh worker (the least counts)
+FLOAT64_LIMIT_S = 20.0  # a precision floor whose float64 forward would take longer is not measured
+AFTER_TRIAL_ROOM = 3.0  # the trial after the timing runs where the time limit leaves this many trials' time
 OOM_SHRINK = 4  # a confirmation batch that ran out of device memory is made again with a quarter of the room (twice)
 LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial this large (inputs and slots), cached blocks go back to the device
 
@@ -354,22 +357,51 @@ class Judge:
         return msg
 
     def floor(self, task: JudgeTask, cfg: EvalConfig) -> Floor:
-        """The task's precision floor (eval/judge/precision.py), measured once on its first standard trial, the
-        worker stopped meanwhile, under the budget less what the worker holds."""
-        if task.floor is None:
-            first = standard_trial(task, cfg, 0)
-            work = task.footprint.work if task.footprint is not None else sum(nbytes_of(first.ref))
+        """The task's precision floor (eval/judge/precision.py), measured once on its first standard trial (of this
+        seed and trial count: its inputs' scale depends on them), the worker stopped meanwhile, under the budget
+        less what the worker holds. A floor not measured for want of room or of device memory is not kept: the
+        next request may have it."""
+        key = (cfg.seed, cfg.trials)
+        known: Floor | None = task.floors.get(key)
+        if known is not None:
+            return known
+        slow = self._float64_too_slow(task)
+        if slow:
+            floor = Floor(None, slow)
+        else:
             self.memory.close_interval()
             self.memory.cap_self()
             try:
                 with self.worker.stopped():
-                    task.floor = measure_floor(task.model, first.make(), first.ref, first.seed, self.memory.room(),
-                                               work, task.draws_random)
+                    first = standard_trial(task, cfg, 0)
+                    work = task.footprint.work if task.footprint is not None else sum(nbytes_of(first.ref))
+                    room = self.memory.room()
+                    need = float64_need(task.model, first.input_bytes, work)
+                    if room is not None and need > room:
+                        floor = Floor(None, f"its float64 forward needs {need / GB:.1f} GB, {room / GB:.1f} GB left "
+                                            "in the budget", lasting=False)
+                    else:
+                        floor = measure_floor(task.model, first.make(), first.ref, first.seed, room, work,
+                                              task.draws_random)
+            except torch.OutOfMemoryError:
+                floor = Floor(None, "its float64 forward did not fit in the device's memory", lasting=False)
             finally:
                 self.memory.close_interval()
                 release_cached(self.backend.device)
-        floor: Floor = task.floor
+        if floor.lasting:
+            task.floors[key] = floor
         return floor
+
+    def _float64_too_slow(self, task: JudgeTask) -> str:
+        """Why the task's float64 forward would take too long to measure its floor ("" where it would not): on a
+        device whose float64 rate is a small share of its float32 one (an L40S: 1/64), by the reference's time."""
+        peaks = self.peaks
+        if peaks is None or task.alone_ms is None or "fp64" not in peaks.flops:
+            return ""
+        slower = peaks.flop_rate("fp32") / max(peaks.flops["fp64"], 1.0)
+        estimate_s = task.alone_ms * slower / 1e3
+        return (f"its float64 forward would take about {estimate_s:.0f} s on this device (float64 at 1/{slower:.0f} "
+                "of float32)") if estimate_s > FLOAT64_LIMIT_S else ""
 
     def pace(self, task: JudgeTask, cfg: EvalConfig) -> float | None:
         """The judge's own pace of the reference (eval/judge/drift.py), the worker stopped meanwhile: under the memory
@@ -549,6 +581,7 @@ class Judgement:
         base = {"compiled": True, "compile_s": compile_s}
 
         self.clock.enter(PHASE_CHECK)
+        checks_started = time.monotonic()
         notes: list[str] = []
         special = 0
         for trial, note in all_trials(self.task, self.cfg, self.tol):
@@ -568,15 +601,8 @@ class Judgement:
         self.laps.lap("checks")
 
         off = frozenset(self.cfg.defences_off)
-        trial_flags, explained = [], {}
-        if "precision" not in off:
-            ratio, line = self.precision()
-            base["precision_ratio"] = ratio
-            if line.startswith("reduced_precision: "):
-                trial_flags.append("reduced_precision")
-                explained["reduced_precision"] = line.removeprefix("reduced_precision: ")
-            notes.append(line)
-            self.laps.lap("precision")
+        trials_s = time.monotonic() - checks_started  # what one trial takes, about: the after-timing one's allowance
+        per_trial_s = trials_s / max(1, self.cfg.trials + special)
 
         self.clock.enter(PHASE_TIME)
         checks = (f"correct over {self.cfg.trials} trials and {special} more (blocks, sensitivity, same address) "
@@ -593,20 +619,35 @@ class Judgement:
         reported = timed.get("flags")
         worker_flags = [f for f in WORKER_FLAGS if isinstance(reported, list) and f in reported]
         worker_log = [f"worker: {str(line)[:300]}" for line in timed.get("log", [])][:20]
+        if "rejected" not in timed and "after_timing_trial" not in off:
+            # correct once timed as well: the judge's own trial again, within the timing's time limit (the clock
+            # only moves forward) where it leaves a few trials' worth: never a timeout of the judge's making
+            if self.clock.deadline - time.monotonic() > AFTER_TRIAL_ROOM * per_trial_s + self.round_trip_s:
+                trial = after_timing_trial(self.task, self.cfg)
+                failure = self.trial(trial)
+                if not self.task.cache.holds(trial):
+                    trial.ref = None
+                del trial
+                if failure is not None:
+                    failure.compile_s = compile_s
+                    raise Decided(failure, recycle=True)
+            else:
+                notes.append("no trial after the timing: the timing's time limit leaves too little for one")
+            self.laps.lap("trial/after")
+        trial_flags: list[str] = []
+        explained: dict[str, str] = {}
+        if "precision" not in off:  # on the first trial and the one after the timing: which one, none can tell
+            ratio, line = self.precision()
+            base["precision_ratio"] = ratio
+            if line.startswith("reduced_precision: "):
+                trial_flags.append("reduced_precision")
+                explained["reduced_precision"] = line.removeprefix("reduced_precision: ")
+            notes.append(line)
+            self.laps.lap("precision")
         if "rejected" in timed:
             return EvalResult(passed_checks=True, stage=STAGE_OK, error=str(timed.get("error", ""))[:300],
                               flags=trial_flags + worker_flags, findings=_lines(explained),
                               log=excerpt("\n".join([checks, *notes, *worker_log])), **base)
-        if "after_timing_trial" not in off:  # correct once timed as well: the judge's own trial again (within the
-            trial = after_timing_trial(self.task, self.cfg)  # timing's time limit: the clock only moves forward)
-            failure = self.trial(trial)
-            if not self.task.cache.holds(trial):
-                trial.ref = None
-            del trial
-            if failure is not None:
-                failure.compile_s = compile_s
-                raise Decided(failure, recycle=True)
-            self.laps.lap("trial/after")
         reported_findings = timed.get("findings") if isinstance(timed.get("findings"), dict) else {}
         findings = {f: str(reported_findings[f])[:300] for f in worker_flags if reported_findings.get(f)}
         try:
@@ -713,7 +754,8 @@ class Judgement:
                 why = f"the judge's batch did not fit in the device's memory ({describe_exception(e)[:160]})"
                 if earlier is not None:  # its second measurement: the first's stands
                     return replace(earlier, note=f"{earlier.note}; measured again: {why}")
-                if room is None or share >= OOM_SHRINK ** 2:
+                late = self.clock.deadline - time.monotonic() < 2 * (time.monotonic() - started)
+                if room is None or share >= OOM_SHRINK ** 2 or late:
                     return Confirmation(False, f"not confirmed by the judge's wall clock: {why}", unfit=True)
                 share *= OOM_SHRINK  # fewer sets, the same measurement
                 continue
@@ -734,7 +776,9 @@ class Judgement:
         """The candidate's error on the first trial over the task's floor (None: not known), and the line that
         says so (``reduced_precision: ...`` where it is beyond the contract)."""
         floor = self.judge.floor(self.task, self.cfg)  # measured with the reference where it was timed alone
-        error = self.errors.get(trial_label(0, self.cfg.trials))
+        seen = [e for label in (trial_label(0, self.cfg.trials), AFTER_TIMING_LABEL) if (e := self.errors.get(label))
+                is not None]
+        error = max(seen) if seen else None
         if floor.error is None or error is None:
             return None, floor.describe()
         ratio = float(f"{error / floor.error:.4g}") if floor.error > 0 else None

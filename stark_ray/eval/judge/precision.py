@@ -47,6 +47,7 @@ class Floor:
 
     error: float | None
     why: str = ""
+    lasting: bool = True  # False: not measured for want of room or memory now (the next request may measure it)
 
     @property
     def bound(self) -> float | None:
@@ -107,7 +108,8 @@ def measure_floor(model: torch.nn.Module, inputs: list[Any], ref: Any, seed: int
         return Floor(None, "the forward draws random numbers (its float64 draws differ)")
     need = float64_need(model, sum(nbytes_of(inputs)), work)
     if room is not None and need > room:
-        return Floor(None, f"its float64 forward needs {need / GB:.1f} GB, {room / GB:.1f} GB left in the budget")
+        return Floor(None, f"its float64 forward needs {need / GB:.1f} GB, {room / GB:.1f} GB left in the budget",
+                     lasting=False)
     try:
         twin = copy.deepcopy(model).double()
         doubled = to_double(inputs)
@@ -118,7 +120,7 @@ def measure_floor(model: torch.nn.Module, inputs: list[Any], ref: Any, seed: int
         del twin, doubled
         c = compare_outputs(ref, like(exact, ref), ANY)
     except torch.OutOfMemoryError:
-        return Floor(None, "its float64 forward did not fit in the device's memory")
+        return Floor(None, "its float64 forward did not fit in the device's memory", lasting=False)
     except Exception as e:  # an op without a float64 kernel, a model that cannot be copied
         return Floor(None, f"its float64 forward failed ({type(e).__name__}: {str(e)[:120]})")
     finally:
@@ -136,7 +138,8 @@ def reduced(error: float | None, floor: Floor) -> str | None:
         return None
     assert floor.error is not None
     times = f"{error / floor.error:.3g}x" if floor.error > 0 else "far above"
-    return (f"its normalized error on the first trial, {error:.2g}, is {times} the reference's own float32 error "
+    return (f"its normalized error, {error:.2g} (the larger of the first trial's and the one after the timing's), "
+            f"is {times} the reference's own float32 error "
             f"against float64 ({floor.error:.2g}; the contract allows {FACTOR:g}x, at least {LEAST:.2g}): "
             "arithmetic of less precision than the task's (TF32, float16 or bfloat16) or an approximation")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 GB = 1e9
@@ -88,6 +88,7 @@ class Peaks:
     bandwidth: float
     source: str = "table"
     notes: list[str] = field(default_factory=list)
+    cache_bytes: int = 0  # its last-level cache (a GPU's L2): outputs up to this size can end a call still in it
 
     def describe(self) -> str:
         """``NVIDIA H200: bandwidth 4.1 TB/s; bf16 989 TFLOP/s, fp32 67 TFLOP/s (table, checked by a probe)``, with
@@ -110,8 +111,9 @@ class SpeedOfLight:
     memory_ms: float
     compute_ms: float
     lower_bound_only: bool = False  # the forward's outputs and FLOPs could not be counted
-    # the bytes no output exists without: its inputs read and its outputs written once (the parameters left out: a
-    # candidate may fold them by algebra and keep the result, as a layout cached by the weight's pointer and version)
+    # the bytes no output exists without: its inputs read and its outputs written once, less the outputs the cache
+    # can still hold at the call's end (the parameters left out: a candidate may fold them by algebra and keep the
+    # result, as a layout cached by the weight's pointer and version)
     io_ms: float = 0.0
 
     @property
@@ -138,7 +140,9 @@ class SpeedOfLight:
 def speed_of_light(demand: Demand, peaks: Peaks) -> SpeedOfLight:
     memory_s = demand.bytes / peaks.bandwidth
     compute_s = sum(n / peaks.flop_rate(dtype) for dtype, n in demand.flops.items())
-    io_s = (demand.input_bytes + demand.output_bytes) / peaks.bandwidth
+    # the inputs are read from memory (the timer flushes the L2); the outputs, written last, may still sit in the L2
+    # when the call ends: only what does not fit there must have reached memory
+    io_s = (demand.input_bytes + max(0, demand.output_bytes - peaks.cache_bytes)) / peaks.bandwidth
     return SpeedOfLight(1e3 * memory_s, 1e3 * compute_s, not demand.outputs_known, 1e3 * io_s)
 
 
@@ -284,7 +288,8 @@ def device_peaks(device: str, hardware: dict[str, Any]) -> Peaks | None:
     table) and the probe; the CPU's from the probes alone; None where they cannot be had."""
     try:
         if device == "cuda":
-            return probe_peaks("cuda", float(hardware["bandwidth_gbs"]) * GB, str(hardware.get("name") or "cuda"))
+            probed = probe_peaks("cuda", float(hardware["bandwidth_gbs"]) * GB, str(hardware.get("name") or "cuda"))
+            return replace(probed, cache_bytes=max(0, int(hardware.get("l2_bytes") or 0)))
         return cpu_peaks(probe_peaks("cpu", host_bandwidth(64 << 20, seconds=0.1), "cpu", seconds=0.1))
     except Exception:  # no figure: candidates go without a speed of light
         return None

@@ -128,7 +128,8 @@ class JudgeTask(BuiltReference):
     fresh_inputs: bool = False  # get_inputs() makes new tensors each call (the judge checks once per task)
     draws_random: bool = False  # the forward draws from torch's generators (a dropout): every call seeded alike
     sol: Any = None  # its speed of light on this device (eval/judge/sol.py), None where it cannot be told
-    floor: Any = None  # its precision floor (eval/judge/precision.py), measured with its first candidate's trials
+    # its precision floors (eval/judge/precision.py) by (seed, trials): measured where the reference is timed alone
+    floors: dict[tuple[int, int], Any] = field(default_factory=dict)
     # what its trials' seeds are keyed by: the user's key on this machine (eval/judge/input_key.py), known to no
     # candidate
     input_key: int = field(default_factory=input_key)
@@ -188,6 +189,7 @@ def standard_trial(task: JudgeTask, cfg: EvalConfig, trial: int) -> Trial:
 
 
 AFTER_TIMING = 1 << 20  # the trial after the timing: a standard trial's index no evaluation reaches (its own seed)
+AFTER_TIMING_LABEL = "trial after the timing (fresh inputs)"
 
 
 def after_timing_trial(task: JudgeTask, cfg: EvalConfig) -> Trial:
@@ -202,7 +204,7 @@ def after_timing_trial(task: JudgeTask, cfg: EvalConfig) -> Trial:
         size = sum(nbytes_of(inputs))
         ref = task.run(inputs, seed)
         held = size + sum(nbytes_of(ref))
-        label = "trial after the timing (fresh inputs)"
+        label = AFTER_TIMING_LABEL
         if task.cache.room(held):
             return Trial(label, lambda: clone_all(inputs), ref, seed, held=held, input_bytes=size, special=True)
         return Trial(label, make, ref, seed, input_bytes=size, special=True)

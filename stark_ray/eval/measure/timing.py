@@ -96,8 +96,19 @@ class PersistingL2:
         self.reset_lines()
 
 
+_L2_GUARD: list[PersistingL2 | None] = []  # made once per process: its set-aside as the process had it then
+
+
 def persisting_l2_reset() -> PersistingL2 | None:
-    """:class:`PersistingL2` on the CUDA runtime this process loaded (None where there is none)."""
+    """:class:`PersistingL2` on the CUDA runtime this process loaded (None where there is none), made at the first
+    call — the worker's device set-up (backends/gpu.py), before any candidate is imported: a guard made later would
+    take a set-aside a candidate enlarged at its import for the process's own."""
+    if not _L2_GUARD:
+        _L2_GUARD.append(_find_l2_guard())
+    return _L2_GUARD[0]
+
+
+def _find_l2_guard() -> PersistingL2 | None:
     import ctypes
     import ctypes.util
 

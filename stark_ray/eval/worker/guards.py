@@ -240,14 +240,25 @@ def output_print(out: Any) -> list[tuple[int, int]]:
     a copy of it."""
     prints = []
     for t in _tensors(out):
-        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
         total = even = 0
-        for i in range(0, flat.numel(), PRINT_CHUNK):
-            part = flat[i:i + PRINT_CHUNK].to(torch.int64)
-            total += int(part.sum())
-            even += int(part[(i % 2)::2].sum())
+        for piece in _pieces(t.detach()):  # a view of a larger buffer is read in pieces, never copied whole
+            flat = piece.contiguous().reshape(-1).view(torch.uint8)
+            for i in range(0, flat.numel(), PRINT_CHUNK):
+                part = flat[i:i + PRINT_CHUNK].to(torch.int64)
+                total += int(part.sum())
+                even += int(part[::2].sum())
         prints.append((total, even))
     return prints
+
+
+def _pieces(t: torch.Tensor) -> list[torch.Tensor]:
+    """``t`` whole where it is contiguous, else in slices along its first dimension of at most PRINT_CHUNK bytes
+    each (a transposed output's copy for its print costs one slice, not a second output)."""
+    if t.is_contiguous() or t.dim() == 0 or t.shape[0] == 0:
+        return [t]
+    row = max(1, t[0].numel() * t.element_size())
+    step = max(1, PRINT_CHUNK // row)
+    return [t[i:i + step] for i in range(0, t.shape[0], step)]
 
 
 def earlier_problem(earlier: Any, printed: list[tuple[int, int]], out: Any) -> str | None:
