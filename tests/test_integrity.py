@@ -435,6 +435,10 @@ def test_reduced_precision_is_flagged_and_still_accepted_where_the_tolerance_all
     assert passed(honest) and "reduced_precision" not in honest.flags, (honest.flags, honest.log)
     assert honest.precision_ratio is not None and honest.precision_ratio < 32, honest.log
     assert honest.math_modes == "float32 matmul precision highest", honest.math_modes  # the CPU's
+    # exact on its first call (the first trial's), in half precision after it: the trial after the timing shows it
+    late = judged(service, task, matmul("_CALLS.append(1)\n        return x @ self.w if len(_CALLS) == 1 else "
+                                        "x.half().float() @ self.w.half().float()", "_CALLS: list[int] = []"))
+    assert late.passed_checks and "reduced_precision" in late.flags, (late.stage, late.flags, late.error)
     unchecked = service.evaluate(task, matmul("return x.half().float() @ self.w.half().float()"),
                                  cfg=replace(service.cfg, defences_off=("precision",)))
     assert "reduced_precision" not in unchecked.flags and unchecked.precision_ratio is None, unchecked.flags
