@@ -112,7 +112,7 @@ def service(shared_build_dir: str) -> Iterator[EvalService]:
 
 
 def test_one_worker_serves_candidate_after_candidate(service: EvalService, task: Task) -> None:
-    service.reference(task)
+    reference = service.reference(task)
     starts = service.worker_starts
     results = service.evaluate_many(task, [GOOD, candidate("return x * self.s + self.t + 1.0"), GOOD])
     assert [r.stage for r in results] == [STAGE_OK, STAGE_CORRECTNESS, STAGE_OK]
@@ -120,7 +120,9 @@ def test_one_worker_serves_candidate_after_candidate(service: EvalService, task:
     # each result carries the task's speed of light on this CPU (its 4096 floats in and out: memory-bound)
     good, wrong = results[0], results[1]
     assert good.sol_ms is not None and good.sol_ms > 0 and good.sol_bound == "memory" and good.runtime_ms
-    assert good.sol_fraction == pytest.approx(good.sol_ms / good.runtime_ms, rel=1e-3)
+    # its share from the paired ratio: the speed of light x its speedup / the reference's time alone (eval/judge/sol.py)
+    assert reference.runtime_ms and good.speedup
+    assert good.sol_fraction == pytest.approx(good.sol_ms * good.speedup / reference.runtime_ms, rel=1e-3)
     assert wrong.sol_ms == good.sol_ms and wrong.sol_fraction is None  # not timed: no fraction
 
 
