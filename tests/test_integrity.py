@@ -414,7 +414,10 @@ def test_a_candidate_wrong_once_timed_fails_the_trial_after_the_timing(service: 
     r = judged(service, tasks["matmul"], source)
     assert r.stage == STAGE_CORRECTNESS and not r.accepted, (r.stage, r.flags, r.error)
     assert (r.error or "").startswith("trial after the timing (fresh inputs): output: values differ"), r.error
-    off = service.evaluate(tasks["matmul"], source, replace(service.cfg, defences_off=("after_timing_trial",)))
+    # with the row off it gets through (the drift check and the confirmation off too: on a loaded box a drifted
+    # reference sends the claim to the judge's batch, whose fresh inputs catch it as well)
+    off = service.evaluate(tasks["matmul"], source, replace(service.cfg, defences_off=(
+        "after_timing_trial", "drift", "confirmation")))
     assert off.passed_checks and off.runtime_ms is not None and "defences_off" in off.flags, (off.stage, off.error)
     honest = judged(service, tasks["matmul"], matmul("return x @ self.w"))
     assert passed(honest) and "trial/after" in honest.log, honest.log
