@@ -38,9 +38,7 @@ On exit the window is cleared, persisting lines reset and the set-aside limit re
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
-import ctypes.util
 import json
 import statistics
 import sys
@@ -100,12 +98,10 @@ class CudaError(RuntimeError):
 
 def find_cudart() -> tuple[ctypes.CDLL, str] | None:
     """The libcudart this process loaded (its path in /proc/self/maps), else the one the linker finds: the same search
-    as ``persisting_l2_reset`` makes, so the calls here act on the runtime (and context) the timer resets."""
-    paths: list[str] = []
-    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
-        paths = sorted({line.split()[-1] for line in maps if "libcudart.so" in line})
-    found = ctypes.util.find_library("cudart")
-    for path in [*paths, *([found] if found else [])]:
+    as the timer's (``cudart_paths``), so the calls here act on the runtime (and context) the timer resets."""
+    from stark_ray.eval.measure.timing import cudart_paths
+
+    for path in cudart_paths():
         try:
             lib = ctypes.CDLL(path)
         except OSError:

@@ -108,15 +108,22 @@ def persisting_l2_reset() -> PersistingL2 | None:
     return _L2_GUARD[0]
 
 
-def _find_l2_guard() -> PersistingL2 | None:
-    import ctypes
+def cudart_paths() -> list[str]:
+    """Where this process's CUDA runtime is: the libcudart it loaded (/proc/self/maps), then the one the linker
+    finds."""
     import ctypes.util
 
-    paths = []
+    paths: list[str] = []
     with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
         paths = sorted({line.split()[-1] for line in maps if "libcudart.so" in line})
     found = ctypes.util.find_library("cudart")
-    for path in [*paths, *([found] if found else [])]:
+    return [*paths, *([found] if found else [])]
+
+
+def _find_l2_guard() -> PersistingL2 | None:
+    import ctypes
+
+    for path in cudart_paths():
         try:
             return PersistingL2(ctypes.CDLL(path))
         except (OSError, AttributeError):
