@@ -73,3 +73,14 @@ def test_the_math_modes_are_read_and_said() -> None:
     assert modes.get("matmul_tf32") is False  # torch's default, which neither process changes
     assert describe(modes).startswith("matmul TF32 off")
     assert describe(modes, "cpu") == "float32 matmul precision highest"  # on the CPU only what applies there
+
+
+def test_a_float64_forward_too_slow_for_its_device_is_not_measured() -> None:
+    from stark_ray.eval.judge.precision import float64_too_slow
+    from stark_ray.eval.judge.sol import Peaks
+
+    h100 = Peaks("H100", {"fp64": 67e12, "fp32": 67e12}, 3e12)
+    l40s = Peaks("L40S", {"fp64": 1.4e12, "fp32": 91.6e12}, 0.86e12)
+    assert float64_too_slow(500.0, h100) == "" and float64_too_slow(None, l40s) == ""
+    assert float64_too_slow(500.0, l40s).startswith("its float64 forward would take about 33 s")
+    assert float64_too_slow(100.0, l40s) == ""  # 6.5 s: measured

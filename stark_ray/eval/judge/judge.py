@@ -43,7 +43,7 @@ from stark_ray.eval.judge.claim import WORKER_FLAGS, Claim, Failed, judge_claim
 from stark_ray.eval.judge.confirmation import Confirmation, confirm
 from stark_ray.eval.judge.drift import Drift, DriftCheck, pace, reading, slower
 from stark_ray.eval.judge.memory import JudgeMemory
-from stark_ray.eval.judge.precision import Floor, float64_need, measure_floor, reduced
+from stark_ray.eval.judge.precision import Floor, float64_need, float64_too_slow, measure_floor, reduced
 from stark_ray.eval.judge.reference_checks import check_determinism, check_outputs
 from stark_ray.eval.judge.sol import Peaks, SpeedOfLight, stamp, task_sol
 from stark_ray.eval.judge.trials import (
@@ -108,7 +108,6 @@ KEPT_CPU_BYTES = 4 << 30
 RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
 GB = 1e9
 PINGS = 5  # round trips measured to a fresh worker (the least counts)
-FLOAT64_LIMIT_S = 20.0  # a precision floor whose float64 forward would take longer is not measured
 AFTER_TRIAL_ROOM = 3.0  # the trial after the timing runs where the time limit leaves this many trials' time
 OOM_SHRINK = 4  # a confirmation batch that ran out of device memory is made again with a quarter of the room (twice)
 LARGE_TRIAL_BYTES = 1 << 30  # before sharing a trial this large (inputs and slots), cached blocks go back to the device
@@ -365,7 +364,7 @@ class Judge:
         known: Floor | None = task.floors.get(key)
         if known is not None:
             return known
-        slow = self._float64_too_slow(task)
+        slow = float64_too_slow(task.alone_ms, self.peaks)
         if slow:
             floor = Floor(None, slow)
         else:
@@ -391,17 +390,6 @@ class Judge:
         if floor.lasting:
             task.floors[key] = floor
         return floor
-
-    def _float64_too_slow(self, task: JudgeTask) -> str:
-        """Why the task's float64 forward would take too long to measure its floor ("" where it would not): on a
-        device whose float64 rate is a small share of its float32 one (an L40S: 1/64), by the reference's time."""
-        peaks = self.peaks
-        if peaks is None or task.alone_ms is None or "fp64" not in peaks.flops:
-            return ""
-        slower = peaks.flop_rate("fp32") / max(peaks.flops["fp64"], 1.0)
-        estimate_s = task.alone_ms * slower / 1e3
-        return (f"its float64 forward would take about {estimate_s:.0f} s on this device (float64 at 1/{slower:.0f} "
-                "of float32)") if estimate_s > FLOAT64_LIMIT_S else ""
 
     def pace(self, task: JudgeTask, cfg: EvalConfig) -> float | None:
         """The judge's own pace of the reference (eval/judge/drift.py), the worker stopped meanwhile: under the memory

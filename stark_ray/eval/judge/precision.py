@@ -94,6 +94,21 @@ def float64_need(model: torch.nn.Module, inputs: int, work: int) -> int:
     return 2 * (param_bytes(model) + inputs + work) + TRANSIENT_BYTES
 
 
+FLOAT64_LIMIT_S = 20.0  # a floor whose float64 forward would take longer is not measured
+
+
+def float64_too_slow(alone_ms: float | None, peaks: Any) -> str:
+    """Why the task's float64 forward would take too long to measure its floor ("" where it would not): on a device
+    whose float64 rate is a small share of its float32 one (an L40S: 1/64), by the reference's time alone
+    (``peaks``: the device's :class:`~stark_ray.eval.judge.sol.Peaks`)."""
+    if peaks is None or alone_ms is None or "fp64" not in peaks.flops:
+        return ""
+    slower = peaks.flop_rate("fp32") / max(peaks.flops["fp64"], 1.0)
+    estimate_s = alone_ms * slower / 1e3
+    return (f"its float64 forward would take about {estimate_s:.0f} s on this device (float64 at 1/{slower:.0f} of "
+            "float32)") if estimate_s > FLOAT64_LIMIT_S else ""
+
+
 def measure_floor(model: torch.nn.Module, inputs: list[Any], ref: Any, seed: int, room: int | None,
                   work: int, draws_random: bool) -> Floor:
     """The task's :class:`Floor`: its reference (``model``) run in float64 on ``inputs`` (the first standard trial's,
