@@ -97,3 +97,33 @@ def test_only_cuda_builds_with_implicit_headers_qualify() -> None:
     assert not light_cuda_candidate({"cuda_sources": None, "cpp_sources": WRAPPER})  # cpu_cpp
     assert not light_cuda_candidate({"cuda_sources": KERNEL, "no_implicit_headers": True})  # the candidate's own
     assert not light_cuda_candidate({"cuda_sources": KERNEL, "sycl_sources": "x"})
+
+
+def test_a_build_counted_while_headers_are_being_made_is_looked_at_again(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI saw a due header never made: the background thread had read the counts before the last build was counted,
+    # and the call after that build found the thread still alive and left it; each call must be looked at
+    import threading
+
+    from stark_ray.config import EvalConfig
+    from stark_ray.eval import service as service_module
+    from stark_ray.eval.service import EvalService
+
+    looked: list[int] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def make_due_headers(cache: Path) -> int:
+        looked.append(len(looked))
+        inside.set()
+        assert release.wait(30)
+        return 0
+
+    monkeypatch.setattr(service_module, "make_due_headers", make_due_headers)
+    with EvalService(EvalConfig(backend="cpu_cpp", build_dir=str(tmp_path), isolate="off")) as svc:
+        svc._make_headers()
+        assert inside.wait(30)  # the thread is looking now
+        svc._make_headers()  # a build counted meanwhile
+        svc._make_headers()  # and another: one more look covers both
+        release.set()
+        assert svc.wait_for_headers(30)
+    assert looked == [0, 1]

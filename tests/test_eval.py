@@ -343,7 +343,9 @@ def test_precompiled_header_serves_sources_that_include_torch_extension_themselv
     source = source.replace('name="fused_swish_scale_clamp"', 'name="fused_swish_own_include"')
     assert source.count("#include <torch/extension.h>") == 1 and "fused_swish_own_include" in source
     assert service.wait_for_headers(600)  # made in the service's background, outside any candidate's time
-    assert list(Path(cfg.build_dir or "").glob("pch/*/torch/extension.h.gch"))
+    pch = Path(cfg.build_dir or "") / "pch"
+    failed = [f.read_text()[-2000:] for f in pch.glob("*/FAILED")]
+    assert list(pch.glob("*/torch/extension.h.gch")), (sorted(p.name for p in pch.iterdir()), failed)
     result = Evaluator(task(DEMO), cfg, service=service).evaluate(source)
     assert passed(result), result.log
     assert "-Winvalid-pch" not in result.log

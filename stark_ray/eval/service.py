@@ -193,6 +193,7 @@ class EvalService:
         self._warmed = threading.Event()
         self._headers: threading.Thread | None = None  # the precompiled headers being made (_make_headers)
         self._headers_lock = threading.Lock()
+        self._headers_again = False  # builds counted since the headers thread last looked
         self._doing: dict[str, tuple[str, float]] = {}  # candidate digest -> (what it goes through, since)
         self._doing_lock = threading.Lock()
         self._build_times: deque[float] = deque(maxlen=BUILDS_KEPT)  # seconds of the latest builds (told to an
@@ -337,12 +338,19 @@ class EvalService:
         background thread of the service's, never inside a candidate's build: one at a time, while builds go on
         without them."""
         with self._headers_lock:
+            self._headers_again = True  # a thread already making headers may have looked before this build counted
             if self._headers is not None and self._headers.is_alive():
                 return
 
             def make() -> None:
-                with contextlib.suppress(Exception):  # only a head start: the builds work without them
-                    make_due_headers(self.build_dir)
+                while True:
+                    with self._headers_lock:
+                        if not self._headers_again:
+                            self._headers = None
+                            return
+                        self._headers_again = False
+                    with contextlib.suppress(Exception):  # only a head start: the builds work without them
+                        make_due_headers(self.build_dir)
 
             self._headers = threading.Thread(target=make, name="stark-headers", daemon=True)
             self._headers.start()
