@@ -102,6 +102,9 @@ class EvalResult:
     math_modes: str | None = None
     # the judge's line for each informational flag it explains ("flag: line", one per line): by how much and why
     findings: str | None = None
+    # the judge's lines on how it measured the claim (timed again, noisy, the reference slowed beside it, confirmed by
+    # its own clock or not, capped), one per line: what the agents are told of the figures' standing
+    notes: str | None = None
 
     @property
     def accepted(self) -> bool:
@@ -276,6 +279,7 @@ def attempt_schema() -> Any:
             ("precision_ratio", pa.float64()),
             ("math_modes", pa.string()),
             ("findings", pa.string()),
+            ("notes", pa.string()),
         ]
     )
 

@@ -493,3 +493,21 @@ def test_the_plan_and_code_prompts_carry_the_tolerance_and_each_accepted_nodes_e
     before = describe_result(Node(id=1, parent=0, depth=1, source="x", agent="code",
                                   result=_replace(result, max_abs_err=None, rel_err=None)))
     assert prompt_shape(shown) == prompt_shape(before)
+    told = _replace(result, notes="timing measured again (the first speedup, 2.4x, was known to ±15% only): 2.0x "
+                                  "±4%; kept the second\nspeedup confirmed by the judge's wall clock: 1.98x")
+    text = describe_result(Node(id=1, parent=0, depth=1, source="x", agent="code", result=told))
+    assert "\nJudge: timing measured again" in text and "\nJudge: speedup confirmed by the judge's wall clock" in text
+    # whether the judge measured again follows the run's noise
+    assert prompt_shape(f"{text}\nCode: ...") == prompt_shape(f"{shown}\nCode: ...")
+
+
+def test_the_rules_shown_are_the_devices_own() -> None:
+    # a CPU candidate was told of streams and GPU timing (~1k characters of rules that did not apply to it)
+    cpu = system_prompt("code", "cpu_cpp", "cpu")
+    gpu = system_prompt("code", "cuda", "cuda")
+    assert "current stream" not in cpu and "threads the process is given" in cpu
+    assert "current stream" in gpu and "threads the process is given" not in gpu
+    assert system_prompt("code", "cpu_cpp") == cpu and system_prompt("code", "cuda") == gpu  # the usual device
+    assert "threads the process is given" in system_prompt("plan", "triton", "cpu")  # the interpreter on a CPU host
+    with pytest.raises(ValueError):
+        system_prompt("plan", "cuda", "tpu")

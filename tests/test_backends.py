@@ -329,3 +329,49 @@ def test_the_evaluator_runs_a_jit_dsl_backend_with_its_variables_and_private_cac
         service.reference(task)
         result = service.evaluate(task, TOYJIT_CANDIDATE)
     assert result.accepted, (result.stage, result.error, result.log)
+
+
+def test_the_cpus_description_names_its_caches_clock_microarchitecture_and_isa(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stark_ray.eval import hardware
+
+    for i, (level, kind, size, shared) in enumerate([(1, "Data", "48K", "0,56"), (1, "Instruction", "32K", "0,56"),
+                                                     (2, "Unified", "2048K", "0,56"),
+                                                     (3, "Unified", "107520K", "0-55,112-167")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+            (d / name).write_text(f"{value}\n")
+    caches = hardware.cpu_caches(tmp_path)
+    assert [(c.level, c.kind, c.size_bytes, c.shared_by) for c in caches][-1] == (3, "Unified", 107520 << 10, 112)
+    assert hardware.describe_caches(caches) == ("Caches: L1d 48 KiB per core, L2 2 MiB per core, L3 105 MiB shared "
+                                                "by 112 logical CPUs.")
+    spr = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+    assert hardware.microarchitecture(spr) == "family 6 model 143: Intel Sapphire Rapids"
+    assert hardware.microarchitecture("vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n").endswith("Zen 4")
+    assert hardware.microarchitecture("vendor_id\t: Other\ncpu family\t: 7\nmodel\t\t: 1\n") == "family 7 model 1"
+    flags = ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16",
+             "amx_int8", "pdpe1gb"]
+    assert hardware.simd_flags(flags) == [f for f in flags if f != "pdpe1gb"]
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: flags)
+    text = hardware.describe_cpu(4)
+    assert "amx_bf16" in text and "ARCH_REQ_XCOMP_PERM" in text  # AMX needs the OS's permission: said
+    assert "Clock:" in text and "4 usable" in text
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: ["avx2", "fma"])
+    assert "ARCH_REQ_XCOMP_PERM" not in hardware.describe_cpu(4)
+
+
+def test_the_gpus_description_says_what_the_build_targets_and_may_call() -> None:
+    from stark_ray.eval.backends.gpu import describe_device
+
+    info = {"device": "cuda", "name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "arch": "sm_90", "sm_count": 132,
+            "memory_gb": 79.2, "l2_bytes": 50 << 20, "shared_memory_per_block": 48 << 10,
+            "shared_memory_per_block_optin": 227 << 10, "shared_memory_per_sm": 228 << 10,
+            "registers_per_sm": 65536, "max_threads_per_sm": 2048, "warp_size": 32, "bandwidth_gbs": 3000.0,
+            "torch": "2.11.0", "cuda_runtime": "13.0", "arch_list": "9.0", "clock_mhz": 1980, "cutlass": None}
+    text = describe_device(info)
+    assert "sm_90a features, which this build does not target" in text and "wgmma" in text
+    assert "CUTLASS/CuTe headers are not installed" in text and "library_compute" in text
+    assert "SM clock up to 1980 MHz" in text
+    assert "at /opt/cutlass/include" in describe_device({**info, "cutlass": "/opt/cutlass/include"})
+    assert "SM clock" not in describe_device({**info, "clock_mhz": 0})  # older info: said where known only

@@ -271,3 +271,17 @@ def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_
     monkeypatch.setattr(judge_module, "confirm", never_fits)
     never = judge_module.Judgement.confirmed(judgement, 7.9, 0.3)  # type: ignore[arg-type]
     assert never.unfit and not never.confirmed and "did not fit in the device's memory" in never.note
+
+
+def test_the_judges_own_lines_on_its_measurement_are_told_and_the_workers_are_not() -> None:
+    # the agents were never told that a speedup was timed again, confirmed, or measured beside a slowed reference
+    ctx = Judging(drifted=Drift(0.8, "the reference ran at 1.0 ms beside this candidate, 1.25x its 0.8 ms alone"),
+                  confirmation=Confirmation(True, "speedup confirmed by the judge's wall clock: 1.10x", record=1.1,
+                                            claim=1.5))
+    c = claim_of(1.5, log=("reference: 1.0 ms",))
+    judge_claim(c, ctx, frozenset())
+    assert c.told == ["the reference ran at 1.0 ms beside this candidate, 1.25x its 0.8 ms alone",
+                      "speedup confirmed by the judge's wall clock: 1.10x"]
+    capped = claim_of(5.0)
+    judge_claim(capped, Judging(confirmation=Confirmation(False, "no room", unfit=True)), frozenset())
+    assert capped.told == ["no room", "unconfirmed: the worker's 5.00x counts as 2.00x"]

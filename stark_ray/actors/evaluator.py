@@ -72,6 +72,7 @@ class EvaluatorActor:
         its worker's start went (starting the worker the first time). EvaluatorError when this host cannot
         evaluate."""
         return {"description": self.service.hardware_description(), "class": self.service.hardware_class(),
+                "device": self.service.device_kind(),
                 "start_phases": self.service.hello().get("start_phases", {}), "instance": self.instance,
                 "node": ray.get_runtime_context().get_node_id()}
 

@@ -16,6 +16,7 @@ class TaskInfo:
     backend: str  # a backend's name (stark_ray/eval/backends)
     hardware: str = ""  # a few lines describing the target device (filled by the evaluator)
     light: str = ""  # the task's speed of light on that device and its math modes (eval/judge/sol.py: reference_lines)
+    device: str = ""  # where candidates run, "cuda" or "cpu" (the evaluator's word; "": the backend's usual device)
 
 
 @dataclass

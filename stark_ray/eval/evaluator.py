@@ -36,6 +36,9 @@ class Evaluator:
     def hardware_description(self) -> str:
         return self.service.hardware_description()
 
+    def device_kind(self) -> str:
+        return self.service.device_kind()
+
     def close(self) -> None:
         if self._owns_service:
             self.service.close()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -39,16 +42,141 @@ def cpu_signature() -> str:
     return f"{platform.machine()} {cpu_model()} {' '.join(_cpu_flags())}"
 
 
-def simd_flags() -> list[str]:
-    flags = set(_cpu_flags())
-    wanted = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16", "amx_tile")
-    return [f for f in wanted if f in flags]
+# the ISA features a kernel's author chooses between (x86's flags, Arm's Features), in the order they are shown
+SIMD = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+        "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "asimd", "asimdhp", "asimddp",
+        "sve", "sve2", "bf16", "i8mm", "sme")
+
+
+def simd_flags(flags: list[str] | None = None) -> list[str]:
+    have = set(_cpu_flags() if flags is None else flags)
+    return [f for f in SIMD if f in have]
+
+
+def _cpuinfo_field(name: str, text: str | None = None) -> str | None:
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    m = re.search(rf"^{re.escape(name)}\s*:\s*(.+)$", text, re.MULTILINE)
+    return m.group(1).strip() if m else None
+
+
+# (vendor, family, models) -> the micro-architecture's name (ZEN4_NOTE: one fact about it that a kernel's author needs)
+MICROARCHITECTURES: tuple[tuple[str, int, range, str], ...] = (
+    ("AuthenticAMD", 23, range(0x30, 0x80), "AMD Zen 2"),
+    ("AuthenticAMD", 25, range(0x00, 0x10), "AMD Zen 3"),
+    ("AuthenticAMD", 25, range(0x20, 0x60), "AMD Zen 3"),
+    ("AuthenticAMD", 25, range(0x10, 0x20), "AMD Zen 4"),
+    ("AuthenticAMD", 25, range(0x60, 0x80), "AMD Zen 4"),
+    ("AuthenticAMD", 25, range(0xa0, 0xb0), "AMD Zen 4c"),
+    ("AuthenticAMD", 26, range(0x00, 0x100), "AMD Zen 5"),
+    ("GenuineIntel", 6, range(85, 86), "Intel Skylake-SP / Cascade Lake"),
+    ("GenuineIntel", 6, range(106, 107), "Intel Ice Lake-SP"),
+    ("GenuineIntel", 6, range(143, 144), "Intel Sapphire Rapids"),
+    ("GenuineIntel", 6, range(207, 208), "Intel Emerald Rapids"),
+    ("GenuineIntel", 6, range(173, 174), "Intel Granite Rapids"),
+)
+
+
+ZEN4_NOTE = "Zen 4 runs each 512-bit AVX-512 instruction on 256-bit datapaths, in two passes."
+
+
+def microarchitecture(cpuinfo: str | None = None) -> str | None:
+    """The CPU's family and model as /proc/cpuinfo tells them, named where the table knows them."""
+    vendor, family, model = (_cpuinfo_field(k, cpuinfo) for k in ("vendor_id", "cpu family", "model"))
+    if family is None or model is None or not family.isdigit() or not model.isdigit():
+        return None
+    name = next((n for v, f, models, n in MICROARCHITECTURES
+                 if v == vendor and f == int(family) and int(model) in models), None)
+    return f"family {family} model {model}" + (f": {name}" if name else "")
+
+
+@dataclass(frozen=True)
+class Cache:
+    level: int
+    kind: str  # Data, Instruction, Unified
+    size_bytes: int
+    shared_by: int  # logical CPUs
+
+
+def cpu_caches(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> list[Cache]:
+    """cpu0's caches as sysfs tells them (none where it does not)."""
+    found = []
+    for index in sorted(root.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+            shared = (index / "shared_cpu_list").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", size)
+        if m is None:
+            continue
+        size_bytes = int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+        found.append(Cache(level, kind, size_bytes, _count_cpus(shared)))
+    return found
+
+
+def _count_cpus(cpu_list: str) -> int:
+    n = 0
+    for part in filter(None, cpu_list.split(",")):
+        lo, _, hi = part.partition("-")
+        n += int(hi) - int(lo) + 1 if hi else 1
+    return max(1, n)
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10} KiB"
+
+
+def describe_caches(caches: list[Cache]) -> str | None:
+    shown = [c for c in caches if c.kind != "Instruction"]
+    if not shown:
+        return None
+    parts = []
+    for c in shown:
+        name = f"L{c.level}{'d' if c.kind == 'Data' else ''}"
+        where = "per core" if c.level < 3 else f"shared by {c.shared_by} logical CPU{'s' if c.shared_by > 1 else ''}"
+        parts.append(f"{name} {_size(c.size_bytes)} {where}")
+    return "Caches: " + ", ".join(parts) + "."
+
+
+def cpu_clock_told() -> str:
+    """The clock the host tells, in words (its maximum, else the current one), or that it tells none."""
+    try:
+        ghz = int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e6
+        return f"Clock: up to {ghz:.2f} GHz."
+    except (OSError, ValueError):
+        pass
+    mhz = _cpuinfo_field("cpu MHz")
+    try:
+        return f"Clock: {float(mhz) / 1e3:.2f} GHz now (no maximum told)." if mhz else "Clock: not told by the host."
+    except ValueError:
+        return "Clock: not told by the host."
+
+
+AMX_NOTE = ("AMX tiles need the OS's permission first: call arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, "
+            "XFEATURE_XTILEDATA = 18) once in the process before the first tile instruction (else SIGILL).")
 
 
 def describe_cpu(threads: int) -> str:
-    simd = ", ".join(simd_flags()) or "unknown"
-    return (f"CPU: {cpu_model()} ({platform.machine()}), {os.cpu_count()} logical cores, "
-            f"{threads} usable; torch and OpenMP use {threads} threads.\nSIMD: {simd}.")
+    """What a kernel author needs of the host CPU, a few lines: model and micro-architecture, cores, clock, caches,
+    the ISA features that matter, and what AMX needs of the OS where it is there."""
+    simd = simd_flags()
+    arch = microarchitecture()
+    lines = [f"CPU: {cpu_model()} ({platform.machine()}{'; ' + arch if arch else ''}), {os.cpu_count()} logical "
+             f"cores, {threads} usable; torch and OpenMP use {threads} threads.",
+             cpu_clock_told()]
+    caches = describe_caches(cpu_caches())
+    if caches:
+        lines.append(caches)
+    lines.append(f"SIMD: {', '.join(simd) or 'unknown'}." + (f" {ZEN4_NOTE}" if arch and "Zen 4" in arch else ""))
+    if "amx_tile" in simd:
+        lines.append(AMX_NOTE)
+    return "\n".join(lines)
 
 
 def cpu_clock_ghz() -> float | None:
@@ -82,3 +210,15 @@ def cpu_peak_flops(cores: int) -> float | None:
     if clock is None or per_cycle is None:
         return None
     return cores * clock * 1e9 * per_cycle
+
+
+@functools.cache
+def compiler_version(compiler: str | None = None) -> str | None:
+    """The host C++ compiler's first ``--version`` line (``CXX``, else c++), or None where it does not answer."""
+    compiler = compiler or os.environ.get("CXX") or "c++"
+    try:
+        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.stdout.strip().splitlines()[:1]
+    return first[0].strip() if out.returncode == 0 and first else None

@@ -233,6 +233,10 @@ class EvalService:
     def hardware_description(self) -> str:
         return self.backend.describe_hardware(self.hello(), self.threads)
 
+    def device_kind(self) -> str:
+        """Where candidates run: "cuda" or "cpu" (the worker's word)."""
+        return "cuda" if self.hello().get("device") == "cuda" else "cpu"
+
     def hardware_class(self) -> str:
         """Devices of one class are interchangeable for timing (see ``Backend.hardware_class``)."""
         return self.backend.hardware_class(self.hello(), self.threads)

@@ -119,6 +119,9 @@ _ERRORS = re.compile(r"; its error against the reference at most [^\n]*? \(norma
 # a node's kernels in one call and its Nsight Compute counters (prompts/render.py's KERNELS_LINE, NCU_LINE): names
 # and figures from a GPU profile, absent from cassettes recorded before they existed, off the GPU or without ncu
 _KERNELS = re.compile(r"^(?:Kernels in one call \(GPU profile\): |Nsight Compute, top kernel ).*\n?", re.MULTILINE)
+# the judge's lines on how it measured a node (prompts/render.py's JUDGE_LINE): whether it timed again or confirmed
+# depends on the run's noise, and cassettes recorded before they were shown have none
+_JUDGE = re.compile(r"^Judge: .*\n?", re.MULTILINE)
 
 
 # a node's flags (prompts/render.py) that a measured figure alone sets: a speedup above 10x by one timing
@@ -140,7 +143,7 @@ def prompt_shape(prompt: str) -> str:
     ``library_compute``, with their lines) left out: prompts that differ only in measured runtimes, speedups or
     errors (which change from run to run) or in the machine (a cassette recorded on another CPU or GPU: its name,
     cores, SIMD) have the same shape."""
-    measured = _ERRORS.sub("", _KERNELS.sub("", prompt))
+    measured = _ERRORS.sub("", _KERNELS.sub("", _JUDGE.sub("", prompt)))
     text = _FLAGS.sub(_unmeasured_flags, _FLAG_LINES.sub("", _LIGHT.sub("", measured)))
     return _NUMBER.sub("#", _HARDWARE.sub("Target hardware:\n<hardware>\n", text))
 

@@ -36,10 +36,17 @@ def fill(template: str, /, **values: str) -> str:
     return _PLACEHOLDER.sub(_sub, text).strip() + "\n"
 
 
-def system_prompt(role: str, backend: str) -> str:
-    """The system prompt of an agent role for a target backend."""
+DEVICES = ("cuda", "cpu")  # each has its rules (templates/rules_<device>.txt): no GPU rule is shown on a CPU
+
+
+def system_prompt(role: str, backend: str, device: str = "") -> str:
+    """The system prompt of an agent role for a target backend on a device ("cuda", "cpu"; "": the backend's usual
+    one)."""
     if role not in ROLES:
         raise ValueError(f"unknown agent role {role!r}; choose one of {', '.join(ROLES)}")
     cls = backend_class(backend)  # ValueError for a backend that is not offered
-    return fill(f"role_{role}", target=cls.target, format=load("candidate_format").strip(),
-                backend=cls.prompt_section())
+    device = device or cls.usual_device
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    rules = fill("candidate_format", device_rules=load(f"rules_{device}").strip()).strip()
+    return fill(f"role_{role}", target=cls.target, format=rules, backend=cls.prompt_section())

@@ -31,6 +31,10 @@ def task_section(task: TaskInfo) -> str:
                 hardware=f"{hardware}\n{task.light}" if task.light else hardware).strip()
 
 
+def _system(role: str, task: TaskInfo) -> str:
+    return system_prompt(role, task.backend, task.device)
+
+
 def _is_reference(task: TaskInfo, node: Node) -> bool:
     return node.source.strip() == task.reference_source.strip()
 
@@ -99,7 +103,7 @@ def _plan_user(task: TaskInfo, node: Node, window: str) -> str:
 
 
 def plan_messages(task: TaskInfo, node: Node, window: str, prompt_chars: int) -> tuple[str, str]:
-    return system_prompt("plan", task.backend), capped(lambda w: _plan_user(task, node, w), window, prompt_chars)
+    return _system("plan", task), capped(lambda w: _plan_user(task, node, w), window, prompt_chars)
 
 
 def plan_retry_message(error: str, node: Node) -> str:
@@ -115,7 +119,7 @@ def code_messages(task: TaskInfo, node: Node, scaffold: str, instructions: dict[
                   prompt_chars: int) -> tuple[str, str]:
     scaffold_text, instructions_text = fenced(scaffold, "python"), format_instructions(instructions)
     user = capped(lambda w: _code_user(task, node, scaffold_text, instructions_text, w), window, prompt_chars)
-    return system_prompt("code", task.backend), user
+    return _system("code", task), user
 
 
 def _debug_user(task: TaskInfo, node: Node, window: str) -> str:
@@ -127,7 +131,7 @@ def _debug_user(task: TaskInfo, node: Node, window: str) -> str:
 
 
 def debug_messages(task: TaskInfo, node: Node, window: str, prompt_chars: int) -> tuple[str, str]:
-    return system_prompt("debug", task.backend), capped(lambda w: _debug_user(task, node, w), window, prompt_chars)
+    return _system("debug", task), capped(lambda w: _debug_user(task, node, w), window, prompt_chars)
 
 
 def single_job(node: Node) -> str:
@@ -149,7 +153,7 @@ def _single_user(task: TaskInfo, node: Node, window: str) -> str:
 
 
 def single_messages(task: TaskInfo, node: Node, window: str, prompt_chars: int) -> tuple[str, str]:
-    return system_prompt("single", task.backend), capped(lambda w: _single_user(task, node, w), window, prompt_chars)
+    return _system("single", task), capped(lambda w: _single_user(task, node, w), window, prompt_chars)
 
 
 USERS: dict[str, Callable[[TaskInfo, Node, str], str]] = {"plan": _plan_user, "debug": _debug_user,

@@ -39,6 +39,8 @@ _FOOTER_RESERVE = 90
 # the selected node's and the reference's profile of one call (eval/measure/kernel_times.py), where the device has one
 KERNELS_LINE = "Kernels in one call (GPU profile): "
 NCU_LINE = "Nsight Compute, top kernel "  # how eval/ncu.py's counters begin (its reasons for none are not shown)
+JUDGE_LINE = "Judge: "  # a line of the judge's on how it measured the result (EvalResult.notes)
+JUDGE_LINES = 4
 
 
 def fenced(text: str, lang: str = "") -> str:
@@ -119,6 +121,8 @@ def describe_result(node: Node) -> str:
         line += f"\nFlags: {', '.join(r.flags)}"
     for finding in (r.findings or "").splitlines():  # the judge's line for a flag it explains: by how much, why
         line += f"\nFlag {clip(finding, 400)}"
+    for note in (r.notes or "").splitlines()[:JUDGE_LINES]:  # how the judge measured it: re-timed, confirmed, capped
+        line += f"\n{JUDGE_LINE}{clip(note, 300)}"
     return line
 
 

@@ -110,7 +110,7 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
             tree = load_trees(run_dir).get(task.name) or Tree.with_reference(task.source, reference)
             run = Run(run_dir, task, tree, recorded_usage(run_dir)[task.name])
         info = TaskInfo(name=task.name, reference_source=task.source, backend=eval_cfg.backend,
-                        hardware=evaluator.hardware_description(),
+                        hardware=evaluator.hardware_description(), device=evaluator.device_kind(),
                         light=reference_lines(tree.nodes[0].result, eval_cfg))
         policy = make_policy(search_cfg)
         team = make_team(client, agent_cfg, search_cfg, info)

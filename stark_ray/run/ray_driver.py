@@ -151,7 +151,8 @@ class RayDriver:
         specs = []
         self.infos: dict[str, TaskInfo] = {
             t.name: TaskInfo(name=t.name, reference_source=t.source, backend=run.eval.backend,
-                             hardware=hardware[home[t.name]]["description"]) for t in run.tasks}
+                             hardware=hardware[home[t.name]]["description"],
+                             device=hardware[home[t.name]].get("device", "")) for t in run.tasks}
         skipped: list[str] = []
         for task in run.tasks:
             try:

@@ -42,6 +42,7 @@ class Backend(ABC):
     target: ClassVar[str]  # what a candidate is, in a few words (the agents' system prompts)
     requirements: ClassVar[tuple[str, ...]] = ()  # stark doctor's checks it needs (eval/backends/requirements.py)
     device: str = "cpu"  # where inputs and models live: "cpu" or "cuda" (set by prepare_worker)
+    usual_device: ClassVar[str] = "cpu"  # where its candidates run where nothing else is known (the prompts' rules)
     precompile: ClassVar[bool] = False  # builds at import are done first in the CPU compile pool
     # what the evaluator's processes need of it (of every backend offered, whichever one they run: a candidate of
     # one format may use another's toolchain, as torch.compile makes Triton kernels in a cuda candidate)

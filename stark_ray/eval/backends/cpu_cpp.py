@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from stark_ray.eval.backends.base import Backend
 from stark_ray.eval.backends.requirements import CXX, NINJA
 from stark_ray.eval.build.cache import BuildCache
-from stark_ray.eval.hardware import describe_cpu
+from stark_ray.eval.hardware import compiler_version, describe_cpu
 
 if TYPE_CHECKING:
     from stark_ray.eval.measure.timing import Timer
@@ -50,4 +50,6 @@ class CpuCppBackend(Backend):
         return CpuTimer()
 
     def describe_hardware(self, info: dict[str, Any], threads: int) -> str:
-        return f"{describe_cpu(threads)}\n{PROMPT_NOTES}"
+        compiler = compiler_version()
+        built = f"Builds: {compiler}; -march=native builds for this CPU." if compiler else ""
+        return "\n".join(line for line in (describe_cpu(threads), built, PROMPT_NOTES) if line)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stark_ray.eval.backends.base import Backend
 
@@ -118,7 +120,47 @@ def device_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda_runtime": torch.version.cuda,
         "arch_list": arch_list(),
+        "clock_mhz": round(int(getattr(p, "clock_rate", 0) or 0) / 1000),  # kHz where torch tells it
+        "cutlass": cutlass_include(),
     }
+
+
+def cutlass_include() -> str | None:
+    """Where CUTLASS's headers are, for a build to include (``CUTLASS_PATH``, beside torch's or CUDA's headers), or
+    None: not installed."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    places = [os.environ.get("CUTLASS_PATH", ""), *cpp_extension.include_paths(),
+              str(Path(cpp_extension.CUDA_HOME or "/usr/local/cuda") / "include")]
+    for place in filter(None, places):
+        for root in (Path(place), Path(place) / "include"):
+            if (root / "cutlass" / "cutlass.h").is_file():
+                return str(root)
+    return None
+
+
+# what a build for each compute capability can use, and what needs a target this build does not have
+ARCH_FEATURES = {
+    "8.0": "mma.sync tensor cores (fp16, bf16, tf32, int8) and cp.async",
+    "8.6": "mma.sync tensor cores (fp16, bf16, tf32, int8) and cp.async",
+    "8.9": "mma.sync tensor cores (fp16, bf16, tf32, int8, fp8) and cp.async",
+    "9.0": "mma.sync tensor cores, cp.async, thread-block clusters, distributed shared memory and TMA "
+           "(cp.async.bulk); wgmma and setmaxnreg are sm_90a features, which this build does not target",
+    "10.0": "mma.sync tensor cores, clusters and TMA; tcgen05 and tensor memory are sm_100a features, which this build "
+            "does not target",
+}
+
+
+def describe_build(info: dict[str, Any]) -> str:
+    """One line: what the build targets and may call."""
+    features = ARCH_FEATURES.get(str(info.get("capability")))
+    target = f"Builds target {info['arch']} only (TORCH_CUDA_ARCH_LIST={info.get('arch_list') or info['capability']})"
+    cutlass = info.get("cutlass")
+    libraries = ("cuBLAS and cuDNN are reachable through torch ops and ATen (a call whose GPU time is mostly a "
+                 "library's is flagged library_compute; one launching no kernel of its own is rejected, no_kernel); "
+                 + (f"CUTLASS/CuTe headers at {cutlass} (add it to extra_include_paths)." if cutlass
+                    else "CUTLASS/CuTe headers are not installed."))
+    return f"{target}{': ' + features if features else ''}.\n{libraries}"
 
 
 def describe_device(info: dict[str, Any]) -> str:
@@ -133,8 +175,10 @@ def describe_device(info: dict[str, Any]) -> str:
         f"{info['shared_memory_per_block'] // kib} KiB by default, up to {smem_optin // kib} KiB opt-in; "
         f"{info['shared_memory_per_sm'] // kib} KiB per SM; {info['registers_per_sm']} registers and "
         f"{info['max_threads_per_sm']} threads per SM; warp size {info['warp_size']}.",
-        f"Device-memory bandwidth measured on this GPU: {info['bandwidth_gbs']:.0f} GB/s (large copy).",
-        f"torch {info['torch']} with CUDA {info['cuda_runtime']}; kernels are built for {info['arch']} only.",
+        f"Device-memory bandwidth measured on this GPU: {info['bandwidth_gbs']:.0f} GB/s (large copy)"
+        + (f"; SM clock up to {info['clock_mhz']} MHz." if info.get("clock_mhz") else "."),
+        f"torch {info['torch']} with CUDA {info['cuda_runtime']}.",
+        describe_build(info),
     ]
     return "\n".join(lines)
 
@@ -172,6 +216,7 @@ class CudaDeviceBackend(Backend):
     """A backend whose candidates run on the CUDA device: its facts, sync, health and timer come from here."""
 
     notes = ""  # the format's line for the prompts
+    usual_device: ClassVar[str] = "cuda"
 
     def __init__(self) -> None:
         self.device = "cuda"

@@ -66,6 +66,7 @@ class Claim:
     drift: Drift | None = None  # the reference ran slower beside the candidate than alone: its claim is in doubt
     recycle: bool = False  # its worker must not serve another candidate
     explained: dict[str, str] = field(default_factory=dict)  # an informational flag's line, by flag (the result's)
+    told: list[str] = field(default_factory=list)  # the judge's own lines on its measurement (the result's notes)
 
     def __post_init__(self) -> None:
         self.take(self.timing)
@@ -229,6 +230,8 @@ def apply(claim: Claim, f: Finding) -> None:
         claim.recycle = claim.recycle or f.flag == "suspicious"
     elif f.line:
         claim.notes.append(f.line)
+        if f.kind in (NOTE, TIMING, CAP):
+            claim.told.append(f.line)
     if f.kind in (CAP, RECORD):
         assert f.speedup is not None
         ref_ms = f.ref_ms if f.ref_ms is not None else claim.ref_ms

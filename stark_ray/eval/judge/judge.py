@@ -659,7 +659,7 @@ class Judgement:
         breakdown = from_message(timed)  # the worker's profile of one call: shown to the agents, never a verdict
         return EvalResult(passed_checks=True, runtime_ms=claim.new_ms, ref_runtime_ms=claim.ref_ms,
                           speedup=claim.speedup, stage=STAGE_OK, log=excerpt("\n".join(log)), flags=claim.flags,
-                          findings=_lines(claim.explained),
+                          findings=_lines(claim.explained), notes="\n".join(claim.told) or None,
                           error="; ".join(claim.rejected)[:600] or None, kernels=breakdown and describe(breakdown),
                           ref_compile_runtime_ms=compiled_ms, runtime_cv=claim.new_cv,
                           ref_runtime_cv=claim.timing.ref_cv, speedup_err=claim.error, **base)
