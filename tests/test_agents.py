@@ -511,3 +511,52 @@ def test_the_rules_shown_are_the_devices_own() -> None:
     assert "threads the process is given" in system_prompt("plan", "triton", "cpu")  # the interpreter on a CPU host
     with pytest.raises(ValueError):
         system_prompt("plan", "cuda", "tpu")
+
+
+def test_a_window_never_hides_code_silently_caps_each_entry_and_diffs_against_the_selected_node() -> None:
+    """A failed sibling was shown with a 300-character instruction, no code, no log and no note that they were cut,
+    while another sibling's 13.4k diff filled half the window; diffs were against each node's own parent."""
+    from stark_ray.prompts.render import BRIEF_NOTE
+
+    base = "\n".join(f"line {j} = {j}" for j in range(400))
+    root = Node(0, None, 0, base, AGENT_REFERENCE, result=ok_result(10.0))
+    selected = Node(1, 0, 1, base.replace("line 5 = 5", "line 5 = 50"), AGENT_PLAN_CODE, result=ok_result(5.0))
+    # a sibling that changes most lines (a long diff), and one that differs from the selected node in one line
+    rewrite = Node(2, 0, 1, "\n".join(f"other {j} = {j * 3}" for j in range(700)), AGENT_PLAN_CODE,
+                   instruction="rewrite", result=ok_result(6.0))
+    close = Node(3, 0, 1, selected.source.replace("line 9 = 9", "line 9 = 90"), AGENT_PLAN_CODE,
+                 instruction="one more", result=ok_result(4.0))
+    text = render_window([root, selected, rewrite, close], selected, 60_000)
+    assert "Code (diff against node 1):" in text and "+line 9 = 90" in text  # against the selected node's code
+    assert "more characters of this code cut to fit]" in text  # the long one capped, and said
+    assert all(len(block) < 7_500 for block in text.split("\n\n## Node "))
+    failed = Node(4, 0, 1, base + "\nbroken", AGENT_PLAN_CODE, instruction="try",
+                  result=EvalResult.failed(STAGE_COMPILE, "error", "compiler says no\n" * 50))
+    tight = render_window([root, selected, failed, rewrite, close], selected, 2_500)
+    assert "## Node 4" in tight and BRIEF_NOTE in tight  # shown briefly, and said so
+    assert len(tight) <= 2_500
+
+
+def test_the_code_agent_gets_the_plans_analysis_and_the_reference_once() -> None:
+    """The plan's analysis never reached the code agent, and the reference stood twice in the code prompt (the
+    task's and the scaffold, which is the reference with anchors); a replay recorded before matches still."""
+    from stark_ray.llm.replay import prompt_shape
+
+    client = ScriptedClient([plan_reply(REFERENCE), code_reply(), plan_reply(CANDIDATE, {1: (3, 5)}), code_reply()])
+    code_agent.plan_and_code(client, AgentConfig(), TASK, root(), bare(), bare(), PROMPT)
+    code_prompt = client.requests[1].messages[0].content
+    assert "# The plan agent's analysis\n" in code_prompt and "The elementwise ops are memory bound." in code_prompt
+    assert code_prompt.count("def get_inputs") == 1  # the scaffold's, not the task's too
+    assert "the scaffold below is this reference with anchors added" in code_prompt
+    node = candidate()
+    code_agent.plan_and_code(client, AgentConfig(), TASK, node, win([root(), node], node), win([root(), node], node),
+                             PROMPT)
+    assert "def get_inputs" in client.requests[3].messages[0].content.split("# Related attempts")[0]  # the task's
+    from stark_ray.prompts.messages import REFERENCE_AS_SCAFFOLD
+    from stark_ray.prompts.render import fenced
+
+    recorded = code_prompt.replace(code_prompt[code_prompt.index("# The plan agent's analysis"):
+                                               code_prompt.index("# Your job")], "")
+    recorded = recorded.replace(REFERENCE_AS_SCAFFOLD, fenced(REFERENCE, "python"))  # as prompts were before
+    assert prompt_shape(f"[system]\nold rules\n[user]\n{recorded}") == \
+        prompt_shape(f"[system]\nnew rules\n[user]\n{code_prompt}")

@@ -24,7 +24,8 @@ def code(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, plan_s
     if not plan_step.ok or plan_step.scaffold is None:
         return AgentResult(None, instruction, plan_step.scaffold, plan_step.error or "plan: no valid plan")
     try:
-        system, user = code_messages(task, node, plan_step.scaffold, plan_step.instructions, window, prompt_chars)
+        system, user = code_messages(task, node, plan_step.scaffold, plan_step.instructions, window, prompt_chars,
+                                     plan_step.analysis)
     except PromptTooLarge as e:
         return AgentResult(None, instruction, plan_step.scaffold, str(e))
     reply = ask(client, cfg, ROLE, system, [Message("user", user)])

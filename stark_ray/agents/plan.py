@@ -39,6 +39,7 @@ class PlanStep:
     error: str | None = None
     warnings: tuple[str, ...] = ()
     asks: int = 0  # LLM calls made
+    analysis: str = ""  # the plan's analysis (what limits the candidate now), passed on to the code agent
 
     @property
     def ok(self) -> bool:
@@ -72,7 +73,8 @@ def plan(client: LLMClient, cfg: AgentConfig, task: TaskInfo, node: Node, window
                             asks=asks)
         outcome = parse_plan(reply.text, node.source)
         if outcome.ok:
-            return PlanStep(outcome.scaffold, outcome.instructions, usage, None, outcome.warnings, asks)
+            return PlanStep(outcome.scaffold, outcome.instructions, usage, None, outcome.warnings, asks,
+                            outcome.analysis)
         scaffold, instructions = outcome.scaffold, outcome.instructions
         error = parse_error(ROLE, outcome.error or "invalid plan", reply)
         if asks < MAX_ASKS:

@@ -122,6 +122,13 @@ _KERNELS = re.compile(r"^(?:Kernels in one call \(GPU profile\): |Nsight Compute
 # the judge's lines on how it measured a node (prompts/render.py's JUDGE_LINE): whether it timed again or confirmed
 # depends on the run's noise, and cassettes recorded before they were shown have none
 _JUDGE = re.compile(r"^Judge: .*\n?", re.MULTILINE)
+# the system prompt: the product's own instructions (its version's, its device's rules), not the search's state
+_SYSTEM = re.compile(r"\A\[system\]\n[\s\S]*?(?=^\[user\]\n)", re.MULTILINE)
+# the task's reference (the same task's, or a pointer where the prompt shows it as the scaffold) and the plan agent's
+# analysis passed to the code agent (prompts/messages.py), absent from cassettes recorded before
+_REFERENCE = re.compile(r"^(The reference implementation \(`Model`[^\n]*\n)[\s\S]*?(?=^Target hardware:\n)",
+                        re.MULTILINE)
+_ANALYSIS = re.compile(r"^# The plan agent's analysis\n[\s\S]*?(?=^# Your job\n)", re.MULTILINE)
 
 
 # a node's flags (prompts/render.py) that a measured figure alone sets: a speedup above 10x by one timing
@@ -143,6 +150,7 @@ def prompt_shape(prompt: str) -> str:
     ``library_compute``, with their lines) left out: prompts that differ only in measured runtimes, speedups or
     errors (which change from run to run) or in the machine (a cassette recorded on another CPU or GPU: its name,
     cores, SIMD) have the same shape."""
+    prompt = _ANALYSIS.sub("", _REFERENCE.sub(r"\1<reference>\n\n", _SYSTEM.sub("", prompt)))
     measured = _ERRORS.sub("", _KERNELS.sub("", _JUDGE.sub("", prompt)))
     text = _FLAGS.sub(_unmeasured_flags, _FLAG_LINES.sub("", _LIGHT.sub("", measured)))
     return _NUMBER.sub("#", _HARDWARE.sub("Target hardware:\n<hardware>\n", text))

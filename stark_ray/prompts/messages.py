@@ -25,10 +25,26 @@ from stark_ray.records import Node, excerpt
 DEBUG_LOG_CHARS = 4000
 
 
-def task_section(task: TaskInfo) -> str:
+def task_section(task: TaskInfo, reference: str | None = None) -> str:
+    """The task: its name, the reference (``reference``: a pointer to where the prompt shows it instead), the
+    hardware and the task's speed of light, math modes and tolerance on it."""
     hardware = task.hardware.strip() or "(not described)"
-    return fill("task", name=task.name, reference=fenced(task.reference_source, "python"),
+    return fill("task", name=task.name, reference=reference or fenced(task.reference_source, "python"),
                 hardware=f"{hardware}\n{task.light}" if task.light else hardware).strip()
+
+
+ANALYSIS_CHARS = 3000  # of the plan agent's analysis, passed on to the code agent
+REFERENCE_AS_SCAFFOLD = "(the scaffold below is this reference with anchors added; it is not repeated here)"
+
+
+def analysis_section(node: Node, analysis: str) -> str:
+    """The plan agent's analysis for the code agent, or a line saying it gave none."""
+    text = analysis.strip()
+    if not text:
+        return "# The plan agent's analysis\n(none given)"
+    if len(text) > ANALYSIS_CHARS:
+        text = text[: ANALYSIS_CHARS - 40].rstrip() + " ...[the rest of the analysis cut]"
+    return f"# The plan agent's analysis\nWhat limits candidate {node.id} now, as the plan agent read it:\n{text}"
 
 
 def _system(role: str, task: TaskInfo) -> str:
@@ -57,7 +73,8 @@ def window_room(role: str, task: TaskInfo, node: Node, window_chars: int, prompt
     """The characters a ``role`` window may take: ``window_chars``, or less where the prompt's other parts leave
     less of ``prompt_chars`` (none left: 0)."""
     if role == "code":
-        fixed = len(_code_user(task, node, fenced(node.source, "python"), "", "")) + SCAFFOLD_RESERVE
+        fixed = len(_code_user(task, node, fenced(node.source, "python"), "", "", "")) + SCAFFOLD_RESERVE \
+            + ANALYSIS_CHARS
     else:
         fixed = len(USERS[role](task, node, ""))
     return max(0, min(window_chars, prompt_chars - fixed))
@@ -110,15 +127,18 @@ def plan_retry_message(error: str, node: Node) -> str:
     return fill("plan_retry", error=error, node_id=str(node.id))
 
 
-def _code_user(task: TaskInfo, node: Node, scaffold: str, instructions: str, window: str) -> str:
-    return fill("user_code", task=task_section(task), window=window, node_id=str(node.id), scaffold=scaffold,
-                instructions=instructions)
+def _code_user(task: TaskInfo, node: Node, scaffold: str, instructions: str, window: str, analysis: str) -> str:
+    # the scaffold of the reference is the reference: shown once
+    section = task_section(task, REFERENCE_AS_SCAFFOLD if _is_reference(task, node) else None)
+    return fill("user_code", task=section, window=window, node_id=str(node.id), scaffold=scaffold,
+                instructions=instructions, analysis=analysis_section(node, analysis))
 
 
 def code_messages(task: TaskInfo, node: Node, scaffold: str, instructions: dict[int, str], window: str,
-                  prompt_chars: int) -> tuple[str, str]:
+                  prompt_chars: int, analysis: str = "") -> tuple[str, str]:
     scaffold_text, instructions_text = fenced(scaffold, "python"), format_instructions(instructions)
-    user = capped(lambda w: _code_user(task, node, scaffold_text, instructions_text, w), window, prompt_chars)
+    user = capped(lambda w: _code_user(task, node, scaffold_text, instructions_text, w, analysis), window,
+                  prompt_chars)
     return _system("code", task), user
 
 

@@ -1,20 +1,23 @@
 """Render tree nodes for a prompt, and a whole context window under a character limit.
 
 A node is shown with its header (id, parent, depth, agent), its instruction, its observations (stage, error,
-runtime, speedup, share of the speed of light, flags; for the selected node and the reference, where its one call's
-GPU time went, kernel by kernel), a log excerpt when it failed, and its code — the full source, or a unified diff
-against its parent when that is shorter and the parent's source is known. Nodes whose code the prompt shows
-elsewhere (the selected node and the reference, normally) get a pointer instead of their code, and no log
-excerpt (the prompt shows the selected node's log with its code where it matters).
+runtime, speedup, share of the speed of light, flags with the judge's lines, the judge's lines on how it measured
+it; for the selected node and the reference, where its one call's GPU time went, kernel by kernel), a log excerpt
+when it failed, and its code — the shortest of the full source, a unified diff against the selected node (whose
+code the prompt shows) and one against its parent, cut at 6,000 (``FULL``) or 2,500 (``CODE``) characters with a
+line saying how much was cut. Nodes whose code the prompt shows elsewhere (the selected node and the reference,
+normally) get a pointer instead of their code, and no log excerpt (the prompt shows the selected node's log with
+its code where it matters). Nothing is left out silently: a clipped instruction, a cut code or log, a node shown
+without them, and the nodes not shown at all each say so.
 
 Detail levels, from most to least: ``FULL`` (code + log excerpt up to 1500 characters), ``CODE`` (code + log
-excerpt up to 300), ``BRIEF`` (no code, no log, instruction clipped). :func:`render_window` keeps the window
-under ``limit`` characters and is deterministic:
+excerpt up to 300), ``BRIEF`` (no code, no log — a line says they were cut — instruction clipped).
+:func:`render_window` keeps the window under ``limit`` characters and is deterministic:
 
 1. the selected node i and the root are always shown, at the most detail that fits (root first degraded);
 2. the others are ordered by priority — children of i first (what was already tried from i), then correct
-   nodes fastest first, then the rest; ties keep the caller's order — and added at ``BRIEF`` while they fit
-   in half of the characters left (coverage);
+   nodes fastest first, then the rest, i's siblings first; ties keep the caller's order — and added at ``BRIEF``
+   while they fit in half of the characters left (coverage);
 3. the shown others are then upgraded, in priority order, to ``FULL`` or else ``CODE`` when the upgrade fits
    (detail);
 4. more others are added at ``BRIEF`` while they fit; the rest are dropped and counted in a footer;
@@ -34,6 +37,9 @@ from stark_ray.records import AGENT_REFERENCE, Node, excerpt
 FULL, CODE, BRIEF = 0, 1, 2
 _LOG_CHARS = {FULL: 1500, CODE: 300, BRIEF: 0}
 _INSTRUCTION_CHARS = {FULL: 2000, CODE: 1200, BRIEF: 300}
+# of one node's code (its diff or its source) at each level: one long diff (13.4k characters) took half a window
+_CODE_CHARS = {FULL: 6000, CODE: 2500, BRIEF: 0}
+BRIEF_NOTE = "Code and log: not shown (cut to fit the window)."
 _SEP = "\n\n"
 _FOOTER_RESERVE = 90
 # the selected node's and the reference's profile of one call (eval/measure/kernel_times.py), where the device has one
@@ -137,23 +143,32 @@ def _header(node: Node, selected: bool) -> str:
     return f"## Node {node.id}{tag} — {parent}depth {node.depth}, by {node.agent}"
 
 
-def _code_part(node: Node, parent_source: str | None, elsewhere: bool) -> str:
+def _code_part(node: Node, bases: list[tuple[int, str]], elsewhere: bool, limit: int) -> str:
+    """The node's code: the shortest of its source and its diffs against ``bases`` (node id, source: the selected
+    node's, then its parent's), cut at ``limit`` characters with a line saying so."""
     if elsewhere:
         return "Code: shown in full elsewhere in this prompt."
     if not node.source.strip():
         return "Code: none (the agent produced no candidate)."
-    if parent_source is not None and node.parent is not None:
-        diff = unified_diff(parent_source, node.source, f"node {node.parent}", f"node {node.id}")
+    head, body, lang = "Code:", node.source, "python"
+    for base_id, base_source in bases:
+        if base_id == node.id:
+            continue
+        diff = unified_diff(base_source, node.source, f"node {base_id}", f"node {node.id}")
         if not diff:
-            return f"Code: identical to node {node.parent}."
-        if len(diff) < len(node.source):
-            return f"Code (diff against node {node.parent}):\n{fenced(diff, 'diff')}"
-    return f"Code:\n{fenced(node.source, 'python')}"
+            return f"Code: identical to node {base_id}."
+        if len(diff) < len(body):
+            head, body, lang = f"Code (diff against node {base_id}):", diff, "diff"
+    if len(body) > limit:
+        cut = body[:limit].rsplit("\n", 1)[0]
+        return f"{head}\n{fenced(cut, lang)}\n[{len(body) - len(cut):,} more characters of this code cut to fit]"
+    return f"{head}\n{fenced(body, lang)}"
 
 
 def render_node(node: Node, *, level: int = FULL, parent_source: str | None = None, selected: bool = False,
-                code_elsewhere: bool = False) -> str:
-    """One node at the given detail level (see the module docstring)."""
+                code_elsewhere: bool = False, base: tuple[int, str] | None = None) -> str:
+    """One node at the given detail level (see the module docstring); ``base``: the selected node (id, source),
+    which its code may be shown as a diff against."""
     parts = [_header(node, selected)]
     if node.instruction.strip():
         parts.append(f"Instruction: {clip(node.instruction, _INSTRUCTION_CHARS[level])}")
@@ -166,15 +181,21 @@ def render_node(node: Node, *, level: int = FULL, parent_source: str | None = No
     if log_chars and not node.result.accepted and node.result.log.strip():
         parts.append(f"Log excerpt:\n{fenced(excerpt(node.result.log, log_chars), 'text')}")
     if level != BRIEF:
-        parts.append(_code_part(node, parent_source, code_elsewhere))
+        bases = [] if base is None else [base]
+        if parent_source is not None and node.parent is not None:
+            bases.append((node.parent, parent_source))
+        parts.append(_code_part(node, bases, code_elsewhere, _CODE_CHARS[level]))
+    elif not code_elsewhere and (node.source.strip() or (not node.result.accepted and node.result.log.strip())):
+        parts.append(BRIEF_NOTE)
     return "\n".join(parts)
 
 
 def _priority(others: list[Node], selected: Node) -> list[Node]:
-    def key(item: tuple[int, Node]) -> tuple[int, int, float, int]:
+    def key(item: tuple[int, Node]) -> tuple[int, int, float, int, int]:
         index, n = item
+        sibling = selected.parent is not None and n.parent == selected.parent
         return (0 if n.parent == selected.id else 1, 0 if n.accepted else 1, n.score if n.accepted else 0.0,
-                index)
+                0 if sibling else 1, index)
 
     return [n for _, n in sorted(enumerate(others), key=key)]
 
@@ -203,9 +224,10 @@ class _Renderer:
         key = (node.id, level)
         if key not in self.cache:
             parent = self.sources.get(node.parent) if node.parent is not None else None
+            base = (self.selected.id, self.selected.source) if self.selected.source.strip() else None
             self.cache[key] = render_node(node, level=level, parent_source=parent,
                                           selected=node.id == self.selected.id,
-                                          code_elsewhere=node.id in self.code_elsewhere)
+                                          code_elsewhere=node.id in self.code_elsewhere, base=base)
         return self.cache[key]
 
 

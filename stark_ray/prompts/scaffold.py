@@ -34,6 +34,7 @@ class PlanOutcome:
     instructions: dict[int, str] = field(default_factory=dict)
     error: str | None = None
     warnings: tuple[str, ...] = ()
+    analysis: str = ""  # what the reply says before its scaffold: the plan agent's reading of the candidate
 
     @property
     def ok(self) -> bool:
@@ -100,7 +101,8 @@ def _parse_plan(reply: str, parent_code: str) -> PlanOutcome:
         error = "no instructions found; add one line 'INSTRUCTION k: ...' per anchor after the scaffold"
     if error is None:
         error = validate_scaffold(scaffold, instructions, parent_code)
-    return PlanOutcome(scaffold, instructions, error, notes)
+    analysis = "\n".join(lines[:min(used)]).strip() if used else ""
+    return PlanOutcome(scaffold, instructions, error, notes, analysis)
 
 
 def _locate(lines: list[str], parent_code: str) -> tuple[str, set[int], tuple[str, ...]] | None:
