@@ -78,10 +78,19 @@ class SearchConfig:
     top_r: int = option(5, "Leaderboard entries shown to the plan agent.")
     k: int = option(0, "Best-of-K width (0: the whole budget).")  # 0: the whole budget goes to root children
     max_debug_chain: int = option(2, "Repairs in a row one lineage may get.")
+    # search/policy.py: a failure streak sends the latest failed child to the debug agent (else a leaf is explored)
+    fail_streak: int = option(2, "After this many failed children in a row of the node to exploit, repair its latest "
+                                 "failure (or explore) before expanding it again (0: off).")
+    # exploit, of the nodes whose speedup intervals overlap the best's, the one with the fewest children (search/
+    # policy.py: ties); False: the best score alone, as the paper's policy (a campaign TOML's [search] ties = false)
+    ties: bool = True
     # size limit of one context window (code shown per node shrinks to fit)
     window_chars: int = option(24_000, "Size limit of one context window in a prompt.")
     # size limit of a whole user message, fixed parts included (docs/method.md)
     prompt_chars: int = option(100_000, "Size limit of a whole prompt, its fixed parts included.")
+    # what a prompt is fitted to (prompts/messages.py: window_room): its window shrinks, down to 4,000 characters, so
+    # that the whole prompt stays about this size; 0: the window takes window_chars wherever prompt_chars allows
+    prompt_goal: int = option(25_000, "The size a prompt is fitted to by shrinking its window (0: off).")
     seed: int = option(0, "Seeds the policy and the evaluator's inputs.")
     parallel: int = option(1, "Expansions of a task in flight at once (1: the paper's sequential search).")
     # a task stops once its best candidate reaches this share of its speed of light (eval/judge/sol.py); 0: off
@@ -98,12 +107,15 @@ class SearchConfig:
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
         if (self.n_root < 1 or self.n_child < 0 or self.n_child_max < 0 or self.top_r < 0 or self.k < 0
-                or self.max_debug_chain < 0):
-            raise ValueError("n_root must be >= 1; n_child, n_child_max, top_r, k and max_debug_chain >= 0")
+                or self.max_debug_chain < 0 or self.fail_streak < 0):
+            raise ValueError("n_root must be >= 1; n_child, n_child_max, top_r, k, max_debug_chain and fail_streak "
+                             ">= 0")
         if self.window_chars < 1000:
             raise ValueError(f"window_chars must be >= 1000, got {self.window_chars}")
         if not 0.0 <= self.stop_at_sol <= 1.0:
             raise ValueError(f"stop_at_sol must be in [0, 1] (0: off), got {self.stop_at_sol}")
+        if self.prompt_goal < 0:
+            raise ValueError(f"prompt_goal must be >= 0 (0: off), got {self.prompt_goal}")
         if self.prompt_chars < 4000:
             raise ValueError(f"prompt_chars must be >= 4000, got {self.prompt_chars}")
 

@@ -256,3 +256,49 @@ def test_a_policy_added_to_the_table_is_taken_by_the_settings_and_made_for_the_s
     policy = make_policy(cfg)
     assert isinstance(policy, Deepest) and policy.rules.n_child == 1
     assert policy.select(hand_built(), random.Random(0)).id == 8  # depth 3: nodes 8 and 9
+
+
+def test_a_failure_streak_sends_the_latest_failure_to_the_debug_agent_before_the_node_is_expanded_again() -> None:
+    """A live 6-attempt search selected 0, 1, 2, 2, 2, 2: the best node took four children in a row, three of them
+    failed, and none was ever repaired (the debug agent never ran)."""
+    t = reference_tree()
+    best = add(t, 0, ok(5.0))
+    first = add(t, best, bad())
+    streak = Rules(n_root=5, n_child=3, max_debug_chain=2, fail_streak=2)
+    assert EpsilonGreedy(0.0, streak).select(t, random.Random(0)).id == best  # one failure: no streak yet
+    second = add(t, best, bad(STAGE_CORRECTNESS))
+    assert EpsilonGreedy(0.0, streak).select(t, random.Random(0)).id == second  # its latest failure, repaired
+    assert EpsilonGreedy(0.0, streak).select(t, random.Random(0), busy={second}).id == first
+    assert EpsilonGreedy(0.0, Rules(n_root=5, n_child=3, max_debug_chain=2)).select(t, random.Random(0)).id == best
+    add(t, second, ok(4.0), AGENT_DEBUG)  # repaired: the new best, and the streak's node is no longer exploited
+    assert EpsilonGreedy(0.0, streak).select(t, random.Random(0)).id != best
+
+
+def test_a_streak_of_failures_nothing_can_repair_explores_instead() -> None:
+    t = reference_tree()
+    best = add(t, 0, ok(5.0))
+    other = add(t, 0, bad())  # a repairable leaf elsewhere
+    add(t, best, bad(STAGE_PARSE))  # no candidate: nothing to repair
+    add(t, best, bad(STAGE_PARSE))
+    streak = Rules(n_root=5, n_child=3, max_debug_chain=2, fail_streak=2)
+    assert {n for n in draws(EpsilonGreedy(0.0, streak), t, 50)} == {other}
+
+
+def test_nodes_whose_intervals_overlap_are_ties_and_the_least_expanded_is_exploited() -> None:
+    from dataclasses import replace
+
+    t = reference_tree()
+    fast = add(t, 0, replace(ok(5.0), speedup_err=0.01))  # 2.0x
+    close = add(t, 0, replace(ok(5.1), speedup_err=0.01))  # 1.96x: within the spread between evaluations
+    far = add(t, 0, replace(ok(8.0), speedup_err=0.01))  # 1.25x
+    for _ in range(2):
+        add(t, fast, ok(9.0))
+    ties = Rules(n_root=5, n_child=3, ties=True)
+    assert EpsilonGreedy(0.0, ties).select(t, random.Random(0)).id == close
+    assert EpsilonGreedy(0.0, Rules(n_root=5, n_child=3)).select(t, random.Random(0)).id == fast  # the paper's
+    for _ in range(3):
+        add(t, close, ok(9.0))
+    assert EpsilonGreedy(0.0, ties).select(t, random.Random(0)).id == fast  # fewer children now
+    assert far not in draws(EpsilonGreedy(0.0, ties), t, 20)  # not tied: 1.25x lies wholly below
+    wide = add(t, 0, replace(ok(6.0), speedup_err=0.2))  # 1.67x known to +-39%: tied with the best
+    assert EpsilonGreedy(0.0, ties).select(t, random.Random(0)).id == wide

@@ -69,15 +69,23 @@ SCAFFOLD_RESERVE = 4000  # characters the code agent's scaffold and instructions
 # kept free when its window is rendered (before the plan exists); :func:`capped` settles the rest
 
 
-def window_room(role: str, task: TaskInfo, node: Node, window_chars: int, prompt_chars: int) -> int:
+GOAL_FLOOR = 4000  # the least a window is given for the sake of ``prompt_goal`` (where ``prompt_chars`` allows)
+
+
+def window_room(role: str, task: TaskInfo, node: Node, window_chars: int, prompt_chars: int,
+                prompt_goal: int = 0) -> int:
     """The characters a ``role`` window may take: ``window_chars``, or less where the prompt's other parts leave
-    less of ``prompt_chars`` (none left: 0)."""
+    less of ``prompt_chars`` (none left: 0); with ``prompt_goal``, less where the whole prompt would grow past it
+    (but never under GOAL_FLOOR for it: the goal is met by what can be cut, the window, and no further)."""
     if role == "code":
         fixed = len(_code_user(task, node, fenced(node.source, "python"), "", "", "")) + SCAFFOLD_RESERVE \
             + ANALYSIS_CHARS
     else:
         fixed = len(USERS[role](task, node, ""))
-    return max(0, min(window_chars, prompt_chars - fixed))
+    room = min(window_chars, prompt_chars - fixed)
+    if prompt_goal:
+        room = min(room, max(GOAL_FLOOR, prompt_goal - fixed))
+    return max(0, room)
 
 
 def capped(build: Callable[[str], str], window: str, prompt_chars: int) -> str:

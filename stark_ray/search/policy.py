@@ -9,6 +9,12 @@ Vocabulary (STARK.md):
   it and its whole subtree are not selectable. (The root is bounded by ``n_root`` alone.)
 - *full*: a node other than the root with ``n_child_max`` children (0: no cap) is not selectable itself (its
   children are): the best node cannot take the whole budget, exploitation moves on to the next best.
+- *failure streak*: the node exploitation would expand has ``fail_streak`` children in a row, its latest, that
+  failed: its latest repairable failed child goes to the debug agent instead (none: an expandable leaf is explored)
+  — a small budget is not spent on one node's fourth child while its failed ones wait.
+- *ties*: accepted nodes whose 95% intervals overlap the best's are tied with it (the interval at least
+  ``SPREAD_FLOOR`` wide: one candidate evaluated three times read 1.14x, 1.34x and 1.66x, each ±3-12%); exploitation
+  takes the tied node with the fewest children, then the best score.
 """
 
 from __future__ import annotations
@@ -41,12 +47,29 @@ def is_dead(tree: Tree, node: Node, n_child: int) -> bool:
     return not node.is_root and len(node.children) > n_child and not any(d.accepted for d in tree.descendants(node.id))
 
 
+# the least relative standard error a speedup is taken with when ties are decided: the spread between evaluations of
+# one candidate, which one evaluation's interval (its paired calls) does not see
+SPREAD_FLOOR = 0.05
+Z95 = 1.96
+
+
+def interval(node: Node) -> tuple[float, float]:
+    """The node's speedup's 95% interval, at least SPREAD_FLOOR wide (the reference: exactly 1)."""
+    if node.is_root:
+        return 1.0, 1.0
+    speedup = node.result.speedup or (1.0 / node.score if node.score > 0 else 0.0)
+    err = max(node.result.speedup_err or 0.0, SPREAD_FLOOR)
+    return speedup * (1 - Z95 * err), speedup * (1 + Z95 * err)
+
+
 class Rules:
     """Selectability shared by the tree policies, kept up to date as the tree grows (:mod:`.selection`)."""
 
-    def __init__(self, n_root: int = 5, n_child: int = 3, max_debug_chain: int = 2, n_child_max: int = 0) -> None:
+    def __init__(self, n_root: int = 5, n_child: int = 3, max_debug_chain: int = 2, n_child_max: int = 0,
+                 fail_streak: int = 0, ties: bool = False) -> None:
         self.n_root, self.n_child, self.max_debug_chain = n_root, n_child, max_debug_chain
         self.n_child_max = n_child_max
+        self.fail_streak, self.ties = fail_streak, ties
 
     def selection(self, tree: Tree) -> Selection:
         """The tree's selectable nodes under these rules, made once and then kept up to date by every attach."""
@@ -80,9 +103,37 @@ class Rules:
 
     def best_accepted(self, tree: Tree, busy: Collection[int] = ()) -> Node | None:
         """The best-scoring (fastest relative to the reference) selectable accepted node; the reference competes
-        with a score of 1."""
+        with a score of 1. With ``ties``: of the nodes tied with it (overlapping intervals), the one with the
+        fewest children."""
         nodes = tree.nodes
-        return next((nodes[i] for _, i in self.selection(tree).board if i not in busy), None)
+        free = (nodes[i] for _, i in self.selection(tree).board if i not in busy)
+        best = next(free, None)
+        if best is None or not self.ties:
+            return best
+        low = interval(best)[0]
+        tied = [best]
+        for node in free:  # best first: the first whose interval lies wholly below the best's ends the ties
+            if interval(node)[1] < low:
+                break
+            tied.append(node)
+        return min(tied, key=lambda n: (len(n.children), n.score, n.id))
+
+    def after_failures(self, tree: Tree, node: Node, busy: Collection[int] = ()) -> Node | None:
+        """Where ``node``'s latest ``fail_streak`` children all failed: its latest failed child that can be repaired
+        (None: no streak, or none repairable)."""
+        if not self.streak(tree, node):
+            return None
+        nodes = tree.nodes
+        latest = [nodes[c] for c in sorted(node.children)[-self.fail_streak:]]
+        return next((c for c in reversed(latest) if c.id not in busy and self.selectable(tree, c)
+                     and not c.children), None)
+
+    def streak(self, tree: Tree, node: Node) -> bool:
+        """Whether ``node``'s latest ``fail_streak`` children all failed."""
+        if not self.fail_streak or len(node.children) < self.fail_streak:
+            return False
+        nodes = tree.nodes
+        return not any(nodes[c].accepted for c in sorted(node.children)[-self.fail_streak:])
 
 
 def selectable_from_scratch(tree: Tree, rules: Rules) -> tuple[list[Node], list[Node]]:
@@ -118,6 +169,8 @@ class EpsilonGreedy:
         if explore and leaf is not None:
             return leaf
         best = self.rules.best_accepted(tree, busy)
+        if best is not None and self.rules.streak(tree, best):  # repair one of its failures, else explore
+            return self.rules.after_failures(tree, best, busy) or (leaf if leaf is not None else best)
         if best is not None:
             return best
         if leaf is not None:
@@ -156,7 +209,7 @@ class BestOfK:
 def rules_of(search: SearchConfig) -> Rules:
     """The shared selectability rules a run's settings ask for."""
     return Rules(n_root=search.n_root, n_child=search.n_child, max_debug_chain=search.max_debug_chain,
-                 n_child_max=search.n_child_max)
+                 n_child_max=search.n_child_max, fail_streak=search.fail_streak, ties=search.ties)
 
 
 # Every policy by the name --policy gives it, and how it is made. A new policy is a class with ``select`` (the

@@ -65,7 +65,7 @@ class _Members:
     def window(self, role: str, tree: Tree, node: Node, shown_as: str | None = None) -> str:
         """The ``role`` window rendered for the prompt of ``shown_as`` (default: the same role), within both caps."""
         s = self.search
-        room = window_room(shown_as or role, self.task, node, s.window_chars, s.prompt_chars)
+        room = window_room(shown_as or role, self.task, node, s.window_chars, s.prompt_chars, s.prompt_goal)
         return window_section(self.task, node, self.nodes(role, tree, node), room)
 
 
