@@ -194,6 +194,10 @@ class EvalConfig:
     baseline: str = option("eager", "eager | compile (also time torch.compile(reference)).")
     compile_timeout_s: float = option(300.0, "Seconds one candidate's build may take (a busy host's builds can take "
                                              "minutes).", "--compile-timeout")
+    # eval/proc/outcome.py: build_limit: the limit is raised to this many times the host's slowest recent build (at
+    # most 4x the configured one), said in a timed-out build's message; 0: the configured limit alone
+    compile_timeout_scale: float = option(2.0, "Raise the build limit to this many times the host's slowest recent "
+                                               "build (at most 4x --compile-timeout; 0: off).")
     check_timeout_s: float = 120.0  # correctness trials (and the task set-up in the worker)
     timing_timeout_s: float = 120.0
     # persistent build cache; default ~/.cache/stark-ray/build

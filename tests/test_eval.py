@@ -153,7 +153,7 @@ def results(service: EvalService, cfg: EvalConfig, short_cfg: EvalConfig) -> dic
         ev = Evaluator(task(task_name), short_cfg if key in SHORT_RUN else cfg, service=service)
         jobs[key] = lambda ev=ev, src=(CANDIDATES / file).read_text(): ev.evaluate(src)
     for key, source in PY_CANDIDATES.items():
-        c = replace(short_cfg, compile_timeout_s=8) if key in SHORT_RUN else cfg
+        c = replace(short_cfg, compile_timeout_s=8, compile_timeout_scale=0) if key in SHORT_RUN else cfg
         jobs[key] = lambda ev=Evaluator(task(DEMO), c, service=service), src=source: ev.evaluate(src)
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {key: pool.submit(job) for key, job in jobs.items()}
@@ -319,7 +319,7 @@ def test_build_timeout_kills_the_compiler_and_leaves_no_lock(results: dict[str, 
                                                             cfg: EvalConfig, service: EvalService) -> None:
     source = (CANDIDATES / f"{DEMO}_fast.py").read_text().replace(
         'name="fused_swish_scale_clamp"', 'name="killed_build"')
-    ev = Evaluator(task(DEMO), replace(cfg, compile_timeout_s=4), service=service)
+    ev = Evaluator(task(DEMO), replace(cfg, compile_timeout_s=4, compile_timeout_scale=0), service=service)
     r = ev.evaluate(source)
     assert r.stage == STAGE_TIMEOUT and not r.compiled
     # told as the build's time, beside the other builds' (the batch above built seven), not as a thread dump

@@ -986,3 +986,15 @@ def test_the_device_a_result_names_is_the_gpu_the_judge_runs_on(tmp_path: Path,
         assert cpu.device_label == f"{host}:gpu3"
     with EvalService(EvalConfig(build_dir=str(tmp_path)), device=1) as pinned:
         assert pinned.device_label == f"{host}:gpu5"
+
+
+def test_a_builds_limit_follows_the_hosts_pace_within_bounds() -> None:
+    # on a loaded 2-core host the builds took 174-244 s against a 300 s limit: a heavier candidate timed out for the
+    # host's load, not its code
+    from stark_ray.eval.proc.outcome import build_limit
+
+    assert build_limit(300.0, [], 2.0) == 300.0  # no build seen yet: as configured
+    assert build_limit(300.0, [30.0, 95.0], 2.0) == 300.0  # a quick host: as configured
+    assert build_limit(300.0, [174.0, 244.0, 12.0], 2.0) == 488.0  # twice the slowest recent build
+    assert build_limit(300.0, [900.0], 2.0) == 1200.0  # at most four times the configured limit
+    assert build_limit(300.0, [244.0], 0.0) == 300.0  # switched off

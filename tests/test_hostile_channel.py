@@ -91,7 +91,7 @@ for i in range(10 ** 6):  # back and forth: each change of phase once gave the c
 """ + MODEL.format(forward="pass", factor="")
     from dataclasses import replace
 
-    cfg = replace(service.cfg, compile_timeout_s=4, check_timeout_s=4, timing_timeout_s=4)
+    cfg = replace(service.cfg, compile_timeout_s=4, compile_timeout_scale=0, check_timeout_s=4, timing_timeout_s=4)
     r = service.evaluate(load_task(TASK), candidate, cfg)
     assert r.stage == STAGE_TIMEOUT, (r.stage, r.error)
     _after(service)

@@ -37,7 +37,7 @@ from stark_ray.eval.measure.memory import OverBudget
 from stark_ray.eval.ncu import profile as ncu_profile
 from stark_ray.eval.proc.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
 from stark_ray.eval.proc.launch import WorkerSpec, visible_device
-from stark_ray.eval.proc.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
+from stark_ray.eval.proc.outcome import BUILDS_KEPT, build_limit, build_time_out, limits_for, lost_result
 from stark_ray.eval.proc.runner import WorkerOutcome, WorkerProcess, WorkerStartError
 from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.eval.wire.protocol import (
@@ -287,7 +287,8 @@ class EvalService:
         crash or a hang at import — else None, the seconds the build took)."""
         self._warm_toolchain()
         spec = self._compile_spec(cfg)
-        limits = {PHASE_SETUP: cfg.compile_timeout_s, PHASE_COMPILE: cfg.compile_timeout_s}
+        limit = build_limit(cfg.compile_timeout_s, self._build_times, cfg.compile_timeout_scale)  # this host's pace
+        limits = {PHASE_SETUP: limit, PHASE_COMPILE: limit}
         def on_build(request: dict[str, Any], seconds: float) -> dict[str, Any]:
             return serve_build(request, spec, self.build_dir, seconds)
 

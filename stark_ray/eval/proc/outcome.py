@@ -50,6 +50,19 @@ def describe_exit(returncode: int | None) -> str:
     return f"exited with code {returncode} before reporting"
 
 
+HOST_SCALE_CAP = 4.0  # a scaled build limit is at most this many times the configured one
+
+
+def build_limit(configured_s: float, others: Sequence[float], scale: float) -> float:
+    """A build's time limit on this host: the configured one, raised to ``scale`` times the slowest of the host's
+    recent builds (at most HOST_SCALE_CAP times the configured one; ``scale`` 0: the configured one). On a loaded
+    2-core host the builds took 174-244 s against a 300 s limit: a candidate a little heavier than the others was
+    recorded a timeout for the host's load."""
+    if not others or scale <= 0:
+        return configured_s
+    return min(max(configured_s, scale * max(others)), HOST_SCALE_CAP * configured_s)
+
+
 def build_time_out(result: EvalResult, log: str, limit_s: float, others: Sequence[float]) -> EvalResult:
     """A build stopped at its time limit, told as the build's time (with how long the other builds took) rather
     than with the Python stack of a process waiting on its compiler; ``result`` as it is when the process was doing
@@ -62,7 +75,8 @@ def build_time_out(result: EvalResult, log: str, limit_s: float, others: Sequenc
                 f"median and {max(others):.0f} s at most ({len(others)} builds, cached ones included)")
     else:
         took = "no other build has finished on this evaluator yet"
-    note = (f"The build was stopped at its time limit of {limit_s:g} s (--compile-timeout) while it was still "
+    note = (f"The build was stopped at its time limit of {limit_s:g} s (--compile-timeout, raised with the host's "
+            f"slowest recent build: --compile-timeout-scale) while it was still "
             f"building; {took}. Code that takes far longer to compile than the others: large unrolled loops, many "
             "template instantiations or kernels, or heavy headers?")
     kept = clean_log(output).strip()
