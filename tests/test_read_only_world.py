@@ -312,3 +312,34 @@ def test_builds_are_made_outside_the_candidate_and_land_under_their_own_key(plac
         service.evaluate(task, hostile.replace(str(cache), str(tmp_path / "open")))
     assert not (tmp_path / "open" / "poisoned").exists()  # the script names the first cache ...
     assert (cache / "poisoned").exists()  # ... which, unisolated, it writes
+
+
+PEEK = """
+import os
+import torch
+from torch.utils.cpp_extension import load_inline
+
+EXT = load_inline(name="tiny", cpp_sources=['{tiny}'], no_implicit_headers=True)
+seen = [name for name in ("pyproject.toml", ".git", "README.md", "tests")
+        if os.path.exists(os.path.join({root!r}, name))]
+if seen:
+    raise RuntimeError(f"reached the checkout: {{seen}}")
+""" + MODEL
+
+
+def test_an_editable_install_run_from_elsewhere_shows_the_sandbox_only_its_package(places: dict[str, Path],
+                                                                                  tmp_path: Path) -> None:
+    """Run from a directory other than the checkout, the whole checkout was visible (read-only) inside the sandbox:
+    a candidate read its .env, .git/config and an old run's Parquet, and its output reaches the LLM provider."""
+    from stark_ray.eval.proc.isolation import checkout
+
+    if checkout() != ROOT:
+        pytest.skip("stark-ray is not run from its checkout here")
+    cfg = EvalConfig(backend="cpu_cpp", build_dir=str(tmp_path / "build"), timing_trials=3, warmup=1, isolate="on")
+    peek = PEEK.format(tiny=TINY, root=str(ROOT), forward="pass", factor=" * (EXT.f() / 7)")
+    with EvalService(cfg) as service:
+        isolated = service.evaluate(load_task(TASK), peek)
+    assert passed(isolated), isolated.error  # the worker runs (its package is there), the checkout is not
+    with EvalService(replace(cfg, isolate="off")) as service:  # the control: unisolated, it sees the checkout
+        exposed = service.evaluate(load_task(TASK), peek)
+    assert "reached the checkout" in (exposed.error or ""), exposed.error

@@ -77,12 +77,21 @@ def jailed(command: list[str], writable: tuple[str, ...] = (), readable: tuple[s
     return [*isolation_prefix(), sys.executable, str(JAIL), *paths, "--", *command]
 
 
+def checkout() -> Path | None:
+    """The project checkout this package runs from (an editable install: its parent holds a pyproject.toml or a
+    .git), or None: an installed package (its parent is site-packages, which every worker needs)."""
+    root = PACKAGE.parent
+    return root if (root / "pyproject.toml").is_file() or (root / ".git").exists() else None
+
+
 def hidden_paths(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """What an isolated worker of this process does not see: its home directory (everything of the user's: keys,
-    other projects), its working directory (the project: a ``.env``, the run directories under it) and ``extra``
-    (``EvalConfig.hidden_paths``: the run directory, wherever it lies). What a worker needs of them is put back
-    (eval/proc/jail.py)."""
-    paths = [str(Path.home()), os.getcwd(), *extra]
+    other projects), its working directory (the project: a ``.env``, the run directories under it), the checkout this
+    package runs from where it is one (its ``.env``, ``.git``, old runs: an editable install run from elsewhere
+    showed them all; the package alone is put back) and ``extra`` (``EvalConfig.hidden_paths``: the run directory,
+    wherever it lies). What a worker needs of them is put back (eval/proc/jail.py)."""
+    root = checkout()
+    paths = [str(Path.home()), os.getcwd(), *([str(root)] if root is not None else []), *extra]
     return tuple(dict.fromkeys(str(Path(p).expanduser().absolute()) for p in paths if p and "://" not in p))
 
 
