@@ -67,7 +67,8 @@ def _has_gpu() -> bool:
 # (measured under pytest-xdist, 2026-12-03), run first, so that under pytest-xdist (-n 4 --dist loadfile, the
 # README's command) the last module to start is a short one and no worker idles at the end. The others keep their
 # order after these.
-LONGEST_FIRST = ("test_eval.py", "test_optimize.py", "test_ray_runtime.py", "test_cli.py", "test_local_ray.py",
+LONGEST_FIRST = ("test_eval.py", "test_optimize.py", "test_header_builds.py", "test_ray_runtime.py", "test_cli.py",
+                 "test_local_ray.py",
                  "test_eval_warm.py", "test_campaign.py", "test_read_only_world.py", "test_integrity.py",
                  "test_executors.py", "test_cli_runs.py", "test_s3_runs.py", "test_eval_sandbox.py",
                  "test_hostile_channel.py", "test_lifetime.py", "test_build_integrity.py", "test_doctor.py",
