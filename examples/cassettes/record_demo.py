@@ -56,7 +56,7 @@ def main() -> int:
     if unused:
         print(f"warning: replies left unused: {unused}", file=sys.stderr)
     print(f"wrote {cassette} (best speedup {summary.best_speedup})")
-    return 0 if summary.best_correct and not unused else 1
+    return 0 if summary.success and not unused else 1
 
 
 if __name__ == "__main__":
