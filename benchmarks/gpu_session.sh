@@ -21,6 +21,9 @@
 #               kernel takes), the representative subset, default budget and 40 GB (issue 41, part 1)
 #   confirm-all the same, every task, default, 40 and 80 GB, resumable
 #   l2          l2_persisting.py: a persisting-L2 set-aside against the flush, with and without the reset
+#   cassette    examples/cassettes/record_demo.py --backend cuda: the GPU demo's cassette recorded again on today's
+#               prompts (copied to $OUT: put it over examples/cassettes/ here); run it before tests-b, whose Ray test
+#               replays it and counts every prompt it does not hold
 # Logs go to $OUT/<step>.log and one line per step to $OUT/steps.txt; the sweeps read and extend
 # benchmarks/results/kernelbench_sweep.csv (the --confirm ones kernelbench_confirm.csv), copied to $OUT/ after each
 # sweeping step: copy it back over the one in benchmarks/results/ here before the next call (the machine is a fresh
@@ -72,8 +75,10 @@ for s in "$@"; do
         confirm-all) CSV=benchmarks/results/kernelbench_confirm.csv sweep confirm-all --budget default 40 80 \
             --confirm ;;
         l2) step l2 python3 benchmarks/l2_persisting.py --json "$OUT/l2.json" ;;
+        cassette) step cassette python3 examples/cassettes/record_demo.py --backend cuda
+            cp examples/cassettes/2_FusedSwishScaleClamp_cuda.jsonl "$OUT/" ;;
         *) echo "unknown step: $s (tests-a, tests-a2, tests-b, probes, sweep-rep, sweep-80, sweep-all, confirm-rep," \
-            "confirm-all, l2)" >&2; exit 2 ;;
+            "confirm-all, l2, cassette)" >&2; exit 2 ;;
     esac
 done
 cat "$OUT/steps.txt"
