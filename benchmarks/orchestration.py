@@ -659,8 +659,7 @@ def _service_time(root: Path, tasks: int, calls: int) -> tuple[float, float, flo
 
     def sink(task: str, node: Node, step: AgentResult) -> None:
         t0 = time.perf_counter()
-        store.record_node(task, node)
-        store.record_usage(task, node.id, step.usage)
+        store.record(task, node, step.usage)
         store.flush()
         sink_s.append(time.perf_counter() - t0)
 

@@ -27,13 +27,13 @@ sys.path.insert(0, str(ROOT))
 CANDIDATE = "\n\nclass ModelNew(Model):  # the reference's own forward\n    pass\n"
 
 
-def one_setting(backend: str, spares: int, rounds: int) -> dict[str, object]:
+def one_setting(backend: str, spares: int, rounds: int, per_worker: int = 1) -> dict[str, object]:
     from stark_ray.config import EvalConfig
     from stark_ray.eval.service import EvalService
     from stark_ray.eval.tasks import load_task
 
     tasks = [load_task(p) for p in sorted((ROOT / "examples" / "tasks").glob("*.py"))]
-    cfg = EvalConfig(backend=backend, worker_candidates=1, worker_spares=spares)
+    cfg = EvalConfig(backend=backend, worker_candidates=per_worker, worker_spares=spares)
     refs: list[float] = []
     cands: list[float] = []
     began = time.perf_counter()
@@ -49,7 +49,8 @@ def one_setting(backend: str, spares: int, rounds: int) -> dict[str, object]:
                 cands.append(t2 - t1)
         kept, misses = service.worker_spares
         starts, promotions = service.worker_starts, service.worker_promotions
-    return {"spares": spares, "kept": kept, "misses": misses, "starts": starts, "promotions": promotions,
+    label = spares if per_worker == 1 else f"{spares}, {per_worker} per worker"
+    return {"spares": label, "kept": kept, "misses": misses, "starts": starts, "promotions": promotions,
             "ref_median": statistics.median(refs), "cand_median": statistics.median(cands),
             "pair_p90": sorted(r + c for r, c in zip(refs, cands, strict=True))[int(0.9 * len(refs))],
             "wall": time.perf_counter() - began, "n": len(refs)}
@@ -60,8 +61,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--backend", default="cpu_cpp")
     p.add_argument("--spares", type=int, nargs="+", default=[0, 1, 3])
     p.add_argument("--rounds", type=int, default=2, help="times over the example tasks")
+    p.add_argument("--kept", type=int, default=0, help="also a row with one worker serving this many candidates "
+                                                      "(no spare): 64 is what the CPU backends did before")
     args = p.parse_args(argv)
     rows = [one_setting(args.backend, s, args.rounds) for s in args.spares]
+    if args.kept:
+        rows.append(one_setting(args.backend, 0, args.rounds, args.kept))
     print(f"\n{args.backend}: reference then candidate, back to back, a fresh worker per candidate")
     print("spares (most / kept, misses) | starts (promoted) | reference s | candidate s | pair p90 s | wall s (n)")
     base = rows[0]["ref_median"]

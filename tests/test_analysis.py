@@ -70,9 +70,7 @@ def write_run(root: Path, run_id: str, tasks: dict[str, list[Node]], with_calls:
     with RunStore(root, run_id, background=False, fsync=False) as store:
         for task, nodes in tasks.items():
             for n in nodes:
-                store.record_node(task, n)
-                if with_calls and n.id > 0:
-                    store.record_usage(task, n.id, calls())
+                store.record(task, n, calls() if with_calls and n.id > 0 else [])
     return root / run_id
 
 

@@ -136,8 +136,7 @@ class TreeMemoryActor:
         self.store.flush()
 
     def _record(self, task: str, node: Node, step: AgentResult) -> None:
-        self.store.record_node(task, node)  # buffered: the add waits for the group commit that writes it
-        self.store.record_usage(task, node.id, step.usage)
+        self.store.record(task, node, step.usage)  # buffered: the add waits for the group commit that writes it
 
     async def next(self, task: str) -> Ticket | None:
         return self.memory.next(task)

@@ -100,11 +100,14 @@ class PartWriter:
         if due:
             self.flush()
 
-    def flush_if_due(self) -> Path | str | None:
-        """Flush when rows are waiting and ``flush_s`` seconds have passed since the last flush."""
+    def due(self) -> bool:
+        """Rows are waiting and ``flush_s`` seconds have passed since the last flush."""
         with self._lock:
-            due = bool(self._rows) and time.monotonic() - self._last >= self.flush_s
-        return self.flush() if due else None
+            return bool(self._rows) and time.monotonic() - self._last >= self.flush_s
+
+    def flush_if_due(self) -> Path | str | None:
+        """Flush when :meth:`due`."""
+        return self.flush() if self.due() else None
 
     def flush(self) -> Path | str | None:
         """Write the buffered rows as one part file; returns its path (None when nothing was buffered). When the

@@ -5,6 +5,12 @@ one :class:`~stark_ray.store.parquet.PartWriter` per (table, task). A row is the
 :mod:`stark_ray.records` plus ``run_id``, ``task`` and ``seq`` (the node's id): :func:`attempt_row` and
 :func:`llm_call_rows` make them. Buffered rows are written every ``flush_rows`` rows, and a background thread
 writes rows that waited ``flush_s`` seconds even when no new row arrives. No Ray here.
+
+An attempt's row never reaches the disk before its LLM calls' rows: :meth:`RunStore.record` buffers the calls before
+the attempt, and every flush of a task's attempts (by count, by time, on demand) writes its calls first. A process
+killed at any moment leaves every attempt on disk with all of its call rows (calls of an attempt not yet written
+may be there without it: their spend was real). Before, the two tables were flushed each on its own: a driver kill
+at 50% of a 250-task campaign left 2-8 attempts without their call rows.
 """
 
 from __future__ import annotations
@@ -106,6 +112,8 @@ class RunStore:
             seen.add(seq)
         try:
             writer.append(row)
+            if writer.pending >= self.flush_rows:  # its calls first (the writer itself never flushes by count)
+                self._flush_task(task)
         finally:
             self._leave()
 
@@ -124,10 +132,13 @@ class RunStore:
             self._leave()
 
     def record_node(self, task: str, node: Node) -> None:
+        """A node without LLM calls (the reference)."""
         self.record_attempt(task, attempt_row(self.run_id, task, node))
 
-    def record_usage(self, task: str, seq: int, usage: Iterable[LLMUsage]) -> None:
-        self.record_calls(task, llm_call_rows(self.run_id, task, seq, usage))
+    def record(self, task: str, node: Node, usage: Iterable[LLMUsage]) -> None:
+        """A node and the LLM calls that produced it: the calls first (see the module's doc)."""
+        self.record_calls(task, llm_call_rows(self.run_id, task, node.id, usage))
+        self.record_attempt(task, attempt_row(self.run_id, task, node))
 
     # --- flushing and closing --------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -135,7 +146,10 @@ class RunStore:
         of milliseconds) the part files of different (table, task) writers are written at once, by up to
         ``FLUSH_THREADS`` threads; locally one after another. When a write fails the others still happen, its rows
         stay buffered, and the first error is raised."""
-        writers = [w for w in self._snapshot() if w.pending]
+        for table in (LLM_CALLS, ATTEMPTS):  # every call row before any attempt row
+            self._flush_writers([w for (t, _), w in self._snapshot() if t == table and w.pending])
+
+    def _flush_writers(self, writers: list[PartWriter]) -> None:
         futures = None
         with self._lock:  # submitted under the lock: close() shuts the pool down under it
             if self.loc.fs is not None and len(writers) > 1 and not self._pool_shut:
@@ -149,6 +163,15 @@ class RunStore:
         errors = [e for f in futures if (e := f.exception()) is not None]
         if errors:
             raise errors[0]
+
+    def _flush_task(self, task: str) -> None:
+        """One task's call rows, then its attempt rows."""
+        with self._lock:
+            calls, attempts = self._writers.get((LLM_CALLS, task)), self._writers.get((ATTEMPTS, task))
+        if calls is not None:
+            calls.flush()
+        if attempts is not None:
+            attempts.flush()
 
     def close(self) -> None:
         """Stop the flush thread and write what is buffered; later calls do nothing."""
@@ -212,20 +235,24 @@ class RunStore:
     def _writer(self, table: str, task: str) -> PartWriter:
         key = (table, task)
         writer = self._writers.get(key)
-        if writer is None:
-            writer = PartWriter(self.loc, table, task, self._schemas[table], flush_rows=self.flush_rows,
+        if writer is None:  # an attempts writer never flushes by count itself: record_attempt does, calls first
+            rows = self.flush_rows if table == LLM_CALLS else 1 << 62
+            writer = PartWriter(self.loc, table, task, self._schemas[table], flush_rows=rows,
                                 flush_s=self.flush_s, fsync=self.fsync)
             self._writers[key] = writer
         return writer
 
-    def _snapshot(self) -> list[PartWriter]:
+    def _snapshot(self) -> list[tuple[tuple[str, str], PartWriter]]:
         with self._lock:
-            return list(self._writers.values())
+            return list(self._writers.items())
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_s / 4):
-            for writer in self._snapshot():
+            for (table, task), writer in self._snapshot():
                 try:
-                    writer.flush_if_due()
+                    if table == LLM_CALLS:
+                        writer.flush_if_due()
+                    elif writer.due():
+                        self._flush_task(task)  # its calls first
                 except Exception:  # the rows stay buffered; the next tick or close() tries again
                     log.exception("run store %s: a timed flush failed", self.run_id)
