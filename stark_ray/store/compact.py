@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from stark_ray.eval.build.locks import file_lock
 from stark_ray.store.location import Location, locate
-from stark_ray.store.parquet import next_part_number, safe_name, write_part
+from stark_ray.store.parquet import next_part_number, safe_name, write_part_from
 from stark_ray.store.parts import COMPACTED_DIR, REPLACES_KEY, is_compacted, part_files, read_parts, replaces
 from stark_ray.store.run_store import schemas
 
@@ -195,17 +195,19 @@ def _groups(table_loc: Location, files: dict[str, str], target_bytes: int | None
 
 def _rewrite(table_loc: Location, table: str, schema: pa.Schema, group: list[str], into_compacted: bool,
              files: dict[str, str]) -> int:
-    data = read_parts([files[rel] for rel in group], table, schema, table_loc.fs)
-    data = data.sort_by([("task", "ascending"), ("seq", "ascending")])
+    """The group's files as one, read and written one file at a time (in name order: by task, then as written), so
+    that a compaction's memory is one part file's, whatever the run's size (reading a whole group at once took
+    714 MB for a 250-task campaign, 1.94 GB for 1,000)."""
     directory = COMPACTED_DIR if into_compacted else group[0].partition("/")[0]
     target = table_loc.join(directory)
     target.mkdir()
     name = f"part-{next_part_number(target):06d}-{uuid.uuid4().hex[:8]}-c.parquet"
-    meta = {**(data.schema.metadata or {}), REPLACES_KEY: json.dumps(group).encode()}
-    write_part(target, name, data.replace_schema_metadata(meta), fsync=True)
+    marked = schema.with_metadata({**(schema.metadata or {}), REPLACES_KEY: json.dumps(group).encode()})
+    tables = (read_parts([files[rel]], table, schema, table_loc.fs) for rel in sorted(group))
+    rows = write_part_from(target, name, marked, tables, fsync=True)
     for rel in group:  # the new file is in place and replaces these: readers already skip them
         table_loc.join(*rel.split("/")).remove()
-    return data.num_rows
+    return rows
 
 
 def _delete_replaced(table_loc: Location, only: Collection[str] | None = None) -> None:

@@ -20,6 +20,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from stark_ray.store.location import Location, locate
+from stark_ray.store.location import Location, locate, writes_whole
 
 PART_RE = re.compile(r"^part-(\d+)-[0-9a-f]+(-c)?\.parquet$")  # "-c": a compacted file (store/parts.py)
 
@@ -134,6 +135,49 @@ class PartWriter:
 
     def close(self) -> None:
         self.flush()
+
+
+def write_part_from(directory: Location, name: str, schema: pa.Schema, tables: Iterable[pa.Table],
+                    fsync: bool = True) -> int:
+    """The tables, one after another, as the part file ``directory/name`` of ``schema``, whole or not at all (as
+    :func:`write_part`), holding one of them in memory at a time; the rows written."""
+    rows = 0
+
+    def write_all(sink: Any) -> None:
+        nonlocal rows
+        with pq.ParquetWriter(sink, schema) as writer:
+            for table in tables:
+                writer.write_table(table.cast(schema))
+                rows += table.num_rows
+
+    if directory.fs is None:
+        final = Path(directory.path) / name
+        tmp = final.with_name(f".{name}.tmp")
+        try:
+            write_all(str(tmp))
+            if fsync:
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        if fsync:
+            _fsync_dir(final.parent)
+        return rows
+    target = directory.join(name)
+    whole = writes_whole(directory.fs)  # an object store: the object appears once its stream is closed
+    staged = target.path if whole else directory.join(f".{name}.tmp").path
+    try:
+        with directory.fs.open_output_stream(staged) as out:
+            write_all(out)
+        if not whole:
+            directory.fs.move(staged, target.path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            directory.fs.delete_file(staged)
+        raise
+    return rows
 
 
 def write_part(directory: Location, name: str, table: pa.Table, fsync: bool = True) -> Path | str:
