@@ -108,3 +108,19 @@ def test_sigterm_stops_cleanly_with_everything_recorded(ray_cluster: str, tmp_pa
     assert n == summary["attempts"] + 1  # every attempt the summary counts is a row, and no more
     assert (run / "best_kernel.py").read_text() == SLOW
     assert not list(run.rglob("*.tmp"))
+
+
+def test_a_run_in_which_no_attempt_produced_a_candidate_exits_non_zero(tmp_path: Path) -> None:
+    """A `-B 2` run in which every LLM call failed exited 0; here every reply holds no code (the same outcome: not
+    one candidate to evaluate), with the local executor."""
+    cassette = tmp_path / "c.jsonl"
+    reply = {"role": "plan", "prompt_sha256": "-", "reply": "I cannot help with that."}  # asked twice per attempt
+    cassette.write_text("".join(json.dumps(reply) + "\n" for _ in range(6)))
+    proc = stark(str(TASK), "--cassette", str(cassette), "-B", "2", "--out", str(tmp_path / "runs"), "--trials", "2",
+                 "--executor", "local", "--quiet", env=env())
+    _, errs = proc.communicate(timeout=300)
+    assert proc.returncode == 1, errs
+    error_lines = [ln for ln in errs.splitlines() if ln.startswith("error:")]
+    assert len(error_lines) == 1 and "no candidate was evaluated: all 2 attempt(s)" in error_lines[0], errs
+    [run] = (tmp_path / "runs").iterdir()
+    assert json.loads((run / "summary.json").read_text())["attempts"] == 2  # recorded all the same

@@ -117,13 +117,24 @@ def run_locally(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_c
 
     signal.signal(signal.SIGTERM, interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
     try:
-        run_optimize(task, client, search_cfg, agent_cfg, eval_cfg, out, reporter, resume=resume)
+        summaries = [run_optimize(task, client, search_cfg, agent_cfg, eval_cfg, out, reporter, resume=resume)]
     except (TaskError, EvaluatorError, RunError) as e:
         fail(str(e))
     except LLMError as e:
         fail(f"LLM calls cannot go on ({e.kind}): {e}; what was recorded is kept", 1)
     except KeyboardInterrupt:
         fail("interrupted; everything recorded so far is in the run directory (--resume it)", 130)
+    fail_if_nothing_evaluated(summaries)
+
+
+def fail_if_nothing_evaluated(summaries: list[RunSummary]) -> None:
+    """Exit 1, one line, where attempts were made and no task got a single candidate to evaluate (a run in which
+    every LLM call failed exited 0)."""
+    made = [s for s in summaries if s.attempts > 0]
+    if made and all(s.nothing_evaluated for s in made):
+        attempts = sum(s.attempts for s in made)
+        fail(f"no candidate was evaluated: all {attempts} attempt(s) failed before evaluation (the LLM calls failed "
+             f"or the replies held no code; their errors are in the run's attempts, {made[0].run_dir})", 1)
 
 
 def reporter_for(quiet: bool) -> Reporter:
@@ -144,7 +155,7 @@ def run_on_ray(run: RayRun, reporter: Reporter) -> None:
     signal.signal(signal.SIGTERM, interrupt)
     started: list[object] = []  # the run directory, once it exists
     try:
-        run_ray(run, reporter, on_started=started.append)
+        summaries = run_ray(run, reporter, on_started=started.append)
     except (TaskError, EvaluatorError, RunError) as e:
         fail(str(e))
     except LLMError as e:
@@ -154,6 +165,7 @@ def run_on_ray(run: RayRun, reporter: Reporter) -> None:
     except OSError as e:  # a full disk, a vanished directory, a cluster that cannot be reached
         kept = f"; everything acknowledged so far is recorded: continue with --resume {started[0]}" if started else ""
         fail(f"{type(e).__name__}: {e}{kept}", 1)
+    fail_if_nothing_evaluated(summaries)
 
 
 RESUME_OPTIONS = frozenset({"resume", "budget", "parallel", "stop_at_sol", "address", "quiet", "evaluators",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stark_ray.llm.usage import UsageTotals
+from stark_ray.records import STAGE_PARSE
 from stark_ray.search.tree import Tree
 
 STATUS_FINISHED, STATUS_INTERRUPTED, STATUS_FAILED = "finished", "interrupted", "failed"
@@ -37,6 +38,12 @@ class RunSummary:
     replay_mismatches: int = 0  # replayed calls whose prompt the cassette did not hold (each served in order)
     # how close the best candidate comes to the speed of light (eval/judge/sol.py)
     best_sol_fraction: float | None = None
+
+    @property
+    def nothing_evaluated(self) -> bool:
+        """Attempts were made and not one of them produced a candidate to evaluate (every LLM call failed, or no
+        reply held code): a run that exits non-zero."""
+        return self.attempts > 0 and self.failures_by_stage.get(STAGE_PARSE, 0) == self.attempts
 
 
 def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, budget: int, usage: UsageTotals,
