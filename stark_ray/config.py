@@ -121,7 +121,7 @@ class SearchConfig:
 
 
 # the model every agent uses where none is given, per provider (a replayed run reads the cassette's)
-DEFAULT_MODELS: dict[str, str] = {"openai": "gpt-4o", "anthropic": "claude-sonnet-4-5", "replay": "gpt-4o"}
+DEFAULT_MODELS: dict[str, str] = {"openai": "gpt-4o", "anthropic": "claude-sonnet-4-5", "replay": ""}
 
 
 @dataclass(frozen=True)

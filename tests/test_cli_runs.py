@@ -123,4 +123,6 @@ def test_a_run_in_which_no_attempt_produced_a_candidate_exits_non_zero(tmp_path:
     error_lines = [ln for ln in errs.splitlines() if ln.startswith("error:")]
     assert len(error_lines) == 1 and "no candidate was evaluated: all 2 attempt(s)" in error_lines[0], errs
     [run] = (tmp_path / "runs").iterdir()
-    assert json.loads((run / "summary.json").read_text())["attempts"] == 2  # recorded all the same
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["attempts"] == 2  # recorded all the same
+    assert summary["models"] == ["replay"] and summary["settings"]["agents"]["model"] != "gpt-4o"  # not a guess

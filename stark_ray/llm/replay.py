@@ -178,7 +178,7 @@ class ReplayClient:
         self.cfg = cfg or AgentConfig()
         self.mismatches = 0
         entries = load_cassette(self.path)
-        self.model = model or (cfg.model if cfg else None) or (entries[0].model if entries else "replay")
+        self.model = model or (cfg.model if cfg else None) or (entries[0].model if entries else None) or "replay"
         self._queues: dict[str, list[CassetteEntry]] = {}
         self._lines: dict[str, list[int]] = {}  # per role: each entry's line in the cassette (from 0)
         for line, e in enumerate(entries):

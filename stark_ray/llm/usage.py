@@ -57,11 +57,20 @@ class UsageTotals:
         self._lock = threading.Lock()
         self._total = RoleTotals()
         self._by_role: dict[str, RoleTotals] = {}
+        self._models: set[str] = set()
 
     def add(self, usage: LLMUsage) -> None:
         with self._lock:
             self._total.add(usage)
             self._by_role.setdefault(usage.role, RoleTotals()).add(usage)
+            if usage.ok and usage.model:
+                self._models.add(usage.model)
+
+    @property
+    def models(self) -> list[str]:
+        """The models that answered (a replay: the cassette's), sorted."""
+        with self._lock:
+            return sorted(self._models)
 
     def add_all(self, usages: list[LLMUsage]) -> None:
         for u in usages:

@@ -38,6 +38,7 @@ class RunSummary:
     replay_mismatches: int = 0  # replayed calls whose prompt the cassette did not hold (each served in order)
     # how close the best candidate comes to the speed of light (eval/judge/sol.py)
     best_sol_fraction: float | None = None
+    models: list[str] = field(default_factory=list)  # the models that answered (a replay: the cassette's)
 
     @property
     def nothing_evaluated(self) -> bool:
@@ -62,4 +63,5 @@ def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, bu
         tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
         llm_calls=usage.calls, wall_s=round(wall_s, 2), settings=settings,
         replay_mismatches=usage.replay_mismatches, best_sol_fraction=best.result.sol_fraction if best else None,
+        models=usage.models,
     )
