@@ -492,3 +492,16 @@ def test_the_speed_of_light_reaches_the_tasks_view_and_the_report(tmp_path: Path
     with connect(old) as con:
         assert by_task(con)[T1]["sol_ms"] is None
     assert "## Speed of light" not in generate(old, tmp_path / "old").path.read_text()
+
+
+def test_the_runs_view_names_the_policy_that_ran(tmp_path: Path) -> None:
+    """An ma_only run is Best-of-K whatever its policy setting says; the runs view said epsilon_greedy."""
+    from stark_ray.analysis.views import _run_info
+    from stark_ray.store.location import locate
+
+    run = tmp_path / "run-m"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"tasks": [{"name": T1}], "search": {"policy": "epsilon_greedy",
+                                                                                   "ablation": "ma_only"}}))
+    _, settings = _run_info(locate(run))
+    assert "best_of_k" in settings and "epsilon_greedy" not in settings

@@ -224,8 +224,10 @@ def _run_info(run: Location) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
             status[str(data["task"])] = data.get("status")
     info = [(run.name, name, paths.get(name), status.get(name)) for name in sorted(set(paths) | set(status))]
     search, agents, ev = (record.get(k) or {} for k in ("search", "agents", "eval"))
+    # the policy that ran: the ma_only ablation is Best-of-K with repairs whatever its policy setting says
+    policy = "best_of_k" if search.get("ablation") == "ma_only" else search.get("policy")
     settings = (run.name, str(run), record.get("executor"), agents.get("provider"), agents.get("model"),
-                ev.get("backend"), ev.get("baseline"), search.get("policy"), search.get("ablation"),
+                ev.get("backend"), ev.get("baseline"), policy, search.get("ablation"),
                 search.get("budget"), len(record["tasks"]) if isinstance(record.get("tasks"), list) else None)
     return info, settings
 
