@@ -66,10 +66,11 @@ def _report_sql_and_notebook_agree(run_dir: Path, tmp_path: Path) -> None:
     result_file = tmp_path / "notebook.json"
     nb = nbformat.read(ROOT / "notebooks" / "analysis.ipynb", as_version=4)
     env_before = {k: os.environ.get(k) for k in ("STARK_CAMPAIGN", "STARK_NOTEBOOK_RESULT")}
-    os.environ.update(STARK_CAMPAIGN=str(run_dir), STARK_NOTEBOOK_RESULT=str(result_file))
+    # as its text says: a path relative to the repository root, in Jupyter's folder (the notebook's: it failed there)
+    os.environ.update(STARK_CAMPAIGN=os.path.relpath(run_dir, ROOT), STARK_NOTEBOOK_RESULT=str(result_file))
     try:
         nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                resources={"metadata": {"path": str(ROOT)}}).execute()
+                                resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
     finally:
         for k, v in env_before.items():
             if v is None:
