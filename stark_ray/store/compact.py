@@ -38,6 +38,7 @@ from stark_ray.store.parts import COMPACTED_DIR, REPLACES_KEY, is_compacted, par
 from stark_ray.store.run_store import schemas
 
 TARGET_BYTES = 256 << 20  # a compacted file holds the rows of part files of about this much, together
+BATCH_BYTES = 16 << 20  # ... read and written this much of them at a time
 LOCK_FILE = ".compact.lock"
 log = logging.getLogger(__name__)
 
@@ -195,19 +196,34 @@ def _groups(table_loc: Location, files: dict[str, str], target_bytes: int | None
 
 def _rewrite(table_loc: Location, table: str, schema: pa.Schema, group: list[str], into_compacted: bool,
              files: dict[str, str]) -> int:
-    """The group's files as one, read and written one file at a time (in name order: by task, then as written), so
-    that a compaction's memory is one part file's, whatever the run's size (reading a whole group at once took
-    714 MB for a 250-task campaign, 1.94 GB for 1,000)."""
+    """The group's files as one, read and written a batch of files at a time (BATCH_BYTES of them on disk, in name
+    order: by task, then as written), so that a compaction's memory is one batch's, whatever the run's size (reading
+    a whole group at once took 714 MB for a 250-task campaign, 1.94 GB for 1,000); each batch is read by pyarrow's
+    threads at once (file by file took 2.5 times as long)."""
     directory = COMPACTED_DIR if into_compacted else group[0].partition("/")[0]
     target = table_loc.join(directory)
     target.mkdir()
     name = f"part-{next_part_number(target):06d}-{uuid.uuid4().hex[:8]}-c.parquet"
     marked = schema.with_metadata({**(schema.metadata or {}), REPLACES_KEY: json.dumps(group).encode()})
-    tables = (read_parts([files[rel]], table, schema, table_loc.fs) for rel in sorted(group))
+    tables = (read_parts(batch, table, schema, table_loc.fs) for batch in _batches(table_loc, files, sorted(group)))
     rows = write_part_from(target, name, marked, tables, fsync=True)
     for rel in group:  # the new file is in place and replaces these: readers already skip them
         table_loc.join(*rel.split("/")).remove()
     return rows
+
+
+def _batches(table_loc: Location, files: dict[str, str], rels: list[str]) -> list[list[str]]:
+    """The files' paths in batches of about BATCH_BYTES on disk, in order."""
+    batches: list[list[str]] = [[]]
+    size = 0
+    for rel in rels:
+        n = _size(files[rel], table_loc)
+        if batches[-1] and size + n > BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(files[rel])
+        size += n
+    return [b for b in batches if b]
 
 
 def _delete_replaced(table_loc: Location, only: Collection[str] | None = None) -> None:
