@@ -30,9 +30,11 @@ ATTEMPTS, CALLS = 30, 2
 CHILD = """
 import resource, sys, time
 from stark_ray.store.compact import compact_run
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the imports'
 t0 = time.perf_counter()
 done = compact_run(sys.argv[1])
-print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, done.describe())
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(time.perf_counter() - t0, peak, base, done.describe())
 """
 
 
@@ -61,12 +63,13 @@ def write_run(root: Path, tasks: int) -> Path:
     return root / "run"
 
 
-def compact(run_dir: Path, code: Path) -> tuple[float, float, str]:
-    """(seconds, peak resident MB, what it did) of compact_run in a child using the stark_ray in ``code``."""
+def compact(run_dir: Path, code: Path) -> tuple[float, float, float, str]:
+    """(seconds, peak resident MB, MB after the imports, what it did) of compact_run in a child using the stark_ray
+    in ``code``."""
     env = {**os.environ, "PYTHONPATH": str(code)}
     out = subprocess.run([sys.executable, "-c", CHILD, str(run_dir)], env=env, capture_output=True, text=True,
-                         check=True).stdout.split(maxsplit=2)
-    return float(out[0]), int(out[1]) / 1024, out[2].strip()
+                         check=True).stdout.split(maxsplit=3)
+    return float(out[0]), int(out[1]) / 1024, int(out[2]) / 1024, out[3].strip()
 
 
 def main() -> int:
@@ -74,7 +77,8 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, nargs="+", default=[250, 1000])
     parser.add_argument("--before", type=Path, help="a checkout whose stark_ray compacts a copy, side by side")
     args = parser.parse_args()
-    print(f"{'tasks':>6}  {'files':>7}  {'MB on disk':>10}  {'code':<8}  {'seconds':>8}  {'peak RSS MB':>11}")
+    print(f"{'tasks':>6}  {'files':>7}  {'MB on disk':>10}  {'code':<8}  {'seconds':>8}  {'peak RSS MB':>11}  "
+          f"{'of it imports':>13}")
     for tasks in args.tasks:
         with tempfile.TemporaryDirectory(prefix="stark-compact-", dir="/var/tmp") as tmp:
             started = time.perf_counter()
@@ -87,8 +91,9 @@ def main() -> int:
                 shutil.copytree(run, Path(tmp) / "b" / "run")
                 rows.append(("before", compact(Path(tmp) / "b" / "run", args.before)))
             rows.append(("today", compact(run, ROOT)))
-            for label, (seconds, peak, _) in rows:
-                print(f"{tasks:>6}  {len(files):>7}  {mb:>10.0f}  {label:<8}  {seconds:>8.1f}  {peak:>11.0f}")
+            for label, (seconds, peak, base, _) in rows:
+                print(f"{tasks:>6}  {len(files):>7}  {mb:>10.0f}  {label:<8}  {seconds:>8.1f}  {peak:>11.0f}  "
+                      f"{base:>13.0f}")
     print(f"(this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB)", file=sys.stderr)
     return 0
 

@@ -226,10 +226,11 @@ class EvalConfig:
     confirm_above: float = 2.0
     # candidates one worker process serves before a fresh one takes over. 1: each candidate its own process, the
     # only setting under which nothing a candidate leaves in the interpreter (code patched in place, global hooks,
-    # threads, files in its /tmp) can reach a later candidate's verdict. None (the default): 1 on a GPU, where a hot
-    # spare makes a fresh worker cost a CUDA context; 64 on the CPU backends (tests, CI), where a fresh worker costs
-    # 2-7 s of a small host's CPU, and with --baseline compile (each worker compiles the reference again, from a
-    # cold cache). More is faster, for code one trusts (stark_ray/eval/judge/judge.py)
+    # threads, descriptors, files in its /tmp) can reach a later candidate's verdict. None (the default): 1, on every
+    # device (a hot spare makes a fresh worker cost a CUDA context on a GPU, little on a CPU: the spare imports torch
+    # meanwhile); 64 with --baseline compile (each worker compiles the reference again, from a cold cache). On the CPU
+    # backends it was 64 until a candidate that took every file descriptor failed the next 5 of its worker. More is
+    # faster, for code one trusts (stark_ray/eval/judge/judge.py)
     worker_candidates: int | None = None
     # the most hot spares a device worker keeps (stark_ray/eval/proc/spares.py): processes with torch imported, waiting
     # to take over at a restart for the cost of a CUDA context. One at first, one more each time a start found none
@@ -249,6 +250,11 @@ class EvalConfig:
     # defences of the evaluator switched off, by name (stark_ray/eval/defences.py: the table), for tests and
     # ablations only: a verdict with one off says so in its log, and can be fooled by what that defence stops
     defences_off: tuple[str, ...] = ()
+
+    def candidates_per_worker(self) -> int | None:
+        """``worker_candidates`` as it applies: 1 unless set, or None (the worker's own cap) with a compiled
+        baseline."""
+        return self.worker_candidates or (None if self.baseline == "compile" else 1)
 
     def hiding(self, *paths: object) -> EvalConfig:
         """This configuration with ``paths`` (a run directory: a path or a filesystem URI, which needs none) hidden

@@ -102,8 +102,8 @@ DEFENCES: tuple[Defence, ...] = (
             "a runtime below the task's memory floor (its inputs and outputs moved once) or the compute floor of "
             "the reference's FLOPs at its dtype's peak (`faster_than_sol`, saying which and by how much)"),
     Defence("fresh_worker", AFTER, JUDGE,
-            "what a candidate left in its interpreter deciding a later candidate's verdict (a worker per candidate "
-            "on a GPU; EvalConfig.worker_candidates above 1 trades it for speed)", switchable=False),
+            "what a candidate left in its interpreter deciding a later candidate's verdict (a worker per candidate, "
+            "on every device; EvalConfig.worker_candidates above 1 trades it for speed)", switchable=False),
 )
 
 BY_NAME = {d.name: d for d in DEFENCES}

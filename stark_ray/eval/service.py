@@ -170,7 +170,8 @@ class EvalService:
         if self.isolated:
             extra += ["--isolate-worker", *(a for path in self.hidden for a in ("--hide", path))]
         extra += ["--worker-disk-bytes", str(self.disk_bytes)]
-        if device is not None if spare is None else spare:  # each spare more imports on a core of its own
+        # a spare wherever workers come and go: each candidate's own (on a CPU too), or a GPU's (crashes, recycling)
+        if (device is not None or self.cfg.candidates_per_worker() == 1) if spare is None else spare:
             extra += ["--worker-spares", str(min(self.cfg.worker_spares, max(1, self.threads // CORES_PER_SPARE)))]
         # OpenMP threads wait passively in the judge and in its worker: a process spinning after its last operation
         # takes the cores the other's batch runs on (on the CPU backend a candidate's batch ran at half speed)

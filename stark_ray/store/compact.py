@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +38,8 @@ from stark_ray.store.parts import COMPACTED_DIR, REPLACES_KEY, is_compacted, par
 from stark_ray.store.run_store import schemas
 
 TARGET_BYTES = 256 << 20  # a compacted file holds the rows of part files of about this much, together
-BATCH_BYTES = 16 << 20  # ... read and written this much of them at a time
+BATCH_BYTES = 16 << 20  # ... read and written this much of them at a time, and at most BATCH_FILES files: reading
+BATCH_FILES = 256  # costs memory per file too (3,000 files of a few KB each took 100 MB), whatever their rows
 LOCK_FILE = ".compact.lock"
 log = logging.getLogger(__name__)
 
@@ -205,20 +206,24 @@ def _rewrite(table_loc: Location, table: str, schema: pa.Schema, group: list[str
     target.mkdir()
     name = f"part-{next_part_number(target):06d}-{uuid.uuid4().hex[:8]}-c.parquet"
     marked = schema.with_metadata({**(schema.metadata or {}), REPLACES_KEY: json.dumps(group).encode()})
-    tables = (read_parts(batch, table, schema, table_loc.fs) for batch in _batches(table_loc, files, sorted(group)))
-    rows = write_part_from(target, name, marked, tables, fsync=True)
+    def tables() -> Iterator[pa.Table]:
+        for batch in _batches(table_loc, files, sorted(group)):
+            yield read_parts(batch, table, schema, table_loc.fs)
+            pa.default_memory_pool().release_unused()  # what the batch took goes back, not kept for the next
+
+    rows = write_part_from(target, name, marked, tables(), fsync=True)
     for rel in group:  # the new file is in place and replaces these: readers already skip them
         table_loc.join(*rel.split("/")).remove()
     return rows
 
 
 def _batches(table_loc: Location, files: dict[str, str], rels: list[str]) -> list[list[str]]:
-    """The files' paths in batches of about BATCH_BYTES on disk, in order."""
+    """The files' paths in batches of about BATCH_BYTES on disk and at most BATCH_FILES files, in order."""
     batches: list[list[str]] = [[]]
     size = 0
     for rel in rels:
         n = _size(files[rel], table_loc)
-        if batches[-1] and size + n > BATCH_BYTES:
+        if batches[-1] and (size + n > BATCH_BYTES or len(batches[-1]) >= BATCH_FILES):
             batches.append([])
             size = 0
         batches[-1].append(files[rel])

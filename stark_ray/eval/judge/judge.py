@@ -438,12 +438,11 @@ class Judge:
         return result
 
     def _retire_worker(self, cfg: EvalConfig) -> None:
-        """After a candidate: its worker process ends once it has served ``cfg.worker_candidates`` (on a GPU by
-        default every time): whatever the candidate left in that interpreter — code objects rewritten in place,
+        """After a candidate: its worker process ends once it has served ``cfg.worker_candidates`` (by default every
+        time): whatever the candidate left in that interpreter — code objects rewritten in place,
         global hooks, a hook on the kept reference, threads, files in its private /tmp — ends with it, before any
         other candidate runs. The next request gets a fresh process (the spare, where one waits)."""
-        fresh = self.backend.device == "cuda" and cfg.baseline != "compile"  # (a compiled reference: per worker)
-        limit = cfg.worker_candidates or (1 if fresh else self.worker.max_requests)
+        limit = cfg.candidates_per_worker() or self.worker.max_requests
         self.worker.served += 1
         if self.worker.alive and self.worker.served >= min(limit, self.worker.max_requests):
             self.worker.kill()
