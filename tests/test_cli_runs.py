@@ -126,3 +126,31 @@ def test_a_run_in_which_no_attempt_produced_a_candidate_exits_non_zero(tmp_path:
     summary = json.loads((run / "summary.json").read_text())
     assert summary["attempts"] == 2  # recorded all the same
     assert summary["models"] == ["replay"] and summary["settings"]["agents"]["model"] != "gpt-4o"  # not a guess
+
+
+def test_where_ray_cannot_start_a_one_task_run_goes_on_with_the_local_executor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a busy host 18 of 25 private Ray starts failed (its agents must come up within ~15 s): each `stark
+    optimize` then ended after ~4 minutes with one line and no run. A run the local executor can do goes on there."""
+    from typer.testing import CliRunner
+
+    import stark_ray.run.ray_driver as ray_driver
+    from stark_ray.cli.main import app
+    from stark_ray.run.directory import RayUnavailable
+
+    def cannot_start(*args: object, **kwargs: object) -> bool:
+        raise RayUnavailable("Ray could not start on this machine (3 tries): gave up waiting for its dashboard agent")
+
+    monkeypatch.setattr(ray_driver, "connect", cannot_start)
+    cassette = tmp_path / "c.jsonl"
+    reply = {"role": "plan", "prompt_sha256": "-", "reply": "I cannot help with that."}
+    cassette.write_text("".join(json.dumps(reply) + "\n" for _ in range(2)))
+    result = CliRunner().invoke(app, ["optimize", str(TASK), "--cassette", str(cassette), "-B", "1", "--out",
+                                      str(tmp_path / "runs"), "--trials", "2", "--quiet"])
+    assert "running with --executor local instead" in result.output, result.output
+    [run] = (tmp_path / "runs").iterdir()
+    assert json.loads((run / "run.json").read_text())["executor"] == "local"  # it ran, on the local executor
+    # asked for Ray by name (or with --parallel), it is an error as before
+    asked = CliRunner().invoke(app, ["optimize", str(TASK), "--cassette", str(cassette), "-B", "1", "--out",
+                                     str(tmp_path / "asked"), "--executor", "ray", "--quiet"])
+    assert asked.exit_code != 0 and "running with --executor local" not in asked.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -100,8 +101,17 @@ def optimize(
     if executor == "ray":
         from stark_ray.run.ray_driver import RayRun
 
+        # a private Ray that cannot start (a host too busy for its agents) leaves a run the local executor can do
+        # (one task, one expansion at a time, executor not asked for) to it, with one line, instead of no run
+        local_can = "executor" not in given_options(ctx) and address is None and search_cfg.parallel == 1 \
+            and evaluators in (None, 1)
+
+        def instead() -> None:
+            run_locally(the_task, client, search_cfg, agent_cfg, eval_cfg, out_dir, reporter_for(quiet))
+
         run_on_ray(RayRun([the_task], search_cfg, agent_cfg, eval_cfg, out_dir, address=address,
-                           evaluators=evaluators, max_in_flight=max_in_flight), reporter)
+                          evaluators=evaluators, max_in_flight=max_in_flight), reporter,
+                   instead if local_can else None)
         return
     run_locally(the_task, client, search_cfg, agent_cfg, eval_cfg, out_dir, reporter)
 
@@ -145,17 +155,26 @@ def reporter_for(quiet: bool) -> Reporter:
     return RichReporter(err)
 
 
-def run_on_ray(run: RayRun, reporter: Reporter) -> None:
+def run_on_ray(run: RayRun, reporter: Reporter, instead: Callable[[], None] | None = None) -> None:
+    """The run on Ray; ``instead``: what runs it where a private local Ray cannot start (said in one line)."""
+    from rich.markup import escape
+
     from stark_ray.eval.service import EvaluatorError
     from stark_ray.eval.tasks import TaskError
     from stark_ray.llm.base import LLMError
-    from stark_ray.run.directory import RunError
+    from stark_ray.run.directory import RayUnavailable, RunError
     from stark_ray.run.ray_driver import run_ray
 
     signal.signal(signal.SIGTERM, interrupt)
     started: list[object] = []  # the run directory, once it exists
     try:
         summaries = run_ray(run, reporter, on_started=started.append)
+    except RayUnavailable as e:
+        if instead is None:
+            fail(str(e))
+        err.print(f"{escape(str(e))}: running with --executor local instead", highlight=False, soft_wrap=True)
+        instead()
+        return
     except (TaskError, EvaluatorError, RunError) as e:
         fail(str(e))
     except LLMError as e:

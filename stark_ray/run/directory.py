@@ -53,6 +53,10 @@ class RunError(Exception):
     """A run that cannot start (a bad resume directory, no evaluator). One line."""
 
 
+class RayUnavailable(RunError):
+    """A private local Ray that could not start on this machine (a host too busy for its agents). One line."""
+
+
 def load_run(run_dir: str | Path | Location) -> dict[str, Any]:
     try:
         path = locate(run_dir) / RUN_FILE

@@ -22,7 +22,7 @@ from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.service import EvaluatorError
 from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.run.campaign import Caps
-from stark_ray.run.directory import RunError
+from stark_ray.run.directory import RayUnavailable, RunError
 from stark_ray.run.in_flight import InFlightCap
 from stark_ray.run.local_ray import LocalRay, RayStartError, quiet_error_broadcasts, start_local_ray
 from stark_ray.store.location import Location, locate
@@ -73,7 +73,7 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None = None, num_
     try:
         _local = start_local_ray(num_cpus, num_gpus)
     except RayStartError as e:
-        raise RunError(str(e)) from None
+        raise RayUnavailable(str(e)) from None
     try:
         # "auto" with the head's own directory: Ray then treats it as the local cluster it is and lets this
         # driver use the token authentication that the head turned on (an explicit address would not)
