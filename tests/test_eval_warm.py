@@ -103,7 +103,7 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
 def service(shared_build_dir: str) -> Iterator[EvalService]:
     # 20 timed rounds, the CPU's default: a speedup's error from fewer pairs is itself too loose to test (with 5,
     # three ratios lining up by chance under load made a jumpy candidate look steady in 3 runs of 60)
-    # one worker for many candidates (worker_candidates): the warm path (the CPU backends' default); with 1 each
+    # one worker for many candidates (worker_candidates=64): the warm path (the default was so on the CPU); with 1 each
     # candidate has a process of its own (test_with_worker_candidates_1_each_candidate_has_a_worker_of_its_own)
     cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=1, timing_trials=20, check_timeout_s=10,
                      timing_timeout_s=20, worker_candidates=64)
@@ -213,9 +213,9 @@ _m._global_forward_hooks = type("Table", (), {"items": lambda self: [], "values"
 
 def test_with_worker_candidates_1_each_candidate_has_a_worker_of_its_own(service: EvalService,
                                                                          task: Task) -> None:
-    """``worker_candidates=1`` (a GPU's default): what one candidate leaves in its interpreter — here an aten
+    """``worker_candidates=1`` (the default): what one candidate leaves in its interpreter — here an aten
     operator of its own in torch's dispatcher, which no fingerprint of Python objects sees — cannot answer for the
-    next. In one warm worker for both (the CPU backends' default), the wrong candidate after it passes: the warm
+    next. In one warm worker for both (worker_candidates=64), the wrong candidate after it passes: the warm
     path is for code one trusts."""
     cfg = replace(service.cfg, worker_candidates=1)
     planted = service.evaluate(task, candidate(PLANTED, prelude=DISPATCHER), cfg)
