@@ -364,12 +364,16 @@ def test_evaluator_processes_allocate_in_unsplit_large_blocks_unless_the_user_ch
 
 def test_hidden_paths_are_home_working_directory_and_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from stark_ray.config import EvalConfig
-    from stark_ray.eval.proc.isolation import hidden_paths
+    from stark_ray.eval.proc import isolation
+    from stark_ray.eval.proc.isolation import checkout, hidden_paths
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     cfg = EvalConfig().hiding(tmp_path / "runs", "s3://bucket/runs").hiding(tmp_path / "runs")
     assert cfg.hidden_paths == (str(tmp_path / "runs"),)  # once; an object store's URI needs no hiding
+    here = [str(checkout())] if checkout() is not None else []  # the checkout an editable install runs from
+    assert hidden_paths(cfg.hidden_paths) == (str(tmp_path / "home"), str(tmp_path), *here, str(tmp_path / "runs"))
+    monkeypatch.setattr(isolation, "checkout", lambda: None)  # an installed package: its site-packages stays
     assert hidden_paths(cfg.hidden_paths) == (str(tmp_path / "home"), str(tmp_path), str(tmp_path / "runs"))
     assert EvalConfig(hidden_paths="/data").hidden_paths == ("/data",)  # one path from a TOML file: not its letters
 

@@ -33,7 +33,7 @@ NAME = "1_LeakyReluScale"
 # everything else in a row is the search's own doing
 MEASURED = {"run_id", "recorded_at", "runtime_ms", "ref_runtime_ms", "speedup", "speedup_err", "compile_s", "eval_s",
             "ref_compile_runtime_ms", "runtime_cv", "ref_runtime_cv", "peak_memory_gb", "sol_ms", "sol_bound",
-            "sol_fraction", "log", "latency_s",
+            "sol_fraction", "log", "latency_s", "notes",  # the judge's notes: whether it timed again follows the noise
             "input_tokens", "cost_usd"}
 
 

@@ -268,8 +268,9 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Task]:
 
 @pytest.fixture(scope="module")
 def service(shared_build_dir: str) -> Iterator[EvalService]:
+    # a warm worker (64 candidates, the CPU's default before): what a candidate did must end it even there
     cfg = EvalConfig(build_dir=shared_build_dir, trials=3, warmup=2, timing_trials=10, check_timeout_s=120,
-                     timing_timeout_s=120, tolerance="kernelbench")
+                     timing_timeout_s=120, tolerance="kernelbench", worker_candidates=64)
     with EvalService(cfg) as svc:
         yield svc
 
@@ -652,7 +653,8 @@ def test_an_answer_forged_on_the_workers_channel_is_never_a_success(shared_build
     failure and no more. (The worker's real answer comes after the forged one; the next candidate's load would read
     it, unless the worker is replaced: after a failed load the judge pings it with a token chosen then, and any other
     answer first replaces it.)"""
-    cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=5, tolerance="kernelbench")
+    cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=5, tolerance="kernelbench",
+                     worker_candidates=64)  # a warm worker: which answers end it is what is tested
     with EvalService(cfg) as svc:
         r = judged(svc, tasks["affine"], py(ZEROS, prelude=FORGED_ANSWER))
         starts = svc.worker_starts
