@@ -45,8 +45,9 @@ _FOOTER_RESERVE = 90
 # the selected node's and the reference's profile of one call (eval/measure/kernel_times.py), where the device has one
 KERNELS_LINE = "Kernels in one call (GPU profile): "
 NCU_LINE = "Nsight Compute, top kernel "  # how eval/ncu.py's counters begin (its reasons for none are not shown)
-JUDGE_LINE = "Judge: "  # a line of the judge's on how it measured the result (EvalResult.notes)
-JUDGE_LINES = 4
+JUDGE_LINE = "Judge: "  # a line of the judge's on how it measured the result (EvalResult.notes): the selected node's
+JUDGE_LINES = 4  # only, in room kept for them (JUDGE_ROOM), so that whether the judge measured again (the run's noise)
+JUDGE_ROOM = JUDGE_LINES * (len(JUDGE_LINE) + 301)  # never changes which other nodes a window shows, or how
 
 
 def fenced(text: str, lang: str = "") -> str:
@@ -103,8 +104,8 @@ def _fmt_ms(ms: float | None) -> str:
     return "n/a" if ms is None or not math.isfinite(ms) else f"{_decimal(ms, 4)} ms"
 
 
-def describe_result(node: Node) -> str:
-    """One or two lines of observations."""
+def describe_result(node: Node, judged: bool = True) -> str:
+    """One or two lines of observations (``judged``: with the judge's lines on how it measured the result)."""
     r = node.result
     if node.is_root or node.agent == AGENT_REFERENCE:
         line = (f"Result: the reference (PyTorch), runtime {_fmt_ms(r.runtime_ms)}{_spread(r.runtime_cv)}, timed "
@@ -127,7 +128,7 @@ def describe_result(node: Node) -> str:
         line += f"\nFlags: {', '.join(r.flags)}"
     for finding in (r.findings or "").splitlines():  # the judge's line for a flag it explains: by how much, why
         line += f"\nFlag {clip(finding, 400)}"
-    for note in (r.notes or "").splitlines()[:JUDGE_LINES]:  # how the judge measured it: re-timed, confirmed, capped
+    for note in (r.notes or "").splitlines()[:JUDGE_LINES] if judged else ():  # re-timed, confirmed, capped
         line += f"\n{JUDGE_LINE}{clip(note, 300)}"
     return line
 
@@ -166,13 +167,13 @@ def _code_part(node: Node, bases: list[tuple[int, str]], elsewhere: bool, limit:
 
 
 def render_node(node: Node, *, level: int = FULL, parent_source: str | None = None, selected: bool = False,
-                code_elsewhere: bool = False, base: tuple[int, str] | None = None) -> str:
+                code_elsewhere: bool = False, base: tuple[int, str] | None = None, judged: bool = False) -> str:
     """One node at the given detail level (see the module docstring); ``base``: the selected node (id, source),
     which its code may be shown as a diff against."""
     parts = [_header(node, selected)]
     if node.instruction.strip():
         parts.append(f"Instruction: {clip(node.instruction, _INSTRUCTION_CHARS[level])}")
-    parts.append(describe_result(node))
+    parts.append(describe_result(node, judged))
     if (selected or node.is_root) and level != BRIEF and node.result.kernels:
         parts.append(f"{KERNELS_LINE}{clip(node.result.kernels, 800)}")
     if selected and level != BRIEF and (node.result.profile or "").startswith(NCU_LINE):  # counted (--profile ncu)
@@ -220,7 +221,14 @@ class _Renderer:
         self.code_elsewhere = code_elsewhere
         self.cache: dict[tuple[int, int], str] = {}
 
-    def text(self, node: Node, level: int) -> str:
+    def text(self, node: Node, level: int, judged: bool = False) -> str:
+        """The node at ``level``, as sized for the window (without the judge's lines: see JUDGE_ROOM), or, ``judged``,
+        as shown (the selected node with them)."""
+        if judged:
+            parent = self.sources.get(node.parent) if node.parent is not None else None
+            base = (self.selected.id, self.selected.source) if self.selected.source.strip() else None
+            return render_node(node, level=level, parent_source=parent, selected=True,
+                               code_elsewhere=node.id in self.code_elsewhere, base=base, judged=True)
         key = (node.id, level)
         if key not in self.cache:
             parent = self.sources.get(node.parent) if node.parent is not None else None
@@ -245,7 +253,8 @@ def render_window(window: list[Node], selected: Node, limit: int, *, sources: Ma
     head_ids = {n.id for n in head}
     others = _priority([n for n in nodes if n.id not in head_ids], selected)
     r = _Renderer(nodes, selected, sources or {}, frozenset(code_elsewhere))
-    budget = limit - (_FOOTER_RESERVE if others else 0)
+    judged = selected.result.accepted and not selected.is_root  # room for its judge's lines, whether it has any
+    budget = limit - (_FOOTER_RESERVE if others else 0) - (JUDGE_ROOM if judged else 0)
 
     levels = {n.id: FULL for n in head}
     for node in reversed(head):  # degrade the root first, then the selected node
@@ -267,7 +276,7 @@ def render_window(window: list[Node], selected: Node, limit: int, *, sources: Ma
                 break
     _add_brief(r, others[len(shown):], shown, levels, used, budget)
 
-    parts = [r.text(n, levels[n.id]) for n in [*head, *shown]]
+    parts = [r.text(n, levels[n.id], judged and n.id == selected.id) for n in [*head, *shown]]
     omitted = len(others) - len(shown)
     if omitted:
         plural = "s" if omitted != 1 else ""
