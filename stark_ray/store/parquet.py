@@ -20,7 +20,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,40 @@ class PartWriter:
         self.flush()
 
 
+def _place(directory: Location, name: str, write: Callable[[Any], None], fsync: bool) -> Path | str:
+    """The part file ``directory/name`` that ``write(sink)`` makes, whole or not at all: locally under a temporary
+    name, then renamed (with ``fsync``: the file and the rename made durable); on an object store in place (an
+    object appears once its stream is closed); elsewhere a temporary file moved into place. Returns its path."""
+    if directory.fs is None:
+        final = Path(directory.path) / name
+        tmp = final.with_name(f".{name}.tmp")
+        try:
+            write(str(tmp))
+            if fsync:
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        if fsync:
+            _fsync_dir(final.parent)
+        return final
+    target = directory.join(name)
+    whole = writes_whole(directory.fs)
+    staged = target.path if whole else directory.join(f".{name}.tmp").path
+    try:
+        with directory.fs.open_output_stream(staged) as out:
+            write(out)
+        if not whole:
+            directory.fs.move(staged, target.path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            directory.fs.delete_file(staged)
+        raise
+    return target.path
+
+
 def write_part_from(directory: Location, name: str, schema: pa.Schema, tables: Iterable[pa.Table],
                     fsync: bool = True) -> int:
     """The tables, one after another, as the part file ``directory/name`` of ``schema``, whole or not at all (as
@@ -150,60 +184,13 @@ def write_part_from(directory: Location, name: str, schema: pa.Schema, tables: I
                 writer.write_table(table.cast(schema))
                 rows += table.num_rows
 
-    if directory.fs is None:
-        final = Path(directory.path) / name
-        tmp = final.with_name(f".{name}.tmp")
-        try:
-            write_all(str(tmp))
-            if fsync:
-                with open(tmp, "rb") as f:
-                    os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        if fsync:
-            _fsync_dir(final.parent)
-        return rows
-    target = directory.join(name)
-    whole = writes_whole(directory.fs)  # an object store: the object appears once its stream is closed
-    staged = target.path if whole else directory.join(f".{name}.tmp").path
-    try:
-        with directory.fs.open_output_stream(staged) as out:
-            write_all(out)
-        if not whole:
-            directory.fs.move(staged, target.path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            directory.fs.delete_file(staged)
-        raise
+    _place(directory, name, write_all, fsync)
     return rows
 
 
 def write_part(directory: Location, name: str, table: pa.Table, fsync: bool = True) -> Path | str:
-    """``table`` as the part file ``directory/name``, whole or not at all: locally under a temporary name, then
-    renamed (with ``fsync``: the file and the rename made durable); on an object store in place (an object appears
-    once complete); elsewhere a temporary file moved into place. Returns its path."""
-    if directory.fs is None:
-        final = Path(directory.path) / name
-        tmp = final.with_name(f".{name}.tmp")
-        try:
-            pq.write_table(table, str(tmp))
-            if fsync:
-                with open(tmp, "rb") as f:
-                    os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        if fsync:
-            _fsync_dir(final.parent)
-        return final
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
-    target = directory.join(name)
-    target.write_bytes(sink.getvalue().to_pybytes())
-    return target.path
+    """``table`` as the part file ``directory/name``, whole or not at all (:func:`_place`). Returns its path."""
+    return _place(directory, name, lambda sink: pq.write_table(table, sink), fsync)
 
 
 def _fsync_dir(path: Path) -> None:
