@@ -91,6 +91,10 @@ class SearchConfig:
     # what a prompt is fitted to (prompts/messages.py: window_room): its window shrinks, down to 4,000 characters, so
     # that the whole prompt stays about this size; 0: the window takes window_chars wherever prompt_chars allows
     prompt_goal: int = option(25_000, "The size a prompt is fitted to by shrinking its window (0: off).")
+    # search/runoff.py: the top accepted candidates evaluated again in one sitting (mirrored order, two rounds), the
+    # best named by those figures; not attempts (the budget does not count them)
+    runoff: int = option(3, "Before a task's best is named, evaluate its top N accepted candidates again side by side "
+                            "(0: off).")
     seed: int = option(0, "Seeds the policy and the evaluator's inputs.")
     parallel: int = option(1, "Expansions of a task in flight at once (1: the paper's sequential search).")
     # a task stops once its best candidate reaches this share of its speed of light (eval/judge/sol.py); 0: off
@@ -116,6 +120,8 @@ class SearchConfig:
             raise ValueError(f"stop_at_sol must be in [0, 1] (0: off), got {self.stop_at_sol}")
         if self.prompt_goal < 0:
             raise ValueError(f"prompt_goal must be >= 0 (0: off), got {self.prompt_goal}")
+        if self.runoff < 0 or self.runoff == 1:
+            raise ValueError(f"runoff must be 0 (off) or at least 2 (one candidate is not a choice), got {self.runoff}")
         if self.prompt_chars < 4000:
             raise ValueError(f"prompt_chars must be >= 4000, got {self.prompt_chars}")
 

@@ -91,6 +91,16 @@ def test_the_local_and_the_ray_executor_make_the_same_run(ray_cluster: str, tmp_
             "settings", "replay_mismatches")
     assert {k: ray_summary[k] for k in same} == {k: local_summary[k] for k in same}
     assert ray_summary["tokens"]["output"] == local_summary["tokens"]["output"] > 0
+    # both held the runoff of the same contenders (search/runoff.py) and wrote the node it named as the best kernel
+    accepted = len(local_tree.leaderboard())
+    assert accepted >= 2  # the scripted search accepts several: the runoff is exercised on both executors
+    for summary, run_dir, tree in ((ray_summary, ray_dir, ray_tree), (local_summary, local_dir, local_tree)):
+        held = summary["runoff"]
+        assert held is not None and held["error"] is None, held
+        assert len(held["entries"]) == min(3, accepted)
+        assert all(len(e["speedups"]) == held["rounds"] for e in held["entries"] if e["out"] is None), held
+        assert held["winner"] == summary["best_node"]
+        assert (run_dir / "best_kernel.py").read_text() == tree.nodes[summary["best_node"]].source
 
     con = connect(tmp_path / "runs")  # both run directories, as `stark sql` reads them
     try:

@@ -54,7 +54,8 @@ TASK_COLUMNS: dict[str, str] = {
     "ref_compile_runtime_ms": "torch.compile(reference) runtime when measured (seq 0's, else the best row's)",
     "best_seq": "seq of the best candidate (NULL without an accepted one)",
     "best_runtime_ms": "runtime of the best candidate",
-    "best_speedup": "speedup of the best candidate vs eager (its reference timed in the same run)",
+    "best_speedup": "speedup of the best candidate vs eager (its reference timed in the same run), as the search "
+                    "measured it",
     "best_speedup_vs_compile": "the best candidate vs torch.compile, when measured",
     "sol_ms": "the task's speed of light on its device (eval/judge/sol.py; NULL where not told, or before it was)",
     "sol_bound": "memory | compute: which floor sets the speed of light",
@@ -62,6 +63,9 @@ TASK_COLUMNS: dict[str, str] = {
     "best_sol_fraction": "speed of light / the best candidate's runtime",
     "best_flags": "the best candidate's informational flags (reduced_precision, faster_than_sol, large_speedup, ...), "
                   "comma-separated, else NULL",
+    "runoff_node_id": "the node the runoff named best (search/runoff.py; summary.json), else NULL (no runoff, or "
+                      "none of its contenders held)",
+    "runoff_speedup": "that node's speedup in the runoff: its rounds' geometric mean, all taken in one sitting",
     "success": "an accepted candidate exists (EvalResult.accepted: passed the checks, timed, not flagged)",
     "attempts": "candidates evaluated (seq > 0; parse failures included, as the budget counts them)",
     "compiled_attempts": "candidates that compiled",
@@ -170,14 +174,15 @@ def _union(con: duckdb.DuckDBPyConnection, runs: list[Location]) -> None:
 
 
 def _derived(con: duckdb.DuckDBPyConnection, runs: list[Location]) -> None:
-    con.execute("CREATE TABLE _task_info (run_id VARCHAR, task VARCHAR, path VARCHAR, status VARCHAR)")
+    con.execute("CREATE TABLE _task_info (run_id VARCHAR, task VARCHAR, path VARCHAR, status VARCHAR, "
+                "runoff_node_id BIGINT, runoff_speedup DOUBLE)")
     con.execute("CREATE TABLE runs (run_id VARCHAR, run_dir VARCHAR, executor VARCHAR, provider VARCHAR, "
                 "model VARCHAR, backend VARCHAR, baseline VARCHAR, policy VARCHAR, ablation VARCHAR, "
                 "budget BIGINT, tasks BIGINT)")
     for run in runs:
         info, settings = _run_info(run)
         if info:
-            con.executemany("INSERT INTO _task_info VALUES (?, ?, ?, ?)", info)
+            con.executemany("INSERT INTO _task_info VALUES (?, ?, ?, ?, ?, ?)", info)
         con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", settings)
     con.execute(f"CREATE MACRO _level(s) AS TRY_CAST(regexp_extract(s, {_literal(_LEVEL_RE)}, 2) AS INTEGER)")
     con.execute(_JUDGED.format(rejected=_rejected_sql()))
@@ -207,13 +212,15 @@ def _read_json(path: Location) -> dict[str, Any] | None:
 
 
 def _run_info(run: Location) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
-    """Per task (run_id, task, path, status) from run.json and the summaries; the run's settings row."""
+    """Per task (run_id, task, path, status, runoff node, runoff speedup) from run.json and the summaries; the run's
+    settings row."""
     record = _read_json(run / RUN_FILE) or {}
     paths: dict[str, str | None] = {}
     for t in record.get("tasks") or []:
         if isinstance(t, dict) and t.get("name"):
             paths[str(t["name"])] = str(t["path"]) if t.get("path") else None
     status: dict[str, str | None] = {}
+    named: dict[str, tuple[Any, Any]] = {}
     summaries = [run / SUMMARY_FILE, *(run / "tasks").find(SUMMARY_FILE)]
     for s in summaries:
         try:
@@ -222,7 +229,11 @@ def _run_info(run: Location) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
             continue  # a summary is a convenience: a damaged one only leaves status NULL
         if data and data.get("task"):
             status[str(data["task"])] = data.get("status")
-    info = [(run.name, name, paths.get(name), status.get(name)) for name in sorted(set(paths) | set(status))]
+            held = data.get("runoff")
+            if isinstance(held, dict) and held.get("winner") is not None:
+                named[str(data["task"])] = (held["winner"], data.get("best_speedup"))
+    info = [(run.name, name, paths.get(name), status.get(name), *named.get(name, (None, None)))
+            for name in sorted(set(paths) | set(status))]
     search, agents, ev = (record.get(k) or {} for k in ("search", "agents", "eval"))
     # the policy that ran: the ma_only ablation is Best-of-K with repairs whatever its policy setting says
     policy = "best_of_k" if search.get("ablation") == "ma_only" else search.get("policy")
@@ -297,6 +308,7 @@ SELECT k.run_id, k.task,
            AS best_speedup_vs_compile,
        ref.sol_ms, ref.sol_bound, ref.ref_sol_fraction, b.sol_fraction AS best_sol_fraction,
        nullif(b.flags, '') AS best_flags,
+       i.runoff_node_id, i.runoff_speedup,
        b.seq IS NOT NULL AS success,
        coalesce(c.attempts, 0) AS attempts,
        coalesce(c.compiled_attempts, 0) AS compiled_attempts,

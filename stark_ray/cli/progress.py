@@ -16,6 +16,7 @@ from stark_ray.llm.usage import UsageTotals
 from stark_ray.records import Node
 from stark_ray.run.reporter import InFlight, Reporter
 from stark_ray.run.summary import RunSummary
+from stark_ray.search.runoff import ROUNDS, Runoff
 from stark_ray.search.tree import Tree
 
 
@@ -111,10 +112,15 @@ class RichReporter(Reporter):
         self.progress.stop()
         if summary.status != "finished":
             self.console.print(f"[bold yellow]run {summary.status}[/] after {summary.attempts} attempts")
+        final = Runoff.from_record(summary.runoff) if summary.runoff else None
+        if final is not None:
+            self.console.print(escape(final.line()), highlight=False)
         if summary.success:
+            how = ("in the same evaluation" if final is None or final.winner is None
+                   else f"in each of the runoff's {ROUNDS} rounds (their geometric mean)")
             self.console.print(
                 f"[bold green]best[/]: node {summary.best_node}, {summary.best_runtime_ms:.3f} ms vs "
-                f"reference {summary.best_ref_runtime_ms:.3f} ms timed beside it in the same evaluation = "
+                f"reference {summary.best_ref_runtime_ms:.3f} ms timed beside it {how} = "
                 f"[bold]{summary.best_speedup:.2f}×[/]{known(summary.best_speedup_err)}")
         else:
             self.console.print("[bold red]no accepted candidate[/] in this run")

@@ -17,6 +17,7 @@ from stark_ray.llm.usage import UsageTotals
 from stark_ray.records import LLMUsage
 from stark_ray.run.summary import RunSummary, summary_of
 from stark_ray.search.memory import sol_reached
+from stark_ray.search.runoff import Runoff
 from stark_ray.search.tree import Tree
 from stark_ray.store.location import Location, locate
 from stark_ray.store.parquet import safe_name
@@ -110,15 +111,15 @@ def summary_settings(search: SearchConfig, agents: AgentConfig, ev: EvalConfig, 
 
 def task_summary(task: Task, tree: Tree, run_dir: str | Path | Location, run_id: str, status: str, wall_s: float,
                  search: SearchConfig, agents: AgentConfig, ev: EvalConfig, usage: UsageTotals,
-                 executor: str) -> RunSummary:
+                 executor: str, runoff: Runoff | None = None) -> RunSummary:
     """A task's summary, as either executor writes it (one that ended at its speed of light says so in
-    ``settings["stopped_by"]``)."""
+    ``settings["stopped_by"]``; ``runoff``: the side-by-side evaluation that named its best)."""
     settings = summary_settings(search, agents, ev, executor)
     best = tree.best()
     if tree.evaluated < search.budget and sol_reached(tree, search.stop_at_sol) and best is not None:
         settings["stopped_by"] = (f"speed of light: the best candidate runs at {best.result.sol_fraction:.0%} of it "
                                   f"(--stop-at-sol {search.stop_at_sol:g})")
-    return summary_of(task.name, run_id, str(run_dir), tree, status, search.budget, usage, settings, wall_s)
+    return summary_of(task.name, run_id, str(run_dir), tree, status, search.budget, usage, settings, wall_s, runoff)
 
 
 def task_dir(run_dir: str | Path | Location, name: str, tasks: int) -> Location:
@@ -129,9 +130,9 @@ def task_dir(run_dir: str | Path | Location, name: str, tasks: int) -> Location:
 
 
 def write_task_end(place: Location, tree: Tree, summary: RunSummary) -> None:
-    """The end of a task: its ``summary.json`` and the best kernel of its final tree, in ``place``."""
+    """The end of a task: its ``summary.json`` and the best kernel its summary names, in ``place``."""
     place.mkdir()
     write_atomic(place / SUMMARY_FILE, json.dumps(asdict(summary), indent=2) + "\n")
-    best = tree.best()
+    best = tree.nodes.get(summary.best_node) if summary.best_node is not None else tree.best()
     if best is not None:
         write_atomic(place / "best_kernel.py", best.source)

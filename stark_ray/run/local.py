@@ -36,6 +36,7 @@ from stark_ray.run.resume import record_changes
 from stark_ray.run.summary import STATUS_FAILED, STATUS_FINISHED, STATUS_INTERRUPTED, RunSummary
 from stark_ray.search.loop import search
 from stark_ray.search.policy import make_policy
+from stark_ray.search.runoff import Runoff, contenders, runoff
 from stark_ray.search.team import make_team
 from stark_ray.search.tree import Tree
 from stark_ray.store.compact import compact_finished
@@ -120,10 +121,15 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
             reporter.attempt(node, step, tree, run.usage)
 
         status = STATUS_FAILED
+        final: Runoff | None = None
         reporter.start(task, search_cfg.budget, tree)
         try:
             search(tree, policy, team, evaluator.evaluate, search_cfg.budget, search_cfg.seed, on_attempt,
                    search_cfg.stop_at_sol)
+            if contenders(tree, search_cfg.runoff):
+                reporter.phase(f"runoff: the top {len(contenders(tree, search_cfg.runoff))} evaluated again side "
+                               "by side")
+                final = runoff(tree, search_cfg.runoff, lambda sources: [evaluator.evaluate(s) for s in sources])
             status = STATUS_FINISHED
         except KeyboardInterrupt:
             status = STATUS_INTERRUPTED
@@ -131,7 +137,7 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
         finally:
             run.close()
             summary = task_summary(task, tree, run.dir, run.id, status, time.monotonic() - t0, search_cfg,
-                                   agent_cfg, eval_cfg, run.usage, EXECUTOR)
+                                   agent_cfg, eval_cfg, run.usage, EXECUTOR, final)
             write_task_end(run.dir, tree, summary)
             reporter.finish(summary)
     return summary

@@ -92,7 +92,7 @@ class RunMirror:
         return d
 
     def write_summary(self, name: str, tree: Tree, summary: RunSummary) -> None:
-        """The end of a task: its ``summary.json`` and the best kernel of its final tree."""
+        """The end of a task: its ``summary.json`` and the best kernel its summary names."""
         assert self.dir is not None
         write_task_end(task_dir(self.dir, name, len(self.names)), tree, summary)
 

@@ -65,6 +65,7 @@ from stark_ray.run.room import Room
 from stark_ray.run.summary import STATUS_FAILED, STATUS_FINISHED, STATUS_INTERRUPTED, RunSummary
 from stark_ray.run.work import ADD, AGENT, BACK, EVAL, NEXT, Expansion, Work, ticket_of
 from stark_ray.search.memory import Ticket, no_candidate
+from stark_ray.search.runoff import Runoff, sitting
 from stark_ray.search.tree import Tree
 from stark_ray.store.compact import compact_ended, whole_run_compacted
 from stark_ray.store.location import Location, locate
@@ -496,14 +497,19 @@ class RayDriver:
         t0 = time.monotonic()
         snapshots = {name: self.memory.snapshot.remote(name) for name in self.tasks}  # asked all at once
         usage = self.view.usage  # the calls this driver saw, and a resumed run's earlier ones (read at its start)
-        for name, task in self.tasks.items():
+        trees: dict[str, Tree] = {}
+        for name in self.tasks:
             try:
-                tree = Tree.from_records(ray.get(snapshots[name]))
+                trees[name] = Tree.from_records(ray.get(snapshots[name]))
             except RayError:
-                tree = self.view.trees[name]
+                trees[name] = self.view.trees[name]
+        finals = self._runoffs(trees) if status == STATUS_FINISHED else {}
+        for name, task in self.tasks.items():
+            tree = trees[name]
             capped = status == STATUS_FINISHED and name in self.capped and tree.evaluated < self.run.search.budget
             summary = task_summary(task, tree, self.dir, self.run_id, STATUS_CAPPED if capped else status, wall_s,
-                                   self.run.search, self.run.agents, self.run.eval, usage[name], EXECUTOR)
+                                   self.run.search, self.run.agents, self.run.eval, usage[name], EXECUTOR,
+                                   finals.get(name))
             if capped:
                 summary.settings["stopped_by"] = self.capped[name]
             try:
@@ -514,6 +520,24 @@ class RayDriver:
             summaries.append(summary)
         self.phases["finish_s"] = time.monotonic() - t0
         return summaries
+
+    def _runoffs(self, trees: dict[str, Tree]) -> dict[str, Runoff]:
+        """Every task's runoff (search/runoff.py), all at once: each on the evaluator its task was placed on, one
+        candidate after another; an evaluator lost meanwhile leaves its tasks' search best standing, said."""
+        sittings = {name: s for name, tree in trees.items() if (s := sitting(tree, self.run.search.runoff))}
+        if not sittings:
+            return {}
+        self.reporter.phase(f"runoff: the top candidates of {len(sittings)} task(s) evaluated again side by side")
+        refs = {name: self.evaluators[self.dispatch.home[name]].evaluate_in_order.remote(self.tasks[name], s.sources)
+                for name, s in sittings.items()}
+        finals = {}
+        for name, s in sittings.items():
+            try:
+                finals[name] = s.decide(ray.get(refs[name]))
+            except RayError as e:  # the machine's failure: no candidate is judged by it
+                finals[name] = Runoff([], None, f"its evaluator failed: {one_line(e)}")
+                log.warning("%s: runoff not held: %s", name, one_line(e))
+        return finals
 
     def close(self) -> None:
         for ref, work in list(self.pending.items()):  # stopped early: the agent calls are not waited for

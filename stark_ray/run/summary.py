@@ -8,6 +8,7 @@ from typing import Any
 
 from stark_ray.llm.usage import UsageTotals
 from stark_ray.records import STAGE_PARSE
+from stark_ray.search.runoff import Runoff
 from stark_ray.search.tree import Tree
 
 STATUS_FINISHED, STATUS_INTERRUPTED, STATUS_FAILED = "finished", "interrupted", "failed"
@@ -39,6 +40,10 @@ class RunSummary:
     # how close the best candidate comes to the speed of light (eval/judge/sol.py)
     best_sol_fraction: float | None = None
     models: list[str] = field(default_factory=list)  # the models that answered (a replay: the cassette's)
+    # the top candidates evaluated again side by side before the best was named (search/runoff.py): rounds, the node
+    # named, each contender's figures; the best_* fields above are then the runoff's figures of the node it named
+    runoff: dict[str, Any] | None = None
+    best_search_speedup: float | None = None  # the named node's speedup as the search measured it
 
     @property
     def nothing_evaluated(self) -> bool:
@@ -48,10 +53,15 @@ class RunSummary:
 
 
 def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, budget: int, usage: UsageTotals,
-               settings: dict[str, Any], wall_s: float) -> RunSummary:
-    """A task's summary from its tree and what its LLM calls cost (either executor)."""
+               settings: dict[str, Any], wall_s: float, runoff: Runoff | None = None) -> RunSummary:
+    """A task's summary from its tree and what its LLM calls cost (either executor); with a ``runoff``, the node it
+    named and its figures (none held: the search's best, as measured by the search)."""
     best = tree.best()
-    return RunSummary(
+    entry = None
+    if runoff is not None and runoff.winner is not None:
+        best = tree.nodes[runoff.winner]
+        entry = next(e for e in runoff.entries if e.node == runoff.winner)
+    summary = RunSummary(
         task=task, run_id=run_id, run_dir=run_dir, status=status, attempts=tree.evaluated,
         budget=budget, success=best is not None,
         best_speedup=best.result.speedup if best else None, best_node=best.id if best else None,
@@ -63,5 +73,10 @@ def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, bu
         tokens={"input": usage.input_tokens, "output": usage.output_tokens}, cost=round(usage.cost_usd, 6),
         llm_calls=usage.calls, wall_s=round(wall_s, 2), settings=settings,
         replay_mismatches=usage.replay_mismatches, best_sol_fraction=best.result.sol_fraction if best else None,
-        models=usage.models,
+        models=usage.models, runoff=runoff.to_record() if runoff is not None else None,
+        best_search_speedup=best.result.speedup if best else None,
     )
+    if entry is not None:  # the runoff's figures: all taken in one sitting, the reference timed beside each
+        summary.best_speedup, summary.best_speedup_err = entry.speedup, entry.speedup_err
+        summary.best_runtime_ms, summary.best_ref_runtime_ms = entry.runtime_ms, entry.ref_runtime_ms
+    return summary
