@@ -248,6 +248,12 @@ class EvalConfig:
     # (with /tmp's 2 GB and /dev/shm's 1 GB: eval/proc/jail.py); isolated or not, no file it writes grows past it
     # (RLIMIT_FSIZE, its log included). A candidate filling the host's disk would take the run's results with it
     worker_disk_gb: float = 4.0
+    # the most host memory the process running a candidate's calls may hold (GB; RLIMIT_DATA: its heap and private
+    # mappings, the inputs it shares with the judge not counted): past it an allocation fails where the candidate made
+    # it, and the verdict says "out of memory on the host" in one line, instead of the host's OOM killer taking a
+    # process of the run. None: half the host's memory on a CPU backend, no cap on a GPU (the CUDA driver's own
+    # mappings are not sized here); 0: no cap
+    worker_memory_gb: float | None = None
     # "ncu": each accepted candidate's top kernel counted by Nsight Compute after its evaluation, on a GPU where ncu
     # can read the counters (else one line says why): DRAM and SM throughput, achieved occupancy and what limits
     # it, in its observations (stark_ray/eval/ncu.py). Seconds per accepted candidate.
@@ -307,6 +313,9 @@ class EvalConfig:
         if isinstance(self.worker_disk_gb, bool) or not (isinstance(self.worker_disk_gb, int | float)
                                                         and 0 < self.worker_disk_gb < float("inf")):
             raise ValueError(f"worker_disk_gb must be a number of GB > 0, got {self.worker_disk_gb!r}")
+        if self.worker_memory_gb is not None and (isinstance(self.worker_memory_gb, bool) or not (
+                isinstance(self.worker_memory_gb, int | float) and 0 <= self.worker_memory_gb < float("inf"))):
+            raise ValueError(f"worker_memory_gb must be a number of GB >= 0 (0: no cap), got {self.worker_memory_gb!r}")
         for name in ("compile_timeout_s", "check_timeout_s", "timing_timeout_s"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ValueError(f"{name} must be > 0 seconds and finite")

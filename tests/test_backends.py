@@ -375,3 +375,28 @@ def test_the_gpus_description_says_what_the_build_targets_and_may_call() -> None
     assert "SM clock up to 1980 MHz" in text
     assert "at /opt/cutlass/include" in describe_device({**info, "cutlass": "/opt/cutlass/include"})
     assert "SM clock" not in describe_device({**info, "clock_mhz": 0})  # older info: said where known only
+
+
+def test_the_host_memory_is_the_least_of_the_machine_and_its_control_groups(tmp_path: Path) -> None:
+    """A container's limit (cgroup v1 or v2) is the host's memory a candidate's cap is half of, not the machine's."""
+    from stark_ray.eval import hardware
+
+    v2, own = tmp_path / "v2", tmp_path / "self_cgroup"
+    (v2 / "a" / "b").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("memory cpu\n")
+    (v2 / "a" / "memory.max").write_text(f"{8 << 30}\n")
+    (v2 / "a" / "b" / "memory.max").write_text("max\n")
+    own.write_text("0::/a/b\n")
+    assert hardware.cgroup_memory_limit(v2, own) == 8 << 30
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    own.write_text("4:memory:/process_api/x\n0::/\n")
+    assert hardware.cgroup_memory_limit(v1, own) is None
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{6 << 30}\n")
+    assert hardware.cgroup_memory_limit(v1, own) == 6 << 30
+    assert hardware.host_memory_cap(3.0, "cuda") == 3 << 30  # set: as set
+    assert hardware.host_memory_cap(None, "cuda") == 0  # a GPU: no cap unless set
+    assert hardware.host_memory_cap(0, "cpu") == 0
+    total = hardware.host_memory_bytes()
+    assert total is not None and hardware.host_memory_cap(None, "cpu") == total // 2

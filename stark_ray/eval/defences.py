@@ -41,6 +41,11 @@ DEFENCES: tuple[Defence, ...] = (
     Defence("fingerprint", LOAD, WORKER,
             "a candidate that patches torch, the timer or the evaluator's own code in its process (`tampered`; "
             "checked after every step)", switchable=False),
+    Defence("host_memory", LOAD, WORKER,
+            "a candidate that fills the host's memory (the host's OOM killer taking a process of the run, or a fill "
+            "swapping into the time limit): the candidate's process is held to `worker_memory_gb` (RLIMIT_DATA), "
+            "an allocation past it fails in the candidate's call, said as out of memory (`out_of_memory`)",
+            switchable=False),
     Defence("standard_trials", TRIALS, JUDGE,
             "wrong outputs on fresh seeded inputs the judge makes and compares itself", switchable=False),
     Defence("inputs_unchanged", TRIALS, JUDGE,

@@ -19,6 +19,54 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def host_memory_bytes(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The memory this process's host gives it (bytes): the physical memory, or its control group's limit where
+    that is less (a container's 24 GiB on a larger machine). None where neither is known."""
+    try:
+        physical: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        physical = None
+    known = [b for b in (physical, cgroup_memory_limit(cgroup_root)) if b]
+    return min(known) if known else None
+
+
+def cgroup_memory_limit(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
+    """The least memory limit (bytes) on this process's control group and the groups above it: cgroup v2's
+    ``memory.max``, or v1's ``memory.limit_in_bytes``; None where there is none."""
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        return None
+    places: list[Path] = []
+    for line in lines:
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        rel = path.strip("/")
+        if controllers == "" and (root / "cgroup.controllers").exists():  # v2, unified
+            places += [root / rel / "memory.max", root / "memory.max"]
+            parts = Path(rel).parts
+            places += [root / Path(*parts[:i]) / "memory.max" for i in range(1, len(parts))]
+        elif "memory" in controllers.split(","):  # v1: in a container its own group shows as the mount's root
+            places += [root / "memory" / rel / "memory.limit_in_bytes", root / "memory" / "memory.limit_in_bytes"]
+    limits = []
+    for place in places:
+        try:
+            text = place.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < (1 << 60):  # "max", or v1's "no limit" (a page short of 2^63)
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def host_memory_cap(worker_memory_gb: float | None, device: str) -> int:
+    """The host memory a candidate's process may hold (bytes; 0: no cap), as ``EvalConfig.worker_memory_gb`` says:
+    None is half the host's memory on a CPU backend and no cap on a GPU one."""
+    if worker_memory_gb is not None:
+        return int(worker_memory_gb * (1 << 30))
+    total = host_memory_bytes()
+    return total // 2 if device == "cpu" and total else 0
+
+
 def cpu_model() -> str:
     try:
         text = Path("/proc/cpuinfo").read_text()

@@ -32,7 +32,7 @@ from stark_ray.eval.build.builder import make_due_headers, serve_build
 from stark_ray.eval.build.cache import cache_root, open_to_readers
 from stark_ray.eval.build.pool import CompilePool
 from stark_ray.eval.defences import check_off
-from stark_ray.eval.hardware import usable_cpus
+from stark_ray.eval.hardware import host_memory_cap, usable_cpus
 from stark_ray.eval.measure.memory import OverBudget
 from stark_ray.eval.ncu import profile as ncu_profile
 from stark_ray.eval.proc.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
@@ -170,6 +170,9 @@ class EvalService:
         if self.isolated:
             extra += ["--isolate-worker", *(a for path in self.hidden for a in ("--hide", path))]
         extra += ["--worker-disk-bytes", str(self.disk_bytes)]
+        self.memory_bytes = host_memory_cap(self.cfg.worker_memory_gb, self.backend.device)
+        if self.memory_bytes:
+            extra += ["--worker-memory-bytes", str(self.memory_bytes)]
         # a spare wherever workers come and go: each candidate's own (on a CPU too), or a GPU's (crashes, recycling)
         if (device is not None or self.cfg.candidates_per_worker() == 1) if spare is None else spare:
             extra += ["--worker-spares", str(min(self.cfg.worker_spares, max(1, self.threads // CORES_PER_SPARE)))]

@@ -47,6 +47,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hide", action="append", default=[], help="isolated: a path the worker does not see")
     p.add_argument("--worker-spares", type=int, default=0, help="the most hot spares of the worker it keeps")
     p.add_argument("--worker-disk-bytes", type=int, default=0, help="what the worker may write (its directory, a file)")
+    p.add_argument("--worker-memory-bytes", type=int, default=0, help="the host memory the worker may hold (0: no cap)")
     return p.parse_args(argv)
 
 
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         ctrl.flush()
 
     spec = WorkerSpec(args.backend, args.build_dir, args.threads, isolate=args.isolate_worker, fd_channel=True,
-                      hidden=tuple(args.hide), disk_bytes=args.worker_disk_bytes)
+                      hidden=tuple(args.hide), disk_bytes=args.worker_disk_bytes,
+                      memory_bytes=args.worker_memory_bytes)
     worker = WorkerProcess(spec, spares=args.worker_spares)  # candidates per process: EvalConfig.worker_candidates
     if spec.isolate:  # what it builds (cpu_cpp; a build in ModelNew's __init__) is made outside (eval/build/builder.py)
         worker.on_build = functools.partial(_serve_build, spec)

@@ -31,6 +31,7 @@ class WorkerSpec:
     hidden: tuple[str, ...] = ()  # isolated: paths it does not see (eval/proc/isolation.py: hidden_paths)
     writable: tuple[str, ...] = ()  # isolated: what it may write beside its own directory (a builder's output)
     disk_bytes: int = 0  # generated code: the most it may write (EvalConfig.worker_disk_gb); 0: no cap
+    memory_bytes: int = 0  # the device worker: the most host memory it may hold (EvalConfig.worker_memory_gb); 0: none
 
     def argv(self, spare: bool = False, fd: int | None = None) -> list[str]:
         args = [sys.executable, "-m", self.module, "--backend", backend_path(self.backend),
@@ -45,6 +46,8 @@ class WorkerSpec:
             args += ["--fd-channel", str(fd)]
         if self.disk_bytes:
             args += ["--max-file-bytes", str(self.disk_bytes)]
+        if self.memory_bytes and not self.compile_only:  # a build's compiler keeps the host's memory
+            args += ["--max-data-bytes", str(self.memory_bytes)]
         if self.isolate:  # the cache read-only: what is missing there, a builder makes (eval/build/builder.py)
             args.append("--ask-builds")
             return jailed(args, writable=self.writable, readable=(self.build_dir,), hidden=self.hidden,

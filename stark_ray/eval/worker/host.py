@@ -204,7 +204,7 @@ class CandidateHost:
             answer = {"failed": asdict(_task_failure(str(e)))}
         except BaseException as e:  # anything a candidate raised out of a step: its own failure
             answer = {"raised": {"error": describe_exception(e) + candidate_frame(e.__traceback__),
-                                 "log": excerpt(traceback.format_exc())}}
+                                 "log": excerpt(traceback.format_exc()), "host_memory": out_of_host_memory(e)}}
         if op == OP_GO:  # the judge's clock runs until this answer: the checks come with the next step's
             answer["tampered"] = []
             answer["healthy"] = True
@@ -412,6 +412,12 @@ class CandidateHost:
     def _timing(self, state: WarmReference, cfg: EvalConfig) -> Timing:
         return Timing(self.backend, cfg, lambda: self._sets(state),
                       cfg.timing_trials or self.backend.default_timing_trials(), self.state)
+
+
+def out_of_host_memory(e: BaseException) -> bool:
+    """The allocation failed for the host's memory (this process's limit, RLIMIT_DATA, or the host's own): Python's
+    MemoryError, or torch's CPU allocator's error (ENOMEM: a RuntimeError saying it cannot allocate)."""
+    return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
 
 
 def _task_failure(error: str) -> EvalResult:

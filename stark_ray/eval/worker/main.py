@@ -87,6 +87,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ask-builds", action="store_true",
                    help="isolated: the cache is read-only here; missing entries are built by the parent's builder")
     p.add_argument("--max-file-bytes", type=int, default=0, help="no file written grows past this (RLIMIT_FSIZE)")
+    p.add_argument("--max-data-bytes", type=int, default=0, help="the host memory it may hold (RLIMIT_DATA)")
     return p.parse_args(argv)
 
 
@@ -103,6 +104,10 @@ def main(argv: list[str] | None = None) -> None:
         cap = args.max_file_bytes if hard == resource.RLIM_INFINITY else min(args.max_file_bytes, hard)
         resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails (EFBIG) where the candidate sees it
+    if args.max_data_bytes > 0:  # soft and hard: an allocation past it fails in the candidate's call (eval/defences.py)
+        hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+        cap = args.max_data_bytes if hard == resource.RLIM_INFINITY else min(args.max_data_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     if args.compile_only:
         os.nice(10)  # builds (and a spare's imports) yield the CPU to the device worker, which launches and times
     ctrl = _control_channel()
