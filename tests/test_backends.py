@@ -400,3 +400,30 @@ def test_the_host_memory_is_the_least_of_the_machine_and_its_control_groups(tmp_
     assert hardware.host_memory_cap(0, "cpu") == 0
     total = hardware.host_memory_bytes()
     assert total is not None and hardware.host_memory_cap(None, "cpu") == total // 2
+
+
+def test_the_kernels_out_of_memory_kills_are_read_from_the_control_group(tmp_path: Path) -> None:
+    """A worker found dead by SIGKILL while this count rose was taken by the host's memory: said as out of memory
+    (eval/proc/runner.py, eval/proc/outcome.py), not as a crash of the candidate's making."""
+    from stark_ray.eval import hardware
+    from stark_ray.eval.proc.outcome import lost_result
+    from stark_ray.eval.wire.protocol import PHASE_CHECK
+
+    v2, own = tmp_path / "v2", tmp_path / "self_cgroup"
+    (v2 / "run").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("memory\n")
+    (v2 / "run" / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")
+    own.write_text("0::/run\n")
+    assert hardware.oom_kills(v2, own) == 2
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "grp").mkdir(parents=True)
+    (v1 / "memory" / "grp" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    own.write_text("4:memory:/grp\n0::/\n")
+    assert hardware.oom_kills(v1, own) == 5
+    assert hardware.oom_kills(tmp_path / "none", own) is None
+
+    killed = lost_result(PHASE_CHECK, False, -9, "", 90.0, oom_killed=True)
+    assert killed.stage == "crash" and killed.flags == ["out_of_memory"]
+    assert killed.error is not None and killed.error.startswith("out of memory on the host: the worker was killed")
+    crashed = lost_result(PHASE_CHECK, False, -9, "", 90.0)
+    assert crashed.flags == [] and "crashed (SIGKILL)" in (crashed.error or "")

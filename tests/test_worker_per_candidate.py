@@ -5,6 +5,7 @@ ones), and one that left a thread spinning slowed the next ones' timing. Real pr
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,58 @@ def test_a_candidate_past_its_host_memory_cap_is_out_of_memory_in_one_line(tmp_p
     assert filled.stage == "runtime" and "out_of_memory" in filled.flags, (filled.stage, filled.error, filled.flags)
     assert filled.error is not None and filled.error.startswith("out of memory on the host")
     assert "\n" not in filled.error
+
+
+OOM_RUN = """
+import os, sys
+open(sys.argv[1], "w").write(str(os.getpid()))  # this process, the judge and its worker: in the small group
+sys.path.insert(0, sys.argv[2])
+from leaky_candidates import MODEL, TASK
+from stark_ray.config import EvalConfig
+from stark_ray.eval.service import EvalService
+from stark_ray.eval.tasks import load_task
+fill = "import torch\\n" + MODEL.replace("{forward}", "_fill = torch.ones(5 << 27, dtype=torch.float64); _fill += 1")
+cfg = EvalConfig(backend="cpu_cpp", build_dir=sys.argv[3], timing_trials=5, warmup=1, isolate="off",
+                 worker_memory_gb=0)  # no cap of its own: the kernel's OOM killer is what stops it
+with EvalService(cfg) as s:
+    for source in (fill.format(factor=""), "import torch\\n" + MODEL.format(forward="pass", factor="")):
+        r = s.evaluate(load_task(TASK), source)
+        print("VERDICT", r.stage, ",".join(r.flags), r.error)
+"""
+
+
+def test_a_worker_the_kernels_oom_killer_takes_is_said_as_out_of_memory(tmp_path: Path) -> None:
+    """In a control group of 3 GiB (made here where the host lets us: cgroup v1 or v2, as root), a candidate filling
+    5 GiB with no cap of its own is killed by the kernel's OOM killer: its verdict says out of memory on the host,
+    not 'crashed (SIGKILL)'; the next candidate in the same group is judged as usual."""
+    import subprocess
+    import sys
+    import uuid
+
+    name = f"stark-test-{uuid.uuid4().hex[:8]}"
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    group = Path("/sys/fs/cgroup") / name if v2 else Path("/sys/fs/cgroup/memory") / name
+    try:
+        group.mkdir()
+        (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(3 << 30))
+        swap = group / ("memory.swap.max" if v2 else "memory.memsw.limit_in_bytes")
+        if swap.exists():  # no swapping past the limit either: the fill is killed, not slowed
+            swap.write_text("0" if v2 else str(3 << 30))
+    except OSError as e:
+        if group.exists():
+            group.rmdir()
+        pytest.skip(f"no memory control group can be made here ({e})")
+    try:
+        proc = subprocess.run([sys.executable, "-c", OOM_RUN, str(group / "cgroup.procs"),
+                               str(Path(__file__).parent), str(tmp_path / "build")],
+                              capture_output=True, text=True, timeout=900)
+    finally:
+        group.rmdir()
+    verdicts = [line.split(" ", 3)[1:] for line in proc.stdout.splitlines() if line.startswith("VERDICT")]
+    assert len(verdicts) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (stage, flags, error), (honest_stage, _, honest_error) = verdicts
+    assert stage == "crash" and flags == "out_of_memory", verdicts
+    # the kernel picks whom to kill: the worker, or the judge above it (seen with swap limited too)
+    assert re.match(r"out of memory on the host: the (worker|judge) was killed by the kernel's out-of-memory killer",
+                    error), error
+    assert honest_stage == "ok", honest_error

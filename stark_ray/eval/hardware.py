@@ -46,7 +46,9 @@ def cgroup_memory_limit(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/
             parts = Path(rel).parts
             places += [root / Path(*parts[:i]) / "memory.max" for i in range(1, len(parts))]
         elif "memory" in controllers.split(","):  # v1: in a container its own group shows as the mount's root
-            places += [root / "memory" / rel / "memory.limit_in_bytes", root / "memory" / "memory.limit_in_bytes"]
+            parts = Path(rel).parts
+            places += [root / "memory" / Path(*parts[i:]) / "memory.limit_in_bytes" for i in range(len(parts))]
+            places.append(root / "memory" / "memory.limit_in_bytes")
     limits = []
     for place in places:
         try:
@@ -65,6 +67,34 @@ def host_memory_cap(worker_memory_gb: float | None, device: str) -> int:
         return int(worker_memory_gb * (1 << 30))
     total = host_memory_bytes()
     return total // 2 if device == "cpu" and total else 0
+
+
+def oom_kills(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
+    """How many processes of this process's control group the kernel's out-of-memory killer has killed (cgroup v2's
+    ``memory.events``, v1's ``memory.oom_control``: ``oom_kill N``); None where the kernel does not say."""
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        rel = path.strip("/")
+        if controllers == "" and (root / "cgroup.controllers").exists():
+            places = [root / rel / "memory.events", root / "memory.events"]
+        elif "memory" in controllers.split(","):  # in a container the mount's root is its own group: a suffix
+            parts = Path(rel).parts
+            places = [root / "memory" / Path(*parts[i:]) / "memory.oom_control" for i in range(len(parts))]
+            places.append(root / "memory" / "memory.oom_control")
+        else:
+            continue
+        for place in places:
+            try:
+                m = re.search(r"^oom_kill (\d+)$", place.read_text(), re.MULTILINE)
+            except OSError:
+                continue
+            if m:
+                return int(m.group(1))
+    return None
 
 
 def cpu_model() -> str:

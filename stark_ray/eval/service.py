@@ -101,7 +101,7 @@ def outcome_to_result(outcome: WorkerOutcome, limits: dict[str, float], who: str
         result = outcome.result
     else:
         result = lost_result(outcome.phase, outcome.timed_out, outcome.returncode, outcome.log,
-                             limits.get(outcome.phase, 0.0), who)
+                             limits.get(outcome.phase, 0.0), who, oom_killed=outcome.oom_killed)
     if result.compile_s is None and PHASE_COMPILE in outcome.phase_s:
         result.compile_s = outcome.phase_s[PHASE_COMPILE]
     result.eval_s = outcome.wall_s

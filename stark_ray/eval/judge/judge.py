@@ -481,7 +481,7 @@ class Judge:
     def answer(self, reply: Reply, clock: PhaseClock, label: str, seq: int) -> dict[str, Any]:
         if reply.msg is None:
             lost = lost_result(reply.phase, reply.timed_out, reply.returncode, reply.log, clock.limit(),
-                               source=self.candidate_source)
+                               source=self.candidate_source, oom_killed=reply.oom_killed)
             if reply.timed_out and reply.phase == PHASE_COMPILE:  # the build's time, not a stack (outcome.py)
                 lost = build_time_out(lost, reply.log, clock.limit(), list(self.build_times))
             raise Decided(lost)

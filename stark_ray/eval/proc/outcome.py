@@ -85,9 +85,10 @@ def build_time_out(result: EvalResult, log: str, limit_s: float, others: Sequenc
 
 
 def lost_result(phase: str, timed_out: bool, returncode: int | None, log: str, limit_s: float,
-                who: str = "worker", source: str | None = None) -> EvalResult:
+                who: str = "worker", source: str | None = None, oom_killed: bool = False) -> EvalResult:
     """The failed result of a candidate whose process died (``returncode``) or ran out of time in ``phase``;
-    ``source`` (the candidate's) names its forward when the process's stack dump names no line of it."""
+    ``source`` (the candidate's) names its forward when the process's stack dump names no line of it; ``oom_killed``:
+    the kernel's out-of-memory killer killed in the process's control group meanwhile (said, and flagged)."""
     where = crash_location(log)
     at = f" at {where}" if where else ""
     if not where and source is not None and phase in (PHASE_CHECK, PHASE_TIME):
@@ -97,7 +98,11 @@ def lost_result(phase: str, timed_out: bool, returncode: int | None, log: str, l
         stage, error = STAGE_TIMEOUT, f"timed out after {limit_s:g} s while "
     else:
         stage, error = STAGE_CRASH, f"{who} {describe_exit(returncode)} while "
+    if oom_killed and not timed_out:
+        error = (f"out of memory on the host: the {who} was killed by the kernel's out-of-memory killer (the host's "
+                 f"memory ran out, this candidate's process or another's) while ")
     if timed_out and phase == PHASE_COMPILE:
         at += " (the build's time limit: --compile-timeout)"
     return EvalResult(compiled=phase in (PHASE_CHECK, PHASE_TIME), stage=stage,
-                      error=f"{error}{DOING.get(phase, phase)}{at}", log=excerpt(clean_log(log)))
+                      error=f"{error}{DOING.get(phase, phase)}{at}", log=excerpt(clean_log(log)),
+                      flags=["out_of_memory"] if oom_killed and not timed_out else [])

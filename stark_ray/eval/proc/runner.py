@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stark_ray.eval.hardware import oom_kills
 from stark_ray.eval.proc.child_process import (
     EXIT_GRACE_S,
     Child,
@@ -65,6 +66,7 @@ class Reply:
     dead: bool = False
     returncode: int | None = None  # set when the process ended
     log: str = ""  # what the process printed since the log was marked (kept when it died or timed out)
+    oom_killed: bool = False  # it died while the kernel's out-of-memory killer killed in its control group
 
     @property
     def ok(self) -> bool:
@@ -81,6 +83,7 @@ class WorkerOutcome:
     wall_s: float
     phase_s: dict[str, float] = field(default_factory=dict)  # wall seconds spent in each phase
     healthy: bool = True  # False: the worker was (or will be) replaced after this request
+    oom_killed: bool = False  # it died by the kernel's out-of-memory killer (Reply.oom_killed)
     extra: dict[str, Any] = field(default_factory=dict)  # what else the final message said (the judge's stats)
 
     def describe_exit(self) -> str:
@@ -126,6 +129,7 @@ class WorkerProcess:
         # serves the builds an isolated worker asks for (eval/build/builder.py): (request, seconds left) -> answer
         self.on_build: Callable[[dict[str, Any], float], dict[str, Any]] | None = None
         self._builds = 0  # build requests since the log was marked (one conversation)
+        self._oom_kills: int | None = None  # the control group's out-of-memory kills when the log was marked
         self._ended_strays = 0  # a candidate's processes that ended with their worker since the last sweep
         self.claims: list[str] = []  # a builder's word: the key of what it builds, said before its compiler runs
 
@@ -268,6 +272,7 @@ class WorkerProcess:
         """What the process prints from now on is the log of the next replies (a candidate's, say)."""
         self._mark = log_size(self._log_fd)
         self._builds = 0
+        self._oom_kills = oom_kills()  # a death with more of them since: the host's memory, said as such
 
     def log_since_mark(self) -> str:
         return read_log(self._log_fd, self._mark)
@@ -299,6 +304,9 @@ class WorkerProcess:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self._proc.wait(timeout=EXIT_GRACE_S)  # let it finish its log
                 reply = Reply(None, clock.phase, dead=True, returncode=self._proc.poll(), log=self.log_since_mark())
+                now, before = oom_kills(), self._oom_kills
+                reply.oom_killed = (reply.returncode == -signal.SIGKILL and now is not None and before is not None
+                                    and now > before)
                 self.kill()
                 return reply
             if msg is None:  # the phase ran out of time
@@ -368,7 +376,8 @@ class WorkerProcess:
                 self.served += 1
                 if self.served >= self.max_requests:
                     self.close_current()
-        outcome = WorkerOutcome(result, clock.phase, reply.returncode, reply.timed_out, log, wall, clock.spent, healthy)
+        outcome = WorkerOutcome(result, clock.phase, reply.returncode, reply.timed_out, log, wall, clock.spent, healthy,
+                                oom_killed=reply.oom_killed)
         outcome.extra = {k: v for k, v in (reply.msg or {}).items() if k not in ("result", "healthy")}
         if self.claims:
             outcome.extra["claims"] = list(self.claims)
