@@ -52,7 +52,7 @@ from stark_ray.eval.wire.protocol import (
     WorkerRequest,
     failure_from_message,
 )
-from stark_ray.records import STAGE_COMPILE, EvalResult, source_digest
+from stark_ray.records import STAGE_COMPILE, STAGE_CRASH, EvalResult, source_digest
 
 CORES_PER_SPARE = 4  # hot spares beyond the first: one per this many cores (on 2 cores 3 spares importing at once
 # slowed the candidates' timing, 1.24 -> 1.57 s each, for no gain: benchmarks/worker_turnover.py)
@@ -88,6 +88,16 @@ def precheck(source: str) -> EvalResult | None:
     if "ModelNew" not in names:
         return EvalResult.failed(STAGE_COMPILE, "the candidate defines no ModelNew at module level")
     return None
+
+
+# a candidate whose evaluation the kernel's out-of-memory killer ended is evaluated this many times more before the
+# verdict stands (the host's memory may have run out for other processes: a machine's failure, never charged alone)
+OOM_AGAIN = 1
+
+
+def killed_for_memory(result: EvalResult) -> bool:
+    """The evaluation ended because the kernel's OOM killer took one of its processes (eval/proc/outcome.py)."""
+    return result.stage == STAGE_CRASH and "out_of_memory" in result.flags
 
 
 def judge_limits(cfg: EvalConfig) -> dict[str, float]:
@@ -416,10 +426,19 @@ class EvalService:
             decided, build_s = self._build(task, source, cfg)
             if decided is not None:
                 return decided
-        self._doing_now(key, "waiting for the device")
-        outcome = self._on_device(self._request(MODE_CANDIDATE, task, cfg, source), cfg, key)
-        self._make_headers()  # the worker's builds (cpu_cpp builds there) may have earned one
-        result = outcome_to_result(outcome, judge_limits(cfg), "judge")
+        for attempt in range(1 + OOM_AGAIN):
+            self._doing_now(key, "waiting for the device")
+            outcome = self._on_device(self._request(MODE_CANDIDATE, task, cfg, source), cfg, key)
+            self._make_headers()  # the worker's builds (cpu_cpp builds there) may have earned one
+            result = outcome_to_result(outcome, judge_limits(cfg), "judge")
+            if not killed_for_memory(result):
+                break
+            if attempt == OOM_AGAIN:  # else: the host's memory may have run out for others: evaluated again, and said
+                result.add_line(f"evaluated {1 + OOM_AGAIN} times: each time the kernel's out-of-memory killer took a "
+                                "process of its evaluation")
+        if attempt and not killed_for_memory(result):
+            result.add_line("evaluated again: the first evaluation ended by the kernel's out-of-memory killer taking a "
+                            "process of it (the host's memory, not this candidate's verdict)")
         if build_s:  # the pool's build plus the device worker's (cached) load
             result.compile_s = build_s + (result.compile_s or 0.0)
             result.eval_s = build_s + (result.eval_s or 0.0)
