@@ -96,6 +96,8 @@ class FakeLLMServer:
         self._received: list[Received] = []
         self._stop = threading.Event()
         self._counter = 0
+        self._models: Behaviour | None = None  # GET /v1/models/<id> (None: 501, a server without it)
+        self._gets: list[tuple[str, dict[str, str]]] = []
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
@@ -134,6 +136,21 @@ class FakeLLMServer:
         """What ``path`` does once its queue is empty (default: ``ok("ok")``)."""
         with self._lock:
             self._fallback[path] = behaviour
+
+    def models(self, behaviour: Behaviour) -> None:
+        """What ``GET /v1/models/<id>`` answers from now on (a provider check); unset: 501."""
+        with self._lock:
+            self._models = behaviour
+
+    def model_checks(self) -> list[tuple[str, dict[str, str]]]:
+        """The GETs of the models endpoint that arrived: (path, headers)."""
+        with self._lock:
+            return list(self._gets)
+
+    def _model_behaviour(self, path: str, headers: dict[str, str]) -> Behaviour | None:
+        with self._lock:
+            self._gets.append((path, headers))
+            return self._models
 
     def received(self, path: str | None = None) -> list[Received]:
         with self._lock:
@@ -207,6 +224,22 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 behaviour = Behaviour(status=404, message=f"no route {self.path}")
                 payload = _openai_body(behaviour, model, n)
             self._send(behaviour, payload)
+
+        def do_GET(self) -> None:
+            """The models endpoint (``/v1/models/<id>``, both protocols), as :meth:`FakeLLMServer.models` scripts
+            it; unscripted, 501 as before (a server without it). Kept apart from ``received``."""
+            model = self.path.rsplit("/", 1)[-1]
+            behaviour = server._model_behaviour(self.path, {k.lower(): v for k, v in self.headers.items()})
+            if behaviour is None or not self.path.startswith("/v1/models/"):
+                self._send(Behaviour(status=501, message="no GET here"), _openai_body(
+                    Behaviour(status=501, message="no GET here"), model, 0))
+                return
+            if behaviour.status == 200:
+                self._send(behaviour, {"id": model, "object": "model", "type": "model", "created": 0,
+                                       "created_at": "2026-01-01T00:00:00Z", "owned_by": "fake",
+                                       "display_name": model})
+            else:
+                self._send(behaviour, _openai_body(behaviour, model, 0))
 
         def _send(self, behaviour: Behaviour, payload: dict[str, Any]) -> None:
             data = (behaviour.raw_body if behaviour.raw_body is not None else json.dumps(payload)).encode()

@@ -103,8 +103,9 @@ def test_the_task_is_checked_before_the_key_and_the_model_follows_the_provider(t
 
 
 def test_a_dead_base_url_ends_the_run_in_one_line_and_a_non_zero_exit(tmp_path: Path) -> None:
-    """It spent the whole budget on connection failures and exited 0: now the third call in a row that cannot
-    connect ends the search; what was recorded stays (llm/retry.py: Reachability)."""
+    """It spent the whole budget on connection failures and exited 0; then it was found only after the reference was
+    timed (90-150 s). Now the provider check (llm/factory.py: check_provider) finds it before any work: one line, a
+    non-zero exit, no run directory. (A provider lost mid-run: llm/retry.py's Reachability, test_llm_providers.py.)"""
     import socket
 
     with socket.socket() as s:
@@ -112,13 +113,11 @@ def test_a_dead_base_url_ends_the_run_in_one_line_and_a_non_zero_exit(tmp_path: 
         port = s.getsockname()[1]
     proc = stark("optimize", str(TASKS / "1_LeakyReluScale.py"), "--base-url", f"http://127.0.0.1:{port}/v1",
                  "--executor", "local", "-B", "30", "-q", "--out", str(tmp_path))
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr  # a setting to fix, as a missing key is
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith("error: ") and "could not be reached in 3 calls in a row" in lines[0], lines[0]
-    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["attempts"] < 30, summary
+    assert lines[0].startswith("error: the provider check failed before any work") and "reachable" in lines[0], lines
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # no reference was timed, no run directory made
 
 
 def test_a_kernelbench_task_by_level_and_problem(tmp_path: Path, cassette: str) -> None:

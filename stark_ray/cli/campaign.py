@@ -61,7 +61,7 @@ def campaign(
 
     from stark_ray.cli.places import existing_dir, gpu_first, writable_dir
     from stark_ray.llm.base import ConfigError
-    from stark_ray.llm.factory import check_credentials
+    from stark_ray.llm.factory import check_credentials, check_provider
     from stark_ray.run.campaign import CampaignError, load_config, select_tasks
     from stark_ray.run.directory import RunError
     from stark_ray.run.resume import refuse_changes, resumed
@@ -106,6 +106,7 @@ def campaign(
                 return
             check_names(run.search, run.eval)
             check_credentials(run.agents)
+            check_provider(run.agents)  # one cheap request, before any work
         except (RunError, ConfigError, ValueError, TypeError) as e:
             fail(f"--resume {resume}: {e}")
         launch(run.tasks, run.search, run.agents, run.eval, run_dir.parent, resume=run_dir, address=address,
@@ -117,6 +118,7 @@ def campaign(
                               sel.get("names"), sel.get("subset") or "all")
         search_cfg, agent_cfg, eval_cfg = run_settings(merged)  # the names too, by their registries
         check_credentials(agent_cfg)
+        check_provider(agent_cfg)  # one cheap request, before any work
     except (CampaignError, ConfigError, ValueError) as e:
         fail(str(e))
     except TypeError as e:  # an unknown key in the TOML file

@@ -65,7 +65,7 @@ def optimize(
     from stark_ray.cli.places import gpu_first, kernelbench_task, writable_dir, writable_file
     from stark_ray.eval.tasks import TaskError, load_task
     from stark_ray.llm.base import ConfigError
-    from stark_ray.llm.factory import check_credentials, make_client
+    from stark_ray.llm.factory import check_credentials, check_provider, make_client
 
     if executor not in ("ray", "local"):
         fail(f"unknown executor {executor!r}; choose ray or local")
@@ -90,6 +90,7 @@ def optimize(
         if record is not None:
             writable_file(record, "--record")
         check_credentials(agent_cfg)
+        check_provider(agent_cfg)  # one cheap request, before any work
         client = make_client(agent_cfg)
     except (ConfigError, TaskError) as e:
         fail(str(e))
@@ -198,7 +199,7 @@ def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None,
     with the executor that made it, or the one --executor names."""
     from stark_ray.cli.places import existing_dir
     from stark_ray.llm.base import ConfigError
-    from stark_ray.llm.factory import check_credentials, make_client
+    from stark_ray.llm.factory import check_credentials, check_provider, make_client
     from stark_ray.run.directory import RunError
     from stark_ray.run.ray_driver import RayRun
     from stark_ray.run.resume import refuse_changes, resumed
@@ -216,6 +217,7 @@ def _resume(ctx: typer.Context, resume: str, executor: str, address: str | None,
             return
         check_names(run.search, run.eval)
         check_credentials(run.agents)
+        check_provider(run.agents)  # one cheap request, before any work
         if "executor" not in given:
             executor = run.executor  # the one that made it, unless told otherwise
         if executor == "local" and (len(run.tasks) > 1 or run.search.parallel > 1):

@@ -16,6 +16,7 @@ import anthropic
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import Completion, ConfigError, LLMRequest
 from stark_ray.llm.errors import empty_reply, from_sdk_error
+from stark_ray.llm.openai_provider import CHECK_TIMEOUT_S
 from stark_ray.llm.retry import Reachability, with_retries
 from stark_ray.llm.usage import priced_usage
 
@@ -46,6 +47,14 @@ class AnthropicClient:
 
     def complete(self, request: LLMRequest) -> Completion:
         return self._reach.call(lambda: with_retries(lambda: self._try(request), self.cfg.max_retries))
+
+    def check(self) -> None:
+        """One cheap request (the model's own entry: no tokens spent): LLMError where it fails (llm/factory.py)."""
+        try:
+            self._client.with_options(timeout=CHECK_TIMEOUT_S).models.retrieve(self.model)
+        except (anthropic.AnthropicError, json.JSONDecodeError) as exc:
+            raise from_sdk_error(exc, anthropic, f"anthropic {self.model}",
+                                 priced_usage(self.cfg, "check", self.provider, self.model)) from exc
 
     def _try(self, request: LLMRequest) -> Completion:
         label = f"anthropic {self.model}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from stark_ray.config import PROVIDERS, AgentConfig
@@ -25,6 +26,34 @@ def check_credentials(cfg: AgentConfig) -> None:
             raise ConfigError(f"cassette not found: {cfg.cassette}")
     else:
         raise ConfigError(f"unknown provider {cfg.provider!r}; choose one of {', '.join(PROVIDERS)}")
+
+
+# what a failed check means for a run: these stop it before any work; any other failure is left to the first call
+CHECK_STOPS = frozenset({"auth", "permission", "billing", "connection", "timeout", "not_found"})
+
+
+def check_provider(cfg: AgentConfig) -> None:
+    """One cheap request to the provider before any work (its model's entry: no tokens): ConfigError (one line)
+    where the key is refused, the endpoint cannot be reached or the model is unknown — found in seconds, not after
+    the reference was timed. A ``base_url`` server that does not serve the models endpoint (404 there, 405, 501) is
+    not refused: its first call says what it says. Replays check nothing."""
+    if cfg.provider not in ("openai", "anthropic"):
+        return
+    from stark_ray.llm.base import LLMError
+
+    client = make_client(replace(cfg, record=None))  # nothing recorded of the check
+    try:
+        client.check()  # type: ignore[attr-defined]  # the two providers' clients have it
+    except LLMError as e:
+        if e.kind not in CHECK_STOPS or (e.kind == "not_found" and cfg.base_url):
+            return
+        if e.kind in ("auth", "permission") and any(w in str(e).lower() for w in ("scope", "insufficient permission")):
+            return  # a key restricted to what a run uses (chat, not the models list): its calls will tell
+        where = cfg.base_url or ("https://api.openai.com/v1" if cfg.provider == "openai" else "https://api.anthropic.com")
+        hint = {"connection": f"is {where} reachable from here?", "timeout": f"{where} did not answer in time",
+                "not_found": f"is {cfg.model!r} a model of {cfg.provider}?"}.get(e.kind,
+                                                                               "check the key (and its access)")
+        raise ConfigError(f"the provider check failed before any work: {e} ({hint})") from None
 
 
 def make_client(cfg: AgentConfig, replay_consumed: frozenset[int] = frozenset()) -> LLMClient:

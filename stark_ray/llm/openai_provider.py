@@ -22,6 +22,7 @@ from stark_ray.llm.usage import priced_usage
 
 KEY_ENV = "OPENAI_API_KEY"
 PLACEHOLDER_KEY = "EMPTY"
+CHECK_TIMEOUT_S = 10.0  # the provider check before a run's work (llm/factory.py: check_provider)
 
 
 def openai_api_key(cfg: AgentConfig) -> str:
@@ -52,6 +53,14 @@ class OpenAIClient:
 
     def complete(self, request: LLMRequest) -> Completion:
         return self._reach.call(lambda: with_retries(lambda: self._try(request), self.cfg.max_retries))
+
+    def check(self) -> None:
+        """One cheap request (the model's own entry: no tokens spent): LLMError where it fails (llm/factory.py)."""
+        try:
+            self._client.with_options(timeout=CHECK_TIMEOUT_S).models.retrieve(self.model)
+        except (openai.OpenAIError, json.JSONDecodeError) as exc:
+            raise from_sdk_error(exc, openai, f"openai {self.model}",
+                                 priced_usage(self.cfg, "check", self.provider, self.model)) from exc
 
     def _try(self, request: LLMRequest) -> Completion:
         label = f"openai {self.model}"
