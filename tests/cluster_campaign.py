@@ -91,8 +91,9 @@ def worker_env(work: Path) -> dict[str, Any]:
 def the_run(tasks: list[Task], out: str | Location, address: str, budget: int, resume: str | None = None) -> Any:
     from stark_ray.run.placement import RayRun
 
-    return RayRun(tasks, SearchConfig(budget=budget, parallel=2, seed=0), AgentConfig(), EvalConfig(backend="cuda"),
-                  out, run_id=None if resume else "cluster", resume=resume, address=address,
+    # no runoff: every evaluation logged is an attempt's (the test counts them against the budget)
+    return RayRun(tasks, SearchConfig(budget=budget, parallel=2, seed=0, runoff=0), AgentConfig(),
+                  EvalConfig(backend="cuda"), out, run_id=None if resume else "cluster", resume=resume, address=address,
                   client_factory=orchestration.scripted_client, evaluator_cls=NodeEvaluator)
 
 

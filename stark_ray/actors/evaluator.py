@@ -63,10 +63,6 @@ class EvaluatorActor:
     def evaluate(self, task: Task, source: str) -> EvalResult:
         return self.service.evaluate(task, source)
 
-    def evaluate_in_order(self, task: Task, sources: list[str]) -> list[EvalResult]:
-        """Candidates evaluated one after another, in this order, on this device (a runoff: search/runoff.py)."""
-        return [self.service.evaluate(task, s) for s in sources]
-
     def activity(self) -> dict[str, tuple[str, float]]:
         """What each candidate in evaluation here is going through now, by its digest (for the live view)."""
         return self.service.activity() if self._service is not None else {}

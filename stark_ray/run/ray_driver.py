@@ -522,22 +522,37 @@ class RayDriver:
         return summaries
 
     def _runoffs(self, trees: dict[str, Tree]) -> dict[str, Runoff]:
-        """Every task's runoff (search/runoff.py), all at once: each on the evaluator its task was placed on, one
-        candidate after another; an evaluator lost meanwhile leaves its tasks' search best standing, said."""
+        """Every task's runoff (search/runoff.py), the tasks at once: each task's evaluations one after another, in
+        the sitting's order, on the evaluator its task was placed on; an evaluator lost meanwhile leaves its tasks'
+        search best standing, said."""
         sittings = {name: s for name, tree in trees.items() if (s := sitting(tree, self.run.search.runoff))}
         if not sittings:
             return {}
         self.reporter.phase(f"runoff: the top candidates of {len(sittings)} task(s) evaluated again side by side")
-        refs = {name: self.evaluators[self.dispatch.home[name]].evaluate_in_order.remote(self.tasks[name], s.sources)
-                for name, s in sittings.items()}
-        finals = {}
-        for name, s in sittings.items():
+        results: dict[str, list[EvalResult]] = {name: [] for name in sittings}
+        lost: dict[str, str] = {}
+        in_flight: dict[Any, str] = {}
+
+        def send(name: str) -> None:
+            source = sittings[name].sources[len(results[name])]
+            evaluator = self.evaluators[self.dispatch.home[name]]
+            in_flight[evaluator.evaluate.remote(self.tasks[name], source)] = name
+
+        for name in sittings:
+            send(name)
+        while in_flight:
+            [ref], _ = ray.wait(list(in_flight), num_returns=1)
+            name = in_flight.pop(ref)
             try:
-                finals[name] = s.decide(ray.get(refs[name]))
+                results[name].append(ray.get(ref))
             except RayError as e:  # the machine's failure: no candidate is judged by it
-                finals[name] = Runoff([], None, f"its evaluator failed: {one_line(e)}")
+                lost[name] = f"its evaluator failed: {one_line(e)}"
                 log.warning("%s: runoff not held: %s", name, one_line(e))
-        return finals
+                continue
+            if len(results[name]) < len(sittings[name].order):
+                send(name)
+        return {name: Runoff([], None, lost[name]) if name in lost else s.decide(results[name])
+                for name, s in sittings.items()}
 
     def close(self) -> None:
         for ref, work in list(self.pending.items()):  # stopped early: the agent calls are not waited for
