@@ -123,3 +123,55 @@ def test_a_local_run_holds_a_runoff_on_the_real_evaluator(tmp_path: Path, shared
     finally:
         con.close()
     assert named == [(winner, on_disk["best_speedup"])]
+
+
+class StandIn:
+    """An evaluator whose every candidate is accepted at a speedup of its source's length, and which fails (as an
+    evaluator of the machine fails) from its ``fail_after``-th evaluation on: a runoff that meets it."""
+
+    def __init__(self, task: object, cfg: object, fail_after: int = 2, interrupt: bool = False) -> None:
+        self.calls, self.fail_after, self.interrupt = 0, fail_after, interrupt
+
+    def __enter__(self) -> StandIn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def reference(self) -> EvalResult:
+        return ok(1.0)
+
+    def evaluate(self, source: str) -> EvalResult:
+        self.calls += 1
+        if self.calls > self.fail_after:
+            if self.interrupt:
+                raise KeyboardInterrupt
+            raise RuntimeError("the evaluator's worker could not start")
+        return ok(1.0 + len(source) % 7 / 10)
+
+    def hardware_description(self) -> str:
+        return "a stand-in"
+
+    def device_kind(self) -> str:
+        return "cpu"
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_a_runoff_the_evaluator_fails_or_ctrl_c_stops_leaves_the_search_finished_and_said(
+        tmp_path: Path, interrupt: bool) -> None:
+    client = ScriptedClient({"plan": [plan_reply] * 4, "code": [code_reply(SLOWEST), code_reply(SLOW)]})
+    factory = lambda task, cfg: StandIn(task, cfg, interrupt=interrupt)  # noqa: E731
+    args = (load_task(ROOT / "examples/tasks/1_LeakyReluScale.py"), client,
+            SearchConfig(budget=2, seed=0, epsilon=0.0), AgentConfig(model="scripted"), EvalConfig(), tmp_path)
+    if interrupt:
+        with pytest.raises(KeyboardInterrupt):
+            optimize(*args, evaluator_factory=factory)
+    else:
+        optimize(*args, evaluator_factory=factory)
+    [run] = [d for d in tmp_path.iterdir() if d.is_dir()]
+    on_disk = json.loads((run / "summary.json").read_text())
+    assert on_disk["status"] == "finished" and on_disk["attempts"] == 2
+    said = on_disk["runoff"]["error"]
+    assert said == ("interrupted (Ctrl-C)" if interrupt else
+                    "the evaluator failed: RuntimeError: the evaluator's worker could not start"), said
+    assert on_disk["best_node"] is not None and (run / "best_kernel.py").exists()  # the search's best stands

@@ -126,13 +126,19 @@ def optimize(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_cfg:
         try:
             search(tree, policy, team, evaluator.evaluate, search_cfg.budget, search_cfg.seed, on_attempt,
                    search_cfg.stop_at_sol)
+            status = STATUS_FINISHED  # the search's; its runoff, after it, can only name the best
             if contenders(tree, search_cfg.runoff):
                 reporter.phase(f"runoff: the top {len(contenders(tree, search_cfg.runoff))} evaluated again side "
                                "by side")
-                final = runoff(tree, search_cfg.runoff, lambda sources: [evaluator.evaluate(s) for s in sources])
-            status = STATUS_FINISHED
+                try:
+                    final = runoff(tree, search_cfg.runoff, lambda sources: [evaluator.evaluate(s) for s in sources])
+                except Exception as e:  # the evaluator's failure, not a candidate's: the search's best stands
+                    final = Runoff([], None, f"the evaluator failed: {type(e).__name__}: {e}"[:300])
         except KeyboardInterrupt:
-            status = STATUS_INTERRUPTED
+            if status == STATUS_FINISHED:  # stopped in the runoff: the search stays finished, its best stands
+                final = Runoff([], None, "interrupted (Ctrl-C)")
+            else:
+                status = STATUS_INTERRUPTED
             raise
         finally:
             run.close()

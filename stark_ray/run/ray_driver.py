@@ -71,6 +71,7 @@ from stark_ray.store.compact import compact_ended, whole_run_compacted
 from stark_ray.store.location import Location, locate
 
 log = logging.getLogger(__name__)
+RUNOFF_WAIT_S = 3600.0  # the most a run's runoff waits for its evaluations (an evaluator lost with its node)
 _UNSET: Any = object()  # a ref's value not fetched yet
 EXECUTOR = "ray"  # as run.json and the summaries name it
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
@@ -503,7 +504,17 @@ class RayDriver:
                 trees[name] = Tree.from_records(ray.get(snapshots[name]))
             except RayError:
                 trees[name] = self.view.trees[name]
-        finals = self._runoffs(trees) if status == STATUS_FINISHED else {}
+        finals: dict[str, Runoff] = {}
+        stopped: KeyboardInterrupt | None = None
+        if status == STATUS_FINISHED:
+            try:
+                finals = self._runoffs(trees)
+            except KeyboardInterrupt as e:  # the summaries first, the search's best standing; then it goes on up
+                stopped = e
+                finals = {name: Runoff([], None, "interrupted (Ctrl-C)") for name in trees}
+            except Exception as e:  # a bug or a stand-in's answer: no summary may be lost to the runoff
+                log.exception("the runoff failed: every task's search best stands")
+                finals = {name: Runoff([], None, f"the runoff failed: {one_line(e)}") for name in trees}
         for name, task in self.tasks.items():
             tree = trees[name]
             capped = status == STATUS_FINISHED and name in self.capped and tree.evaluated < self.run.search.budget
@@ -519,6 +530,8 @@ class RayDriver:
             self.reporter.finish(summary)
             summaries.append(summary)
         self.phases["finish_s"] = time.monotonic() - t0
+        if stopped is not None:
+            raise stopped
         return summaries
 
     def _runoffs(self, trees: dict[str, Tree]) -> dict[str, Runoff]:
@@ -534,14 +547,26 @@ class RayDriver:
         in_flight: dict[Any, str] = {}
 
         def send(name: str) -> None:
+            live = [w for w in (self.dispatch.home[name], *self.dispatch.peers[name])
+                    if w not in self.deaths.gone and w not in self.deaths.dead]
+            if not live:
+                lost[name] = "no evaluator of its task is alive"
+                return
             source = sittings[name].sources[len(results[name])]
-            evaluator = self.evaluators[self.dispatch.home[name]]
-            in_flight[evaluator.evaluate.remote(self.tasks[name], source)] = name
+            in_flight[self.evaluators[live[0]].evaluate.remote(self.tasks[name], source)] = name
 
         for name in sittings:
             send(name)
+        deadline = time.monotonic() + RUNOFF_WAIT_S
         while in_flight:
-            [ref], _ = ray.wait(list(in_flight), num_returns=1)
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:  # an evaluator that does not answer (restarting on a node that is gone): given up
+                for ref, name in in_flight.items():
+                    lost[name] = f"no answer within {RUNOFF_WAIT_S:.0f} s"
+                    with contextlib.suppress(Exception):
+                        ray.cancel(ref)
+                break
+            [ref] = ready
             name = in_flight.pop(ref)
             try:
                 results[name].append(ray.get(ref))
