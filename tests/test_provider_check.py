@@ -76,3 +76,12 @@ def test_a_replay_checks_nothing(tmp_path) -> None:  # type: ignore[no-untyped-d
     cassette = tmp_path / "c.jsonl"
     cassette.write_text("")
     check_provider(AgentConfig(provider="replay", cassette=str(cassette)))
+
+
+def test_a_server_named_by_the_sdks_own_variable_is_a_server_of_ones_own(server: FakeLLMServer,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """OPENAI_BASE_URL (read by the SDK itself, base_url unset): a 404 of its models endpoint is not a refusal."""
+    monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+    server.models(error(404, "no such route"))
+    check_provider(AgentConfig(provider="openai", model="org/model-7b", max_retries=0))
+    assert server.model_checks()[-1][0] == "/v1/models/org%2Fmodel-7b"  # the SDK quotes the id

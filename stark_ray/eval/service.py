@@ -90,8 +90,9 @@ def precheck(source: str) -> EvalResult | None:
     return None
 
 
-# a candidate whose evaluation the kernel's out-of-memory killer ended is evaluated this many times more before the
-# verdict stands (the host's memory may have run out for other processes: a machine's failure, never charged alone)
+# a candidate whose evaluation the kernel's out-of-memory killer ended, its own process held to worker_memory_gb, is
+# evaluated this many times more before the verdict stands (the host's memory ran out for other processes, most
+# likely: a machine's failure, never charged alone); with no cap (a GPU by default) the kill stands at once
 OOM_AGAIN = 1
 
 
@@ -431,7 +432,7 @@ class EvalService:
             outcome = self._on_device(self._request(MODE_CANDIDATE, task, cfg, source), cfg, key)
             self._make_headers()  # the worker's builds (cpu_cpp builds there) may have earned one
             result = outcome_to_result(outcome, judge_limits(cfg), "judge")
-            if not killed_for_memory(result):
+            if not killed_for_memory(result) or not self.memory_bytes:  # uncapped: most likely its own fill
                 break
             if attempt == OOM_AGAIN:  # else: the host's memory may have run out for others: evaluated again, and said
                 result.add_line(f"evaluated {1 + OOM_AGAIN} times: each time the kernel's out-of-memory killer took a "

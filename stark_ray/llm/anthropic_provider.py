@@ -50,8 +50,11 @@ class AnthropicClient:
 
     def check(self) -> None:
         """One cheap request (the model's own entry: no tokens spent): LLMError where it fails (llm/factory.py)."""
+        models = getattr(self._client.with_options(timeout=CHECK_TIMEOUT_S), "models", None)
+        if models is None:  # an SDK older than its models endpoint: nothing to check with
+            return
         try:
-            self._client.with_options(timeout=CHECK_TIMEOUT_S).models.retrieve(self.model)
+            models.retrieve(self.model)
         except (anthropic.AnthropicError, json.JSONDecodeError) as exc:
             raise from_sdk_error(exc, anthropic, f"anthropic {self.model}",
                                  priced_usage(self.cfg, "check", self.provider, self.model)) from exc

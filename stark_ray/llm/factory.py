@@ -32,28 +32,47 @@ def check_credentials(cfg: AgentConfig) -> None:
 CHECK_STOPS = frozenset({"auth", "permission", "billing", "connection", "timeout", "not_found"})
 
 
+BASE_URL_ENV = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}  # what each SDK reads itself
+OFFICIAL = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+CHECK_TRIES = 2  # a connection refused or a timeout is asked once more (a server still starting)
+
+
 def check_provider(cfg: AgentConfig) -> None:
     """One cheap request to the provider before any work (its model's entry: no tokens): ConfigError (one line)
     where the key is refused, the endpoint cannot be reached or the model is unknown — found in seconds, not after
-    the reference was timed. A ``base_url`` server that does not serve the models endpoint (404 there, 405, 501) is
-    not refused: its first call says what it says. Replays check nothing."""
+    the reference was timed. A server of one's own (``base_url``, or the SDK's environment variable) that does not
+    serve the models endpoint (404 there, 405, 501) is not refused: its first call says what it says; nor is a key
+    restricted to chat. Replays, and an SDK without the models endpoint, check nothing."""
     if cfg.provider not in ("openai", "anthropic"):
         return
+    import os
+    import time
+
     from stark_ray.llm.base import LLMError
 
     client = make_client(replace(cfg, record=None))  # nothing recorded of the check
-    try:
-        client.check()  # type: ignore[attr-defined]  # the two providers' clients have it
-    except LLMError as e:
-        if e.kind not in CHECK_STOPS or (e.kind == "not_found" and cfg.base_url):
+    check = getattr(client, "check", None)
+    if check is None:
+        return
+    own = cfg.base_url or os.environ.get(BASE_URL_ENV[cfg.provider], "").strip() or None
+    where = own or OFFICIAL[cfg.provider]
+    for tried in range(1, CHECK_TRIES + 1):
+        try:
+            check()
             return
-        if e.kind in ("auth", "permission") and any(w in str(e).lower() for w in ("scope", "insufficient permission")):
-            return  # a key restricted to what a run uses (chat, not the models list): its calls will tell
-        where = cfg.base_url or ("https://api.openai.com/v1" if cfg.provider == "openai" else "https://api.anthropic.com")
-        hint = {"connection": f"is {where} reachable from here?", "timeout": f"{where} did not answer in time",
-                "not_found": f"is {cfg.model!r} a model of {cfg.provider}?"}.get(e.kind,
-                                                                               "check the key (and its access)")
-        raise ConfigError(f"the provider check failed before any work: {e} ({hint})") from None
+        except LLMError as e:
+            if e.kind in ("connection", "timeout") and tried < CHECK_TRIES:
+                time.sleep(2.0)
+                continue
+            if e.kind not in CHECK_STOPS or (e.kind == "not_found" and own):
+                return
+            if e.kind in ("auth", "permission") and any(w in str(e).lower()
+                                                        for w in ("scope", "insufficient permission")):
+                return  # a key restricted to what a run uses (chat, not the models list): its calls will tell
+            hint = {"connection": f"is {where} reachable from here?", "timeout": f"{where} did not answer in time",
+                    "not_found": f"is {cfg.model!r} a model of {cfg.provider}?"}.get(
+                        e.kind, "check the key (and its access)")
+            raise ConfigError(f"the provider check failed before any work: {e} ({hint})") from None
 
 
 def make_client(cfg: AgentConfig, replay_consumed: frozenset[int] = frozenset()) -> LLMClient:

@@ -56,8 +56,11 @@ class OpenAIClient:
 
     def check(self) -> None:
         """One cheap request (the model's own entry: no tokens spent): LLMError where it fails (llm/factory.py)."""
+        models = getattr(self._client.with_options(timeout=CHECK_TIMEOUT_S), "models", None)
+        if models is None:  # an SDK older than its models endpoint: nothing to check with
+            return
         try:
-            self._client.with_options(timeout=CHECK_TIMEOUT_S).models.retrieve(self.model)
+            models.retrieve(self.model)
         except (openai.OpenAIError, json.JSONDecodeError) as exc:
             raise from_sdk_error(exc, openai, f"openai {self.model}",
                                  priced_usage(self.cfg, "check", self.provider, self.model)) from exc

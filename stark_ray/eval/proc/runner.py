@@ -172,6 +172,7 @@ class WorkerProcess:
         self._proc, self._queue, self._workdir, self._sock = child.proc, child.queue, child.workdir, child.sock
         self._log_fd = child.log_fd
         self._mark = 0
+        self._oom_kills = oom_kills()  # a new process: earlier kills are not its
         self.starts += 1
         self.served = 0
         go = time.monotonic()
