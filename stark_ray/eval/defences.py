@@ -44,7 +44,8 @@ DEFENCES: tuple[Defence, ...] = (
     Defence("host_memory", LOAD, WORKER,
             "a candidate that fills the host's memory (the host's OOM killer taking a process of the run, or a fill "
             "swapping into the time limit): the candidate's process is held to `worker_memory_gb` (RLIMIT_DATA), "
-            "an allocation past it fails in the candidate's call, said as out of memory (`out_of_memory`)",
+            "an allocation past it fails in the candidate's call, said as out of memory (`out_of_memory`); shared "
+            "mappings and child processes are not counted (the kernel's OOM killer, said as such, is the backstop)",
             switchable=False),
     Defence("standard_trials", TRIALS, JUDGE,
             "wrong outputs on fresh seeded inputs the judge makes and compares itself", switchable=False),
