@@ -230,8 +230,9 @@ def _run_info(run: Location) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
         if data and data.get("task"):
             status[str(data["task"])] = data.get("status")
             held = data.get("runoff")
-            if isinstance(held, dict) and held.get("winner") is not None:
-                named[str(data["task"])] = (held["winner"], data.get("best_speedup"))
+            winner, speedup = (held.get("winner"), data.get("best_speedup")) if isinstance(held, dict) else (None, None)
+            if isinstance(winner, int) and not isinstance(winner, bool):  # a damaged summary leaves them NULL
+                named[str(data["task"])] = (winner, float(speedup) if isinstance(speedup, int | float) else None)
     info = [(run.name, name, paths.get(name), status.get(name), *named.get(name, (None, None)))
             for name in sorted(set(paths) | set(status))]
     search, agents, ev = (record.get(k) or {} for k in ("search", "agents", "eval"))

@@ -79,4 +79,6 @@ def summary_of(task: str, run_id: str, run_dir: str, tree: Tree, status: str, bu
     if entry is not None:  # the runoff's figures: all taken in one sitting, the reference timed beside each
         summary.best_speedup, summary.best_speedup_err = entry.speedup, entry.speedup_err
         summary.best_runtime_ms, summary.best_ref_runtime_ms = entry.runtime_ms, entry.ref_runtime_ms
+        sol_ms = best.result.sol_ms if best is not None else None
+        summary.best_sol_fraction = (round(sol_ms / entry.runtime_ms, 4) if sol_ms and entry.runtime_ms else None)
     return summary
