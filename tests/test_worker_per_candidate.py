@@ -80,7 +80,7 @@ once = ("import os, torch\\nMARK = " + repr(sys.argv[3] + "-filled") + "\\n" + M
     "{forward}", "if not os.path.exists(MARK):\\n            open(MARK, 'w').close()\\n"
     "            _fill = torch.ones(5 << 27, dtype=torch.float64); _fill += 1"))
 cfg = EvalConfig(backend="cpu_cpp", build_dir=sys.argv[3], timing_trials=5, warmup=1, isolate="off",
-                 worker_memory_gb=0)  # no cap of its own: the kernel's OOM killer is what stops it
+                 worker_memory_gb=8)  # a cap above the group's 3 GiB: the kernel's OOM killer is what stops it
 with EvalService(cfg) as s:
     for source in (fill.format(factor=""), once.format(factor=""),
                    "import torch\\n" + MODEL.format(forward="pass", factor="")):
@@ -92,7 +92,7 @@ with EvalService(cfg) as s:
 
 def test_a_worker_the_kernels_oom_killer_takes_is_said_as_out_of_memory(tmp_path: Path) -> None:
     """In a control group of 3 GiB (made here where the host lets us: cgroup v1 or v2, as root), a candidate filling
-    5 GiB with no cap of its own is killed by the kernel's OOM killer, evaluated again (the host's memory may have run
+    5 GiB under a cap of 8 GiB is killed by the kernel's OOM killer, evaluated again (the host's memory may have run
     out for others) and killed again: its verdict says out of memory on the host, not 'crashed (SIGKILL)'. One killed
     the first time only is judged on its second evaluation; the next candidate in the same group as usual."""
     import subprocess
