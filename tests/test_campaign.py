@@ -23,7 +23,8 @@ TASKS = [str(ROOT / "examples" / "tasks" / f) for f in
 @pytest.mark.slow
 def test_three_tasks_in_one_run_each_to_its_budget(ray_cluster: str, tmp_path: Path,
                                                    shared_build_dir: str) -> None:
-    run = RayRun(select_tasks(TASKS), SearchConfig(budget=4, seed=0, parallel=2), AgentConfig(),
+    # no runoff (it doubled this test's time; the Ray runoff is test_executors.py's): the budgets are the point
+    run = RayRun(select_tasks(TASKS), SearchConfig(budget=4, seed=0, parallel=2, runoff=0), AgentConfig(),
                  eval_cfg(shared_build_dir), tmp_path, client_factory=ray_replies.echo_client)
     summaries = run_ray(run)
     assert sorted(s.task for s in summaries) == ["1_LeakyReluScale", "5_RowSoftmax", "6_ResidualLayerNorm"]

@@ -117,10 +117,11 @@ def test_a_local_run_resumes_to_the_tree_of_the_uninterrupted_run(tmp_path: Path
     that one run of 6 grows; what its earlier calls cost stays counted."""
     task = load_task(TASK)
     cfg = eval_cfg(shared_build_dir)
-    whole = optimize(task, ray_replies.client(), SearchConfig(budget=6, seed=2, epsilon=1.0), AgentConfig(), cfg,
-                     tmp_path / "whole")
-    first = optimize(task, ray_replies.client(), SearchConfig(budget=3, seed=2, epsilon=1.0), AgentConfig(), cfg,
-                     tmp_path / "parts")
+    # no runoff: the trees are the point (the runoff is the same-run test's)
+    whole = optimize(task, ray_replies.client(), SearchConfig(budget=6, seed=2, epsilon=1.0, runoff=0), AgentConfig(),
+                     cfg, tmp_path / "whole")
+    first = optimize(task, ray_replies.client(), SearchConfig(budget=3, seed=2, epsilon=1.0, runoff=0), AgentConfig(),
+                     cfg, tmp_path / "parts")
     run_dir = Path(first.run_dir)
     assert first.attempts == 3 and resumed(run_dir).finished and resumed(run_dir).executor == "local"
     again = resumed(run_dir, budget=6)
