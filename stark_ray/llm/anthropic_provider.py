@@ -16,7 +16,7 @@ import anthropic
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import Completion, ConfigError, LLMRequest
 from stark_ray.llm.errors import empty_reply, from_sdk_error
-from stark_ray.llm.openai_provider import CHECK_TIMEOUT_S
+from stark_ray.llm.model_entry import retrieve_model
 from stark_ray.llm.retry import Reachability, with_retries
 from stark_ray.llm.usage import priced_usage
 
@@ -50,14 +50,8 @@ class AnthropicClient:
 
     def check(self) -> None:
         """One cheap request (the model's own entry: no tokens spent): LLMError where it fails (llm/factory.py)."""
-        models = getattr(self._client.with_options(timeout=CHECK_TIMEOUT_S), "models", None)
-        if models is None:  # an SDK older than its models endpoint: nothing to check with
-            return
-        try:
-            models.retrieve(self.model)
-        except (anthropic.AnthropicError, json.JSONDecodeError) as exc:
-            raise from_sdk_error(exc, anthropic, f"anthropic {self.model}",
-                                 priced_usage(self.cfg, "check", self.provider, self.model)) from exc
+        retrieve_model(self._client, anthropic, self.model, f"anthropic {self.model}",
+                       priced_usage(self.cfg, "check", self.provider, self.model))
 
     def _try(self, request: LLMRequest) -> Completion:
         label = f"anthropic {self.model}"

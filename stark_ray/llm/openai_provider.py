@@ -17,12 +17,12 @@ import openai
 from stark_ray.config import AgentConfig
 from stark_ray.llm.base import Completion, ConfigError, LLMRequest
 from stark_ray.llm.errors import empty_reply, from_sdk_error
+from stark_ray.llm.model_entry import retrieve_model
 from stark_ray.llm.retry import Reachability, with_retries
 from stark_ray.llm.usage import priced_usage
 
 KEY_ENV = "OPENAI_API_KEY"
 PLACEHOLDER_KEY = "EMPTY"
-CHECK_TIMEOUT_S = 10.0  # the provider check before a run's work (llm/factory.py: check_provider)
 
 
 def openai_api_key(cfg: AgentConfig) -> str:
@@ -56,14 +56,8 @@ class OpenAIClient:
 
     def check(self) -> None:
         """One cheap request (the model's own entry: no tokens spent): LLMError where it fails (llm/factory.py)."""
-        models = getattr(self._client.with_options(timeout=CHECK_TIMEOUT_S), "models", None)
-        if models is None:  # an SDK older than its models endpoint: nothing to check with
-            return
-        try:
-            models.retrieve(self.model)
-        except (openai.OpenAIError, json.JSONDecodeError) as exc:
-            raise from_sdk_error(exc, openai, f"openai {self.model}",
-                                 priced_usage(self.cfg, "check", self.provider, self.model)) from exc
+        retrieve_model(self._client, openai, self.model, f"openai {self.model}",
+                       priced_usage(self.cfg, "check", self.provider, self.model))
 
     def _try(self, request: LLMRequest) -> Completion:
         label = f"openai {self.model}"
