@@ -30,27 +30,32 @@ def host_memory_bytes(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
     return min(known) if known else None
 
 
-def cgroup_memory_limit(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
-    """The least memory limit (bytes) on this process's control group and the groups above it: cgroup v2's
-    ``memory.max``, or v1's ``memory.limit_in_bytes``; None where there is none."""
+def memory_group_files(v2_name: str, v1_name: str, root: Path = Path("/sys/fs/cgroup"),
+                       own: Path = Path("/proc/self/cgroup")) -> list[Path]:
+    """Where a memory control-group file of this process's group may be, its own group first, then the groups
+    above it: cgroup v2's ``v2_name``, or v1's ``v1_name`` (in a container v1's mount shows its own group as the
+    root, so each suffix of the group's path is tried too)."""
     try:
         lines = own.read_text().splitlines()
     except OSError:
-        return None
+        return []
     places: list[Path] = []
     for line in lines:
         _, controllers, path = [*line.split(":", 2), "", ""][:3]
-        rel = path.strip("/")
+        parts = Path(path.strip("/")).parts
         if controllers == "" and (root / "cgroup.controllers").exists():  # v2, unified
-            places += [root / rel / "memory.max", root / "memory.max"]
-            parts = Path(rel).parts
-            places += [root / Path(*parts[:i]) / "memory.max" for i in range(1, len(parts))]
-        elif "memory" in controllers.split(","):  # v1: in a container its own group shows as the mount's root
-            parts = Path(rel).parts
-            places += [root / "memory" / Path(*parts[i:]) / "memory.limit_in_bytes" for i in range(len(parts))]
-            places.append(root / "memory" / "memory.limit_in_bytes")
+            places += [root / Path(*parts[:i]) / v2_name for i in range(len(parts), 0, -1)] + [root / v2_name]
+        elif "memory" in controllers.split(","):
+            places += [root / "memory" / Path(*parts[i:]) / v1_name for i in range(len(parts))]
+            places.append(root / "memory" / v1_name)
+    return places
+
+
+def cgroup_memory_limit(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
+    """The least memory limit (bytes) on this process's control group and the groups above it: cgroup v2's
+    ``memory.max``, or v1's ``memory.limit_in_bytes``; None where there is none."""
     limits = []
-    for place in places:
+    for place in memory_group_files("memory.max", "memory.limit_in_bytes", root, own):
         try:
             text = place.read_text().strip()
         except OSError:
@@ -72,28 +77,13 @@ def host_memory_cap(worker_memory_gb: float | None, device: str) -> int:
 def oom_kills(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
     """How many processes of this process's control group the kernel's out-of-memory killer has killed (cgroup v2's
     ``memory.events``, v1's ``memory.oom_control``: ``oom_kill N``); None where the kernel does not say."""
-    try:
-        lines = own.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = [*line.split(":", 2), "", ""][:3]
-        rel = path.strip("/")
-        if controllers == "" and (root / "cgroup.controllers").exists():
-            places = [root / rel / "memory.events", root / "memory.events"]
-        elif "memory" in controllers.split(","):  # in a container the mount's root is its own group: a suffix
-            parts = Path(rel).parts
-            places = [root / "memory" / Path(*parts[i:]) / "memory.oom_control" for i in range(len(parts))]
-            places.append(root / "memory" / "memory.oom_control")
-        else:
+    for place in memory_group_files("memory.events", "memory.oom_control", root, own):
+        try:
+            m = re.search(r"^oom_kill (\d+)$", place.read_text(), re.MULTILINE)
+        except OSError:
             continue
-        for place in places:
-            try:
-                m = re.search(r"^oom_kill (\d+)$", place.read_text(), re.MULTILINE)
-            except OSError:
-                continue
-            if m:
-                return int(m.group(1))
+        if m:
+            return int(m.group(1))
     return None
 
 

@@ -547,8 +547,7 @@ class RayDriver:
         in_flight: dict[Any, str] = {}
 
         def send(name: str) -> None:
-            live = [w for w in (self.dispatch.home[name], *self.dispatch.peers[name])
-                    if w not in self.deaths.gone and w not in self.deaths.dead]
+            live = [w for w in self.dispatch.peers[name] if w not in self.deaths.gone and w not in self.deaths.dead]
             if not live:
                 lost[name] = "no evaluator of its task is alive"
                 return

@@ -30,9 +30,6 @@ def protocol_broken(why: str) -> EvalResult:
                       error=f"the worker broke the evaluator's protocol ({why}); rejected")
 
 
-HOST_MEMORY_SETTING = "worker_memory_gb: half the host's memory unless set"
-
-
 def checked_answer(msg: dict[str, Any], label: str, seq: int) -> dict[str, Any]:
     """A worker's answer to the step numbered ``seq`` (``label`` says where), or the Decided it makes: one without
     its fingerprint, or answering another step (written ahead of the worker's own, on its channel), breaks the
@@ -51,7 +48,7 @@ def checked_answer(msg: dict[str, Any], label: str, seq: int) -> dict[str, Any]:
         error = f"{label}: {raised.get('error', '?')}"
         memory = raised.get("host_memory") is True  # the worker's word on the exception's type: a failure either way
         if memory:
-            error = f"out of memory on the host (the candidate's process is held to {HOST_MEMORY_SETTING}): {error}"
+            error = f"out of memory on the host (the candidate's process is held to worker_memory_gb): {error}"
         raise Decided(EvalResult(compiled=True, stage=STAGE_RUNTIME, error=error[:300],
                                  log=excerpt(str(raised.get("log", ""))), flags=["out_of_memory"] if memory else []),
                       recycle=not msg.get("healthy") or memory)
