@@ -11,7 +11,8 @@ the same machine, candidates and build cache:
     PYTHONPATH=OLD_TREE python benchmarks/eval_per_candidate.py --build-dir /tmp/b --json old.json
     python benchmarks/eval_per_candidate.py --compare old.json new.json
 
-``--isolate on`` measures with isolated workers (against ``off`` on the same tree: what isolation costs).
+``--isolate on`` measures with isolated workers (against ``off`` on the same tree: what isolation costs);
+``--confirm-above 2`` against ``1`` on the same tree, what measuring every claimed gain by the judge's clock costs.
 ``--cpu`` measures the ``cpu_cpp`` backend instead (the C++ candidates of examples/candidates that neither hang
 nor crash), reporting each candidate's median over ``--repeat`` passes after the first: a 2-core machine is noisy.
 """
@@ -137,6 +138,9 @@ def main() -> int:
     p.add_argument("--cpu", action="store_true", help="the cpu_cpp backend and its candidates")
     p.add_argument("--repeat", type=int, default=5, help="--cpu: passes measured after the first")
     p.add_argument("--isolate", default="", help="auto | on | off (default: the config's; not given to an old tree)")
+    p.add_argument("--confirm-above", type=float, default=None,
+                   help="EvalConfig.confirm_above (default: the config's): 2 against 1 on one tree is what measuring "
+                        "every claimed gain by the judge's clock costs")
     args = p.parse_args()
     if args.compare:
         compare(*(json.loads(Path(f).read_text()) for f in args.compare))
@@ -144,6 +148,8 @@ def main() -> int:
     only = [n for n in args.only.split(",") if n]
     out = Path(args.json) if args.json else None
     extra: dict[str, object] = {"isolate": args.isolate} if args.isolate else {}
+    if args.confirm_above is not None:
+        extra["confirm_above"] = args.confirm_above
     if args.cpu:
         measure_cpu(args.build_dir, only or CPU_SET, args.repeat, out, extra)
     else:

@@ -21,6 +21,10 @@
 #               kernel takes), the representative subset, default budget and 40 GB (issue 41, part 1)
 #   confirm-all the same, every task, default, 40 and 80 GB, resumable
 #   l2          l2_persisting.py: a persisting-L2 set-aside against the flush, with and without the reset
+#   lost        attempts_lost.py on the GPU demo's cassette: its recorded search replayed quiet and beside 16 busy
+#               processes; the attempts whose verdict the load changed (issue 42's goal: none on the GPU)
+#   confirm-cost eval_per_candidate.py on the GPU candidate set with confirm_above 2, then 1 (the default since
+#               session 35: every claimed gain measured by the judge's clock), compared: what that costs a candidate
 #   cassette    examples/cassettes/record_demo.py --backend cuda: the GPU demo's cassette recorded again on today's
 #               prompts (copied to $OUT: put it over examples/cassettes/ here); run it before tests-b, whose Ray test
 #               replays it and counts every prompt it does not hold
@@ -75,10 +79,16 @@ for s in "$@"; do
         confirm-all) CSV=benchmarks/results/kernelbench_confirm.csv sweep confirm-all --budget default 40 80 \
             --confirm ;;
         l2) step l2 python3 benchmarks/l2_persisting.py --json "$OUT/l2.json" ;;
+        lost) step lost python3 benchmarks/attempts_lost.py --backend cuda --busy 0 16 \
+            --cassette examples/cassettes/2_FusedSwishScaleClamp_cuda.jsonl ;;
+        confirm-cost) step confirm-cost bash -c "python3 benchmarks/eval_per_candidate.py --confirm-above 2 \
+            --json $OUT/confirm2.json && python3 benchmarks/eval_per_candidate.py --confirm-above 1 --json \
+            $OUT/confirm1.json && python3 benchmarks/eval_per_candidate.py --compare $OUT/confirm2.json \
+            $OUT/confirm1.json" ;;
         cassette) step cassette python3 examples/cassettes/record_demo.py --backend cuda
             cp examples/cassettes/2_FusedSwishScaleClamp_cuda.jsonl "$OUT/" ;;
         *) echo "unknown step: $s (tests-a, tests-a2, tests-b, probes, sweep-rep, sweep-80, sweep-all, confirm-rep," \
-            "confirm-all, l2, cassette)" >&2; exit 2 ;;
+            "confirm-all, l2, lost, confirm-cost, cassette)" >&2; exit 2 ;;
     esac
 done
 cat "$OUT/steps.txt"

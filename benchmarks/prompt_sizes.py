@@ -35,9 +35,9 @@ from stark_ray.agents.base import TaskInfo  # noqa: E402
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig  # noqa: E402
 from stark_ray.eval.backends.cpu_cpp import CpuCppBackend  # noqa: E402
 from stark_ray.eval.hardware import usable_cpus  # noqa: E402
-from stark_ray.eval.judge.sol import reference_lines  # noqa: E402
 from stark_ray.llm.base import LLMRequest  # noqa: E402
 from stark_ray.llm.scripted import ScriptedClient  # noqa: E402
+from stark_ray.prompts.terms import reference_lines  # noqa: E402
 from stark_ray.records import STAGE_COMPILE, STAGE_CORRECTNESS, STAGE_OK, EvalResult, Node  # noqa: E402
 from stark_ray.search.loop import search  # noqa: E402
 from stark_ray.search.policy import make_policy  # noqa: E402

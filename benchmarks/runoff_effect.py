@@ -16,7 +16,6 @@ makes it look worse than it is.
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import sys
@@ -24,33 +23,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from stark_ray.analysis.metrics import geomean
 from stark_ray.config import EvalConfig
 from stark_ray.eval.service import EvalService
 from stark_ray.eval.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from scripted_replies import SLOWER  # noqa: E402
+
 TASK = ROOT / "examples" / "tasks" / "1_LeakyReluScale.py"
-CANDIDATE = """import time
-
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 
-class ModelNew(nn.Module):
-    def __init__(self, negative_slope: float, scale: float):
-        super().__init__()
-        self.negative_slope = negative_slope
-        self.scale = scale
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep({sleep_s!r})
-        return F.leaky_relu(x, self.negative_slope) * self.scale
-"""
-
-
-def gm(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+def candidate(sleep_s: float) -> str:
+    """The reference's own computation, with a sleep of ``sleep_s`` added to each call (tests/scripted_replies.py's
+    SLOWER, its sleep changed)."""
+    return SLOWER.replace("time.sleep(0.08)", f"time.sleep({sleep_s!r})")
 
 
 def main() -> int:
@@ -66,7 +55,7 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as build, EvalService(EvalConfig(backend="cpu_cpp", build_dir=build)) as svc:
         ref_ms = svc.reference(task).runtime_ms or 1.0
-        sources = [CANDIDATE.format(sleep_s=round(g * ref_ms / 1000, 6)) for g in (0.0, *args.gaps)]
+        sources = [candidate(round(g * ref_ms / 1000, 6)) for g in (0.0, *args.gaps)]
         figures: list[list[float]] = [[] for _ in sources]
         for r in range(args.rounds):
             order = range(len(sources)) if r % 2 == 0 else reversed(range(len(sources)))
@@ -92,7 +81,7 @@ def main() -> int:
         for f in figures:
             i, j, k = rng.sample(range(len(f)), 3)
             one.append(f[i])
-            two.append(gm([f[j], f[k]]))
+            two.append(geomean([f[j], f[k]]) or 0.0)
         for key, shown in zip(picks, (one, two), strict=True):
             named = max(range(len(shown)), key=shown.__getitem__)
             picks[key][0] += named == fastest

@@ -183,7 +183,7 @@ class EvalConfig:
     # correctness trials, fresh inputs each (the last ones scaled: another distribution)
     trials: int = option(5, "Correctness trials with fresh inputs.")
     # allclose tolerances and the normalized-error bound ||out - ref|| / ||ref||: per output dtype from the
-    # preset (stark_ray/eval/measure/compare.py: TOLERANCE_PRESETS); a value given here overrides it for every dtype
+    # preset (stark_ray/eval/measure/tolerance.py: TOLERANCE_PRESETS); a value given here overrides it for every dtype
     # "kernelbench": atol = rtol = 1e-2, as the paper
     tolerance: str = option("default", "default (per dtype) | kernelbench (atol=rtol=1e-2).")
     atol: float | None = None
@@ -227,9 +227,13 @@ class EvalConfig:
                                                   "fit, a task that cannot is one line (a campaign skips it).",
                                             "--memory-budget")
     # a speedup above this is measured again by the judge's own wall clock before it counts
-    # (stark_ray/eval/judge/confirmation.py), and any gain whose reference ran slower beside the candidate than alone
-    # (eval/judge/drift.py REF_DRIFT); 0: every candidate's (benchmarks/kernelbench_sweep.py --confirm)
-    confirm_above: float = 2.0
+    # (stark_ray/eval/judge/confirmation.py: the reference in the judge's process, the worker stopped meanwhile,
+    # taking turns with the candidate), and any gain whose reference ran slower beside the candidate than alone
+    # (eval/judge/drift.py REF_DRIFT). 1 (the default): every claimed gain, since whatever the candidate does in its
+    # own process while the worker times the reference beside it (a thread that keeps a core busy, work left
+    # running) inflates a claim under 2x as much as one above; 0: every candidate's (benchmarks/kernelbench_sweep.py
+    # --confirm). Higher trusts the worker's figure below it (cheaper, for code one trusts)
+    confirm_above: float = 1.0
     # candidates one worker process serves before a fresh one takes over. 1: each candidate its own process, the
     # only setting under which nothing a candidate leaves in the interpreter (code patched in place, global hooks,
     # threads, descriptors, files in its /tmp) can reach a later candidate's verdict. None (the default): 1, on every

@@ -439,14 +439,24 @@ def test_a_node_shows_its_runtime_beside_the_reference_of_the_same_evaluation_an
     assert "runtime 12346 ms (calls vary by 123%)" in wild_text and "(calls vary by 0.04%)" in wild_text
     assert "speedup 1234x" in wild_text or "speedup 1235x" in wild_text
     assert "e+" not in wild_text and prompt_shape(wild_text) == prompt_shape(text)
+    # the judge's own figure standing for the worker's has neither spread nor interval: which stands, the run's noise
+    # decides (a loaded host recorded the judge's 4.56x of a 6.2x claim), and a replay still matches
+    judged = Node(id=4, parent=0, depth=1, source="x", agent="code",
+                  result=EvalResult(compiled=True, passed_checks=True, runtime_ms=8.0, ref_runtime_ms=63.6,
+                                    speedup=7.95, stage="ok", runtime_cv=0.03, ref_runtime_cv=0.05, speedup_err=0.02))
+    recorded = Node(id=4, parent=0, depth=1, source="x", agent="code",
+                    result=EvalResult(compiled=True, passed_checks=True, runtime_ms=11.0, ref_runtime_ms=50.2,
+                                      speedup=4.56, stage="ok", ref_runtime_cv=0.05))
+    assert "95%)" in describe_result(judged) and "95%" not in describe_result(recorded)
+    assert prompt_shape(describe_result(judged)) == prompt_shape(describe_result(recorded))
 
 
 def test_a_flag_the_judge_explains_reaches_the_prompt_with_its_line() -> None:
     """faster_than_sol and reduced_precision are shown with the judge's line (which floor, by how much), and a
     replay recorded without them still matches (they follow measured figures)."""
-    from stark_ray.eval.judge.sol import reference_lines
     from stark_ray.llm.replay import prompt_shape
     from stark_ray.prompts.render import describe_result
+    from stark_ray.prompts.terms import reference_lines
 
     plain = EvalResult(compiled=True, passed_checks=True, runtime_ms=0.3, ref_runtime_ms=2.5, speedup=8.3, stage="ok")
     flagged = EvalResult(compiled=True, passed_checks=True, runtime_ms=0.3, ref_runtime_ms=2.5, speedup=8.3,
@@ -473,10 +483,10 @@ def test_the_plan_and_code_prompts_carry_the_tolerance_and_each_accepted_nodes_e
     from dataclasses import replace as _replace
 
     from stark_ray.config import EvalConfig
-    from stark_ray.eval.judge.sol import reference_lines
     from stark_ray.llm.replay import prompt_shape
     from stark_ray.prompts.messages import code_messages, plan_messages
     from stark_ray.prompts.render import describe_result
+    from stark_ray.prompts.terms import reference_lines
 
     reference = EvalResult(compiled=True, passed_checks=True, runtime_ms=1.0, stage="ok", math_modes="float32 "
                            "matmul precision highest")

@@ -16,7 +16,7 @@ import typer
 from typer.testing import CliRunner
 
 from stark_ray.analysis import metrics
-from stark_ray.analysis.report import PLOTS_DIR, REPORT_FILE, generate, write_report
+from stark_ray.analysis.report import PLOTS_DIR, REPORT_FILE, generate, headline, write_report
 from stark_ray.analysis.views import TASK_COLUMNS, connect, rows, task_rows
 from stark_ray.cli.analysis import VIEWS, report, sql
 from stark_ray.records import (
@@ -505,3 +505,41 @@ def test_the_runs_view_names_the_policy_that_ran(tmp_path: Path) -> None:
                                                                                    "ablation": "ma_only"}}))
     _, settings = _run_info(locate(run))
     assert "best_of_k" in settings and "epsilon_greedy" not in settings
+
+
+def test_the_named_best_is_the_runoffs_and_every_figure_follows_it(tmp_path: Path) -> None:
+    """The runoff named node 2 (measured again at 2.1x); the search had ranked node 1 first (2.5x, noisy): the tasks
+    view, the metrics and the report name node 2 at the runoff's figure, and keep the search's own beside it."""
+    first, second = timed(4.0, 10.0), timed(5.0, 10.0)
+    first.speedup_err, second.speedup_err = 0.08, 0.01
+    run = write_run(tmp_path, "r", {T3: [reference(10.0), candidate(1, first), candidate(2, second)]})
+    (run / "summary.json").write_text(json.dumps({"task": T3, "status": "finished", "best_node": 2,
+                                                  "best_speedup": 2.1, "best_speedup_err": 0.02,
+                                                  "runoff": {"winner": 2, "entries": []}}))
+    with connect(run) as con:
+        [t] = task_rows(con)
+    assert (t["best_seq"], t["best_speedup"], t["best_speedup_err"]) == (2, 2.1, 0.02)
+    assert t["search_best_speedup"] == 2.5 and t["runoff_node_id"] == 2 and t["best_runtime_ms"] == 5.0
+    assert metrics.summarize([t]).eager.geomean_speedup == pytest.approx(2.1)
+    text = generate(run).path.read_text()
+    assert "| 2.10x ±3.9% |" in text  # the tasks table: the runoff's figure and its interval
+    assert "## Attempts" in text and "| 1 | 1 ← 0 | plan+code | accepted | 2.50x ±16% |" in text
+
+
+def test_a_task_run_again_counts_once_per_run_and_is_said_with_its_spread(tmp_path: Path) -> None:
+    """Nine runs of one task read as "9 tasks" with no spread: the headline counts task-runs and distinct tasks, and
+    a table gives the task's figure over its runs with a 95% interval."""
+    root = tmp_path / "runs"
+    for i, ms in enumerate((4.0, 5.0, 4.5)):
+        write_run(root, f"seed{i}", {T3: [reference(10.0), candidate(1, timed(ms, 10.0))]})
+    write_run(root, "seed3", {T3: [reference(10.0), candidate(1, wrong())]})
+    r = generate(root)
+    assert (r.overall.tasks, r.overall.distinct_tasks, r.overall.runs) == (4, 1, 4)
+    assert headline(r.overall)[0].startswith("4 task-runs (1 distinct tasks, in 4 runs; a task run again counts once")
+    [x] = r.repeats
+    assert (x.task, x.runs, x.successes, x.least, x.most) == (T3, 4, 3, 2.0, 2.5)
+    assert x.geomean_speedup == pytest.approx((2.5 * 2.0 * 10 / 4.5) ** (1 / 3))
+    assert x.low is not None and x.high is not None and x.low < 2.0 and x.high > 2.5  # t with 2 degrees of freedom
+    text = r.path.read_text()
+    assert "## Tasks run more than once" in text and f"| {T3} | 4 | 3 | 2.23x | " in text
+    assert "1 tasks (4 task-runs) in 4 run(s)" in text

@@ -8,6 +8,7 @@
 - no module imports another's private names or reaches another module's private attribute, and no class's methods
   live in more than one module (no mixin that works on state its subclass defines);
 - the modules import each other without a cycle, imports inside functions included;
+- the driver reaches its first LLM call without importing torch;
 - a package holds at most MAX_MODULES modules; a module past SOFT_LINES lines is a warning, not a failure (split by
   meaning, never to meet a count).
 """
@@ -15,6 +16,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,3 +293,16 @@ def test_long_modules_are_named_not_failed() -> None:
             if (n := len(p.read_text().splitlines())) > SOFT_LINES}
     for module, n in sorted(long.items()):
         warnings.warn(f"{module} has {n} lines (over {SOFT_LINES}): is it still one idea?", stacklevel=1)
+
+
+def test_the_driver_reaches_its_first_llm_call_without_importing_torch() -> None:
+    """Torch is the evaluator's processes' (4-8 s to import on a busy host): the driver's path to the first prompt —
+    the CLI, either executor, the team and the lines the prompts state under the hardware — never loads it."""
+    code = ("import sys, stark_ray.cli.optimize, stark_ray.run.local, stark_ray.run.ray_driver, stark_ray.search.team\n"
+            "from stark_ray.config import EvalConfig\n"
+            "from stark_ray.prompts.terms import reference_lines\n"
+            "from stark_ray.records import EvalResult\n"
+            "assert 'Tolerance' in reference_lines(EvalResult(sol_ms=1.0, sol_bound='memory', math_modes='tf32 off'),"
+            " EvalConfig())\n"
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, timeout=120).returncode == 0

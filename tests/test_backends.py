@@ -427,3 +427,12 @@ def test_the_kernels_out_of_memory_kills_are_read_from_the_control_group(tmp_pat
     assert killed.error is not None and killed.error.startswith("out of memory on the host: the worker was killed")
     crashed = lost_result(PHASE_CHECK, False, -9, "", 90.0)
     assert crashed.flags == [] and "crashed (SIGKILL)" in (crashed.error or "")
+
+
+def test_the_live_view_calls_a_build_in_the_workers_import_a_build() -> None:
+    """A cpu_cpp candidate's g++ build (load_inline, in the worker's import) was shown as "importing" for minutes."""
+    from stark_ray.eval.service import device_words
+    from stark_ray.eval.wire.protocol import PHASE_COMPILE
+
+    assert device_words(get_backend("cpu_cpp"))[PHASE_COMPILE] == "building (g++) and importing"
+    assert device_words(get_backend("cuda"))[PHASE_COMPILE] == "importing"  # built before, in the compile pool

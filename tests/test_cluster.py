@@ -34,11 +34,14 @@ def env() -> dict[str, str]:
 
 
 def script(*args: str, timeout: float = 900) -> dict[str, Any]:
-    """Run the cluster script to its end; its last line (JSON)."""
+    """Run the cluster script to its end; its last line of JSON (a raylet's broadcast, "(raylet) Task ... failed.
+    There are infinite retries remaining", can come after it on the same stdout: a node removed mid-run)."""
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env(),
                           timeout=timeout, start_new_session=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    results = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert results, proc.stdout[-3000:]
+    return json.loads(results[-1])
 
 
 def rows_by_task(run_dir: str) -> dict[str, dict[int, dict[str, Any]]]:

@@ -33,11 +33,11 @@ class Judging:
     """A judgement's side of the claim stage, scripted: what the worker's second timing says, whether the reference
     drifted, what the judge's clock measures; and what was asked of it."""
 
-    confirm_above: float = 2.0
+    confirm_above: float = EvalConfig.confirm_above
     again: Measured | None = None
     time_left: bool = True
     drifted: Drift | None = None
-    confirmation: Confirmation | None = None
+    confirmation: Confirmation | None = field(default_factory=lambda: Confirmation(True, "confirmed by the judge"))
     light: SpeedOfLight | None = None
     asked: list[str] = field(default_factory=list)
 
@@ -148,9 +148,33 @@ def test_a_drifted_reference_makes_any_gain_go_to_the_judges_clock_strictly() ->
     assert "confirm strict=True" in ctx.asked
     # the judge's figure stands, against the reference's time alone (its time beside the candidate was in doubt)
     assert c.speedup == pytest.approx(1.1) and c.ref_ms == pytest.approx(0.8) and c.new_ms == pytest.approx(0.8 / 1.1)
-    undrifted = Judging(confirmation=Confirmation(True, "speedup confirmed"))
+    undrifted = Judging(confirm_above=2.0, confirmation=Confirmation(True, "speedup confirmed"))
     judge_claim(claim_of(1.5), undrifted, frozenset())
-    assert not any(a.startswith("confirm") for a in undrifted.asked)  # under confirm_above, no drift: no clock
+    assert not any(a.startswith("confirm") for a in undrifted.asked)  # under confirm_above 2, no drift: no clock
+
+
+def test_by_default_every_claimed_gain_goes_to_the_judges_clock() -> None:
+    """A candidate that slows the reference in its own process (a spinning thread) was accepted at 1.52x on CI with
+    no drift seen: its time alone had been measured under as much load. The judge's clock, where the reference runs
+    in the judge's process with the worker stopped and the two take turns, is the check no candidate dodges, and
+    by default it measures every claimed gain; no gain, no clock."""
+    default = EvalConfig.confirm_above
+    assert default == 1.0
+    ctx = Judging(confirm_above=default, confirmation=Confirmation(True, "the judge's figure stands", record=1.02,
+                                                                     claim=1.52))
+    c = claim_of(1.52)
+    judge_claim(c, ctx, frozenset())
+    assert "confirm strict=False" in ctx.asked and c.speedup == pytest.approx(1.02)
+    slower = Judging(confirm_above=default, confirmation=Confirmation(True, "confirmed"))
+    judge_claim(claim_of(0.97), slower, frozenset())
+    assert not any(a.startswith("confirm") for a in slower.asked)
+    # a claim the judge could not measure (no batch set fits) counts for what stands unmeasured: 2x, or
+    # confirm_above where higher — never 0 (confirm_above 0, the sweep's --confirm, once capped it at 0x)
+    for above, cap in ((default, 2.0), (0.0, 2.0), (3.0, 3.0)):
+        unfit = claim_of(5.0)
+        judge_claim(unfit, Judging(confirm_above=above, confirmation=Confirmation(False, "no room", unfit=True)),
+                    frozenset())
+        assert unfit.speedup == pytest.approx(cap) and "unconfirmed" in unfit.flags, (above, unfit.speedup)
 
 
 def test_the_confirmation_rejects_caps_fails_or_records() -> None:
@@ -169,6 +193,11 @@ def test_the_confirmation_rejects_caps_fails_or_records() -> None:
         judged(Confirmation(False, "", problem="batch output 3 differs"))
     confirmed = judged(Confirmation(True, "speedup confirmed by the judge's wall clock: 4.9x"))
     assert confirmed.speedup == pytest.approx(5.0) and confirmed.rejected == [] and confirmed.flags == []
+    # the judge's figure recorded for the worker's: the worker that claimed more serves no other candidate (its clock
+    # or its checks may be the candidate's)
+    parted = judged(Confirmation(True, "the judge's wall clock read 2.40x to 3.70x", record=2.4, claim=5.0))
+    assert parted.speedup == pytest.approx(2.4) and parted.recycle and not parted.rejected and parted.flags == []
+    assert not confirmed.recycle
     # a claim already off the leaderboard is not measured
     off_board = claim_of(5.0, flags=("no_kernel",))
     ctx = Judging(confirmation=Confirmation(False, "suspicious"))

@@ -328,11 +328,21 @@ def test_a_candidate_that_patches_the_process_is_rejected_as_tampering(
 def test_with_the_fingerprint_blinded_the_judge_still_decides(
         service: EvalService, tasks: dict[str, Task], name: str, task: str, source: str, verdict: str) -> None:
     """The fingerprint is a backstop: blinded, the worker reports nothing, and still the judge — its own
-    comparison with its own reference outputs, its own clock — rejects the candidate."""
+    comparison with its own reference outputs, its own clock — rejects the candidate, or records no more than its
+    own clock saw; a claim not borne out either way ends the worker it patched (one recorded at the judge's 1.01x
+    once left its patches to the next candidate, which then passed a same-address trial it fails)."""
+    service.reference(tasks[task])
+    assert passed(judged(service, tasks["affine"], py(HONEST)))  # a live worker, which the cheat then gets
+    starts = service.worker_starts
     r = judged(service, tasks[task], source)
-    assert not r.accepted and "tampered" not in r.flags, f"{name}: {r.stage} {r.flags} {r.error}\n{r.log}"
+    assert "tampered" not in r.flags, f"{name}: {r.stage} {r.flags} {r.error}\n{r.log}"
     if verdict == "correctness":
-        assert r.stage == STAGE_CORRECTNESS and "values differ" in (r.error or ""), (name, r.error)
+        assert not r.accepted and r.stage == STAGE_CORRECTNESS and "values differ" in (r.error or ""), (name, r.error)
+    elif r.accepted:  # a busy host: the judge's figure stands (its readings parted, or a claim of 2x or less)
+        # never the worker's claim: the judge's own figure, which is what its clock saw of a 1.0x matmul — on a
+        # loaded box once 2.17x (both readings: a Known limit of docs/evaluator.md), so no bound on it here
+        assert "its figure stands" in (r.notes or ""), r.notes
+        assert r.runtime_cv is None and r.speedup_err is None, r.notes  # the worker's figures all replaced
     else:
         assert "suspicious" in r.flags and "judge's wall clock" in (r.error or ""), (name, r.flags, r.error)
         assert r.speedup is not None and r.speedup > 2  # what the patched clock made the worker believe
@@ -342,6 +352,7 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
                 or "no time left" in (r.error or "")), r.error
     after = judged(service, tasks["affine"], py(HONEST))
     assert passed(after), after.error
+    assert verdict == "correctness" or service.worker_starts == starts + 1  # its worker was replaced
 
 
 @pytest.mark.parametrize(("off", "task", "source"), [
@@ -456,11 +467,14 @@ def test_an_honest_candidate_of_the_same_speed_is_timed_as_such(service: EvalSer
     r = judged(service, tasks["matmul"], matmul("return x @ self.w"))
     # never taken for much faster: about 1x, or a timing the evaluator itself calls noisy (a loaded 2-core box
     # measured 2.4x +-64% once), or a noisy claim above 2x that the judge's wall clock did not bear out (2.2x +-26%
-    # by the worker, 0.52x by the judge: flagged suspicious, not accepted)
+    # by the worker, 0.52x by the judge: flagged suspicious, not accepted); much slower only as the judge's own
+    # figure (a claim of 2x or less held to it: CI's loaded box read 0.40x in pairs, 0.97x by the fastest rounds)
     assert r.passed_checks and r.speedup is not None, (r.error, r.speedup)
     unconfirmed = "suspicious" in r.flags and is_noisy(r.speedup_err)
-    assert (r.accepted and (0.5 < r.speedup < 2 or is_noisy(r.speedup_err))) or unconfirmed, (
-        r.error, r.speedup, r.speedup_err, r.flags)
+    judges = "its figure stands" in (r.notes or "")
+    about_one = (r.speedup > 0.5 or judges) and r.speedup < 2
+    assert (r.accepted and (about_one or is_noisy(r.speedup_err))) or unconfirmed, (
+        r.error, r.speedup, r.speedup_err, r.flags, r.notes)
 
 
 def test_confirm_above_zero_sends_a_candidate_of_the_same_speed_through_the_wall_clock(

@@ -275,3 +275,62 @@ def test_without_setpriv_a_child_checks_its_own_parent_only(monkeypatch: pytest.
     wrapped = spawn(show, env, direct=False, stdout=subprocess.PIPE)
     assert direct.communicate()[0].decode().strip() == str(os.getpid())
     assert wrapped.communicate()[0].decode().strip() == "None"
+
+
+def test_a_service_closed_while_another_thread_evaluates_ends_it_instead_of_waiting(shared_build_dir: str) -> None:
+    """A resumed local run times its reference in a thread of its own beside its first agent call; interrupted then,
+    closing the evaluator waited on the device for the whole request (up to its limits and the judge's margin).
+    Now the judge is ended under the request, and the thread that ran it ends too."""
+    task = load_task(TASK)
+    hang = "import torch\n" + MODEL.format(forward="while True: pass", factor="")
+    with quick_service(shared_build_dir) as service:
+        service.reference(task)
+        cfg = replace(service.cfg, check_timeout_s=3600, timing_timeout_s=3600)  # a request that would hold an hour
+        evaluating = threading.Thread(target=service.evaluate, args=(task, hang, cfg), daemon=True)
+        evaluating.start()
+        while "checking" not in {doing for doing, _ in service.activity().values()}:
+            assert evaluating.is_alive(), "the evaluation ended before it ran the candidate"
+            time.sleep(0.05)
+        service.close()  # with the hour's request on the device: it ends it
+        evaluating.join(LIVENESS_S)
+        assert not evaluating.is_alive() and not service.judge.alive
+
+
+def test_a_worker_ended_from_two_threads_at_once_is_ended_once(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service closed under another thread's request ends its judge while that thread ends it too (CI saw it: the
+    second end closed the log descriptor again, by then the number of the first's directory scan, which failed with
+    EBADF). Whoever asks second finds nothing left to end."""
+    from stark_ray.eval.proc import runner
+    from stark_ray.eval.proc.launch import WorkerSpec
+
+    worker = runner.WorkerProcess(WorkerSpec("cpu_cpp", str(tmp_path), 1))
+    sleeper = subprocess.Popen(["sleep", "60"], stdin=subprocess.PIPE, start_new_session=True)
+    workdir = tmp_path / "workdir"
+    workdir.mkdir()
+    worker._proc, worker._workdir = sleeper, workdir
+    worker._log_fd = os.open(tmp_path / "log", os.O_CREAT | os.O_RDWR)
+    ends: list[int] = []
+    real_end = runner.end_process
+
+    def slow_end(proc: subprocess.Popen[bytes], *args: object, **kwargs: object) -> None:
+        ends.append(proc.pid)
+        time.sleep(0.5)  # the other thread asks meanwhile
+        real_end(proc, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "end_process", slow_end)
+    errors: list[BaseException] = []
+
+    def end() -> None:
+        try:
+            worker.kill()
+        except BaseException as e:  # what the thread raised is the test's verdict
+            errors.append(e)
+
+    threads = [threading.Thread(target=end) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(LIVENESS_S)
+    assert errors == [] and ends == [sleeper.pid]
+    assert sleeper.poll() is not None and not workdir.exists() and not worker.alive

@@ -123,3 +123,21 @@ def test_usage_totals_thread_safe(monkeypatch: pytest.MonkeyPatch) -> None:
         th.join()
     assert (t.calls, t.input_tokens) == (2400, 2400)
     assert t.as_dict()["by_role"]["code"]["calls"] == 2400
+
+
+def test_an_agent_worker_makes_its_client_when_asked_not_in_its_first_call() -> None:
+    """The SDK's import and the client took 0.8 s in an AgentWorker's first call, the run's first LLM call waiting
+    on it; the driver has the worker make it while the memory actor starts. One that cannot be made is no failure
+    there: the call says why, as before."""
+    from stark_ray.actors import agents
+    from stark_ray.config import SearchConfig
+
+    worker_cls = agents.AgentWorker.__ray_actor_class__  # type: ignore[attr-defined]  # Ray's decorator
+    cfg = AgentConfig(provider="openai", model="warm", base_url="http://127.0.0.1:8000/v1")
+    key = repr((cfg, []))
+    agents._CLIENTS.pop(key, None)
+    worker_cls(cfg, SearchConfig()).warm()
+    assert isinstance(agents._CLIENTS.pop(key), OpenAIClient)
+    keyless = AgentConfig(provider="anthropic", model="warm")  # no key in the environment: no client, no raise
+    worker_cls(keyless, SearchConfig()).warm()
+    assert repr((keyless, [])) not in agents._CLIENTS

@@ -55,6 +55,38 @@ def argv(pid: int) -> list[str]:
         return []
 
 
+def is_reaper(pid: int, mark: str) -> bool:
+    """Whether ``pid`` is the reaper of ``mark``'s Ray: it holds the directory while it removes it, last."""
+    args = argv(pid)
+    return args[1:3] == ["-m", "stark_ray.run.local_ray"] and len(args) > 3 and args[3].rstrip("/") == mark.rstrip("/")
+
+
+def holding(mark: str) -> dict[int, str]:
+    """pid -> title of every process with its directory or a file open under ``mark``, whatever its environment says
+    (a process whose title was set over its environment bears no mark: Ray's agents); the reaper left out."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid() or is_reaper(int(entry), mark):
+            continue
+        links = []
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:  # gone, or not ours to see
+            continue
+        for place in [f"/proc/{entry}/cwd"] + [f"/proc/{entry}/fd/{fd}" for fd in fds]:
+            try:
+                links.append(os.readlink(place))
+            except OSError:  # that descriptor closed meanwhile: the others still count
+                continue
+        if any(link.startswith(mark.rstrip("/") + "/") for link in links):
+            out[int(entry)] = " ".join(argv(int(entry))).strip()
+    return out
+
+
+def reapers(mark: str) -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and is_reaper(int(e), mark)]
+
+
 def test_two_runs_started_at_once_each_get_a_ray_of_their_own(tmp_path: Path) -> None:
     """Two ``stark optimize`` at the same moment on one machine (a fixed dashboard-agent port made both die)."""
     plan = ("Fuse it.\n\n```python\n" + TASK.read_text().rstrip("\n") + "\n# <<<IMPROVE BEGIN 1>>>\n"
@@ -104,17 +136,21 @@ def test_a_killed_driver_takes_its_ray_and_what_its_actors_started_with_it(tmp_p
     mark = marks()[compiler]  # the compiler carries its Ray's mark, as every process of that Ray does
     ours = session_processes(mark)
     assert compiler in ours and len(ours) >= 5  # ray start, GCS, raylet, agents, the actor, the compiler
-    assert Path(mark).is_dir()
+    agents = {pid: title for pid, title in holding(mark).items() if title.startswith("ray::") and "Agent" in title}
+    assert agents, f"no agent of Ray's holds a file of {mark}: {holding(mark)}"
+    assert set(agents) <= set(ours), "an agent whose title was set over its environment is the session's too"
+    assert Path(mark).is_dir() and len(reapers(mark)) == 1
     driver.kill()
     driver.wait()
     killed = time.monotonic()
-    while session_processes(mark) and time.monotonic() - killed < LIVENESS_S:
+    while (session_processes(mark) or holding(mark)) and time.monotonic() - killed < LIVENESS_S:
         time.sleep(0.2)
     gone_s = time.monotonic() - killed
     assert session_processes(mark) == [], f"still alive {gone_s:.0f} s after the driver's kill -9"
-    while Path(mark).exists() and time.monotonic() - killed < LIVENESS_S:  # the reaper removes it last
+    assert holding(mark) == {}, f"still alive {gone_s:.0f} s after the driver's kill -9"
+    while (Path(mark).exists() or reapers(mark)) and time.monotonic() - killed < LIVENESS_S:  # it removes it last
         time.sleep(0.2)
-    assert not Path(mark).exists()
+    assert not Path(mark).exists() and reapers(mark) == []
     print(f"every process of the killed driver's Ray was gone {gone_s:.1f} s after its kill -9")
 
 
@@ -207,3 +243,18 @@ def test_the_raylets_broadcasts_stay_off_the_terminal(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "driver done", proc.stdout
     assert "worker died" not in (proc.stdout + proc.stderr).lower()
+
+
+def test_a_ray_whose_start_takes_no_such_option_is_started_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The private head asks `ray start` for no autoscaler monitor through a hidden option; a Ray that no longer
+    takes it (here: an option no Ray has, in its place) is started without it, with no try counted."""
+    from stark_ray.run import local_ray
+
+    monkeypatch.setattr(local_ray, "NO_MONITOR", "--stark-no-such-option")
+    monkeypatch.setattr(local_ray, "_no_monitor", ["--stark-no-such-option"])
+    ray = start_local_ray(tries=1)
+    try:
+        assert ray.address and local_ray._no_monitor == []
+        assert "--stark-no-such-option" not in " ".join(argv(ray.head.pid))
+    finally:
+        ray.stop()

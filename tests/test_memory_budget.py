@@ -111,3 +111,39 @@ def test_a_6_gb_task_evaluates_within_40_gb_and_says_what_it_needs_under_20() ->
         assert "over_budget" in over.flags and "budget 20.0 GB" in (over.error or "")
         again = service.evaluate(task, task.source + CANDIDATE)  # the 40 GB budget again: judged as before
         assert again.passed_checks and "no_kernel" in again.flags, again.error
+
+
+# a candidate that fills the device past what its process is allowed (straight through the driver, beside torch's
+# allocator and its cap) and keeps it filled while it is loaded: the judge's own allocations then fail
+HOG = """
+
+import ctypes
+
+import torch as _torch
+
+_torch.zeros(1, device="cuda")  # the device's context current on this thread
+_free, _total = _torch.cuda.mem_get_info()
+_held = ctypes.c_uint64()
+assert ctypes.CDLL("libcuda.so.1").cuMemAlloc_v2(ctypes.byref(_held), ctypes.c_size_t(int(_free * 0.98))) == 0
+
+
+class ModelNew(Model):
+    pass
+"""
+
+
+@pytest.mark.gpu
+def test_the_judges_own_device_memory_running_out_is_evaluated_again_before_it_is_charged() -> None:
+    """The judge's own allocation failing was the candidate's failure at once. Now the judge gives back all it holds
+    but the task and the candidate is evaluated again; one whose own process fills the device fails both times and
+    is charged, both said; the next honest candidate is judged as usual (the control)."""
+    from stark_ray.eval.service import EvalService
+
+    task = _relu_task()
+    with EvalService(EvalConfig(backend="cuda", memory_budget_gb=40)) as service:
+        assert service.reference(task).accepted
+        hog = service.evaluate(task, task.source + HOG)
+        assert "judge_memory" in hog.flags and "out_of_memory" in hog.flags, (hog.stage, hog.flags, hog.error)
+        assert "evaluated 2 times: each time the judge's own allocation ran out of device memory" in hog.log, hog.log
+        honest = service.evaluate(task, task.source + CANDIDATE)
+        assert honest.passed_checks and "no_kernel" in honest.flags, honest.error

@@ -7,14 +7,21 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import duckdb
 import pytest
 import ray_replies
+from scripted_replies import SLOW, code_reply, plan_reply
 
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
-from stark_ray.eval.tasks import load_task
+from stark_ray.eval.tasks import TaskError, load_task
+from stark_ray.llm.base import LLMRequest
+from stark_ray.llm.scripted import ScriptedClient
+from stark_ray.records import EvalResult
 from stark_ray.run.directory import RunError
+from stark_ray.run.local import optimize
 from stark_ray.run.ray_driver import RayRun, run_ray
 from stark_ray.run.resume import resumed
 from stark_ray.store.read import load_trees
@@ -69,3 +76,71 @@ def test_a_resume_continues_the_same_search_further_and_refuses_other_changes(
     assert resumed(run_dir).finished
     with pytest.raises(RunError, match="below the 6 attempts"):
         resumed(run_dir, budget=5)
+
+
+class Gated:
+    """An evaluator for a resumed run whose reference answers only once the first agent call was made: a run that
+    waits for the reference before its first call never gets one (the test's wait ends it)."""
+
+    def __init__(self, asked: threading.Event, fails: bool = False) -> None:
+        self.asked, self.fails, self.order = asked, fails, []
+
+    def __enter__(self) -> Gated:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def reference(self) -> EvalResult:
+        assert self.asked.wait(120), "the resumed run waited for the reference before its first agent call"
+        self.order.append("reference")
+        if self.fails:
+            raise TaskError("task 1_LeakyReluScale: its forward fails now")
+        return EvalResult(compiled=True, passed_checks=True, runtime_ms=1.0, stage="ok")
+
+    def evaluate(self, source: str) -> EvalResult:
+        self.order.append("evaluate")
+        return EvalResult(compiled=True, passed_checks=True, runtime_ms=0.5, ref_runtime_ms=1.0, speedup=2.0,
+                          stage="ok")
+
+    def hardware_description(self) -> str:
+        return "a stand-in"
+
+    def device_kind(self) -> str:
+        return "cpu"
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_resumed_local_run_asks_its_first_agent_before_the_reference_is_timed_again(tmp_path: Path,
+                                                                                      fails: bool) -> None:
+    """Resume to the first call took 57-69 s, 12 s of it the reference timed again before anything else: the prompts
+    need only the recorded reference, so the first agent call runs beside it; the first evaluation waits for it,
+    and a task that no longer serves still ends the run with its one line."""
+    task = load_task(TASK)
+    ready = threading.Event()
+    ready.set()
+    cfg = (AgentConfig(model="scripted"), EvalConfig(), tmp_path)
+    optimize(task, ScriptedClient({"plan": [plan_reply], "code": [code_reply(SLOW)]}),
+             SearchConfig(budget=1, seed=0, epsilon=0.0, runoff=0), *cfg,
+             evaluator_factory=lambda t, c: Gated(ready))
+    [run] = [d for d in tmp_path.iterdir() if d.is_dir()]
+    asked = threading.Event()
+
+    def plan(request: LLMRequest) -> str:
+        asked.set()
+        return plan_reply(request)
+
+    gated = Gated(asked, fails)
+    again = (task, ScriptedClient({"plan": [plan], "code": [code_reply(SLOW)]}),
+             SearchConfig(budget=2, seed=0, epsilon=0.0, runoff=0), *cfg)
+    if fails:
+        with pytest.raises(TaskError, match="forward fails now"):
+            optimize(*again, evaluator_factory=lambda t, c: gated, resume=run)
+        assert gated.order == ["reference"]  # no candidate evaluated against a task that no longer serves
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "failed" and summary["llm_calls"] == 4  # the calls made beside it are counted
+        calls = duckdb.sql(f"SELECT node_id, role FROM '{run}/llm_calls/*/*.parquet' ORDER BY node_id, role").fetchall()
+        assert calls == [(1, "code"), (1, "plan"), (2, "code"), (2, "plan")]  # and recorded, for the id they were for
+        return
+    summary = optimize(*again, evaluator_factory=lambda t, c: gated, resume=run)
+    assert gated.order == ["reference", "evaluate"] and summary.attempts == 2

@@ -175,3 +175,18 @@ def test_a_runoff_the_evaluator_fails_or_ctrl_c_stops_leaves_the_search_finished
     assert said == ("interrupted (Ctrl-C)" if interrupt else
                     "the evaluator failed: RuntimeError: the evaluator's worker could not start"), said
     assert on_disk["best_node"] is not None and (run / "best_kernel.py").exists()  # the search's best stands
+
+
+def test_an_evaluator_that_fails_mid_search_leaves_the_steps_calls_recorded(tmp_path: Path) -> None:
+    """The machine's failure during an evaluation gives no verdict, but the step's LLM calls were made: recorded and
+    counted, for the attempt they were for (a resume redoes the attempt)."""
+    client = ScriptedClient({"plan": [plan_reply], "code": [code_reply(SLOW)]})
+    with pytest.raises(RuntimeError, match="could not start"):
+        optimize(load_task(ROOT / "examples/tasks/1_LeakyReluScale.py"), client,
+                 SearchConfig(budget=2, seed=0, epsilon=0.0), AgentConfig(model="scripted"), EvalConfig(), tmp_path,
+                 evaluator_factory=lambda task, cfg: StandIn(task, cfg, fail_after=0))
+    [run] = [d for d in tmp_path.iterdir() if d.is_dir()]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["attempts"] == 0 and summary["llm_calls"] == 2
+    calls = duckdb.sql(f"SELECT node_id, role FROM '{run}/llm_calls/*/*.parquet' ORDER BY role").fetchall()
+    assert calls == [(1, "code"), (1, "plan")]

@@ -13,6 +13,7 @@ error, which the search records as a failed attempt. A call is retried only when
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +63,14 @@ class AgentWorker:
                  replay_consumed: frozenset[int] = frozenset()) -> None:
         self.agents, self.search, self.client_factory = agents, search, client_factory
         self.replay_consumed = replay_consumed
+
+    def warm(self) -> None:
+        """Make the LLM client now (the SDK's import and the client: 0.8 s of one core), not in the run's first call;
+        the driver asks once the references are timed, while the memory actor starts, so that it takes no core from
+        the evaluators' start. One that cannot be made is no failure here: the call says why."""
+        if self.client_factory is None:
+            with contextlib.suppress(Exception):
+                _client(self.agents, self.replay_consumed)
 
     def run(self, request: Request, info: TaskInfo) -> AgentResult:
         return run_request(request, self.agents, self.search, info, self.client_factory, self.replay_consumed)

@@ -15,7 +15,7 @@ class TaskInfo:
     reference_source: str  # the task file: class Model, get_inputs, get_init_inputs
     backend: str  # a backend's name (stark_ray/eval/backends)
     hardware: str = ""  # a few lines describing the target device (filled by the evaluator)
-    light: str = ""  # the task's speed of light on that device and its math modes (eval/judge/sol.py: reference_lines)
+    light: str = ""  # the task's speed of light there, its math modes, the tolerance (prompts/terms.py)
     device: str = ""  # where candidates run, "cuda" or "cpu" (the evaluator's word; "": the backend's usual device)
 
 

@@ -19,6 +19,10 @@ Definitions (STARK.md, "Metrics"; KernelBench's fast_p):
 - **attempts to first accepted**: the seq of a task's first accepted candidate (attempts finished up to it); mean and
   median over the tasks that succeed.
 - tokens and cost: totals over the group (LLM calls recorded).
+
+A row is one task *in one run*: a task run several times (repeats, seeds) counts once per run in every figure above,
+and the headline says so (``distinct_tasks`` beside ``tasks``); :func:`repeats` gives, per such task, its figure
+over the runs with a 95% interval from their spread.
 """
 
 from __future__ import annotations
@@ -164,6 +168,8 @@ class Summary:
     output_tokens: int
     cost_usd: float
     light: Light | None = None  # None: no task of the group has a speed of light
+    distinct_tasks: int = 0  # different task names among the rows (fewer than ``tasks`` where a task ran again)
+    runs: int = 0  # runs the rows come from
 
     @property
     def tokens(self) -> int:
@@ -206,6 +212,8 @@ def summarize(tasks: Sequence[Row], label: str = "all", ps: Iterable[float] = FA
         output_tokens=sum(int(t.get("output_tokens") or 0) for t in tasks),
         cost_usd=sum(float(t.get("cost_usd") or 0.0) for t in tasks),
         light=light(tasks),
+        distinct_tasks=len({t.get("task") for t in tasks}),
+        runs=len({t.get("run_id") for t in tasks}),
     )
 
 
@@ -244,3 +252,45 @@ def by_run(tasks: Sequence[Row], ps: Iterable[float] = FAST_PS) -> list[Summary]
     ps = tuple(ps)
     groups = group_by(tasks, lambda t: t.get("run_id"))
     return [summarize(g, str(run), ps) for run, g in groups.items()] if len(groups) > 1 else []
+
+
+# Student's t at 97.5% for 1..30 degrees of freedom (a 95% two-sided interval from a few runs); beyond: 1.96
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """One task run more than once: how its runs went, and its best speedup over them."""
+
+    task: str
+    runs: int
+    successes: int
+    geomean_speedup: float | None  # over the runs that succeeded
+    low: float | None  # the 95% interval of that geometric mean from the runs' spread (two runs at least)
+    high: float | None
+    least: float | None  # the lowest and highest best speedup of a successful run
+    most: float | None
+
+
+def repeats(tasks: Sequence[Row]) -> list[Repeat]:
+    """Per task that appears in more than one run, in name order: successes, and the geometric mean of its best
+    speedup over its successful runs with a 95% Student-t interval for that mean (on their logarithms: how well
+    the runs pin the task's figure down, which one run's own ± does not show), and the lowest and highest run."""
+    out = []
+    for name, group in group_by(tasks, lambda t: t.get("task")).items():
+        if len(group) < 2:
+            continue
+        values = [s for t in group if (s := speedup(t)) is not None and s > 0]
+        mean = geomean(values)
+        low = high = None
+        if len(values) >= 2:
+            logs = [math.log(v) for v in values]
+            freedom = len(logs) - 1
+            t = _T975[freedom - 1] if freedom <= len(_T975) else 1.96
+            half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+            centre = statistics.fmean(logs)
+            low, high = math.exp(centre - half), math.exp(centre + half)
+        out.append(Repeat(str(name), len(group), len(values), mean, low, high,
+                          min(values) if values else None, max(values) if values else None))
+    return out

@@ -13,6 +13,7 @@ from typing import Any
 from stark_ray.analysis import metrics
 from stark_ray.analysis.metrics import FAST_PS, Baseline, Summary
 from stark_ray.analysis.views import connect, rows, run_dirs, task_rows
+from stark_ray.eval.measure.noise import interval
 from stark_ray.store.location import Location, locate
 
 REPORT_FILE = "report.md"
@@ -30,6 +31,8 @@ class Report:
     runs: list[Summary]
     tasks: list[dict[str, Any]]
     failures: dict[str, int]
+    repeats: list[metrics.Repeat] = field(default_factory=list)  # tasks run more than once
+    attempts: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)  # per drawn task, its rows
     devices: list[dict[str, Any]] = field(default_factory=list)
     plots: list[Path | Location] = field(default_factory=list)  # Locations after an upload
     plot_error: str | None = None
@@ -58,8 +61,8 @@ def generate(path: str | Path | Location, out: str | Path | Location | None = No
                              "ORDER BY run_id, task, seq")
         devices = rows(con, "SELECT * FROM devices WHERE device <> 'unknown' ORDER BY run_id, device")
         drawn = _tree_tasks(tasks, trees)
-        nodes = rows(con, "SELECT run_id, task, seq, node_id, parent_id, agent, accepted, failure, speedup FROM judged "
-                          "ORDER BY run_id, task, seq") if drawn else []
+        nodes = rows(con, "SELECT run_id, task, seq, node_id, parent_id, agent, accepted, failure, speedup, "
+                          "speedup_err, flags, error FROM judged ORDER BY run_id, task, seq") if drawn else []
     shapes = {key: [n for n in nodes if (n["run_id"], n["task"]) == key] for key in drawn}
     target = locate(out) if out is not None else source
     if target.local:
@@ -91,7 +94,8 @@ def _write(target: Path, tasks: list[dict[str, Any]], failures: dict[str, int], 
     target.mkdir(parents=True, exist_ok=True)
     path = target / REPORT_FILE
     report = Report(path=path, overall=metrics.summarize(tasks), levels=metrics.by_level(tasks),
-                    runs=metrics.by_run(tasks), tasks=tasks, failures=failures, devices=devices)
+                    runs=metrics.by_run(tasks), tasks=tasks, failures=failures, devices=devices,
+                    repeats=metrics.repeats(tasks), attempts=shapes)
     _plots(report, target / PLOTS_DIR, progress, several_runs=len(runs) > 1)
     _trees(report, target / PLOTS_DIR, shapes, several_runs=len(runs) > 1)
     text = render(report, source, runs)
@@ -104,7 +108,9 @@ def _write(target: Path, tasks: list[dict[str, Any]], failures: dict[str, int], 
 def headline(s: Summary) -> list[str]:
     """The few numbers worth printing."""
     e = s.eager
-    lines = [f"{s.tasks} tasks: success (fast_0) {_pct(e.fast_p.get(0.0))} ({e.successes}/{e.tasks}), "
+    counted = (f"{s.tasks} task-runs ({s.distinct_tasks} distinct tasks, in {s.runs} runs; a task run again counts "
+               "once per run)" if s.distinct_tasks < s.tasks else f"{s.tasks} tasks")
+    lines = [f"{counted}: success (fast_0) {_pct(e.fast_p.get(0.0))} ({e.successes}/{e.tasks}), "
              f"fast_1 {_pct(e.fast_p.get(1.0))}, fast_1.5 {_pct(e.fast_p.get(1.5))}, fast_2 {_pct(e.fast_p.get(2.0))}",
              f"geomean speedup vs eager {_x(e.geomean_speedup)} over successful tasks, {_x(e.geomean_speedup_all)} "
              "over all tasks (failure = 1.0)"]
@@ -121,8 +127,10 @@ def headline(s: Summary) -> list[str]:
 def render(r: Report, source: Path | Location, runs: Sequence[Path | Location]) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     names = ", ".join(f"`{p.name}`" for p in runs[:8]) + (f" and {len(runs) - 8} more" if len(runs) > 8 else "")
+    counted = (f"{r.overall.distinct_tasks} tasks ({r.overall.tasks} task-runs)"
+               if r.overall.distinct_tasks < r.overall.tasks else f"{r.overall.tasks} tasks")
     out = [f"# STARK analysis: `{source}`", "",
-           f"{r.overall.tasks} tasks in {len(runs)} run(s) ({names}); written {stamp}.", "",
+           f"{counted} in {len(runs)} run(s) ({names}); written {stamp}.", "",
            "## Headline", "", *[f"- {line}" for line in headline(r.overall)], ""]
     groups = r.levels
     out += ["## Against PyTorch eager", "", *_baseline_table(groups, lambda s: s.eager), ""]
@@ -140,7 +148,20 @@ def render(r: Report, source: Path | Location, runs: Sequence[Path | Location]) 
     if r.runs:
         out += ["## Per run", "", *_baseline_table(r.runs, lambda s: s.eager, first="run"), "",
                 *_search_table(r.runs, first="run"), ""]
-    out += ["## Tasks", "", *_task_table(r.tasks, several_runs=bool(r.runs)), ""]
+    if r.repeats:
+        out += ["## Tasks run more than once", "",
+                "Each run's best speedup is one draw: over a task's runs, the geometric mean of the successful runs' "
+                "best speedups, with a 95% interval from their spread (Student's t on the logarithms; two "
+                "successful runs at least), and the lowest and highest.", "",
+                "| task | runs | successes | best speedup (geomean) | 95% interval | lowest | highest |",
+                "|---|---:|---:|---:|---:|---:|---:|",
+                *[f"| {_cell(x.task)} | {x.runs} | {x.successes} | {_x(x.geomean_speedup)} | "
+                  f"{_x(x.low)} – {_x(x.high)} | {_x(x.least)} | {_x(x.most)} |" if x.low is not None else
+                  f"| {_cell(x.task)} | {x.runs} | {x.successes} | {_x(x.geomean_speedup)} | — | {_x(x.least)} | "
+                  f"{_x(x.most)} |" for x in r.repeats], ""]
+    out += ["## Tasks", "", "Best speedup: the runoff's figure where one named the best (its rounds' geometric mean), "
+            "else the search's; ± its 95% interval where known.", "",
+            *_task_table(r.tasks, several_runs=bool(r.runs)), ""]
     out += ["## Failure reasons", ""]
     if r.failures:
         out += ["| reason | attempts |", "|---|---:|", *[f"| {_cell(k)} | {v} |" for k, v in r.failures.items()]]
@@ -172,6 +193,12 @@ def render(r: Report, source: Path | Location, runs: Sequence[Path | Location]) 
                 "its lower left.", ""]
         for p in r.trees:
             out += [f"![{Path(p.name).stem}]({PLOTS_DIR}/{p.name})", ""]
+    if r.attempts:
+        out += ["## Attempts", "", "Every attempt of the tasks whose trees are drawn, in the order they finished: "
+                "the node and its parent, the agent, what the evaluation made of it, its speedup ± its 95% interval.",
+                ""]
+        for (run_id, task), rows_ in r.attempts.items():
+            out += [f"### {_cell(f'{run_id}: {task}' if r.runs else task)}", "", *_attempt_table(rows_), ""]
     out += ["## Definitions", "", *_DEFINITIONS, ""]
     return "\n".join(out)
 
@@ -242,11 +269,25 @@ def _task_table(tasks: Sequence[dict[str, Any]], several_runs: bool) -> list[str
     for t in tasks:
         key = f"| {_cell(t['run_id'])} | {_cell(t['task'])} |" if several_runs else f"| {_cell(t['task'])} |"
         lines.append(f"{key} {_num(t.get('level'), '{}')} | {_cell(t.get('status') or '—')} | "
-                     f"{'yes' if t.get('success') else 'no'} | {_x(t.get('best_speedup'))} | "
+                     f"{'yes' if t.get('success') else 'no'} | {_x(t.get('best_speedup'))}"
+                     f"{_err(t.get('best_speedup_err')) if t.get('best_speedup') is not None else ''} | "
                      f"{_x(t.get('best_speedup_vs_compile'))} | {_cell(t.get('best_flags') or '')} | "
                      f"{t.get('attempts', 0)} | "
                      f"{_num(t.get('attempts_to_first_accepted'), '{}')} | {int(t.get('tokens') or 0):,} | "
                      f"{float(t.get('cost_usd') or 0.0):.4f} |")
+    return lines
+
+
+def _attempt_table(rows_: Sequence[dict[str, Any]]) -> list[str]:
+    lines = ["| seq | node ← parent | agent | result | speedup | flags / error |", "|---:|---|---|---|---:|---|"]
+    for n in rows_:
+        if n["seq"] == 0:
+            continue
+        result = "accepted" if n.get("accepted") else (n.get("failure") or "—")
+        speed = _x(n.get("speedup")) + (_err(n.get("speedup_err")) if n.get("speedup") is not None else "")
+        said = n.get("flags") or (str(n.get("error") or "").splitlines() or [""])[0][:100]
+        lines.append(f"| {n['seq']} | {n['node_id']} ← {_num(n.get('parent_id'), '{}')} | {_cell(n.get('agent'))} | "
+                     f"{_cell(result)} | {speed} | {_cell(said)} |")
     return lines
 
 
@@ -296,6 +337,13 @@ def _x(x: float | None) -> str:
     if x is None:
         return "—"
     return "inf" if math.isinf(x) else f"{x:.2f}x"
+
+
+def _err(err: Any) -> str:
+    """`` ±3.0%`` (the 95% interval of a relative standard error), nothing where unknown."""
+    if err is None or not math.isfinite(float(err)):
+        return ""
+    return f" {interval(float(err))}"
 
 
 def _num(x: Any, fmt: str = "{:.2f}") -> str:

@@ -52,10 +52,14 @@ TASK_COLUMNS: dict[str, str] = {
     "status": "finished | interrupted | failed | capped, from the task's summary.json, else NULL",
     "ref_runtime_ms": "PyTorch eager reference runtime (seq 0's runtime_ms)",
     "ref_compile_runtime_ms": "torch.compile(reference) runtime when measured (seq 0's, else the best row's)",
-    "best_seq": "seq of the best candidate (NULL without an accepted one)",
-    "best_runtime_ms": "runtime of the best candidate",
-    "best_speedup": "speedup of the best candidate vs eager (its reference timed in the same run), as the search "
-                    "measured it",
+    "best_seq": "seq of the best candidate: the one the runoff named where it held one, else the search's fastest "
+                "accepted (NULL without an accepted one)",
+    "best_runtime_ms": "runtime of the best candidate as the search measured it",
+    "best_speedup": "speedup of the best candidate vs eager (its reference timed in the same run): the runoff's "
+                    "figure where it named the best (the geometric mean of its rounds), else the search's",
+    "best_speedup_err": "the relative standard error of best_speedup where known (its 95% interval: about +-2x it)",
+    "search_best_speedup": "the search's own highest accepted speedup (the runoff may name another node, or measure "
+                           "the same one lower)",
     "best_speedup_vs_compile": "the best candidate vs torch.compile, when measured",
     "sol_ms": "the task's speed of light on its device (eval/judge/sol.py; NULL where not told, or before it was)",
     "sol_bound": "memory | compute: which floor sets the speed of light",
@@ -175,14 +179,14 @@ def _union(con: duckdb.DuckDBPyConnection, runs: list[Location]) -> None:
 
 def _derived(con: duckdb.DuckDBPyConnection, runs: list[Location]) -> None:
     con.execute("CREATE TABLE _task_info (run_id VARCHAR, task VARCHAR, path VARCHAR, status VARCHAR, "
-                "runoff_node_id BIGINT, runoff_speedup DOUBLE)")
+                "runoff_node_id BIGINT, runoff_speedup DOUBLE, runoff_speedup_err DOUBLE)")
     con.execute("CREATE TABLE runs (run_id VARCHAR, run_dir VARCHAR, executor VARCHAR, provider VARCHAR, "
                 "model VARCHAR, backend VARCHAR, baseline VARCHAR, policy VARCHAR, ablation VARCHAR, "
                 "budget BIGINT, tasks BIGINT)")
     for run in runs:
         info, settings = _run_info(run)
         if info:
-            con.executemany("INSERT INTO _task_info VALUES (?, ?, ?, ?, ?, ?)", info)
+            con.executemany("INSERT INTO _task_info VALUES (?, ?, ?, ?, ?, ?, ?)", info)
         con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", settings)
     con.execute(f"CREATE MACRO _level(s) AS TRY_CAST(regexp_extract(s, {_literal(_LEVEL_RE)}, 2) AS INTEGER)")
     con.execute(_JUDGED.format(rejected=_rejected_sql()))
@@ -199,6 +203,10 @@ def _rejected_sql() -> str:
     return f"CASE {whens} END"
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _read_json(path: Location) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -212,15 +220,15 @@ def _read_json(path: Location) -> dict[str, Any] | None:
 
 
 def _run_info(run: Location) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
-    """Per task (run_id, task, path, status, runoff node, runoff speedup) from run.json and the summaries; the run's
-    settings row."""
+    """Per task (run_id, task, path, status, runoff node, runoff speedup and its error) from run.json and the
+    summaries; the run's settings row."""
     record = _read_json(run / RUN_FILE) or {}
     paths: dict[str, str | None] = {}
     for t in record.get("tasks") or []:
         if isinstance(t, dict) and t.get("name"):
             paths[str(t["name"])] = str(t["path"]) if t.get("path") else None
     status: dict[str, str | None] = {}
-    named: dict[str, tuple[Any, Any]] = {}
+    named: dict[str, tuple[Any, Any, Any]] = {}
     summaries = [run / SUMMARY_FILE, *(run / "tasks").find(SUMMARY_FILE)]
     for s in summaries:
         try:
@@ -230,10 +238,11 @@ def _run_info(run: Location) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
         if data and data.get("task"):
             status[str(data["task"])] = data.get("status")
             held = data.get("runoff")
-            winner, speedup = (held.get("winner"), data.get("best_speedup")) if isinstance(held, dict) else (None, None)
+            winner = held.get("winner") if isinstance(held, dict) else None
             if isinstance(winner, int) and not isinstance(winner, bool):  # a damaged summary leaves them NULL
-                named[str(data["task"])] = (winner, float(speedup) if isinstance(speedup, int | float) else None)
-    info = [(run.name, name, paths.get(name), status.get(name), *named.get(name, (None, None)))
+                named[str(data["task"])] = (winner, _number(data.get("best_speedup")),
+                                            _number(data.get("best_speedup_err")))
+    info = [(run.name, name, paths.get(name), status.get(name), *named.get(name, (None, None, None)))
             for name in sorted(set(paths) | set(status))]
     search, agents, ev = (record.get(k) or {} for k in ("search", "agents", "eval"))
     # the policy that ran: the ma_only ablation is Best-of-K with repairs whatever its policy setting says
@@ -293,6 +302,14 @@ WITH ref AS (
     SELECT run_id, task, count(*) AS llm_calls, sum(input_tokens) AS input_tokens,
            sum(output_tokens) AS output_tokens, sum(cost_usd) AS cost_usd
     FROM llm_calls GROUP BY run_id, task
+), named AS (  -- the runoff's choice where it made one (an accepted node of the search), else the search's best
+    SELECT j.* FROM judged j JOIN _task_info i ON j.run_id = i.run_id AND j.task = i.task
+                                                AND j.node_id = i.runoff_node_id
+    WHERE j.accepted AND j.seq > 0
+), chosen AS (
+    SELECT * FROM named
+    UNION ALL BY NAME
+    SELECT * FROM best WHERE (run_id, task) NOT IN (SELECT (run_id, task) FROM named)
 ), keys AS (
     SELECT run_id, task FROM _task_info
     UNION SELECT run_id, task FROM attempts
@@ -303,7 +320,11 @@ SELECT k.run_id, k.task,
        i.path, i.status,
        ref.ref_runtime_ms,
        coalesce(ref.ref_compile_runtime_ms, b.ref_compile_runtime_ms) AS ref_compile_runtime_ms,
-       b.seq AS best_seq, b.runtime_ms AS best_runtime_ms, b.speedup AS best_speedup,
+       b.seq AS best_seq, b.runtime_ms AS best_runtime_ms,
+       CASE WHEN n.seq IS NOT NULL THEN coalesce(i.runoff_speedup, b.speedup) ELSE b.speedup END AS best_speedup,
+       CASE WHEN n.seq IS NULL THEN b.speedup_err WHEN i.runoff_speedup IS NOT NULL THEN i.runoff_speedup_err
+            ELSE b.speedup_err END AS best_speedup_err,
+       s.speedup AS search_best_speedup,
        coalesce(b.speedup_vs_compile,
                 CASE WHEN b.runtime_ms > 0 THEN ref.ref_compile_runtime_ms / b.runtime_ms END)
            AS best_speedup_vs_compile,
@@ -331,7 +352,9 @@ LEFT JOIN _task_info i USING (run_id, task)
 LEFT JOIN ref USING (run_id, task)
 LEFT JOIN cand c USING (run_id, task)
 LEFT JOIN calls USING (run_id, task)
-LEFT JOIN best b USING (run_id, task)
+LEFT JOIN chosen b USING (run_id, task)
+LEFT JOIN named n USING (run_id, task)
+LEFT JOIN best s USING (run_id, task)
 """
 
 _DEVICES = """

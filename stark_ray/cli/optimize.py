@@ -128,7 +128,10 @@ def run_locally(task: Task, client: LLMClient, search_cfg: SearchConfig, agent_c
 
     signal.signal(signal.SIGTERM, interrupt)  # a scheduler's stop ends the run like Ctrl-C: all recorded
     try:
-        summaries = [run_optimize(task, client, search_cfg, agent_cfg, eval_cfg, out, reporter, resume=resume)]
+        try:
+            summaries = [run_optimize(task, client, search_cfg, agent_cfg, eval_cfg, out, reporter, resume=resume)]
+        finally:
+            reporter.close()
     except (TaskError, EvaluatorError, RunError) as e:
         fail(str(e))
     except LLMError as e:
@@ -169,7 +172,10 @@ def run_on_ray(run: RayRun, reporter: Reporter, instead: Callable[[], None] | No
     signal.signal(signal.SIGTERM, interrupt)
     started: list[object] = []  # the run directory, once it exists
     try:
-        summaries = run_ray(run, reporter, on_started=started.append)
+        try:
+            summaries = run_ray(run, reporter, on_started=started.append)
+        finally:
+            reporter.close()
     except RayUnavailable as e:
         if instead is None:
             fail(str(e))
@@ -239,6 +245,7 @@ class QuietReporter:
     def start(self, *args: object) -> None: ...
     def attempt(self, *args: object) -> None: ...
     def status(self, *args: object) -> None: ...
+    def close(self) -> None: ...
 
     def finish(self, summary: RunSummary) -> None:
         from stark_ray.cli.progress import replay_note

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from stark_ray.agents.base import AgentResult
 from stark_ray.eval.measure.noise import interval, is_noisy
@@ -71,6 +71,37 @@ def phase_line(console: Console, what: str, since: float) -> None:
         console.print(f"[dim]  {time.monotonic() - since:5.1f} s  {escape(what)} …[/]", highlight=False)
 
 
+class Phases:
+    """The start-up's steps on a terminal (starting Ray, the evaluators, timing references): each one line whose
+    clock runs while it goes on — a fixed time stamp looked frozen for minutes on a busy host — and stops when the
+    next begins; all of them ended when the search begins (:meth:`close`). Nothing where stderr is no terminal."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.view: Progress | None = None
+        self.current: TaskID | None = None
+
+    def begin(self, what: str) -> None:
+        if not self.console.is_terminal:
+            return
+        if self.view is None:
+            self.view = Progress(SpinnerColumn(finished_text="[green]✓[/]"), TextColumn("[dim]{task.description}"),
+                                 TimeElapsedColumn(), console=self.console, transient=False)
+            self.view.start()
+        self._end_current()
+        self.current = self.view.add_task(escape(what), total=1)
+
+    def _end_current(self) -> None:
+        if self.view is not None and self.current is not None:
+            self.view.update(self.current, completed=1)  # its clock stops at what it took
+
+    def close(self) -> None:
+        self._end_current()
+        if self.view is not None:
+            self.view.stop()
+        self.view = self.current = None
+
+
 class RichReporter(Reporter):
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
@@ -79,8 +110,9 @@ class RichReporter(Reporter):
             TextColumn("best {task.fields[best]}  failures {task.fields[fails]}  {task.fields[cost]}"),
             TimeElapsedColumn(), TextColumn("[dim]{task.fields[doing]}"), console=self.console, transient=False,
         )
-        self._bar = None
+        self._bar: TaskID | None = None
         self.since = time.monotonic()
+        self.phases = Phases(self.console)
         self.shows_expansions = self.console.is_terminal  # the driver asks the evaluators only for a terminal
 
     def expansions(self, doing: list[InFlight]) -> None:
@@ -89,9 +121,13 @@ class RichReporter(Reporter):
             self.progress.update(self._bar, doing=escape(shown))
 
     def phase(self, what: str) -> None:
-        phase_line(self.console, what, self.since)
+        if self._bar is None:
+            self.phases.begin(what)
+        else:  # after the search (the runoff): a line above the bar
+            phase_line(self.progress.console, what, self.since)
 
     def start(self, task: Task, budget: int, tree: Tree) -> None:
+        self.phases.close()
         ms = tree.root.result.runtime_ms
         resumed = f"; {tree.evaluated} recorded, resumed" if tree.evaluated else ""
         self.console.print(f"[bold]{escape(task.name)}[/]: reference {ms:.3f} ms timed alone (each candidate is timed "
@@ -108,8 +144,20 @@ class RichReporter(Reporter):
                              fails=tree.failures(),
                              cost=spend(usage))
 
+    def close(self) -> None:
+        self.phases.close()
+        self._stop_bar()
+
+    def _stop_bar(self) -> None:
+        """The bar stopped where it runs (rich prints an empty line for a stop of one never started, on no terminal)."""
+        if self.progress.live.is_started:
+            self.progress.stop()
+
     def finish(self, summary: RunSummary) -> None:
-        self.progress.stop()
+        self.phases.close()
+        if self._bar is not None:  # nothing is in flight any more: the last status does not stay on screen
+            self.progress.update(self._bar, doing="")
+        self._stop_bar()
         if summary.status != "finished":
             self.console.print(f"[bold yellow]run {summary.status}[/] after {summary.attempts} attempts")
         final = Runoff.from_record(summary.runoff) if summary.runoff else None
@@ -145,22 +193,26 @@ class CampaignReporter(Reporter):
         self.since = time.monotonic()
         self.shows_expansions = self.console.is_terminal
         self.doing: list[InFlight] = []
+        self.last: dict[str, Any] | None = None  # the figures last shown
+        self.phases = Phases(self.console)
 
     def expansions(self, doing: list[InFlight]) -> None:
         self.doing = doing
 
     def phase(self, what: str) -> None:
         if not self.started:  # the start-up's phases come before the live table
-            phase_line(self.console, what, self.since)
+            self.phases.begin(what)
 
     def start(self, task: Task, budget: int, tree: Tree) -> None:
         if not self.started:
+            self.phases.close()
             self.live.start()
             self.started = True
 
     def status(self, stats: dict[str, Any]) -> None:
         from rich.table import Table
 
+        self.last = stats
         table = Table.grid(padding=(0, 2))
         queued = stats["tasks"] - stats["running"] - stats["done"]
         rate = stats["accepted"] / stats["attempts"] if stats["attempts"] else 0.0
@@ -187,5 +239,10 @@ class CampaignReporter(Reporter):
                                 f"best {speedup}, ${summary.cost:.4f}{replay_note(summary.replay_mismatches)}")
 
     def close(self) -> None:
+        self.phases.close()
         if self.started:
+            self.doing = []  # nothing is in flight any more: the last status does not stay on screen
+            if self.last is not None:
+                self.status(self.last)
             self.live.stop()
+            self.started = False

@@ -102,8 +102,9 @@ DEFENCES: tuple[Defence, ...] = (
             "a reference slowed beside the candidate (a thread, queued work): its claim then measured by the judge, "
             "strictly"),
     Defence("confirmation", CLAIM, JUDGE,
-            "a claim above `confirm_above` the judge's own wall clock does not bear out (`suspicious`), or cannot "
-            "measure (`unconfirmed`, capped)"),
+            "a claim above `confirm_above` the judge's own wall clock does not bear out (its figure recorded, "
+            "`suspicious` where neither reading comes to half a claim above 2x), or cannot measure (`unconfirmed`, "
+            "capped)"),
     Defence("speed_of_light", CLAIM, JUDGE,
             "a runtime below the task's memory floor (its inputs and outputs moved once) or the compute floor of "
             "the reference's FLOPs at its dtype's peak (`faster_than_sol`, saying which and by how much)"),

@@ -33,6 +33,10 @@ class Evaluator:
     def evaluate(self, source: str) -> EvalResult:
         return self.service.evaluate(self.task, source, self.cfg)
 
+    def activity(self) -> dict[str, tuple[str, float]]:
+        """What each candidate in evaluation is going through now (``EvalService.activity``)."""
+        return self.service.activity()
+
     def hardware_description(self) -> str:
         return self.service.hardware_description()
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.backends import backend_path, get_backend
+from stark_ray.eval.backends import Backend, backend_path, get_backend
 from stark_ray.eval.build.builder import make_due_headers, serve_build
 from stark_ray.eval.build.cache import cache_root, open_to_readers
 from stark_ray.eval.build.pool import CompilePool
@@ -56,9 +56,15 @@ from stark_ray.records import STAGE_COMPILE, STAGE_CRASH, EvalResult, source_dig
 
 CORES_PER_SPARE = 4  # hot spares beyond the first: one per this many cores (on 2 cores 3 spares importing at once
 # slowed the candidates' timing, 1.24 -> 1.57 s each, for no gain: benchmarks/worker_turnover.py)
+CLOSE_WAIT_S = 5.0  # a service closed while another thread's request holds the device waits this long, then kills
 JUDGE_MARGIN_S = 60.0  # the judge enforces each phase's limit on its worker; the service allows it this more
-DEVICE_PHASES = {PHASE_SETUP: "loading the task", PHASE_COMPILE: "importing", PHASE_CHECK: "checking",
-                 PHASE_TIME: "timing"}  # a phase of the judge's conversation, in the live view's words
+DEVICE_PHASES = {PHASE_SETUP: "loading the task", PHASE_CHECK: "checking", PHASE_TIME: "timing"}
+
+
+def device_words(backend: Backend) -> dict[str, str]:
+    """A phase of the judge's conversation, in the live view's words: the worker's import of a candidate is its
+    build where the backend builds there (cpu_cpp: g++ through load_inline, shown as "importing" for minutes)."""
+    return {**DEVICE_PHASES, PHASE_COMPILE: backend.importing}
 
 
 class EvaluatorError(RuntimeError):
@@ -90,15 +96,22 @@ def precheck(source: str) -> EvalResult | None:
     return None
 
 
-# a candidate whose evaluation the kernel's out-of-memory killer ended, its own process held to worker_memory_gb, is
-# evaluated this many times more before the verdict stands (the host's memory ran out for other processes, most
-# likely: a machine's failure, never charged alone); with no cap (a GPU by default) the kill stands at once
-OOM_AGAIN = 1
+# a candidate whose evaluation ran out of memory in a way that may be the machine's (lost_to_memory) is evaluated this
+# many times more before the verdict stands, and each time is said: the kernel's OOM killer taking a process while
+# the candidate's own was held to worker_memory_gb (the host's memory ran out for others, most likely; with no cap,
+# a GPU by default, the kill stands at once), or the judge's own device allocation failing (eval/judge/judge.py:
+# _out_of_memory gives back all it holds but the task first). A candidate that fills the memory itself fails each time
+MEMORY_AGAIN = 1
 
 
-def killed_for_memory(result: EvalResult) -> bool:
-    """The evaluation ended because the kernel's OOM killer took one of its processes (eval/proc/outcome.py)."""
-    return result.stage == STAGE_CRASH and "out_of_memory" in result.flags
+def lost_to_memory(result: EvalResult, capped: bool) -> str | None:
+    """Why an evaluation that ran out of memory may be the machine's failure rather than the candidate's (None where
+    it is the candidate's, or did not run out)."""
+    if "judge_memory" in result.flags:
+        return "the judge's own allocation ran out of device memory"
+    if result.stage == STAGE_CRASH and "out_of_memory" in result.flags and capped:  # eval/proc/outcome.py
+        return "the kernel's out-of-memory killer took a process of it"
+    return None
 
 
 def judge_limits(cfg: EvalConfig) -> dict[str, float]:
@@ -260,7 +273,8 @@ class EvalService:
         with self._device_lock:
             if not self.judge.alive:
                 self._start()
-            on_phase = None if key is None else lambda phase: self._doing_now(key, DEVICE_PHASES.get(phase, phase))
+            words = device_words(self.backend)
+            on_phase = None if key is None else lambda phase: self._doing_now(key, words.get(phase, phase))
             with running_note(self.running_note, request.candidate_source):
                 outcome = self.judge.request(request, judge_limits(cfg), on_phase)
         stats = outcome.extra.get("worker")
@@ -427,19 +441,22 @@ class EvalService:
             decided, build_s = self._build(task, source, cfg)
             if decided is not None:
                 return decided
-        for attempt in range(1 + OOM_AGAIN):
+        lost: list[str] = []  # why each evaluation so far may have been the machine's
+        for _ in range(1 + MEMORY_AGAIN):
             self._doing_now(key, "waiting for the device")
             outcome = self._on_device(self._request(MODE_CANDIDATE, task, cfg, source), cfg, key)
             self._make_headers()  # the worker's builds (cpu_cpp builds there) may have earned one
             result = outcome_to_result(outcome, judge_limits(cfg), "judge")
-            if not killed_for_memory(result) or not self.memory_bytes:  # uncapped: most likely its own fill
+            why = lost_to_memory(result, bool(self.memory_bytes))
+            if why is None:
                 break
-            if attempt == OOM_AGAIN:  # else: the host's memory may have run out for others: evaluated again, and said
-                result.add_line(f"evaluated {1 + OOM_AGAIN} times: each time the kernel's out-of-memory killer took a "
-                                "process of its evaluation")
-        if attempt and not killed_for_memory(result):
-            result.add_line("evaluated again: the first evaluation ended by the kernel's out-of-memory killer taking a "
-                            "process of it (the host's memory, not this candidate's verdict)")
+            lost.append(why)
+        if lost and why is not None:  # every evaluation ran out: the verdict stands, charged
+            result.add_line(f"evaluated {len(lost)} times: each time {why}" if len(set(lost)) == 1 else
+                            f"evaluated {len(lost)} times: {'; then '.join(lost)}")
+        elif lost:
+            result.add_line(f"evaluated again: in the first evaluation {lost[0]} (the machine's memory, not this "
+                            "candidate's verdict)")
         if build_s:  # the pool's build plus the device worker's (cached) load
             result.compile_s = build_s + (result.compile_s or 0.0)
             result.eval_s = build_s + (result.eval_s or 0.0)
@@ -472,8 +489,16 @@ class EvalService:
 
     def close(self) -> None:
         self._compilers.close()
-        with self._device_lock:
-            self.judge.close()
+        if self._device_lock.acquire(timeout=CLOSE_WAIT_S):
+            try:
+                self.judge.close()
+            finally:
+                self._device_lock.release()
+            return
+        # a request another thread still runs (an interrupted run's: a resumed run's reference timed beside its first
+        # agent call) holds the device: its judge is ended under it, not waited for to the end of its limits
+        self.judge.kill()
+        self.judge.close()  # its spares
 
     def __enter__(self) -> EvalService:
         return self

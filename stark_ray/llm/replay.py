@@ -114,6 +114,10 @@ _HARDWARE = re.compile(r"^Target hardware:\n(?:[^\n]+\n?)+", re.MULTILINE)
 # a node's share of the task's speed of light (prompts/render.py): a measured figure, absent from cassettes recorded
 # before it existed or on a device without its figures
 _LIGHT = re.compile(r", \d+(?:\.\d+)?% of the speed of light")
+# a runtime's spread and a speedup's interval (prompts/render.py): absent where the judge's own figure stands for the
+# worker's (it has neither), which the run's noise decides (a loaded host recorded the judge's 4.56x of a 6.2x claim)
+_SPREAD = re.compile(r" \(calls vary by [^)\n]*%\)")
+_INTERVAL = re.compile(r" \(±[^)\n]*, 95%\)")
 # an accepted node's errors (prompts/render.py), absent from cassettes recorded before they were shown
 _ERRORS = re.compile(r"; its error against the reference at most [^\n]*? \(normalized [^)\n]*\)")
 # a node's kernels in one call and its Nsight Compute counters (prompts/render.py's KERNELS_LINE, NCU_LINE): names
@@ -145,13 +149,13 @@ def _unmeasured_flags(m: re.Match[str]) -> str:
 
 def prompt_shape(prompt: str) -> str:
     """The prompt with every number and the hardware description masked (the task's speed of light, math modes and
-    tolerance on it included), and the nodes' shares of the speed of light, their errors, their kernels and the
-    flags a measured figure alone sets (``large_speedup``, ``faster_than_sol``, ``reduced_precision``,
-    ``library_compute``, with their lines) left out: prompts that differ only in measured runtimes, speedups or
-    errors (which change from run to run) or in the machine (a cassette recorded on another CPU or GPU: its name,
-    cores, SIMD) have the same shape."""
+    tolerance on it included), and the nodes' shares of the speed of light, their errors, their kernels, their
+    runtimes' spreads, their speedups' intervals and the flags a measured figure alone sets (``large_speedup``,
+    ``faster_than_sol``, ``reduced_precision``, ``library_compute``, with their lines) left out: prompts that differ
+    only in measured runtimes, speedups or errors (which change from run to run) or in the machine (a cassette
+    recorded on another CPU or GPU: its name, cores, SIMD) have the same shape."""
     prompt = _ANALYSIS.sub("", _REFERENCE.sub(r"\1<reference>\n\n", _SYSTEM.sub("", prompt)))
-    measured = _ERRORS.sub("", _KERNELS.sub("", _JUDGE.sub("", prompt)))
+    measured = _INTERVAL.sub("", _SPREAD.sub("", _ERRORS.sub("", _KERNELS.sub("", _JUDGE.sub("", prompt)))))
     text = _FLAGS.sub(_unmeasured_flags, _FLAG_LINES.sub("", _LIGHT.sub("", measured)))
     return _NUMBER.sub("#", _HARDWARE.sub("Target hardware:\n<hardware>\n", text))
 

@@ -7,13 +7,14 @@ with ``ray start --head --block`` instead:
 
 - **nothing shared**: a temp directory of its own (sockets, logs, the session) and a free port for every component
   (GCS, dashboard and its agent's HTTP and gRPC ports, metrics export, runtime-env agent, Ray client), no
-  dashboard, no usage report;
+  dashboard, no usage report, no autoscaler monitor (one machine's Ray has nothing to scale);
 - **a start that waits, then tries again**: up to :data:`START_TRIES` starts, each with new ports; one that still
   fails is one line with the cause read from the raylet's log (:func:`start_failure`);
 - **gone with its driver**: every process of the cluster carries :data:`SESSION_ENV` in its environment, and a
   reaper (a process of its own session, started first) waits on a pipe from the driver; when the driver stops it,
   or dies (``kill -9`` included: the kernel closes the pipe), the reaper ends every process that carries the mark
-  (Ray's agents, actors, and what they started: compile pools, compilers), then removes the directory.
+  (Ray's agents, actors, and what they started: compile pools, compilers) or, for the agents whose title was written
+  over their environment, bears Ray's title with a file of the directory open; then it removes the directory.
 
 The driver connects with ``ray.init(address=...)``; the raylet's error broadcasts ("A worker died or was
 killed ..."), which Ray prints to the driver's stdout whatever ``log_to_driver`` says, go to the log instead
@@ -99,9 +100,16 @@ def free_ports(n: int) -> list[int]:
 SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "worker_register_timeout_seconds": 300}
 
 
+# no autoscaler for one machine's private Ray: 0.4 s of a core less in its first seconds. A hidden option of
+# `ray start` (KubeRay's): a Ray that no longer takes it is started without it (start_local_ray)
+NO_MONITOR = "--no-monitor"
+_no_monitor = [NO_MONITOR]
+
+
 def head_command(temp_dir: str, ports: list[int], num_cpus: int | None, num_gpus: int | None) -> list[str]:
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--temp-dir={temp_dir}",
-           "--include-dashboard=false", "--disable-usage-stats", f"--system-config={json.dumps(SYSTEM_CONFIG)}"]
+           "--include-dashboard=false", "--disable-usage-stats", f"--system-config={json.dumps(SYSTEM_CONFIG)}",
+           *_no_monitor]
     cmd += [f"{option}={port}" for option, port in zip(PORT_OPTIONS, ports, strict=True)]
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
@@ -156,6 +164,10 @@ def start_local_ray(num_cpus: int | None = None, num_gpus: int | None = None, en
         if address is not None:
             return LocalRay(Path(temp_dir), address, head, reaper)
         output = out_path.read_text(errors="replace") if out_path.exists() else ""
+        if _no_monitor and "No such option" in output and NO_MONITOR in output:
+            _no_monitor.clear()  # this Ray's `ray start` has no such option: the autoscaler's monitor runs
+            LocalRay(Path(temp_dir), "", head, reaper).stop()
+            return start_local_ray(num_cpus, num_gpus, env, tries, timeout_s)
         cause = start_failure(temp_dir, output) if head.poll() is not None else (
             f"no address after {timeout_s:.0f} s")
         causes.append(cause)
@@ -193,16 +205,34 @@ def _start_reaper(temp_dir: str) -> subprocess.Popen[bytes]:
 
 
 def session_processes(mark: str) -> list[int]:
-    """Every process (but this one) whose environment carries ``SESSION_ENV=mark``."""
+    """Every process (but this one) of the session: those whose environment carries ``SESSION_ENV=mark``, and Ray's
+    own titled ones (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) that hold a file of the session's directory
+    open: a title set by ``setproctitle`` longer than the process's arguments is written over its environment,
+    mark included (found wiped for both agents, which then outlived a killed driver by 10-60 s)."""
     needle = f"{SESSION_ENV}={mark}".encode()
     me, out = os.getpid(), []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
         with contextlib.suppress(OSError), open(f"/proc/{entry}/environ", "rb") as f:
-            if needle in f.read().split(b"\0"):
+            if needle in f.read().split(b"\0") or _titled_in(entry, mark):
                 out.append(int(entry))
     return out
+
+
+def _titled_in(pid: str, mark: str) -> bool:
+    """Whether process ``pid`` bears a title of Ray's and has its directory or a file open under ``mark``."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if not f.read(5).startswith(b"ray::"):
+            return False
+    top = mark.rstrip("/")
+    places = [f"/proc/{pid}/cwd"] + [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+    for place in places:
+        with contextlib.suppress(OSError):
+            link = os.readlink(place)
+            if link == top or link.startswith(top + "/"):
+                return True
+    return False
 
 
 def end_session(mark: str) -> None:

@@ -34,10 +34,10 @@ from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskErr
 from stark_ray.actors.tree_memory import TaskSpec
 from stark_ray.agents.base import AgentResult, TaskInfo
 from stark_ray.eval.backends import get_backend
-from stark_ray.eval.judge.sol import reference_lines
 from stark_ray.eval.measure.memory import OverBudget
 from stark_ray.eval.tasks import Task, TaskError
 from stark_ray.llm.base import LLMError
+from stark_ray.prompts.terms import reference_lines
 from stark_ray.records import STAGE_CRASH, EvalResult, source_digest
 from stark_ray.run import evaluator_deaths
 from stark_ray.run.campaign import CapTracker
@@ -59,7 +59,7 @@ from stark_ray.run.placement import (
     start_memory,
     stop_actors,
 )
-from stark_ray.run.reporter import InFlight, Reporter
+from stark_ray.run.reporter import AGENT_WORDS, InFlight, Reporter
 from stark_ray.run.resume import record_changes
 from stark_ray.run.room import Room
 from stark_ray.run.summary import STATUS_FAILED, STATUS_FINISHED, STATUS_INTERRUPTED, RunSummary
@@ -76,9 +76,6 @@ _UNSET: Any = object()  # a ref's value not fetched yet
 EXECUTOR = "ray"  # as run.json and the summaries name it
 EVAL_WINDOW = 2  # evaluations sent to one evaluator at a time (one on the device, the next one queued behind it)
 ASK_EVERY_S = 0.2  # how often a dead evaluator is asked whether it is back
-AGENT_WORDS = {"plan+code": "plan and code agents", "debug": "debug agent", "single": "agent"}
-
-
 HOST_MEMORY = ("running low on memory", "NODE_OUT_OF_MEMORY", "memory monitor")  # Ray's words for its monitor's kill
 
 
@@ -182,6 +179,8 @@ class RayDriver:
             write_run_file(self.dir, run_record(run.tasks, run.search, run.agents, run.eval, EXECUTOR))
         self.run_id = self.dir.name
         self.view.dir = self.dir
+        for agent in self.agents:  # their clients made while the memory actor starts (not in the first call)
+            agent.warm.remote()
         self.memory = start_memory(run, self.dir, f"stark-memory-{self.run_id}-{token}", specs)
         snapshots = ray.get([self.memory.snapshot.remote(name) for name in self.tasks])
         recorded = recorded_usage(self.dir) if run.resume is not None else None  # all tasks' calls, one read

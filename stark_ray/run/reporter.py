@@ -12,6 +12,8 @@ from stark_ray.records import Node
 from stark_ray.run.summary import RunSummary
 from stark_ray.search.tree import Tree
 
+AGENT_WORDS = {"plan+code": "plan and code agents", "debug": "debug agent", "single": "agent"}  # the live view's
+
 
 class Reporter:
     """What the CLI shows while a run goes on; the default shows nothing."""
@@ -31,6 +33,9 @@ class Reporter:
 
     def expansions(self, doing: list[InFlight]) -> None:
         """The expansions in flight and what each is going through (called about once a second)."""
+
+    def close(self) -> None:
+        """The run is over, however it ended: whatever the view keeps on screen is ended (the CLI calls it)."""
 
 
 @dataclass(frozen=True)

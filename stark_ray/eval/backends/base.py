@@ -44,6 +44,7 @@ class Backend(ABC):
     device: str = "cpu"  # where inputs and models live: "cpu" or "cuda" (set by prepare_worker)
     usual_device: ClassVar[str] = "cpu"  # where its candidates run where nothing else is known (the prompts' rules)
     precompile: ClassVar[bool] = False  # builds at import are done first in the CPU compile pool
+    importing: ClassVar[str] = "importing"  # what the worker's import of a candidate is, in the live view's words
     # what the evaluator's processes need of it (of every backend offered, whichever one they run: a candidate of
     # one format may use another's toolchain, as torch.compile makes Triton kernels in a cuda candidate)
     env_prefixes: ClassVar[tuple[str, ...]] = ()  # the parent's variables so named pass to them (sandbox_env.py)

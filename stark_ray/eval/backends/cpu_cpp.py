@@ -32,6 +32,7 @@ class CpuCppBackend(Backend):
     requirements: ClassVar[tuple[str, ...]] = (CXX, NINJA)
     # builds stay in the worker, one at a time: on a CPU target a parallel build would disturb the timing
     precompile: ClassVar[bool] = False
+    importing: ClassVar[str] = "building (g++) and importing"  # load_inline builds in the worker's import
 
     def __init__(self) -> None:
         self.device = "cpu"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from stark_ray.eval.defences import CLAIM, DEFENCES
-from stark_ray.eval.judge.confirmation import Confirmation
+from stark_ray.eval.judge.confirmation import Confirmation, unmeasured_bound
 from stark_ray.eval.judge.drift import Drift
 from stark_ray.eval.judge.sol import SpeedOfLight, beyond_light
 from stark_ray.eval.measure.noise import Measured, interval, is_noisy, kept
@@ -154,8 +154,9 @@ def drift(claim: Claim, ctx: Judging) -> list[Finding]:
 
 
 def confirmation(claim: Claim, ctx: Judging) -> list[Finding]:
-    """A claim above ``confirm_above`` (or any gain where the reference drifted) measured by the judge's own clock;
-    none for a claim already off the leaderboard."""
+    """A claim above ``confirm_above`` (any gain, by default; any gain too where the reference drifted) measured by
+    the judge's own clock, where the reference runs in the judge's process with the worker stopped and the two take
+    turns at the same moments; none for a claim already off the leaderboard."""
     strict = claim.drift is not None
     if claim.rejected or not (claim.speedup > ctx.confirm_above or (strict and claim.speedup > 1.0)):
         return []
@@ -163,8 +164,9 @@ def confirmation(claim: Claim, ctx: Judging) -> list[Finding]:
     if c.problem:
         return [Finding(FAIL, c.problem)]
     found = [Finding(NOTE, c.note)]
-    if c.unfit:  # a claim the judge could not measure counts for no more than it asks to see (the candidate's
-        cap = 1.0 if strict else ctx.confirm_above  # memory decides what room is left: never a free pass)
+    if c.unfit:  # a claim the judge could not measure counts for no more than what stands unmeasured (the
+        # candidate's memory decides what room is left: never a free pass)
+        cap = 1.0 if strict else unmeasured_bound(ctx.confirm_above)
         found.append(Finding(FLAG, flag="unconfirmed"))
         if claim.speedup > cap:
             found.append(Finding(CAP, f"unconfirmed: the worker's {claim.speedup:.2f}x counts as {cap:.2f}x",
@@ -175,6 +177,10 @@ def confirmation(claim: Claim, ctx: Judging) -> list[Finding]:
         # time alone (its time beside this candidate is what was in doubt)
         found.append(Finding(RECORD, speedup=c.record,
                              ref_ms=claim.drift.alone_ms if claim.drift is not None else claim.ref_ms))
+        # the worker's figure not borne out (a busy host, or a worker whose clock or checks the candidate reached:
+        # blinded, a cheat recorded at the judge's 1.01x left its patches to the next candidate, which passed a
+        # same-address trial it fails): its worker serves no other candidate
+        claim.recycle = True
     return found
 
 

@@ -2,7 +2,7 @@
 
 The worker's figures (CUDA events, or ``time.perf_counter`` on the CPU) are taken in the process that imported the
 candidate, which can patch them, hide work on other streams or answer from a cache. So a speedup above
-``EvalConfig.confirm_above`` (2 by default) is measured again by the judge:
+``EvalConfig.confirm_above`` (1 by default: every claimed gain) is measured again by the judge:
 
 - K input sets, K chosen so that the candidate's batch lasts BATCH_TARGET_MS by its own claimed time (a claim too
   fast only makes the batch longer; at least MIN_SETS, at most MAX_SETS, and as many as the judge makes in half a
@@ -34,8 +34,9 @@ candidate, which can patch them, hide work on other streams or answer from a cac
   microseconds carries host noise that compresses very large ratios; the worker's figure is then the one
   reported, so a speedup that is really above 10x may be overstated). Else the judgement measures it once more
   (a new batch, fresh inputs; where its clock leaves time: a busy host can slow one batch) and decides on the six
-  rounds pooled (both readings over all six), not on a second draw; a claim they do not bear out is flagged
-  ``suspicious`` and kept off the leaderboard.
+  rounds pooled (both readings over all six), not on a second draw. Where only the lower reading falls short, the
+  lower is the figure of record (a busy host parts the two); a claim neither bears out is flagged ``suspicious``
+  and kept off the leaderboard, except one of 2x or less, which gets the judge's figure (:func:`verdict`).
 """
 
 from __future__ import annotations
@@ -53,17 +54,19 @@ import torch
 
 from stark_ray.eval.judge.batch_sets import PackedSets, packed_slots
 from stark_ray.eval.judge.trials import JudgeTask, synchronize
-from stark_ray.eval.measure.compare import Tolerances, compare_outputs, flatten_outputs, rebuild_outputs
+from stark_ray.eval.measure.compare import compare_outputs, flatten_outputs, rebuild_outputs
 from stark_ray.eval.measure.inputs import clone_all, make_inputs, nbytes_of
 from stark_ray.eval.measure.timing import capture_graph
+from stark_ray.eval.measure.tolerance import Tolerances
 from stark_ray.eval.wire.exchange import digests, touch
 from stark_ray.eval.wire.outbox import Outbox
 
 AGREEMENT = 0.5  # the worker's figure stands when the judge's gain (speedup - 1) is at least this share of its ...
 CONFIRMED_BY_ITSELF = 10.0  # ... or the judge's speedup this large by itself; the judge's own figure stands when it
 # is at least AGREEMENT of the worker's speedup; below that the claim is suspicious
-LOW_CLAIM = 2.0  # a precise claim this small is held to half its gain (half the claim is no speedup at all)
-NEAR = 0.9  # a judge's figure this close to the claim stands without a second measurement (where it is lower)
+LOW_CLAIM = 2.0  # a precise claim this small is held to the judge's figure (half the claim is no speedup at all)
+NEAR = 0.9  # a claim of LOW_CLAIM or less stands where the judge measured this much of it; a judge's figure this
+# close to the claim stands without a second measurement (where it is lower)
 # the judge's figure can stand for the worker's where its batch ran as CUDA graphs or its calls took this long: a
 # batch of calls of microseconds, call by call, carries host costs the worker's timing leaves out (an honest 1.16x
 # affine map of 4096 floats, 9 us a call on the CPU, measured 0.62x)
@@ -239,7 +242,7 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     filled first with ``make_template()``'s values; ``room``: the bytes the memory budget leaves it (None: a share
     of the device); ``earlier``: the rounds of a confirmation that did not bear the claim out, pooled with these
     (the same batch size; the readings over all the rounds count); ``strict``: the claim is in doubt, ``above``:
-    it is above ``EvalConfig.confirm_above`` (see :func:`verdict`)."""
+    it is above what stands unmeasured, :func:`unmeasured_bound` (see :func:`verdict`)."""
     template = make_template()
     if earlier is not None:
         k = earlier.k
@@ -319,7 +322,7 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
              f"trip){reading.note()}"
              + ("; each call after a seed of its own, alike on both sides" if task.draws_random else ""))
     return verdict(event_speedup, reading.speedup, calls, walls, strict,
-                   precise=graph or reading.cand_s / k >= PRECISE_CALL_S, above=above)
+                   precise=graph or reading.cand_s / k >= PRECISE_CALL_S, above=above, upper=reading.upper)
 
 
 @dataclass(frozen=True)
@@ -346,6 +349,11 @@ class Reading:
         under such a burst; a lone slowed pair does not move their median. A claim must hold on both."""
         return min(self.fastest, self.paired)
 
+    @property
+    def upper(self) -> float:
+        """The higher of the two readings: a claim above it too is borne out by neither (:func:`verdict`)."""
+        return max(self.fastest, self.paired)
+
     def note(self) -> str:
         if self.paired >= self.fastest:
             return ""
@@ -369,30 +377,56 @@ def read_walls(walls: Walls, trip: float) -> Reading:
                    statistics.median(ratios) if ratios else math.inf)
 
 
+def unmeasured_bound(confirm_above: float) -> float:
+    """The most a claim counts for where the judge's clock cannot tell (calls too short for it, or no batch set
+    fits the memory left): LOW_CLAIM, or ``EvalConfig.confirm_above`` where that is higher."""
+    return max(confirm_above, LOW_CLAIM)
+
+
 def verdict(claim: float, wall: float, calls: str = "", walls: Walls | None = None, strict: bool = False,
-            precise: bool = True, above: bool = True) -> Confirmation:
-    """The worker's ``claim`` against the judge's ``wall`` speedup. A claim above ``EvalConfig.confirm_above``
-    stands where the judge measured at least AGREEMENT of it (or CONFIRMED_BY_ITSELF), else it is suspicious. A
-    ``strict`` one (in doubt: its reference ran slower beside the candidate than alone) stands where the judge
-    measured at least AGREEMENT of its gain; where the judge measured less but at least AGREEMENT of the claim,
-    the judge's figure stands (a claim inflated inside the worker, where the candidate runs, counts for no more
-    than the judge's clock saw); below that it is suspicious — all only where the judge's figure is ``precise``:
-    where it is not (calls of microseconds, call by call), a claim ``above`` confirm_above is judged as a
-    non-strict one, and one below it stands (as it did unmeasured). A precise claim of LOW_CLAIM or less is strict."""
-    strict = strict or (precise and claim <= LOW_CLAIM)
+            precise: bool = True, above: bool = True, upper: float | None = None) -> Confirmation:
+    """The worker's ``claim`` against the judge's ``wall`` speedup. A claim above LOW_CLAIM stands where the judge
+    measured at least AGREEMENT of it (or CONFIRMED_BY_ITSELF), else it is suspicious (but see ``upper``). A
+    precise claim of LOW_CLAIM or less, or a ``strict`` one (in doubt: its reference ran slower beside the candidate
+    than alone), is held to the judge's figure: it stands where the judge measured NEAR of it and at least
+    AGREEMENT of its gain (a claim of 2x or less inflated inside the worker, where the candidate runs, is no more
+    than the judge's clock saw, whose reference the candidate cannot slow: a spinner's 1.51x read 1.29x there);
+    where the judge measured less, the judge's figure stands — for a strict claim above LOW_CLAIM only down to
+    AGREEMENT of the claim, below which it is suspicious (again, see ``upper``). A claim of LOW_CLAIM or less is
+    never suspicious: its record is the judge's figure whatever it is, so flagging it would keep nothing of the
+    claim off the leaderboard.
+
+    ``wall`` is the judge's lower reading (:attr:`Reading.speedup`), ``upper`` its higher one: a claim is suspicious
+    only where both fall below AGREEMENT of it; where only the lower does, the lower is recorded. A busy host parts
+    the two readings (an honest 5.57x read 2.57x in pairs and 3.72x by its fastest rounds beside three spinning
+    processes, and was flagged), a cheat's claim is above both (80% of its time hidden: ~1x by either); and a
+    figure of record is never more than the lower one, so nothing the candidate can move is credited.
+
+    All only where the judge's figure is ``precise``: where it is not (calls of microseconds, call by call), a claim
+    ``above`` what stands unmeasured (:func:`unmeasured_bound`) is held to AGREEMENT of it, and one below it
+    stands."""
+    held = strict or (precise and claim <= LOW_CLAIM)  # held to the judge's figure, not to half of the claim
     how = f" ({calls})" if calls else ""
     confirmed = Confirmation(True, f"speedup confirmed by the judge's wall clock: {wall:.2f}x{how}", wall,
                              walls=walls, claim=claim)
-    if not strict or (not precise and above):
-        if wall >= min(AGREEMENT * claim, CONFIRMED_BY_ITSELF):
-            return confirmed
-    elif not precise:
+    if not precise and not above:
         return replace(confirmed, note=f"the judge's wall clock measured {wall:.2f}x, of calls too short for it to "
                                        f"tell: the worker's {claim:.2f}x stands{how}")
-    elif wall - 1.0 >= AGREEMENT * (claim - 1.0) or wall >= CONFIRMED_BY_ITSELF:
+    high = max(wall, upper) if upper is not None else wall
+    read = f"{wall:.2f}x to {high:.2f}x" if f"{high:.2f}" != f"{wall:.2f}" else f"only {wall:.2f}x"
+    if not held or not precise:
+        if wall >= min(AGREEMENT * claim, CONFIRMED_BY_ITSELF):
+            return confirmed
+        if precise and high >= AGREEMENT * claim:  # the readings part: the lower stands, not the claim
+            return Confirmation(True, f"the judge's wall clock read {read} of the worker's {claim:.2f}x: its "
+                                      f"figure stands, the lower{how}", wall, walls=walls, record=wall, claim=claim)
+    elif wall >= CONFIRMED_BY_ITSELF or (wall - 1.0 >= AGREEMENT * (claim - 1.0) and wall >= NEAR * claim):
         return confirmed
     elif wall >= AGREEMENT * claim:
         return Confirmation(True, f"the judge's wall clock bore out {wall:.2f}x of the worker's {claim:.2f}x: its "
                                   f"figure stands{how}", wall, walls=walls, record=wall, claim=claim)
+    elif claim <= LOW_CLAIM or high >= AGREEMENT * claim:  # the judge's figure is all it gets
+        return Confirmation(True, f"the judge's wall clock read {read} of the worker's {claim:.2f}x: its figure "
+                                  f"stands{how}", wall, walls=walls, record=wall, claim=claim)
     return Confirmation(False, f"suspicious: {claim:.2f}x by the worker's timing but {wall:.2f}x by the judge's "
                                f"wall clock{how}", wall, walls=walls, claim=claim)

@@ -15,7 +15,7 @@ when asked, with a hot spare on a GPU). For each candidate the service sends, th
 4. has the worker ``time`` it against the reference (its claim: events, the profile's streams and own kernels),
    and passes that claim through the claim stage's defences (:mod:`stark_ray.eval.judge.claim`: noise, own kernel,
    drift, ...);
-5. the last of them confirms a speedup above 2x with its own wall clock (:mod:`stark_ray.eval.judge.confirmation`);
+5. the last of them confirms every claimed gain with its own wall clock (:mod:`stark_ray.eval.judge.confirmation`);
 6. ends the candidate; a worker that tampered (its fingerprint changed), broke the protocol, modified inputs,
    memoised or was not confirmed never serves another candidate.
 """
@@ -40,7 +40,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.judge.claim import WORKER_FLAGS, Claim, Failed, judge_claim
-from stark_ray.eval.judge.confirmation import Confirmation, confirm
+from stark_ray.eval.judge.confirmation import Confirmation, confirm, unmeasured_bound
 from stark_ray.eval.judge.drift import Drift, DriftCheck, pace, reading, slower
 from stark_ray.eval.judge.memory import JudgeMemory
 from stark_ray.eval.judge.precision import Floor, float64_need, float64_too_slow, measure_floor, reduced
@@ -58,7 +58,7 @@ from stark_ray.eval.judge.trials import (
 )
 from stark_ray.eval.judge.verdicts import Decided, checked_answer, protocol_broken
 from stark_ray.eval.judge.worker_batch import LABEL, WorkerBatch
-from stark_ray.eval.measure.compare import TensorStub, Tolerances, compare_outputs, flatten_outputs, tensors_of
+from stark_ray.eval.measure.compare import TensorStub, compare_outputs, flatten_outputs, tensors_of
 from stark_ray.eval.measure.inputs import nbytes_of, same_values
 from stark_ray.eval.measure.kernel_times import describe, from_message
 from stark_ray.eval.measure.laps import Laps
@@ -74,6 +74,7 @@ from stark_ray.eval.measure.memory import (
     plan_for,
 )
 from stark_ray.eval.measure.noise import Measured, measured
+from stark_ray.eval.measure.tolerance import Tolerances
 from stark_ray.eval.proc.garbage import collect_after, collect_all
 from stark_ray.eval.proc.outcome import BUILDS_KEPT, build_time_out, limits_for, lost_result
 from stark_ray.eval.proc.phase_clock import PhaseClock
@@ -293,9 +294,14 @@ class Judge:
                            "spare_ready": self.worker.spare_ready()}, **extra}
 
     def _out_of_memory(self, req: WorkerRequest, e: BaseException) -> EvalResult:
-        self.worker.kill()  # what the worker holds goes back (a candidate may be what filled the device)
+        """The judge's own allocation failed (flag ``judge_memory``: the service evaluates the candidate again,
+        :data:`stark_ray.eval.service.MEMORY_AGAIN`). Whatever may have filled the device goes back first: the
+        worker (a candidate may be what filled it), the other tasks the judge keeps, its allocator's cache."""
+        self.worker.kill()
+        self._drop_oldest(0, keep=task_key(req.task_source, EvalConfig(**req.cfg).seed))
         release_cached(self.backend.device)
-        return EvalResult(compiled=req.mode == MODE_CANDIDATE, stage=STAGE_RUNTIME, flags=["out_of_memory"],
+        return EvalResult(compiled=req.mode == MODE_CANDIDATE, stage=STAGE_RUNTIME,
+                          flags=["out_of_memory", "judge_memory"],
                           error=f"the device ran out of memory while the judge ran the trials "
                                 f"({describe_exception(e)}); the worker was replaced")
 
@@ -732,7 +738,7 @@ class Judgement:
                 confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
                                        new_ms, self.tol, batch, None if room is None else room // share,
                                        earlier.walls if earlier is not None else None, strict,
-                                       above=speedup > self.cfg.confirm_above)
+                                       above=speedup > unmeasured_bound(self.cfg.confirm_above))
             except (torch.OutOfMemoryError, ExchangeError) as e:  # the judge's own batch: never the candidate's fault
                 if isinstance(e, ExchangeError) and "OUT_OF_MEMORY" not in str(e):
                     raise

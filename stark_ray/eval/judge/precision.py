@@ -31,9 +31,10 @@ from typing import Any
 
 import torch
 
-from stark_ray.eval.measure.compare import Tolerance, compare_outputs, flatten_outputs
+from stark_ray.eval.measure.compare import compare_outputs, flatten_outputs
 from stark_ray.eval.measure.inputs import nbytes_of
 from stark_ray.eval.measure.memory import GB, TRANSIENT_BYTES, param_bytes
+from stark_ray.eval.measure.tolerance import Tolerance
 
 FACTOR = 32.0  # a candidate's error above this many times the reference's own float32 error ...
 LEAST = 2.0 ** -17  # ... and above this normalized error (a float32 result that is exact: ReLU, max pooling)
@@ -157,14 +158,3 @@ def reduced(error: float | None, floor: Floor) -> str | None:
             f"is {times} the reference's own float32 error "
             f"against float64 ({floor.error:.2g}; the contract allows {FACTOR:g}x, at least {LEAST:.2g}): "
             "arithmetic of less precision than the task's (TF32, float16 or bfloat16) or an approximation")
-
-
-def precision_line(result: Any) -> str:
-    """The line the prompts show under the hardware for a task whose reference ``result`` states its math modes
-    ("" without them)."""
-    modes = getattr(result, "math_modes", None)
-    if not modes:
-        return ""
-    return (f"Precision: the reference computes in its own dtypes (math modes: {modes}); a candidate "
-            "whose error is far above the reference's own (TF32 or half-precision arithmetic on float32 data, an "
-            "approximation) is accepted where the tolerance allows it but flagged reduced_precision")

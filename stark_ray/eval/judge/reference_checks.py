@@ -10,8 +10,9 @@ import torch
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.judge.trials import JudgeTask, Trial
-from stark_ray.eval.measure.compare import Tolerances, compare_outputs, flatten_outputs, tensors_of
+from stark_ray.eval.measure.compare import compare_outputs, flatten_outputs, tensors_of
 from stark_ray.eval.measure.inputs import make_inputs, same_values, share_storage
+from stark_ray.eval.measure.tolerance import Tolerances
 from stark_ray.eval.tasks import TaskError
 
 ALLOWED_LEAVES = (torch.Tensor, bool, int, float, str, type(None))

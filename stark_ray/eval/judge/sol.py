@@ -337,16 +337,3 @@ def light_line(result: Any) -> str:
     return (f"Speed of light of this task on it: {result.sol_ms:.4f} ms, {result.sol_bound}-bound (the least time: "
             "its inputs, outputs and parameters moved once at the measured bandwidth, its matrix and convolution "
             "FLOPs at the peak; a runtime's share of it is how close it comes)")
-
-
-def reference_lines(result: Any, cfg: Any = None) -> str:
-    """What the prompts show under the hardware from a task's reference ``result``: its speed of light, the math
-    modes its figures were computed under (each where known) and, with the evaluation's ``cfg``, the tolerance
-    every output is held to."""
-    from stark_ray.eval.judge.precision import precision_line
-    from stark_ray.eval.measure.compare import Tolerances
-
-    tolerance = (f"Tolerance: every output against the reference's, element by element (|out - ref| <= atol + rtol "
-                 f"x |ref|) and as a whole (||out - ref|| / ||ref||), by its dtype: {Tolerances.of(cfg).describe()}"
-                 if cfg is not None else "")
-    return "\n".join(line for line in (light_line(result), precision_line(result), tolerance) if line)

@@ -33,9 +33,10 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.judge.input_key import input_key, trial_seed
 from stark_ray.eval.judge.perturbations import Blocks, Change, Inputs, Perturbation, change_in_place, random_source
-from stark_ray.eval.measure.compare import Tolerances, compare_outputs, flatten_outputs
+from stark_ray.eval.measure.compare import compare_outputs, flatten_outputs
 from stark_ray.eval.measure.inputs import clone_all, make_inputs, nbytes_of, trial_scale
 from stark_ray.eval.measure.memory import TRIAL_CACHE_BYTES, Footprint, Plan, param_bytes
+from stark_ray.eval.measure.tolerance import Tolerances
 from stark_ray.eval.tasks import BuiltReference, TaskError
 
 SENSITIVE_COUNTS = (2, 8, 64, 512)  # elements changed per floating input (the last one included)

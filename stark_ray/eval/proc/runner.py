@@ -21,6 +21,7 @@ import queue
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -131,12 +132,14 @@ class WorkerProcess:
         self._builds = 0  # build requests since the log was marked (one conversation)
         self._oom_kills: int | None = None  # the control group's out-of-memory kills when the log was marked
         self._ended_strays = 0  # a candidate's processes that ended with their worker since the last sweep
+        self._ending = threading.Lock()  # taken to end the serving process: it is ended once, whoever asks
         self.claims: list[str] = []  # a builder's word: the key of what it builds, said before its compiler runs
 
     # -- life cycle -------------------------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        proc = self._proc  # once: another thread may end it meanwhile
+        return proc is not None and proc.poll() is None
 
     @contextlib.contextmanager
     def stopped(self) -> Iterator[None]:
@@ -146,9 +149,10 @@ class WorkerProcess:
         first, not only after the request: a stopped process's work queued on a GPU runs on, in a CUDA context of
         its own, which ends with the process (the next :meth:`sweep` counts them)."""
         pids: set[int] = set()
+        proc = self._proc
         try:
-            if self._proc is not None and self.alive:
-                pids = freeze_tree(self._proc.pid)
+            if proc is not None and proc.poll() is None:
+                pids = freeze_tree(proc.pid)
                 self._ended_strays = self.sweep()  # (the earlier ones counted in) said by the request's own sweep
             yield
         finally:
@@ -169,8 +173,9 @@ class WorkerProcess:
         promoted = child is not None
         if child is None:
             child = self._spawn()
-        self._proc, self._queue, self._workdir, self._sock = child.proc, child.queue, child.workdir, child.sock
-        self._log_fd = child.log_fd
+        with self._ending:  # all of its fields at once: one ending it meanwhile sees all of them or none
+            self._proc, self._queue, self._workdir, self._sock = child.proc, child.queue, child.workdir, child.sock
+            self._log_fd = child.log_fd
         self._mark = 0
         self._oom_kills = oom_kills()  # a new process: earlier kills are not its
         self.starts += 1
@@ -178,7 +183,7 @@ class WorkerProcess:
         go = time.monotonic()
         deadline = go + self.start_timeout_s
         while True:
-            msg, dead = self._next(deadline)
+            msg, dead = next_message(child.proc, self._queue, deadline)
             if msg is not None and "hello" in msg:
                 self.hello = dict(msg["hello"])
                 phases = self.hello.get("start_phases")
@@ -250,13 +255,19 @@ class WorkerProcess:
         self._end_current(kill=False)
 
     def _end_current(self, kill: bool) -> None:
-        if self._proc is not None:
+        # one owner per process: a service closed under another thread's request ends it here while that thread may
+        # end it too; the second waits, then finds nothing left to end (its descriptors closed twice would close
+        # another's), and neither returns before the process is gone
+        with self._ending:
+            proc, workdir, sock, log_fd = self._proc, self._workdir, self._sock, self._log_fd
+            if proc is None:
+                return
             self._ended_strays += self._strays_below()  # they end with it: the next sweep says so
-            end_process(self._proc, self._workdir, kill, self._sock, self._log_fd)
-        self._proc = None
-        self._workdir = None
-        self._log_fd = -1
-        self._sock = None
+            self._proc = None
+            self._workdir = None
+            self._log_fd = -1
+            self._sock = None
+            end_process(proc, workdir, kill, sock, log_fd)
 
     def close(self) -> None:
         """End the serving worker and the spares."""
@@ -264,10 +275,6 @@ class WorkerProcess:
         self.spares.close()
 
     # -- requests ---------------------------------------------------------------------------------------------
-    def _next(self, deadline: float) -> tuple[dict[str, Any] | None, bool]:
-        """The next message before ``deadline``: (message or None, whether the worker is gone)."""
-        assert self._proc is not None
-        return next_message(self._proc, self._queue, deadline)
 
     def mark_log(self) -> None:
         """What the process prints from now on is the log of the next replies (a candidate's, say)."""
@@ -281,16 +288,16 @@ class WorkerProcess:
     def send(self, msg: dict[str, Any], fds: Sequence[int] = (), deadline: float | None = None) -> bool:
         """Write one message (and pass ``fds`` on the descriptor channel); False when the process is gone or does
         not read it before ``deadline`` (or SEND_TIMEOUT_S)."""
-        if not self.alive:
+        proc, sock = self._proc, self._sock  # once: another thread may end it meanwhile
+        if proc is None or proc.poll() is not None or proc.stdin is None:
             return False
-        assert self._proc is not None and self._proc.stdin is not None
         try:
             limit = time.monotonic() + SEND_TIMEOUT_S
-            write_all(self._proc.stdin.fileno(), (json.dumps(msg) + "\n").encode(), min(deadline or limit, limit))
+            write_all(proc.stdin.fileno(), (json.dumps(msg) + "\n").encode(), min(deadline or limit, limit))
             if fds:
-                if self._sock is None:
+                if sock is None:
                     raise OSError("no descriptor channel")
-                send_fds(self._sock, fds)
+                send_fds(sock, fds)
         except (OSError, TimeoutError):
             return False
         return True
@@ -298,20 +305,21 @@ class WorkerProcess:
     def await_reply(self, clock: PhaseClock) -> Reply:
         """The next message that is not a phase change (phase changes move ``clock`` on). When the process dies or
         the phase runs out of time (its stack is dumped first), it is killed and the Reply says so."""
-        assert self._proc is not None
+        proc = self._proc  # held here: another thread may end it (and clear the field) while this one waits
+        assert proc is not None
         while True:
-            msg, dead = self._next(clock.deadline)
+            msg, dead = next_message(proc, self._queue, clock.deadline)
             if dead:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._proc.wait(timeout=EXIT_GRACE_S)  # let it finish its log
-                reply = Reply(None, clock.phase, dead=True, returncode=self._proc.poll(), log=self.log_since_mark())
+                    proc.wait(timeout=EXIT_GRACE_S)  # let it finish its log
+                reply = Reply(None, clock.phase, dead=True, returncode=proc.poll(), log=self.log_since_mark())
                 now, before = oom_kills(), self._oom_kills
                 reply.oom_killed = (reply.returncode == -signal.SIGKILL and now is not None and before is not None
                                     and now > before)
                 self.kill()
                 return reply
             if msg is None:  # the phase ran out of time
-                dump_stack(self._proc, self.spec.isolate)
+                dump_stack(proc, self.spec.isolate)
                 reply = Reply(None, clock.phase, timed_out=True, log=self.log_since_mark())
                 self.kill()
                 return reply
@@ -369,9 +377,10 @@ class WorkerProcess:
         log = reply.log if reply.msg is None else self.log_since_mark()  # before the process (and its log) ends
         if reply.msg is not None:
             if not healthy:  # it said it will exit: give it a moment, then make sure
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    assert self._proc is not None
-                    self._proc.wait(timeout=EXIT_GRACE_S)
+                proc = self._proc
+                if proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=EXIT_GRACE_S)
                 self.kill()
             else:
                 self.served += 1

@@ -4,7 +4,7 @@ Nothing here decides whether a candidate is correct: the worker runs it on input
 outputs into the judge's slots (:mod:`stark_ray.eval.wire.exchange`); the judge compares them with reference outputs it
 computed itself (:mod:`stark_ray.eval.judge.judge`). What the worker measures — the interleaved timing of the candidate
 against its own copy of the reference, the profile of one call (its kernels, their streams) — the judge takes as
-the candidate's claim: a speedup above 2x is confirmed by the judge's own wall clock, and every claim here can
+the candidate's claim: every claimed gain is confirmed by the judge's own wall clock, and every claim here can
 only reject a candidate, never accept one.
 
 Per candidate the judge sends ``load``, one ``run`` per trial, ``time``, possibly ``stage``/``go`` (the confirmation),

@@ -19,7 +19,7 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import Backend
 from stark_ray.eval.diagnostics import describe_exception
-from stark_ray.eval.measure.compare import Tolerances, compare_outputs
+from stark_ray.eval.measure.compare import compare_outputs
 from stark_ray.eval.measure.inputs import clone_all
 from stark_ray.eval.measure.kernel_times import describe, kernel_times, to_message
 from stark_ray.eval.measure.laps import Laps
@@ -33,6 +33,7 @@ from stark_ray.eval.measure.timing import (
     leaves_work_behind,
     time_interleaved,
 )
+from stark_ray.eval.measure.tolerance import Tolerances
 from stark_ray.eval.tasks import TaskError
 from stark_ray.eval.worker.kernel_sources import library_compute, own_kernel_names
 from stark_ray.eval.worker.streams import profile_call
