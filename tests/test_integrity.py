@@ -340,9 +340,12 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
         assert not r.accepted and r.stage == STAGE_CORRECTNESS and "values differ" in (r.error or ""), (name, r.error)
     elif r.accepted:  # a busy host: the judge's figure stands (its readings parted, or a claim of 2x or less)
         # never the worker's claim: the judge's own figure, which is what its clock saw of a 1.0x matmul — on a
-        # loaded box once 2.17x (both readings: a Known limit of docs/evaluator.md), so no bound on it here
-        assert "its figure stands" in (r.notes or ""), r.notes
-        assert r.runtime_cv is None and r.speedup_err is None, r.notes  # the worker's figures all replaced
+        # loaded box once 2.17x (both readings: a Known limit of docs/evaluator.md), so no bound on it here; or a
+        # claim so noisy that it counts only as far as its interval shows (before any clock of the judge's)
+        capped = "a noisy gain counts as far as its interval shows" in (r.notes or "")
+        assert "its figure stands" in (r.notes or "") or capped, r.notes
+        if not capped:
+            assert r.runtime_cv is None and r.speedup_err is None, r.notes  # the worker's figures all replaced
     else:
         assert "suspicious" in r.flags and "judge's wall clock" in (r.error or ""), (name, r.flags, r.error)
         assert r.speedup is not None and r.speedup > 2  # what the patched clock made the worker believe

@@ -94,7 +94,8 @@ DEFENCES: tuple[Defence, ...] = (
             "a candidate correct through the trials and wrong once timed (a count of calls, a state the timed calls "
             "filled): one more trial of the judge's on fresh inputs after the timing"),
     Defence("noise", CLAIM, JUDGE,
-            "a speedup too noisy to trust: measured once more, the lower-speedup or steadier reading kept"),
+            "a speedup too noisy to trust: measured once more, the lower-speedup or steadier reading kept; a gain "
+            "still noisy counts only as far as its 95% interval shows (its low end, at least 1x)"),
     Defence("own_kernel", CLAIM, JUDGE,
             "a candidate that launched no kernel of its own, only library ops (`no_kernel`: off the leaderboard)"),
     Defence("large_speedup", CLAIM, JUDGE, "a speedup above 10x: flagged for a look (`large_speedup`)"),
