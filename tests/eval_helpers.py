@@ -14,3 +14,12 @@ def passed(r: EvalResult) -> bool:
     test's point. Tests about timing and its flags check ``ok`` and the flags themselves."""
     return (r.compiled and r.passed_checks and r.runtime_ms is not None
             and set(r.flags) & set(REJECTING_FLAGS) <= TIMING_NOISE_FLAGS)
+
+
+def ended(r: EvalResult) -> int:
+    """1 where the judge ended ``r``'s worker after it for a figure of record other than the worker's claim (the
+    judge's, or a noisy gain's low end: on a busy host, an honest candidate's too), else 0: a test that counts
+    worker starts counts these as well."""
+    from stark_ray.eval.judge.judge import WORKER_ENDED
+
+    return int(WORKER_ENDED in (r.log or ""))

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from eval_helpers import passed
+from eval_helpers import ended, passed
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.service import EvalService
@@ -116,7 +116,9 @@ def test_one_worker_serves_candidate_after_candidate(service: EvalService, task:
     starts = service.worker_starts
     results = service.evaluate_many(task, [GOOD, candidate("return x * self.s + self.t + 1.0"), GOOD])
     assert [r.stage for r in results] == [STAGE_OK, STAGE_CORRECTNESS, STAGE_OK]
-    assert service.worker_starts == starts  # no new process: the reference and the worker stayed warm
+    # no new process: the reference and the worker stayed warm (but for a busy host's figure of record for the
+    # first GOOD, not its claim, which ends its worker)
+    assert service.worker_starts == starts + ended(results[0])
     # each result carries the task's speed of light on this CPU (its 4096 floats in and out: memory-bound)
     good, wrong = results[0], results[1]
     assert good.sol_ms is not None and good.sol_ms > 0 and good.sol_bound == "memory" and good.runtime_ms
@@ -241,7 +243,8 @@ def test_a_crash_or_a_hang_replaces_the_worker_and_the_next_candidate_is_judged(
     hang = service.evaluate(task, candidate("while True: pass"))
     assert hang.stage == STAGE_TIMEOUT and (hang.error or "").startswith("timed out after 10 s while running the "
                                                                           "correctness trials")
-    assert passed(service.evaluate(task, GOOD)) and service.worker_starts == starts + 2
+    # (a busy host's figure of record for the first GOOD, not its claim, ends its worker too: a start more)
+    assert passed(service.evaluate(task, GOOD)) and service.worker_starts == starts + 2 + ended(after_crash)
 
 
 def test_a_noisy_timing_is_measured_again_and_said_to_be_noisy(service: EvalService, task: Task) -> None:
@@ -284,7 +287,8 @@ def test_a_candidate_that_patches_torch_is_rejected_and_its_worker_replaced(serv
                                                                            task: Task) -> None:
     # it makes every addition in the reference agree with its own (wrong) output by replacing torch.Tensor.add
     cheat = candidate("return x * self.s", prelude="torch.Tensor.__add__ = lambda a, b: a")
-    starts = service.worker_starts
+    live = service.evaluate(task, GOOD)  # a worker for the cheat (one more start where this one's is ended)
+    starts = service.worker_starts + ended(live)
     r = service.evaluate(task, cheat)
     assert not r.accepted and "tampered" in r.flags and "torch.Tensor.__add__" in (r.error or "")
     assert passed(service.evaluate(task, GOOD)) and service.worker_starts == starts + 1

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from eval_helpers import passed
+from eval_helpers import ended, passed
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.service import EvalService
@@ -311,8 +311,9 @@ def test_a_candidate_that_patches_the_process_is_rejected_as_tampering(
         service: EvalService, tasks: dict[str, Task], name: str, task: str, source: str) -> None:
     for timed in {task, "affine"}:  # their references alone timed first (a task's first candidate would, in a
         service.reference(tasks[timed])  # fresh worker, where this judge has not: a start more to count)
-    assert passed(judged(service, tasks["affine"], py(HONEST)))
-    starts = service.worker_starts
+    live = judged(service, tasks["affine"], py(HONEST))
+    assert passed(live)
+    starts = service.worker_starts + ended(live)  # a worker for the cheat: a start more where live's was ended
     r = judged(service, tasks[task], source)
     assert not r.accepted and "tampered" in r.flags, (name, r.stage, r.error)
     after = judged(service, tasks["affine"], py(HONEST))
@@ -332,8 +333,9 @@ def test_with_the_fingerprint_blinded_the_judge_still_decides(
     own clock saw; a claim not borne out either way ends the worker it patched (one recorded at the judge's 1.01x
     once left its patches to the next candidate, which then passed a same-address trial it fails)."""
     service.reference(tasks[task])
-    assert passed(judged(service, tasks["affine"], py(HONEST)))  # a live worker, which the cheat then gets
-    starts = service.worker_starts
+    live = judged(service, tasks["affine"], py(HONEST))  # a live worker, which the cheat then gets (or, where the
+    assert passed(live)  # judge ended live's for its figure of record, a fresh one: a start more)
+    starts = service.worker_starts + ended(live)
     r = judged(service, tasks[task], source)
     assert "tampered" not in r.flags, f"{name}: {r.stage} {r.flags} {r.error}\n{r.log}"
     if verdict == "correctness":
@@ -684,8 +686,10 @@ def test_an_answer_forged_on_the_workers_channel_is_never_a_success(shared_build
     # of the candidate's at runtime)
     assert r.sol_fraction is None and r.stage == "correctness" and "tampered" in r.flags, r
     assert passed(after), (after.stage, after.error)
-    assert starts == 1 and steady == 2  # one worker replaced, after the forged answer only
-    assert wrong.stage == "compile" and passed(last) and svc.worker_starts == 2, (wrong.error, last.error)
+    # one worker replaced, after the forged answer only (and after `after`, where a busy host's figure of record
+    # for it, not its claim, ended its worker)
+    assert starts == 1 and steady == 2 + ended(after)
+    assert wrong.stage == "compile" and passed(last) and svc.worker_starts == steady, (wrong.error, last.error)
 
 
 def candidate_without_model() -> str:

@@ -131,8 +131,9 @@ def noise(claim: Claim, ctx: Judging) -> list[Finding]:
         found.append(Finding(NOTE, f"noisy timing: the speedup is known to {interval(first.error)} only (95%; its "
                                    "pairs of calls vary that much: a busy host?)"))
         bound = shown_gain(first.speedup, first.error)
-        if bound < first.speedup:  # a claim not borne out as measured (the candidate's own noise, it may be: a
-            # thread it left spinning): its worker serves no other candidate
+        if bound < first.speedup:  # a figure of record other than the worker's claim (a candidate that blinded
+            # the worker's checks and made its own noise would otherwise leave its patches to the next): as a record
+            # of the judge's, its worker serves no other candidate
             claim.recycle = True
             found.append(Finding(CAP, f"a noisy gain counts as far as its interval shows: the {first.speedup:.2f}x "
                                       f"measured counts as {bound:.2f}x", speedup=bound, measured=True))

@@ -108,6 +108,8 @@ KEPT_TASKS = 32  # task references the judge keeps, as the worker does
 KEPT_CPU_BYTES = 4 << 30
 RESERVED_SHARE = 0.1  # after a candidate, cached blocks beyond this share of the device go back to it
 GB = 1e9
+# said in the log where a claim the judge did not bear out ended its worker (a warm one serves no more candidates)
+WORKER_ENDED = "its worker ended after it: a claim not borne out, no further candidate in that process"
 PINGS = 5  # round trips measured to a fresh worker (the least counts)
 AFTER_TRIAL_ROOM = 3.0  # the trial after the timing runs where the time limit leaves this many trials' time
 OOM_SHRINK = 4  # a confirmation batch that ran out of device memory is made again with a quarter of the room (twice)
@@ -657,6 +659,7 @@ class Judgement:
                           recycle=True) from None
         if claim.recycle:
             self.judge.worker.kill()  # its claim was not borne out: no further candidate in this process
+            claim.notes.append(WORKER_ENDED)
         log = [checks, *notes, *claim.notes, self.laps.line()]
         warnings = str(loaded.get("warnings") or "")
         if warnings:
