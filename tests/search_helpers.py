@@ -1,4 +1,4 @@
-"""Hand-built trees for the search tests."""
+"""Hand-built trees for the search tests, and a stand-in for a task's evaluator."""
 
 from __future__ import annotations
 
@@ -9,6 +9,29 @@ from stark_ray.search.tree import Tree
 def ok(runtime_ms: float, ref_ms: float = 10.0) -> EvalResult:
     return EvalResult(compiled=True, passed_checks=True, runtime_ms=runtime_ms, ref_runtime_ms=ref_ms,
                       speedup=ref_ms / runtime_ms, stage=STAGE_OK)
+
+
+class StandInEvaluator:
+    """A task's evaluator as the search drives it, answered in the test's process: the reference in 1 ms, every
+    candidate accepted at 2x. A test's stand-in overrides what it is about."""
+
+    def __enter__(self) -> StandInEvaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def reference(self) -> EvalResult:
+        return EvalResult(compiled=True, passed_checks=True, runtime_ms=1.0, stage=STAGE_OK)
+
+    def evaluate(self, source: str) -> EvalResult:
+        return ok(0.5, 1.0)
+
+    def hardware_description(self) -> str:
+        return "a stand-in"
+
+    def device_kind(self) -> str:
+        return "cpu"
 
 
 def bad(stage: str = STAGE_COMPILE) -> EvalResult:

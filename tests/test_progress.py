@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import TimeElapsedColumn
 from scripted_replies import SLOW, code_reply, plan_reply
-from search_helpers import add, reference_tree
+from search_helpers import StandInEvaluator, add, reference_tree
 
 from stark_ray.agents.base import AgentResult
 from stark_ray.cli.progress import CampaignReporter, RichReporter, best_of
@@ -128,20 +128,11 @@ class Watching(Reporter):
             assert self.changed.wait_for(lambda: any(d.doing == word for seen in self.seen for d in seen), 120), word
 
 
-class Stepping:
+class Stepping(StandInEvaluator):
     """An evaluator that says it is timing the candidate, and answers once the live view has shown that."""
 
     def __init__(self, reporter: Watching) -> None:
         self.reporter, self.doing = reporter, {}
-
-    def __enter__(self) -> Stepping:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def reference(self) -> EvalResult:
-        return EvalResult(compiled=True, passed_checks=True, runtime_ms=1.0, stage="ok")
 
     def activity(self) -> dict[str, tuple[str, float]]:
         return dict(self.doing)
@@ -150,14 +141,7 @@ class Stepping:
         self.doing = {source_digest(source): ("timing", 2.0)}
         self.reporter.wait_for("timing")
         self.doing = {}
-        return EvalResult(compiled=True, passed_checks=True, runtime_ms=0.5, ref_runtime_ms=1.0, speedup=2.0,
-                          stage="ok")
-
-    def hardware_description(self) -> str:
-        return "a stand-in"
-
-    def device_kind(self) -> str:
-        return "cpu"
+        return super().evaluate(source)
 
 
 def test_the_local_executor_shows_what_its_expansion_is_doing(tmp_path: Path) -> None:

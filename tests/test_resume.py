@@ -14,6 +14,7 @@ import duckdb
 import pytest
 import ray_replies
 from scripted_replies import SLOW, code_reply, plan_reply
+from search_helpers import StandInEvaluator
 
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
 from stark_ray.eval.tasks import TaskError, load_task
@@ -78,36 +79,23 @@ def test_a_resume_continues_the_same_search_further_and_refuses_other_changes(
         resumed(run_dir, budget=5)
 
 
-class Gated:
+class Gated(StandInEvaluator):
     """An evaluator for a resumed run whose reference answers only once the first agent call was made: a run that
     waits for the reference before its first call never gets one (the test's wait ends it)."""
 
     def __init__(self, asked: threading.Event, fails: bool = False) -> None:
         self.asked, self.fails, self.order = asked, fails, []
 
-    def __enter__(self) -> Gated:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
     def reference(self) -> EvalResult:
         assert self.asked.wait(120), "the resumed run waited for the reference before its first agent call"
         self.order.append("reference")
         if self.fails:
             raise TaskError("task 1_LeakyReluScale: its forward fails now")
-        return EvalResult(compiled=True, passed_checks=True, runtime_ms=1.0, stage="ok")
+        return super().reference()
 
     def evaluate(self, source: str) -> EvalResult:
         self.order.append("evaluate")
-        return EvalResult(compiled=True, passed_checks=True, runtime_ms=0.5, ref_runtime_ms=1.0, speedup=2.0,
-                          stage="ok")
-
-    def hardware_description(self) -> str:
-        return "a stand-in"
-
-    def device_kind(self) -> str:
-        return "cpu"
+        return super().evaluate(source)
 
 
 @pytest.mark.parametrize("fails", [False, True])

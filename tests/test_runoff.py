@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from scripted_replies import SLOW, code_reply, plan_reply
+from search_helpers import StandInEvaluator
 
 from stark_ray.analysis.views import connect
 from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
@@ -125,18 +126,12 @@ def test_a_local_run_holds_a_runoff_on_the_real_evaluator(tmp_path: Path, shared
     assert named == [(winner, on_disk["best_speedup"])]
 
 
-class StandIn:
+class StandIn(StandInEvaluator):
     """An evaluator whose every candidate is accepted at a speedup of its source's length, and which fails (as an
     evaluator of the machine fails) from its ``fail_after``-th evaluation on: a runoff that meets it."""
 
     def __init__(self, task: object, cfg: object, fail_after: int = 2, interrupt: bool = False) -> None:
         self.calls, self.fail_after, self.interrupt = 0, fail_after, interrupt
-
-    def __enter__(self) -> StandIn:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
     def reference(self) -> EvalResult:
         return ok(1.0)
@@ -148,12 +143,6 @@ class StandIn:
                 raise KeyboardInterrupt
             raise RuntimeError("the evaluator's worker could not start")
         return ok(1.0 + len(source) % 7 / 10)
-
-    def hardware_description(self) -> str:
-        return "a stand-in"
-
-    def device_kind(self) -> str:
-        return "cpu"
 
 
 @pytest.mark.parametrize("interrupt", [False, True])
