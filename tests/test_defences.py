@@ -176,6 +176,40 @@ def test_a_drifted_reference_makes_any_gain_go_to_the_judges_clock_strictly() ->
     assert not any(a.startswith("confirm") for a in undrifted.asked)  # under confirm_above 2, no drift: no clock
 
 
+def test_a_claim_in_doubt_is_held_to_the_references_time_in_the_judges_rounds() -> None:
+    """CI's spinner: its reference 1.46x slower beside it than alone, the judge's batch read 1.50x (the candidate's
+    calls there at half its worker's time), yet the judge's reference took 29.0 ms a call with the worker stopped
+    against the candidate's 30.06 ms in the worker: that is what counts. Not without a drift, nor where the
+    judge's figure is not precise (no time a call given), nor above the standing figure."""
+    spinner = Confirmation(True, "speedup confirmed by the judge's wall clock: 1.50x", 1.50, claim=1.46,
+                           ref_call_ms=29.0)
+    c = claim_of(1.46, ref_ms=43.92)
+    assert c.new_ms == pytest.approx(30.08, rel=1e-3)
+    judge_claim(c, Judging(drifted=Drift(30.07, "the reference ran at 43.92 ms beside this candidate"),
+                           confirmation=spinner), frozenset())
+    assert c.speedup == pytest.approx(29.0 / c.new_ms) and c.ref_ms == pytest.approx(29.0) and c.recycle
+    assert any(line.startswith("held to the reference's time now") for line in c.told), c.told
+    undoubted = claim_of(1.46, ref_ms=43.92)
+    judge_claim(undoubted, Judging(confirmation=spinner), frozenset())
+    assert undoubted.speedup == pytest.approx(1.46) and not undoubted.recycle
+    drifted = Drift(30.07, "slowed")
+    imprecise = claim_of(1.46, ref_ms=43.92)
+    judge_claim(imprecise, Judging(drifted=drifted, confirmation=Confirmation(True, "confirmed", 1.5, claim=1.46)),
+                frozenset())
+    assert imprecise.speedup == pytest.approx(1.46)
+    # an honest 3x whose reference drifted under load, its reference as fast in the judge's rounds: unchanged
+    honest = claim_of(3.0, ref_ms=3.0)
+    judge_claim(honest, Judging(drifted=drifted, confirmation=Confirmation(True, "confirmed", 2.9, claim=3.0,
+                                                                           ref_call_ms=3.2)), frozenset())
+    assert honest.speedup == pytest.approx(3.0) and not honest.recycle
+    # below the judge's own lower figure already: the record stands
+    recorded = claim_of(1.8, ref_ms=1.8)
+    judge_claim(recorded, Judging(drifted=drifted, confirmation=Confirmation(True, "its figure stands", 1.1,
+                                                                             record=1.1, claim=1.8,
+                                                                             ref_call_ms=1.5)), frozenset())
+    assert recorded.speedup == pytest.approx(1.1)
+
+
 def test_by_default_every_claimed_gain_goes_to_the_judges_clock() -> None:
     """A candidate that slows the reference in its own process (a spinning thread) was accepted at 1.52x on CI with
     no drift seen: its time alone had been measured under as much load. The judge's clock, where the reference runs

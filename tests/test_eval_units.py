@@ -863,6 +863,8 @@ def test_the_judges_batch_speedup_is_the_lower_of_its_fastest_rounds_and_its_rou
     assert honest.speedup == pytest.approx(2.0) and honest.note() == ""
     lone = read_walls(Walls([10 * ms, 30 * ms, 10 * ms], [5 * ms] * 3, [0.0] * 3, 8), 0.0)
     assert lone.fastest == pytest.approx(2.0) and lone.paired == pytest.approx(2.0)
+    # the reference's median round, the costs off (a claim in doubt is held to it a call: claim.py)
+    assert lone.ref_median_s == pytest.approx(10 * ms) and burst.ref_median_s == pytest.approx(8 * ms)
     # the fixed costs leave at least a fifth of a side's round (OVERHEAD_FLOOR), in both readings
     floor = read_walls(Walls([10 * ms] * 2, [10 * ms] * 2, [9.9 * ms] * 2, 8), 0.0)
     assert floor.speedup == pytest.approx(1.0)

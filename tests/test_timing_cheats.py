@@ -305,7 +305,9 @@ def service(shared_build_dir: str, task: Task) -> Iterator[EvalService]:
 def test_a_candidate_that_slows_the_reference_beside_it_gains_nothing_by_it(service: EvalService,
                                                                             task: Task) -> None:
     """Its claim (1.7-1.8x on a quiet 2-core box, and accepted so in session 24) has a reference that ran slower
-    beside it than alone: the judge measures it, and its own figure (about 1x) stands."""
+    beside it than alone: the judge measures it, and its own figure (about 1x) stands; and where the judge's batch
+    itself reads more (CI: 1.50x, then 2.08x), the reference's time in the judge's rounds against the candidate's
+    own holds it (0.97x)."""
     r = service.evaluate(task, SPINNER)
     assert not (r.accepted and r.speedup is not None and r.speedup > 1.4), f"{r.speedup}\n{r.log}"
     honest = service.evaluate(task, HONEST)

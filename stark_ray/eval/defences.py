@@ -101,7 +101,7 @@ DEFENCES: tuple[Defence, ...] = (
     Defence("large_speedup", CLAIM, JUDGE, "a speedup above 10x: flagged for a look (`large_speedup`)"),
     Defence("drift", CLAIM, JUDGE,
             "a reference slowed beside the candidate (a thread, queued work): its claim then measured by the judge, "
-            "strictly"),
+            "strictly, and held to the reference's time in the judge's rounds against the candidate's own"),
     Defence("confirmation", CLAIM, JUDGE,
             "a claim above `confirm_above` the judge's own wall clock does not bear out (its figure recorded, "
             "`suspicious` where neither reading comes to half a claim above 2x), or cannot measure (`unconfirmed`, "

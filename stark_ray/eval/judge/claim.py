@@ -200,7 +200,29 @@ def confirmation(claim: Claim, ctx: Judging) -> list[Finding]:
         # blinded, a cheat recorded at the judge's 1.01x left its patches to the next candidate, which passed a
         # same-address trial it fails): its worker serves no other candidate
         claim.recycle = True
+    if strict and c.confirmed:
+        found += held_to_the_reference_now(claim, c)
     return found
+
+
+def held_to_the_reference_now(claim: Claim, c: Confirmation) -> list[Finding]:
+    """A claim in doubt (its reference ran slower beside it than alone) counts for no more than the reference's time
+    now — a call in the judge's rounds, the worker stopped — against the candidate's own time in the worker: what
+    the drift check doubted is the reference's time beside the candidate, not the candidate's. Two readings must
+    bear the claim out then, not one: on a loaded CI box the judge's batches read a spinner (really 1.0x) at 1.50x,
+    the candidate's calls there at half the time the worker had timed them, while the judge's reference took 29.0
+    ms a call and the candidate 30.06 ms in the worker (0.97x)."""
+    ref = c.ref_call_ms
+    if ref is None or not math.isfinite(ref) or ref <= 0 or not claim.new_ms > 0:
+        return []
+    standing = min(claim.speedup, c.record) if c.record is not None else claim.speedup
+    bound = ref / claim.new_ms
+    if bound >= standing:
+        return []
+    claim.recycle = True  # a figure of record other than the worker's claim (see confirmation above)
+    return [Finding(CAP, f"held to the reference's time now: it took {ref:.4g} ms a call in the judge's rounds (the "
+                         f"worker stopped), the candidate {claim.new_ms:.4g} ms in the worker: {bound:.2f}x counts",
+                    speedup=bound, ref_ms=ref)]
 
 
 def speed_of_light(claim: Claim, ctx: Judging) -> list[Finding]:

@@ -108,6 +108,9 @@ class Confirmation:
     record: float | None = None  # the judge's speedup, where it stands instead of the worker's (bore out less)
     unfit: bool = False  # not measured: not one batch set fits the memory the budget leaves
     claim: float | None = None  # the worker's speedup
+    # the reference's time per call by the judge's clock (its rounds' median, the fixed costs off), with the worker
+    # stopped: where the judge's figure is precise; what a claim in doubt is held to (claim.confirmation)
+    ref_call_ms: float | None = None
 
     @property
     def settled(self) -> bool:
@@ -321,8 +324,10 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
              f"{1e3 * reading.overhead:.3g} ms writing, copying and summing and {1e3 * trip:.2g} ms the message round "
              f"trip){reading.note()}"
              + ("; each call after a seed of its own, alike on both sides" if task.draws_random else ""))
-    return verdict(event_speedup, reading.speedup, calls, walls, strict,
-                   precise=graph or reading.cand_s / k >= PRECISE_CALL_S, above=above, upper=reading.upper)
+    precise = graph or reading.cand_s / k >= PRECISE_CALL_S
+    found = verdict(event_speedup, reading.speedup, calls, walls, strict, precise=precise, above=above,
+                    upper=reading.upper)
+    return replace(found, ref_call_ms=1e3 * reading.ref_median_s / k) if precise else found
 
 
 @dataclass(frozen=True)
@@ -334,6 +339,7 @@ class Reading:
     ref_s: float  # the fastest reference round, the fixed costs off
     cand_s: float  # the fastest candidate round, the fixed costs and the round trip off
     paired: float  # the median over rounds of reference / candidate, each round's costs off alike
+    ref_median_s: float = math.nan  # the reference's median round, the fixed costs off
 
     @property
     def fastest(self) -> float:
@@ -374,7 +380,8 @@ def read_walls(walls: Walls, trip: float) -> Reading:
     ratios = [net_ref(r) / net_cand(c) if net_cand(c) > 0 else math.inf
               for r, c in zip(walls.ref, walls.cand, strict=True)]  # a round adds one of each
     return Reading(overhead, net_ref(min(walls.ref)), net_cand(min(walls.cand)),
-                   statistics.median(ratios) if ratios else math.inf)
+                   statistics.median(ratios) if ratios else math.inf,
+                   statistics.median(net_ref(r) for r in walls.ref) if walls.ref else math.nan)
 
 
 def unmeasured_bound(confirm_above: float) -> float:
