@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stark_ray.eval.proc.lifetime import become_subreaper, die_with_parent, reap
+from stark_ray.eval.proc.process_tree import session_nice
 from stark_ray.eval.wire.protocol import MODE_BUILD, STACK_DUMP_SIGNAL, WorkerRequest, result_to_message
 
 
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     if args.compile_only:
         os.nice(10)  # builds (and a spare's imports) yield the CPU to the device worker, which launches and times
+        session_nice(10)  # ... and the compilers it starts, its session's, to the worker's session
+    elif args.spare:
+        session_nice(SPARE_NICE)  # until it is told to go on (then back to 0: the worker's own weight)
     ctrl = _control_channel()
     faulthandler.enable(all_threads=True)
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)  # the parent asks for a stack before a kill
@@ -146,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
             send({"waiting": True})
             if sys.stdin.readline().strip() != "go":
                 os._exit(0)  # the parent closed it unused
+            if not args.compile_only:
+                session_nice(0)
             lap("spare_wait_s")
         host: CandidateHost | None = None
         if args.compile_only:
