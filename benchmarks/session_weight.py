@@ -1,9 +1,10 @@
 """What a spare's imports cost the worker that times beside it, at the session weight spares now wait at.
 
 Every evaluator process is a session of its own, and where Linux groups a session's threads for its scheduler
-(autogroups) a nice value set per process or thread weighs only within its session: a spare importing torch, or a
-compile process's builds, took as much of the CPU as the worker timing beside them. Spares and compile processes now
-lower their session's weight (``/proc/self/autogroup``, :func:`stark_ray.eval.proc.process_tree.session_nice`).
+(autogroups) a nice value set per process or thread weighs only within its session: a spare importing torch took
+as much of the CPU as the worker timing beside it. Spares now wait at a lower session weight (``/proc/self/autogroup``,
+:func:`stark_ray.eval.proc.process_tree.session_nice`), set back when promoted; compile processes keep theirs (a
+build's time counts against its candidate's limit).
 
 Here, in one run: a timer (its own session, torch's threads, a 512x1024 by 1024x1024 linear layer and GELU, the
 tests' ``3_LinearGelu``) times calls alone, then beside ``--importers`` processes that import torch over and over in

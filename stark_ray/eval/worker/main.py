@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     if args.compile_only:
         os.nice(10)  # builds (and a spare's imports) yield the CPU to the device worker, which launches and times
-        session_nice(10)  # ... and the compilers it starts, its session's, to the worker's session
+        # (within its session only: a build's time counts against its candidate's limit, so its session keeps the
+        # weight of any other, and a busy host's builds are not slowed further by the timing beside them)
     elif args.spare:
         session_nice(SPARE_NICE)  # until it is told to go on (then back to 0: the worker's own weight)
     ctrl = _control_channel()
