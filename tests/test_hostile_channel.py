@@ -142,3 +142,44 @@ except ImportError:
     assert passed(first), first.error
     second = service.evaluate(load_task(TASK), probe)
     assert passed(second), second.error
+
+
+def test_the_log_of_a_worker_ended_by_another_thread_is_never_another_files(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log is read through the parent's own descriptor; another thread ending the worker closes it, and the next
+    file opened may take its number: what is read is the worker's log or nothing, never that file's text (a key,
+    say). Here the other thread ends the worker in the middle of the read, and a file is opened after it."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from stark_ray.eval.proc import runner
+    from stark_ray.eval.proc.launch import WorkerSpec
+
+    worker = runner.WorkerProcess(WorkerSpec("cpu_cpp", str(tmp_path / "builds"), 1))
+    log = tmp_path / "worker.log"
+    log.write_text("a line of the worker's\n")
+    secret = tmp_path / "secret"
+    secret.write_text("OPENAI_API_KEY=sk-not-for-the-log\n")
+    worker._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+    worker._log_fd = os.open(log, os.O_RDONLY)
+    opened: list[int] = []
+    real = runner.read_log
+
+    def read_meanwhile(log_fd: int, offset: int) -> str:
+        ender = threading.Thread(target=worker.kill)
+        ender.start()
+        ender.join(timeout=2.0)  # where nothing holds it back, the log's descriptor is closed now ...
+        opened.append(os.open(secret, os.O_RDONLY))  # ... and this file takes its number
+        return real(log_fd, offset)
+
+    monkeypatch.setattr(runner, "read_log", read_meanwhile)
+    try:
+        text = worker.log_since_mark()
+    finally:
+        for fd in opened:
+            os.close(fd)
+        worker.kill()
+    assert "sk-not" not in text and text in ("", "a line of the worker's\n"), text
+    assert worker._proc is None

@@ -197,7 +197,8 @@ class WorkerProcess:
                     self.spares.top_up()
                 return self.hello
             if dead or time.monotonic() >= deadline:
-                log = read_log(self._log_fd, 0)
+                with self._ending:
+                    log = read_log(self._log_fd, 0) if self._log_fd >= 0 else ""
                 why = "timed out" if not dead else "exited"
                 self.kill()
                 if promoted:  # the spare could not take over: a fresh start (not another spare) says whether
@@ -278,12 +279,16 @@ class WorkerProcess:
 
     def mark_log(self) -> None:
         """What the process prints from now on is the log of the next replies (a candidate's, say)."""
-        self._mark = log_size(self._log_fd)
+        with self._ending:  # its descriptor is not closed meanwhile (see log_since_mark)
+            self._mark = log_size(self._log_fd)
         self._builds = 0
         self._oom_kills = oom_kills()  # a death with more of them since: the host's memory, said as such
 
     def log_since_mark(self) -> str:
-        return read_log(self._log_fd, self._mark)
+        """The log since :meth:`mark_log`; empty where the process was ended meanwhile. Read under the lock that ends
+        it: another thread ending it closes the descriptor, whose number the next file opened may take."""
+        with self._ending:
+            return read_log(self._log_fd, self._mark) if self._log_fd >= 0 else ""
 
     def send(self, msg: dict[str, Any], fds: Sequence[int] = (), deadline: float | None = None) -> bool:
         """Write one message (and pass ``fds`` on the descriptor channel); False when the process is gone or does
