@@ -109,7 +109,8 @@ class Confirmation:
     unfit: bool = False  # not measured: not one batch set fits the memory the budget leaves
     claim: float | None = None  # the worker's speedup
     # the reference's time per call by the judge's clock (its rounds' median, the fixed costs off), with the worker
-    # stopped: where the judge's figure is precise; what a claim in doubt is held to (claim.confirmation)
+    # stopped: where its batch ran call by call, calls long enough to tell; what a claim in doubt is held to
+    # (claim.held_to_the_reference_now)
     ref_call_ms: float | None = None
 
     @property
@@ -327,7 +328,9 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
     precise = graph or reading.cand_s / k >= PRECISE_CALL_S
     found = verdict(event_speedup, reading.speedup, calls, walls, strict, precise=precise, above=above,
                     upper=reading.upper)
-    return replace(found, ref_call_ms=1e3 * reading.ref_median_s / k) if precise else found
+    # call by call, as the worker times each call (a graph's replay runs the calls back to back, without the gaps
+    # and the flushed caches of the worker's calls: a time a call of another kind)
+    return replace(found, ref_call_ms=1e3 * reading.ref_median_s / k) if precise and not graph else found
 
 
 @dataclass(frozen=True)
