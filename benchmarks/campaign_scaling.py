@@ -18,6 +18,15 @@ KernelBench at its own sizes (issue 15's real campaign): ``--kernelbench DIR --s
 ``stark campaign --kernelbench`` names them; a task that cannot fit the budget is skipped with one line), with the
 same scripted replies (a task without a hand-written kernel gets its reference as ``ModelNew``: built, checked,
 timed, flagged ``no_kernel``), prints the evaluator's time per candidate and times ``stark report`` on the run.
+
+``--llm-latency S`` makes every scripted reply take S seconds (real models take 5-30 s); ``--max-in-flight N`` fixes
+the expansions in flight (default: derived as the run goes). ``--simulate S`` runs on any machine, the CPU too:
+each evaluator a stand-in device busy S seconds per candidate (:mod:`simulated_device`: it sleeps, one candidate at
+a time), with instant-style replies, so that ``--gpus 1 2 4 8`` measures whether the driver, the TreeMemory actor,
+the agents and the dispatch keep 8 devices fed: per configuration attempts/s, each device's busy share of the
+search loop and its idle gaps, and the speedup and efficiency against one device (goal at 8: 7.2x, 90%).
+
+    python benchmarks/campaign_scaling.py --simulate 1 --llm-latency 2 --gpus 1 2 4 8 --budget 6 --parallel 4
 """
 
 from __future__ import annotations
@@ -65,8 +74,6 @@ def idle(windows: list[tuple[float, float]], start: float, end: float) -> dict[s
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """One campaign in this process (called in a subprocess by :func:`main`)."""
     t0 = time.monotonic()
-    from kernel_replies import kernel_client
-
     from stark_ray.config import AgentConfig, EvalConfig, SearchConfig
     from stark_ray.eval.tasks import load_task
     from stark_ray.records import Node
@@ -78,12 +85,29 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         from stark_ray.eval import kernelbench
 
         tasks = kernelbench.load(kernelbench.select(args.kernelbench, levels=args.levels, subset=args.subset))
+    elif args.simulate is not None:  # the same small task, many times (the stand-ins never run it)
+        from orchestration import write_tasks
+
+        tasks = write_tasks(Path(args.out) / "tasks", args.sim_tasks)
     else:
         tasks = [load_task(Path(p)) for p in args.tasks]
     path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path}
+    sim_dir = Path(args.out) / "devices"
+    from kernel_replies import kernel_client
+
+    evaluator_cls, client_factory = None, partial(kernel_client, args.backend, args.llm_latency)
+    if args.simulate is not None:
+        import simulated_device as sim
+
+        sim_dir.mkdir(parents=True, exist_ok=True)
+        env |= {sim.DIR_ENV: str(sim_dir), sim.HOLD_ENV: str(args.simulate), sim.LATENCY_ENV: str(args.llm_latency)}
+        evaluator_cls, client_factory = sim.SimulatedDevice, sim.latent_client
     phases: dict[str, float] = {"imports_s": time.monotonic() - t0}
     t_ray = time.monotonic()
-    connect(None, runtime_env={"env_vars": {"PYTHONPATH": path}})  # what run_ray does for an embedded Ray, timed apart
+    # what run_ray does for an embedded Ray, timed apart; stand-in devices need no CPU of their own: Ray is told of
+    # enough for every evaluator and the agents
+    connect(None, runtime_env={"env_vars": env}, num_cpus=(args.one + 8) if args.simulate is not None else None)
     phases["ray_init_s"] = time.monotonic() - t_ray
     started_log: list[str] = []
     handler = logging.Handler()
@@ -101,11 +125,13 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         walls.append(time.time())
         dirs.append(run_dir)
 
+    backend = "cpu_cpp" if args.simulate is not None else args.backend
     summaries = run_ray(RayRun(tasks, SearchConfig(budget=args.budget, seed=args.seed, parallel=args.parallel),
-                               AgentConfig(), EvalConfig(backend=args.backend, memory_budget_gb=args.memory_budget),
-                               Path(args.out),
+                               AgentConfig(), EvalConfig(backend=backend, memory_budget_gb=args.memory_budget),
+                               Path(args.out) / "runs",
                                run_id=f"campaign-{args.one}gpu", evaluators=args.one,
-                               client_factory=partial(kernel_client, args.backend)),
+                               max_in_flight=args.max_in_flight, client_factory=client_factory,
+                               evaluator_cls=evaluator_cls),
                         on_started=on_started)
     end = time.monotonic()
     end_wall = time.time()
@@ -118,6 +144,13 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         if r["seq"] > 0 and r["recorded_at"] is not None and r["eval_s"]:
             done = r["recorded_at"].timestamp() if hasattr(r["recorded_at"], "timestamp") else r["recorded_at"]
             d["windows"].append((done - r["eval_s"], done))
+    if args.simulate is not None:  # each stand-in's own busy windows (the rows name a task's home evaluator)
+        import simulated_device as sim
+
+        per_device = defaultdict(lambda: {"evaluations": 0, "busy_s": 0.0, "windows": []})
+        for i, (_, windows) in enumerate(sim.busy_windows(sim_dir).items()):
+            per_device[f"device {i}"] = {"evaluations": len(windows), "busy_s": sum(b - a for a, b in windows),
+                                         "windows": windows}
     for d in per_device.values():
         d.update(idle(sorted(d.pop("windows")), walls[0], end_wall))
     return {
@@ -146,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", action="store_true", help="`stark report` on each run, timed")
     ap.add_argument("--keep", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--llm-latency", type=float, default=0.0, help="seconds each scripted reply takes")
+    ap.add_argument("--max-in-flight", type=int, default=None, help="expansions in flight (default: derived)")
+    ap.add_argument("--simulate", type=float, default=None, metavar="SECONDS",
+                    help="stand-in devices, each busy this long per candidate (any machine; see the docstring)")
+    ap.add_argument("--sim-tasks", type=int, default=16, help="tasks of a --simulate campaign")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child: run one configuration
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -154,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     what = (f"KernelBench {args.subset} levels {args.levels or 'all'}" if args.kernelbench
-            else f"{len(args.tasks)} tasks")
-    print(f"campaign scaling: {what}, budget {args.budget}, parallel {args.parallel}, "
-          f"backend {args.backend}, seed {args.seed}; configurations: {args.gpus} GPU(s)", flush=True)
+            else f"{args.sim_tasks} tasks, stand-in devices busy {args.simulate:g} s a candidate"
+            if args.simulate is not None else f"{len(args.tasks)} tasks")
+    print(f"campaign scaling: {what}, budget {args.budget}, parallel {args.parallel}, max in flight "
+          f"{args.max_in_flight or 'derived'}, LLM replies {args.llm_latency:g} s each, backend "
+          f"{'(stand-in)' if args.simulate is not None else args.backend}, seed {args.seed}; configurations: "
+          f"{args.gpus} device(s)", flush=True)
     results = []
     for n in args.gpus:
         out = Path(tempfile.mkdtemp(prefix=f"stark-scaling-{n}-"))
@@ -167,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--kernelbench", args.kernelbench, *(["--levels", *map(str, args.levels)] if args.levels else [])]
         if args.memory_budget is not None:
             cmd += ["--memory-budget", str(args.memory_budget)]
+        cmd += ["--llm-latency", str(args.llm_latency), "--sim-tasks", str(args.sim_tasks)]
+        if args.max_in_flight is not None:
+            cmd += ["--max-in-flight", str(args.max_in_flight)]
+        if args.simulate is not None:
+            cmd += ["--simulate", str(args.simulate)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
@@ -174,8 +220,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         res = json.loads(line[len("RESULT "):])
         results.append(res)
+        res["attempts_per_s"] = res["attempts"] / res["loop_s"] if res["loop_s"] > 0 else 0.0
+        busy = [d["busy_s"] / res["loop_s"] for d in res["devices"].values()] if res["loop_s"] > 0 else []
+        res["busy_share_mean"] = sum(busy) / len(busy) if busy else 0.0
         print(f"{n} GPU(s): wall {res['wall_s']:.1f} s (start {res['start_s']:.1f} s, search loop {res['loop_s']:.1f}"
-              f" s), {res['attempts']} attempts over {res['tasks']} tasks, {res['accepted']} accepted, "
+              f" s), {res['attempts']} attempts over {res['tasks']} tasks ({res['attempts_per_s']:.2f}/s in the "
+              f"loop), {res['accepted']} accepted, devices busy {res['busy_share_mean']:.0%} of the loop on average, "
               f"finished={res['finished']}", flush=True)
         print(f"    start: {res['phases']}; {'; '.join(res['driver_log'])}", flush=True)
         cand = res["candidate_s"]
@@ -209,6 +259,14 @@ def main(argv: list[str] | None = None) -> int:
         summary.update(ratio=ratio, loop_ratio=loop_ratio)
         print(f"two GPUs vs one: wall {ratio:.2f}x, search loop {loop_ratio:.2f}x (goal >= {GOAL}x: "
               f"{'met' if ratio >= GOAL else 'NOT met'})", flush=True)
+    if 1 in by_n:  # each configuration against one device: the search loop's attempts/s (the same attempts)
+        base = by_n[1]["attempts_per_s"]
+        for n, r in sorted(by_n.items()):
+            speedup = r["attempts_per_s"] / base if base > 0 else 0.0
+            r.update(speedup=speedup, efficiency=speedup / n)
+            print(f"{n} device(s): {speedup:.2f}x one device's attempts/s, efficiency {speedup / n:.0%} (goal 90%: "
+                  f"{'met' if speedup / n >= 0.9 else 'NOT met'}), devices busy {r['busy_share_mean']:.0%} (goal "
+                  f"90%)", flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return 0

@@ -14,6 +14,7 @@ Replies depend on the request alone, so agent tasks in any Ray worker agree. Wor
 
 from __future__ import annotations
 
+import time
 from functools import partial
 
 from candidates import FORMATS, render
@@ -50,6 +51,14 @@ def reply(request: LLMRequest, backend: str) -> str:
     return f"Here is the kernel.\n\n```python\n{kernel_source(request, backend)}```\n"
 
 
-def kernel_client(backend: str) -> ScriptedClient:
-    """A run's ``client_factory`` (bind the backend with functools.partial)."""
-    return ScriptedClient({}, model="scripted-kernels", default=partial(reply, backend=backend))
+def kernel_client(backend: str, latency_s: float = 0.0) -> ScriptedClient:
+    """A run's ``client_factory`` (bind the backend with functools.partial); each reply after ``latency_s``
+    seconds (real models take 5-30 s)."""
+    return ScriptedClient({}, model="scripted-kernels", default=partial(latent_reply, backend=backend,
+                                                                        latency_s=latency_s))
+
+
+def latent_reply(request: LLMRequest, backend: str, latency_s: float) -> str:
+    if latency_s > 0:
+        time.sleep(latency_s)
+    return reply(request, backend)
