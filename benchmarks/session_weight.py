@@ -1,14 +1,14 @@
-"""What a spare's imports cost the worker that times beside it, at the session weight spares now wait at.
+"""What a spare's imports cost the worker that times beside it, and what a lower session weight would save.
 
 Every evaluator process is a session of its own, and where Linux groups a session's threads for its scheduler
-(autogroups) a nice value set per process or thread weighs only within its session: a spare importing torch took
-as much of the CPU as the worker timing beside it. Spares now wait at a lower session weight (``/proc/self/autogroup``,
-:func:`stark_ray.eval.proc.process_tree.session_nice`), set back when promoted; compile processes keep theirs (a
-build's time counts against its candidate's limit).
+(autogroups) a nice value set per process or thread weighs only within its session: a spare importing torch (its
+imports in a thread niced by 10) takes as much of the CPU as the worker timing beside it. A session's own weight
+(``/proc/self/autogroup``) would make it yield; session 38 tried it for the spares and took it back (docs/evaluator.md,
+Known limits: a spare left at the low weight when it came to serve starved under load).
 
 Here, in one run: a timer (its own session, torch's threads, a 512x1024 by 1024x1024 linear layer and GELU, the
 tests' ``3_LinearGelu``) times calls alone, then beside ``--importers`` processes that import torch over and over in
-sessions of their own at nice 0 (as before) and at nice 10 (as now), the phases alternated ``--repeat`` times. It
+sessions of their own at nice 0 (what spares have) and at nice 10, the phases alternated ``--repeat`` times. It
 prints the timer's median call in each phase and its ratio to alone.
 
     python benchmarks/session_weight.py --importers 1 --seconds 6 --repeat 2

@@ -397,6 +397,16 @@ def test_a_batch_answered_before_its_outputs_are_final_is_flagged(tmp_path: Path
     assert honest.accepted and "suspicious" not in honest.flags, honest.error
 
 
+def until_spare_ready(svc: EvalService, task: Task, limit_s: float = 300.0) -> None:
+    """Until a spare has done its imports (a busy machine takes a while); the service hears of it with a request's
+    answer."""
+    deadline = time.monotonic() + limit_s
+    while not svc.worker_spare_ready and time.monotonic() < deadline:
+        time.sleep(3)
+        assert passed(svc.evaluate(task, GOOD))
+    assert svc.worker_spare_ready
+
+
 def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, shared_build_dir: str) -> None:
     """A device worker's spare (here on the CPU, switched on by hand) waits with its imports done; a restart
     promotes it instead of starting a process from nothing, and a new spare waits behind it."""
@@ -409,23 +419,14 @@ def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, sh
         assert passed(svc.evaluate(task, GOOD))
         fresh_s = svc.worker_start_phases["total_s"]
         assert svc.worker_promotions == 0
-        for _ in range(60):  # until the spare has done its imports (a busy machine takes a while)
-            if svc.worker_spare_ready:
-                break
-            time.sleep(1)
-            assert passed(svc.evaluate(task, GOOD))
-        assert svc.worker_spare_ready
+        until_spare_ready(svc, task)
         crash = svc.evaluate(task, candidate("import ctypes; return ctypes.string_at(0)"))
         assert crash.stage == STAGE_CRASH
         assert passed(svc.evaluate(task, GOOD))
         assert svc.worker_promotions == 1  # the spare serves now
         phases = svc.worker_start_phases
         assert "spare_wait_s" in phases and phases["promoted_s"] < 0.5 * fresh_s, (phases, fresh_s)
-        for _ in range(60):  # a new spare behind it
-            if svc.worker_spare_ready:
-                break
-            time.sleep(1)
-            assert passed(svc.evaluate(task, GOOD))
+        until_spare_ready(svc, task)  # a new spare behind it
         served = replace(cfg, worker_candidates=1)  # this candidate ends its process: the next one promotes the spare
         assert passed(svc.evaluate(task, GOOD, served))
         assert passed(svc.evaluate(task, GOOD)) and svc.worker_promotions == 2

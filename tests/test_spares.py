@@ -22,16 +22,14 @@ class Spawner:
     """Spawns spares, each ready (it says ``{"waiting": true}`` at once) or not (``slow``: it says nothing until its
     stdin ends, as one still importing), in the order of ``slow``; then ready ones."""
 
-    def __init__(self, slow: list[bool], first: str = "") -> None:
+    def __init__(self, slow: list[bool]) -> None:
         self.slow = list(slow)
-        self.first = first  # code each runs first (in a session of its own, as the evaluator's spares)
         self.spawned: list[Child] = []
 
     def __call__(self) -> Child:
         waits = "sys.stdin.read(); " if (self.slow.pop(0) if self.slow else False) else ""
-        code = f"import sys; {self.first}{waits}print('{{\"waiting\": true}}', flush=True); sys.stdin.readline()"
-        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                start_new_session=True)
+        code = f"import sys; {waits}print('{{\"waiting\": true}}', flush=True); sys.stdin.readline()"
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         q: queue.Queue[bytes | None] = queue.Queue()
         assert proc.stdout is not None
         threading.Thread(target=read_lines, args=(proc.stdout, q), daemon=True).start()
@@ -112,59 +110,3 @@ def test_worker_spares_is_a_whole_number_of_at_least_zero() -> None:
     for bad in (-1, True, 1.5, "2"):
         with pytest.raises(ValueError, match="worker_spares"):
             EvalConfig(worker_spares=bad)  # type: ignore[arg-type]
-
-
-AUTOGROUPS = Path("/proc/self/autogroup").exists()
-
-
-def session_weight(pid: int) -> int:
-    """The nice value of ``pid``'s session (its autogroup): "/autogroup-N nice V"."""
-    return int((Path("/proc") / str(pid) / "autogroup").read_text().split()[-1])
-
-
-@pytest.mark.skipif(not AUTOGROUPS, reason="this kernel groups no sessions for its scheduler")
-def test_a_spare_imports_at_a_lower_session_weight_and_serves_at_the_workers(tmp_path: Path) -> None:
-    """Every evaluator process is a session of its own, where a nice value per process weighs only within its
-    session: a spare's imports (a torch import, seconds of CPU) took as much of two cores as the worker timing
-    beside them. The real worker as a spare: its session at nice 10 from its start, and 0 once promoted — at once by
-    the judge's side where it is still importing (on a busy host, at nice 10, that may take minutes), else by the
-    worker itself when it reads its go."""
-    from stark_ray.eval.proc.child_process import end_process, spawn_child
-    from stark_ray.eval.proc.launch import WorkerSpec
-
-    spec = WorkerSpec("cpu_cpp", str(tmp_path / "builds"), 1)
-    spares = Spares(lambda: spawn_child(spec, spare=True), most=1)
-    try:
-        spares.top_up()
-        pid = spares.pids()[0]
-        deadline = time.monotonic() + 60
-        while session_weight(pid) != 10 and time.monotonic() < deadline:  # set as its main begins
-            time.sleep(0.05)
-        assert session_weight(pid) == 10
-        child, how = spares.promote(10.0)
-        assert child is not None and child.proc.pid == pid and how in ("spare", "unready")
-        if how == "unready":
-            assert session_weight(pid) == 0
-        deadline = time.monotonic() + 300
-        while b"hello" not in (child.queue.get(timeout=max(0.1, deadline - time.monotonic())) or b""):
-            pass
-        assert session_weight(pid) == 0
-    finally:
-        spares.close()
-        if "child" in locals() and child is not None:
-            end_process(child.proc, child.workdir, kill=True, sock=child.sock, log_fd=child.log_fd)
-    spawn = Spawner([True], first="open('/proc/self/autogroup', 'w').write('10'); ")
-    spares = Spares(spawn, most=1)
-    try:
-        spares.top_up()
-        pid = spawn.spawned[0].proc.pid
-        deadline = time.monotonic() + 30
-        while session_weight(pid) != 10 and time.monotonic() < deadline:  # its first line run
-            time.sleep(0.05)
-        child, how = spares.promote(5.0)
-        assert child is spawn.spawned[0] and how == "unready" and session_weight(pid) == 0
-    finally:
-        spares.close()
-        for c in spawn.spawned:
-            c.proc.kill()
-            c.proc.wait()

@@ -59,18 +59,6 @@ def children(pid: int) -> list[int]:
     return sorted(child for child, parent in parents().items() if parent == pid)
 
 
-def session_nice(value: int, pid: int | None = None) -> None:
-    """The CPU weight of the session of ``pid`` (None: this process), and of the sessions below it: its autogroup,
-    where Linux groups a session's threads for the scheduler. A nice value per thread or process weighs only against
-    the rest of its own session there, and every evaluator process is a session of its own (an isolated worker's
-    below its ``unshare``), so a spare's imports would otherwise take as much of the CPU as the worker that times
-    beside them: on two cores, one of them. Back to 0 needs no privilege; where the
-    kernel has no autogroups (or /proc cannot be written), nothing changes."""
-    for target in ("self",) if pid is None else (pid, *sorted(descendants(pid))):
-        with contextlib.suppress(OSError), open(PROC / str(target) / "autogroup", "w") as f:
-            f.write(str(value))
-
-
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)

@@ -125,7 +125,7 @@ class WorkerProcess:
         self._workdir: Path | None = None
         self._log_fd = -1
         self._sock: socket.socket | None = None
-        self.spares = Spares(lambda: self._spawn(spare=True), spares, None if spec.compile_only else 0)
+        self.spares = Spares(lambda: self._spawn(spare=True), spares)
         self._mark = 0  # log offset of the conversation in progress
         # serves the builds an isolated worker asks for (eval/build/builder.py): (request, seconds left) -> answer
         self.on_build: Callable[[dict[str, Any], float], dict[str, Any]] | None = None

@@ -16,15 +16,13 @@ import time
 from collections.abc import Callable
 
 from stark_ray.eval.proc.child_process import Child, end_process, wait_ready, write_all
-from stark_ray.eval.proc.process_tree import session_nice
 
 
 class Spares:
     """The spares of one worker, oldest first. Not thread-safe: its WorkerProcess's caller serializes."""
 
-    def __init__(self, spawn: Callable[[], Child], most: int, serve_nice: int | None = 0) -> None:
+    def __init__(self, spawn: Callable[[], Child], most: int) -> None:
         self._spawn = spawn
-        self.serve_nice = serve_nice  # its session's weight once promoted (None: as it waited: a compile process)
         self.most = max(0, most)
         self.wanted = min(1, self.most)  # grows by one at each start that found no spare ready
         self.misses = 0  # starts that found spares, none of them ready
@@ -61,8 +59,6 @@ class Spares:
         except (OSError, AssertionError, TimeoutError):
             _end(child)
             return None, "fresh"
-        if not ready and self.serve_nice is not None:  # its imports, at a spare's weight until it reads the go,
-            session_nice(self.serve_nice, child.proc.pid)  # go on at the worker's from now
         return child, "spare" if ready else "unready"
 
     def ready(self, timeout_s: float = 0.0) -> bool:

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stark_ray.eval.proc.lifetime import become_subreaper, die_with_parent, reap
-from stark_ray.eval.proc.process_tree import session_nice
 from stark_ray.eval.wire.protocol import MODE_BUILD, STACK_DUMP_SIGNAL, WorkerRequest, result_to_message
 
 
@@ -111,10 +110,6 @@ def main(argv: list[str] | None = None) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     if args.compile_only:
         os.nice(10)  # builds (and a spare's imports) yield the CPU to the device worker, which launches and times
-        # (within its session only: a build's time counts against its candidate's limit, so its session keeps the
-        # weight of any other, and a busy host's builds are not slowed further by the timing beside them)
-    elif args.spare:
-        session_nice(SPARE_NICE)  # until it is told to go on (then back to 0: the worker's own weight)
     ctrl = _control_channel()
     faulthandler.enable(all_threads=True)
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)  # the parent asks for a stack before a kill
@@ -151,8 +146,6 @@ def main(argv: list[str] | None = None) -> None:
             send({"waiting": True})
             if sys.stdin.readline().strip() != "go":
                 os._exit(0)  # the parent closed it unused
-            if not args.compile_only:
-                session_nice(0)
             lap("spare_wait_s")
         host: CandidateHost | None = None
         if args.compile_only:
