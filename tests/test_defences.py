@@ -202,6 +202,12 @@ def test_a_claim_in_doubt_is_held_to_the_references_time_in_the_judges_rounds() 
     judge_claim(honest, Judging(drifted=drifted, confirmation=Confirmation(True, "confirmed", 2.9, claim=3.0,
                                                                            ref_call_ms=3.2)), frozenset())
     assert honest.speedup == pytest.approx(3.0) and not honest.recycle
+    # after a noisy gain's cap (which moves the candidate's time of record): its measured time is what counts
+    capped = claim_of(1.6, error=0.06, ref_ms=1.6)  # counts as 1.41x by its interval
+    judge_claim(capped, Judging(time_left=False, drifted=drifted,
+                                confirmation=Confirmation(True, "confirmed", 1.5, claim=1.6, ref_call_ms=1.4)),
+                frozenset())
+    assert capped.speedup == pytest.approx(1.4), capped.notes
     # below the judge's own lower figure already: the record stands
     recorded = claim_of(1.8, ref_ms=1.8)
     judge_claim(recorded, Judging(drifted=drifted, confirmation=Confirmation(True, "its figure stands", 1.1,

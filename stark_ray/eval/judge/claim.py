@@ -212,16 +212,16 @@ def held_to_the_reference_now(claim: Claim, c: Confirmation) -> list[Finding]:
     bear the claim out then, not one: on a loaded CI box the judge's batches read a spinner (really 1.0x) at 1.50x,
     the candidate's calls there at half the time the worker had timed them, while the judge's reference took 29.0
     ms a call and the candidate 30.06 ms in the worker (0.97x)."""
-    ref = c.ref_call_ms
-    if ref is None or not math.isfinite(ref) or ref <= 0 or not claim.new_ms > 0:
+    ref, new = c.ref_call_ms, claim.timing.new_ms  # the candidate's time as measured (a cap before moves claim.new_ms)
+    if ref is None or not math.isfinite(ref) or ref <= 0 or not new > 0:
         return []
     standing = min(claim.speedup, c.record) if c.record is not None else claim.speedup
-    bound = ref / claim.new_ms
+    bound = ref / new
     if bound >= standing:
         return []
     claim.recycle = True  # a figure of record other than the worker's claim (see confirmation above)
     return [Finding(CAP, f"held to the reference's time now: it took {ref:.4g} ms a call in the judge's rounds (the "
-                         f"worker stopped), the candidate {claim.new_ms:.4g} ms in the worker: {bound:.2f}x counts",
+                         f"worker stopped), the candidate {new:.4g} ms in the worker: {bound:.2f}x counts",
                     speedup=bound, ref_ms=ref)]
 
 
