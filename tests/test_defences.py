@@ -208,6 +208,12 @@ def test_a_claim_in_doubt_is_held_to_the_references_time_in_the_judges_rounds() 
                                 confirmation=Confirmation(True, "confirmed", 1.5, claim=1.6, ref_call_ms=1.4)),
                 frozenset())
     assert capped.speedup == pytest.approx(1.4), capped.notes
+    # above 2x the judge's batch decides: under load the worker's calls run slower than the batch's (an honest fused
+    # kernel confirmed at 3.35x, 7.16 ms a call in the worker, its reference 12.31 ms in the judge's rounds)
+    fused = claim_of(3.35, ref_ms=3.35 * 7.156)
+    judge_claim(fused, Judging(drifted=drifted, confirmation=Confirmation(True, "confirmed", 3.35, claim=3.35,
+                                                                          ref_call_ms=12.31)), frozenset())
+    assert fused.speedup == pytest.approx(3.35) and not fused.recycle
     # below the judge's own lower figure already: the record stands
     recorded = claim_of(1.8, ref_ms=1.8)
     judge_claim(recorded, Judging(drifted=drifted, confirmation=Confirmation(True, "its figure stands", 1.1,
