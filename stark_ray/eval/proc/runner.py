@@ -197,8 +197,7 @@ class WorkerProcess:
                     self.spares.top_up()
                 return self.hello
             if dead or time.monotonic() >= deadline:
-                with self._ending:
-                    log = read_log(self._log_fd, 0) if self._log_fd >= 0 else ""
+                log = self._read_log(0)
                 why = "timed out" if not dead else "exited"
                 self.kill()
                 if promoted:  # the spare could not take over: a fresh start (not another spare) says whether
@@ -287,8 +286,11 @@ class WorkerProcess:
     def log_since_mark(self) -> str:
         """The log since :meth:`mark_log`; empty where the process was ended meanwhile. Read under the lock that ends
         it: another thread ending it closes the descriptor, whose number the next file opened may take."""
-        with self._ending:
-            return read_log(self._log_fd, self._mark) if self._log_fd >= 0 else ""
+        return self._read_log(self._mark)
+
+    def _read_log(self, offset: int) -> str:
+        with self._ending:  # its descriptor is not closed (and its number taken) meanwhile; closed: "" (read_log)
+            return read_log(self._log_fd, offset)
 
     def send(self, msg: dict[str, Any], fds: Sequence[int] = (), deadline: float | None = None) -> bool:
         """Write one message (and pass ``fds`` on the descriptor channel); False when the process is gone or does
