@@ -94,12 +94,11 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
     env = {"PYTHONPATH": path}
     sim_dir = Path(args.out) / "devices"
+    import simulated_device as sim
     from kernel_replies import kernel_client
 
     evaluator_cls, client_factory = None, partial(kernel_client, args.backend, args.llm_latency)
     if args.simulate is not None:
-        import simulated_device as sim
-
         sim_dir.mkdir(parents=True, exist_ok=True)
         env |= {sim.DIR_ENV: str(sim_dir), sim.HOLD_ENV: str(args.simulate), sim.LATENCY_ENV: str(args.llm_latency)}
         evaluator_cls, client_factory = sim.SimulatedDevice, sim.latent_client
@@ -145,12 +144,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             done = r["recorded_at"].timestamp() if hasattr(r["recorded_at"], "timestamp") else r["recorded_at"]
             d["windows"].append((done - r["eval_s"], done))
     if args.simulate is not None:  # each stand-in's own busy windows (the rows name a task's home evaluator)
-        import simulated_device as sim
-
-        per_device = defaultdict(lambda: {"evaluations": 0, "busy_s": 0.0, "windows": []})
-        for i, (_, windows) in enumerate(sim.busy_windows(sim_dir).items()):
-            per_device[f"device {i}"] = {"evaluations": len(windows), "busy_s": sum(b - a for a, b in windows),
-                                         "windows": windows}
+        per_device = {f"device {i}": {"evaluations": len(w), "busy_s": sum(b - a for a, b in w), "windows": w}
+                      for i, w in enumerate(sim.busy_windows(sim_dir).values())}
     for d in per_device.values():
         d.update(idle(sorted(d.pop("windows")), walls[0], end_wall))
     return {
