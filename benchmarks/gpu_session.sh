@@ -25,6 +25,8 @@
 #               processes; the attempts whose verdict the load changed (issue 42's goal: none on the GPU)
 #   confirm-cost eval_per_candidate.py on the GPU candidate set with confirm_above 2, then 1 (the default since
 #               session 35: every claimed gain measured by the judge's clock), compared: what that costs a candidate
+#   first-minutes first_minutes.py --busy 0 on the device machine's 16 cores (the `cpu_cpp` example task; issue 44's
+#               "quiet laptop": the dev box's 2 cores make the start CPU-bound)
 #   cassette    examples/cassettes/record_demo.py --backend cuda: the GPU demo's cassette recorded again on today's
 #               prompts (copied to $OUT: put it over examples/cassettes/ here); run it before tests-b, whose Ray test
 #               replays it and counts every prompt it does not hold
@@ -85,10 +87,11 @@ for s in "$@"; do
             --json $OUT/confirm2.json && python3 benchmarks/eval_per_candidate.py --confirm-above 1 --json \
             $OUT/confirm1.json && python3 benchmarks/eval_per_candidate.py --compare $OUT/confirm2.json \
             $OUT/confirm1.json" ;;
+        first-minutes) step first-minutes python3 benchmarks/first_minutes.py --executor local ray --busy 0 ;;
         cassette) step cassette python3 examples/cassettes/record_demo.py --backend cuda
             cp examples/cassettes/2_FusedSwishScaleClamp_cuda.jsonl "$OUT/" ;;
         *) echo "unknown step: $s (tests-a, tests-a2, tests-b, probes, sweep-rep, sweep-80, sweep-all, confirm-rep," \
-            "confirm-all, l2, lost, confirm-cost, cassette)" >&2; exit 2 ;;
+            "confirm-all, l2, lost, confirm-cost, first-minutes, cassette)" >&2; exit 2 ;;
     esac
 done
 cat "$OUT/steps.txt"

@@ -420,10 +420,14 @@ def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, sh
         fresh_s = svc.worker_start_phases["total_s"]
         assert svc.worker_promotions == 0
         until_spare_ready(svc, task)
+        # a spare waited beside every timing so far: each stopped while the CPU was timed (Judge.quiet)
+        stopped = svc.worker_spares_stopped
+        assert stopped >= 1
         crash = svc.evaluate(task, candidate("import ctypes; return ctypes.string_at(0)"))
         assert crash.stage == STAGE_CRASH
         assert passed(svc.evaluate(task, GOOD))
         assert svc.worker_promotions == 1  # the spare serves now
+        assert svc.worker_spares_stopped > stopped  # the new one behind it, stopped while this one was timed
         phases = svc.worker_start_phases
         assert "spare_wait_s" in phases and phases["promoted_s"] < 0.5 * fresh_s, (phases, fresh_s)
         until_spare_ready(svc, task)  # a new spare behind it

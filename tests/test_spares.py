@@ -4,7 +4,9 @@ them all. Real processes: small Python programs that say they wait (after a dela
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from stark_ray.eval.proc.child_process import Child, read_lines, wait_ready
+from stark_ray.eval.proc.process_tree import descendants
 from stark_ray.eval.proc.spares import Spares
 
 
@@ -110,3 +113,48 @@ def test_worker_spares_is_a_whole_number_of_at_least_zero() -> None:
     for bad in (-1, True, 1.5, "2"):
         with pytest.raises(ValueError, match="worker_spares"):
             EvalConfig(worker_spares=bad)  # type: ignore[arg-type]
+
+
+def _state_and_ticks(pid: int) -> tuple[str, int]:
+    """A process's state letter and its CPU ticks so far (user and system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+def test_paused_spares_and_what_they_started_take_no_cpu_until_let_go_on() -> None:
+    """A spare still importing (here: spinning, with a spinning process of its own below it, as an isolated spare's
+    worker runs below its ``unshare``) is stopped while the judge measures and goes on after."""
+    def spawn() -> Child:
+        code = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'while True: pass']); "
+                "print('{\"waiting\": true}', flush=True)\nwhile True: pass")
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        q: queue.Queue[bytes | None] = queue.Queue()
+        assert proc.stdout is not None
+        threading.Thread(target=read_lines, args=(proc.stdout, q), daemon=True).start()
+        return Child(proc, q, Path(tempfile.mkdtemp(prefix="stark-spare-test-")), time.monotonic())
+
+    spares = Spares(spawn, most=1)
+    spares.top_up()
+    [pid] = spares.pids()
+    try:
+        deadline = time.monotonic() + 30
+        while not descendants(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        below = descendants(pid)
+        assert below, "the spare started nothing"
+        pids = [pid, *below]
+        with spares.paused():
+            first = [_state_and_ticks(p) for p in pids]
+            time.sleep(0.5)
+            second = [_state_and_ticks(p) for p in pids]
+        assert all(state == "T" for state, _ in first + second), (first, second)
+        assert [t for _, t in first] == [t for _, t in second]  # a stopped process is given no CPU at all
+        assert spares.stopped == 1
+        deadline = time.monotonic() + 30
+        while any(_state_and_ticks(p)[0] == "T" for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_state_and_ticks(p)[0] != "T" for p in pids)  # let go on
+    finally:
+        for p in descendants(pid):
+            os.kill(p, signal.SIGKILL)
+        spares.close()

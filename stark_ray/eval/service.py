@@ -210,6 +210,7 @@ class EvalService:
         self.worker_start_phases: dict[str, Any] = {}  # where the current worker's start went
         self.worker_spare_ready = False  # a spare waited, its imports done, at the end of the last request
         self.worker_spares = (0, 0)  # the spares the worker keeps now, and the starts that found none ready
+        self.worker_spares_stopped = 0  # spares the judge has stopped while it measured (Judge.quiet), so far
         self._device_lock = threading.Lock()
         # where the candidate on the device is named while it is there (the Evaluator actor's: a restarted actor
         # reads it to tell which candidate its previous process died of); None: nowhere
@@ -285,6 +286,7 @@ class EvalService:
             self.worker_start_phases = dict(phases) if isinstance(phases, dict) else {}
             self.worker_spare_ready = bool(stats.get("spare_ready"))
             self.worker_spares = (int(stats.get("spares", 0)), int(stats.get("spare_misses", 0)))
+            self.worker_spares_stopped = int(stats.get("spares_stopped", 0))
         if outcome.extra.get("evaluator_error"):
             raise EvaluatorError(str(outcome.extra["evaluator_error"]))
         return outcome

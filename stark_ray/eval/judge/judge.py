@@ -292,6 +292,7 @@ class Judge:
         return {"result": asdict(result), "healthy": healthy,
                 "worker": {"starts": self.worker.starts, "promotions": self.worker.promotions,
                            "spares": self.worker.spares.wanted, "spare_misses": self.worker.spares.misses,
+                           "spares_stopped": self.worker.spares.stopped,
                            "start_phases": self.worker.hello.get("start_phases"),
                            "spare_ready": self.worker.spare_ready()}, **extra}
 
@@ -349,16 +350,18 @@ class Judge:
         laps = laps or Laps()
         if self.worker.alive and self.worker.served:
             self.worker.kill()
-        before = self.pace(task, cfg)
+        with self.quiet():
+            before = self.pace(task, cfg)
         laps.lap("pace/before")
-        if start := self.worker.start_lap():  # its start, said apart
+        if start := self.worker.start_lap():  # its start, said apart (a spare promoted, the next one started)
             laps.add(*start)
-        msg = self.step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source, "cfg": req.cfg},
-                         clock, label="while timing the reference")
-        laps.lap("timing")  # the reference's checks and timing in the worker
-        alone = msg.get("result", {}).get("runtime_ms") if isinstance(msg.get("result"), dict) else None
-        task.alone_ms, task.alone_min_ms = reading(alone), reading(msg.get("fastest_ms"))
-        after = self.pace(task, cfg)
+        with self.quiet():
+            msg = self.step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source,
+                                           "cfg": req.cfg}, clock, label="while timing the reference")
+            laps.lap("timing")  # the reference's checks and timing in the worker
+            alone = msg.get("result", {}).get("runtime_ms") if isinstance(msg.get("result"), dict) else None
+            task.alone_ms, task.alone_min_ms = reading(alone), reading(msg.get("fastest_ms"))
+            after = self.pace(task, cfg)
         laps.lap("pace/after")
         task.alone_pace_s = slower(before, after)  # a burst on the host around the alone timing shows in one
         return msg
@@ -399,6 +402,12 @@ class Judge:
             task.floors[key] = floor
         return floor
 
+    def quiet(self) -> AbstractContextManager[None]:
+        """The worker's spares stopped meanwhile (:meth:`Spares.paused`) where the CPU is what is timed: a spare's
+        imports beside a CPU timing slow its calls by a factor that changes as they go on. On a GPU they take one
+        core of many and no device time, and back-to-back starts (a sweep) need them ready."""
+        return self.worker.spares.paused() if self.backend.device == "cpu" else contextlib.nullcontext()
+
     def pace(self, task: JudgeTask, cfg: EvalConfig) -> float | None:
         """The judge's own pace of the reference (eval/judge/drift.py), the worker stopped meanwhile: under the memory
         budget less what the worker holds, and what it cached given back after."""
@@ -420,8 +429,10 @@ class Judge:
         started = time.perf_counter()
         held = torch.cuda.memory_allocated() if self.backend.device == "cuda" else None
         self.candidate_source = req.candidate_source
+        judgement = Judgement(self, task, req, cfg, clock)
         try:
-            result = Judgement(self, task, req, cfg, clock).evaluate()
+            with judgement.quiet:  # the spares stopped from the timing on (Judgement.evaluate), let go on here
+                result = judgement.evaluate()
             if self.worker.alive:  # it forgets the candidate; its fingerprint is checked once more
                 self.step(OP_END, {}, clock)
         except Decided as stop:
@@ -516,6 +527,7 @@ class Judgement:
         self.base: dict[str, Any] = {}  # what every result of this candidate says (its build, its errors)
         self.confirming = False  # the judge's clock was asked
         self.errors: dict[str, float] = {}  # the normalized error of each trial it passed, by the trial's label
+        self.quiet = contextlib.ExitStack()  # what the timing holds until the verdict (the spares stopped)
 
     def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
         return self.judge.step(op, payload, self.clock, fds, label)
@@ -600,6 +612,7 @@ class Judgement:
         per_trial_s = trials_s / max(1, self.cfg.trials + special)
 
         self.clock.enter(PHASE_TIME)
+        self.quiet.enter_context(self.judge.quiet())  # until the verdict: the worker's timing and the judge's rounds
         checks = (f"correct over {self.cfg.trials} trials and {special} more (blocks, sensitivity, same address) "
                   f"(max_abs_err {self.worst_abs:.3g}, rel_err {self.worst_rel:.3g})")
         base |= {"max_abs_err": self.worst_abs, "rel_err": self.worst_rel}

@@ -8,14 +8,21 @@ importing and waited for the rest of its start: the reference's step went from 1
 candidates, to 7.2 s. So the pool grows with the pace of requests: one spare at first, and one more, up to
 ``most``, each time a start found none ready. Each spare holds an interpreter in host memory (no device memory:
 it touches no device before it is promoted).
+
+While a measurement is taken the spares are stopped (:meth:`Spares.paused`): a spare importing torch beside a timing
+of the CPU slowed its calls 4.52x on a quiet 2-core host (``benchmarks/session_weight.py``; its imports' nice value
+weighs nothing across sessions), and it finishes its imports at no fixed point of the request, so the worker's
+timing and the judge's later rounds read the same calls at different speeds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from stark_ray.eval.proc.child_process import Child, end_process, wait_ready, write_all
+from stark_ray.eval.proc.process_tree import freeze_tree, thaw
 
 
 class Spares:
@@ -26,6 +33,7 @@ class Spares:
         self.most = max(0, most)
         self.wanted = min(1, self.most)  # grows by one at each start that found no spare ready
         self.misses = 0  # starts that found spares, none of them ready
+        self.stopped = 0  # spares stopped by :meth:`paused` so far (each time counted)
         self._waiting: list[Child] = []
 
     def top_up(self) -> None:
@@ -66,6 +74,22 @@ class Spares:
         if any(wait_ready(child, 0.0) for child in self._waiting):
             return True
         return bool(self._waiting) and timeout_s > 0 and wait_ready(self._waiting[0], timeout_s)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Every waiting spare, and whatever runs below it (an isolated one's ``unshare`` and the worker inside),
+        stopped (SIGSTOP) meanwhile and let go on after (SIGCONT): its imports take no CPU from a measurement. One
+        still importing is that much later ready; a judge killed meanwhile takes its stopped spares with it (they
+        die with their parent: :mod:`stark_ray.eval.proc.lifetime`)."""
+        stopped: set[int] = set()
+        try:
+            for child in self._waiting:
+                if child.proc.poll() is None:
+                    stopped |= freeze_tree(child.proc.pid)
+                    self.stopped += 1
+            yield
+        finally:
+            thaw(stopped)
 
     def pids(self) -> list[int]:
         return [child.proc.pid for child in self._waiting]
