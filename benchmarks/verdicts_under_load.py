@@ -87,7 +87,9 @@ def run(names: list[str], repeat: int, busy: int, build_dir: str) -> dict[str, l
                         r = service.evaluate(task, source)
                         row = {"verdict": sort(r), "speedup": r.speedup, "error": (r.error or "")[:300],
                                "notes": r.notes or "", "flags": list(r.flags or []),
-                               "eval_s": round(time.monotonic() - started, 2)}
+                               "eval_s": round(time.monotonic() - started, 2), "runtime_ms": r.runtime_ms,
+                               "ref_runtime_ms": r.ref_runtime_ms,
+                               "spares_stopped": getattr(service, "worker_spares_stopped", None)}
                         rows[name].append(row)
                         print(f"  pass {i + 1} {name}: {row['verdict']} "
                               f"{'' if r.speedup is None else f'{r.speedup:.2f}x'} ({row['eval_s']} s)", flush=True)
@@ -98,18 +100,27 @@ def run(names: list[str], repeat: int, busy: int, build_dir: str) -> dict[str, l
     return rows
 
 
+def spread(values: list[float]) -> str:
+    return f"{min(values):.3g}-{max(values):.3g}" if values else "-"
+
+
 def report(rows: dict[str, list[dict[str, Any]]]) -> None:
-    print(f"{'candidate':<14} {'claim':>6} {'judge':>6} {'suspicious':>11} {'failed':>7}  speedups of record")
+    print(f"{'candidate':<14} {'claim':>6} {'judge':>6} {'suspicious':>11} {'failed':>7}  speedups of record; "
+          f"the worker's ms a call, candidate / reference (lowest to highest)")
     for name, results in rows.items():
         counts = {k: sum(r["verdict"] == k for r in results) for k in ("claim", "judge", "suspicious")}
         failed = sum(r["verdict"].startswith("failed") for r in results)
         figures = sorted(r["speedup"] for r in results if r["speedup"] is not None and r["verdict"] != "suspicious")
         shown = ", ".join(f"{s:.2f}" for s in figures) or "-"
-        print(f"{name:<14} {counts['claim']:>6} {counts['judge']:>6} {counts['suspicious']:>11} {failed:>7}  {shown}")
+        times = "; ".join(spread([r[k] for r in results if r.get(k)]) for k in ("runtime_ms", "ref_runtime_ms"))
+        print(f"{name:<14} {counts['claim']:>6} {counts['judge']:>6} {counts['suspicious']:>11} {failed:>7}  {shown}; "
+              f"{times}")
     honest_flagged = sum(r["verdict"] == "suspicious" for n in HONEST if n in rows for r in rows[n])
     cheat_gain = [r["speedup"] for n, rs in rows.items() if n not in HONEST for r in rs
                   if r["verdict"] in ("claim", "judge") and r["speedup"] is not None and r["speedup"] > 1.2]
-    print(f"honest candidates flagged suspicious: {honest_flagged}; cheats recorded above 1.2x: {len(cheat_gain)}")
+    stopped = [r["spares_stopped"] for rs in rows.values() for r in rs if r.get("spares_stopped") is not None]
+    print(f"honest candidates flagged suspicious: {honest_flagged}; cheats recorded above 1.2x: {len(cheat_gain)}; "
+          f"spares stopped while measuring: {max(stopped) if stopped else 'not counted by this version'}")
 
 
 def main() -> int:
