@@ -68,10 +68,13 @@ def import_s() -> float:
 
 
 def reference_eval_s(run_dir: Path) -> float | None:
-    import duckdb
+    import pyarrow.compute as pc  # pyarrow, not duckdb: the GPU machine's image has one and not the other
+    import pyarrow.dataset as ds
 
-    rows = duckdb.sql(f"SELECT eval_s FROM '{run_dir}/attempts/*/*.parquet' WHERE seq = 0").fetchall()
-    return rows[0][0] if rows else None
+    rows = ds.dataset(sorted(run_dir.glob("attempts/*/*.parquet")), format="parquet").to_table(
+        columns=["seq", "eval_s"])
+    found = rows.filter(pc.equal(rows["seq"], 0))["eval_s"].to_pylist()
+    return found[0] if found else None
 
 
 def main() -> int:

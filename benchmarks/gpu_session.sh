@@ -26,7 +26,10 @@
 #   confirm-cost eval_per_candidate.py on the GPU candidate set with confirm_above 2, then 1 (the default since
 #               session 35: every claimed gain measured by the judge's clock), compared: what that costs a candidate
 #   first-minutes first_minutes.py --busy 0 on the device machine's 16 cores (the `cpu_cpp` example task; issue 44's
-#               "quiet laptop": the dev box's 2 cores make the start CPU-bound)
+#               "quiet laptop": the dev box's 2 cores make the start CPU-bound). The openai SDK needs pydantic, which
+#               the image lacks: put its wheels in .whl too (pip download --no-deps --only-binary=:all:
+#               --python-version 3.12 --platform manylinux2014_x86_64 -d .whl pydantic pydantic-core
+#               typing-inspection annotated-types; the carry stays under 64 MiB)
 #   cassette    examples/cassettes/record_demo.py --backend cuda: the GPU demo's cassette recorded again on today's
 #               prompts (copied to $OUT: put it over examples/cassettes/ here); run it before tests-b, whose Ray test
 #               replays it and counts every prompt it does not hold
