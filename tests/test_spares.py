@@ -4,6 +4,7 @@ them all. Real processes: small Python programs that say they wait (after a dela
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -144,6 +145,9 @@ def test_paused_spares_and_what_they_started_take_no_cpu_until_let_go_on() -> No
         assert below, "the spare started nothing"
         pids = [pid, *below]
         with spares.paused():
+            deadline = time.monotonic() + 30  # a stop takes effect when the process is next scheduled
+            while any(_state_and_ticks(p)[0] != "T" for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.05)
             first = [_state_and_ticks(p) for p in pids]
             time.sleep(0.5)
             second = [_state_and_ticks(p) for p in pids]
@@ -156,5 +160,45 @@ def test_paused_spares_and_what_they_started_take_no_cpu_until_let_go_on() -> No
         assert all(_state_and_ticks(p)[0] != "T" for p in pids)  # let go on
     finally:
         for p in descendants(pid):
-            os.kill(p, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
         spares.close()
+
+
+def test_a_spare_promoted_while_stopped_goes_on_and_the_span_leaves_the_others_to_their_own() -> None:
+    """A worker restarted inside a measurement promotes a spare the span stopped: it must run again before it is
+    told to go on (else the start waits out its whole limit); a span inside another stops and lets go of nothing
+    the outer one holds."""
+    spawn = Spawner([False, False])
+    spares = Spares(spawn, most=2)
+    spares.wanted = 2
+    spares.top_up()
+    try:
+        for child in spawn.spawned:
+            _until_ready(child)
+        with spares.paused():
+            assert all(_state(c.proc.pid) == "T" or _until_state(c.proc.pid, "T") for c in spawn.spawned)
+            with spares.paused():  # nested: nothing more stopped, nothing let go on when it ends
+                pass
+            assert all(_until_state(c.proc.pid, "T") for c in spawn.spawned)
+            child, how = spares.promote(5.0)
+            assert child is spawn.spawned[0] and how == "spare"
+            assert child.proc.wait(timeout=30) == 0  # running again: it read its "go" and ended (this spare's way)
+            assert _state(spawn.spawned[1].proc.pid) == "T"  # the other still stopped
+        assert _until_state(spawn.spawned[1].proc.pid, "S", "R")
+    finally:
+        spares.close()
+        for c in spawn.spawned:
+            c.proc.kill()
+            c.proc.wait()
+
+
+def _state(pid: int) -> str:
+    return _state_and_ticks(pid)[0]
+
+
+def _until_state(pid: int, *states: str) -> bool:
+    deadline = time.monotonic() + 30
+    while _state(pid) not in states and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _state(pid) in states

@@ -210,7 +210,7 @@ class EvalService:
         self.worker_start_phases: dict[str, Any] = {}  # where the current worker's start went
         self.worker_spare_ready = False  # a spare waited, its imports done, at the end of the last request
         self.worker_spares = (0, 0)  # the spares the worker keeps now, and the starts that found none ready
-        self.worker_spares_stopped = 0  # spares the judge has stopped while it measured (Judge.quiet), so far
+        self.worker_spares_stopped = 0  # spares the judge has stopped while it measured (Judge.spares_paused), so far
         self._device_lock = threading.Lock()
         # where the candidate on the device is named while it is there (the Evaluator actor's: a restarted actor
         # reads it to tell which candidate its previous process died of); None: nowhere

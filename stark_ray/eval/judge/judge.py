@@ -350,12 +350,12 @@ class Judge:
         laps = laps or Laps()
         if self.worker.alive and self.worker.served:
             self.worker.kill()
-        with self.quiet():
+        with self.spares_paused():
             before = self.pace(task, cfg)
         laps.lap("pace/before")
         if start := self.worker.start_lap():  # its start, said apart (a spare promoted, the next one started)
             laps.add(*start)
-        with self.quiet():
+        with self.spares_paused():
             msg = self.step(OP_REFERENCE, {"task_name": req.task_name, "task_source": req.task_source,
                                            "cfg": req.cfg}, clock, label="while timing the reference")
             laps.lap("timing")  # the reference's checks and timing in the worker
@@ -402,7 +402,7 @@ class Judge:
             task.floors[key] = floor
         return floor
 
-    def quiet(self) -> AbstractContextManager[None]:
+    def spares_paused(self) -> AbstractContextManager[None]:
         """The worker's spares stopped meanwhile (:meth:`Spares.paused`) where the CPU is what is timed: a spare's
         imports beside a CPU timing slow its calls by a factor that changes as they go on. On a GPU they take one
         core of many and no device time, and back-to-back starts (a sweep) need them ready."""
@@ -431,7 +431,7 @@ class Judge:
         self.candidate_source = req.candidate_source
         judgement = Judgement(self, task, req, cfg, clock)
         try:
-            with judgement.quiet:  # the spares stopped from the timing on (Judgement.evaluate), let go on here
+            with judgement.paused:  # the spares stopped from the timing on (Judgement.evaluate), let go on here
                 result = judgement.evaluate()
             if self.worker.alive:  # it forgets the candidate; its fingerprint is checked once more
                 self.step(OP_END, {}, clock)
@@ -527,7 +527,7 @@ class Judgement:
         self.base: dict[str, Any] = {}  # what every result of this candidate says (its build, its errors)
         self.confirming = False  # the judge's clock was asked
         self.errors: dict[str, float] = {}  # the normalized error of each trial it passed, by the trial's label
-        self.quiet = contextlib.ExitStack()  # what the timing holds until the verdict (the spares stopped)
+        self.paused = contextlib.ExitStack()  # what the timing holds until the verdict (the spares stopped)
 
     def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
         return self.judge.step(op, payload, self.clock, fds, label)
@@ -612,7 +612,7 @@ class Judgement:
         per_trial_s = trials_s / max(1, self.cfg.trials + special)
 
         self.clock.enter(PHASE_TIME)
-        self.quiet.enter_context(self.judge.quiet())  # until the verdict: the worker's timing and the judge's rounds
+        self.paused.enter_context(self.judge.spares_paused())  # to the verdict: the worker's timing, the judge's rounds
         checks = (f"correct over {self.cfg.trials} trials and {special} more (blocks, sensitivity, same address) "
                   f"(max_abs_err {self.worst_abs:.3g}, rel_err {self.worst_rel:.3g})")
         base |= {"max_abs_err": self.worst_abs, "rel_err": self.worst_rel}

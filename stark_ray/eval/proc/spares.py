@@ -35,6 +35,7 @@ class Spares:
         self.misses = 0  # starts that found spares, none of them ready
         self.stopped = 0  # spares stopped by :meth:`paused` so far (each time counted)
         self._waiting: list[Child] = []
+        self._frozen: dict[int, set[int]] = {}  # a spare stopped now (its pid) -> the pids stopped with it
 
     def top_up(self) -> None:
         """Start spares until ``wanted`` wait (those that died waiting are ended and replaced)."""
@@ -61,6 +62,7 @@ class Spares:
         child, ready = self.take()
         if child is None:
             return None, "fresh"
+        thaw(self._frozen.pop(child.proc.pid, set()))  # promoted while stopped (a restart inside :meth:`paused`)
         try:
             assert child.proc.stdin is not None
             write_all(child.proc.stdin.fileno(), b"go\n", time.monotonic() + send_timeout_s)
@@ -79,17 +81,23 @@ class Spares:
     def paused(self) -> Iterator[None]:
         """Every waiting spare, and whatever runs below it (an isolated one's ``unshare`` and the worker inside),
         stopped (SIGSTOP) meanwhile and let go on after (SIGCONT): its imports take no CPU from a measurement. One
-        still importing is that much later ready; a judge killed meanwhile takes its stopped spares with it (they
-        die with their parent: :mod:`stark_ray.eval.proc.lifetime`)."""
-        stopped: set[int] = set()
+        still importing is that much later ready; one promoted meanwhile (a worker restarted inside the span) goes on
+        first (:meth:`promote`); one started meanwhile is not stopped. A judge killed meanwhile takes its stopped
+        spares with it where they die with their parent (``setpriv --pdeathsig``, :mod:`stark_ray.eval.proc.lifetime`;
+        without it, a spare stopped before its own ``prctl`` outlives it until the service ends the judge's tree).
+        Spares already stopped by an enclosing span are left to it."""
+        mine: list[int] = []
         try:
             for child in self._waiting:
-                if child.proc.poll() is None:
-                    stopped |= freeze_tree(child.proc.pid)
+                pid = child.proc.pid
+                if pid not in self._frozen and child.proc.poll() is None:
+                    self._frozen[pid] = freeze_tree(pid)
+                    mine.append(pid)
                     self.stopped += 1
             yield
         finally:
-            thaw(stopped)
+            for pid in mine:
+                thaw(self._frozen.pop(pid, set()))
 
     def pids(self) -> list[int]:
         return [child.proc.pid for child in self._waiting]
