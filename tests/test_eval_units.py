@@ -6,6 +6,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -266,6 +267,24 @@ def test_leaves_work_behind_compares_the_gap_with_the_reference() -> None:
     # current stream) is not work left behind: one tight gap shows the call had none
     late = Timing(Stats.of([0.5, 0.5, 0.5]), Stats.of([0.51, 0.6, 0.6]))
     assert not leaves_work_behind(late, ref)
+
+
+def test_a_timing_keeps_each_timed_calls_host_time_and_counts_those_past_the_head_start() -> None:
+    """What the extra_stream note says of each side (its calls whose host side outlasted the head start): the
+    timed calls' host times are kept, the warm-up's are not."""
+    hosts = iter([0.5, 0.5, 0.01, 0.03, 0.02, 0.04, 0.03, 0.01])  # ms: two warm-up calls, then three rounds
+
+    class HostTimer:
+        head_us = 25.0
+
+        def __call__(self, fn: Callable[..., Any], args: list[Any]) -> Sample:
+            return Sample(1.0, 1.0, fn(*args), next(hosts))
+
+    ref_t, new_t = time_interleaved([lambda x: x, lambda x: x], [[torch.ones(2)]], HostTimer(), warmup=1, trials=3)
+    # the order rotates each round: the candidate first in the first timed round, the reference in the second
+    assert ref_t.hosts == (0.03, 0.02, 0.01) and new_t.hosts == (0.01, 0.04, 0.03)
+    assert ref_t.late == 1 and new_t.late == 2  # past 25 us: the reference's 0.03 ms, the candidate's 0.04, 0.03
+    assert Timing(Stats.of([1.0]), Stats.of([1.0])).late == 0  # no head start (a CPU timing): none
 
 
 def test_first_compiler_error_and_log() -> None:

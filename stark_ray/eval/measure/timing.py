@@ -239,6 +239,13 @@ class Timing:
     stats: Stats
     synced: Stats
     head_us: float | None = None  # GPU: the head start the calls were timed with
+    hosts: tuple[float, ...] = ()  # GPU: each timed call's host time to launch (until it returned), ms
+
+    @property
+    def late(self) -> int:
+        """Timed calls whose host side outlasted the head start (the device idle before the call's end was
+        recorded): their gaps do not include waking from the sync, the others' do."""
+        return sum(h * 1e3 > self.head_us for h in self.hosts) if self.head_us else 0
 
     @property
     def gap_ms(self) -> float:
@@ -310,6 +317,7 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
     ms: list[list[float]] = [[] for _ in fns]
     synced: list[list[float]] = [[] for _ in fns]
     launches: list[list[float]] = [[] for _ in fns]  # warm-up calls' host launch times (GPU)
+    hosts: list[list[float]] = [[] for _ in fns]  # the timed calls' (GPU)
     fit = getattr(timer, "fit_head_start", None)
     rotating = list(range(1, len(fns))) if check is not None else list(range(len(fns)))
     r, timed = 0, 0
@@ -342,6 +350,8 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
                 if not warming:
                     ms[i].append(sample.ms)
                     synced[i].append(sample.synced_ms)
+                    if sample.host_ms is not None:
+                        hosts[i].append(sample.host_ms)
                 elif sample.host_ms is not None:
                     launches[i].append(sample.host_ms)
                 del sample  # its output lives in outs only: dropped with the round (a 6 GB task's outputs)
@@ -363,7 +373,7 @@ def time_interleaved(fns: list[Callable[..., Any]], input_sets: list[list[Any]],
                     and all(median_error(m) <= precision for m in ms)):
                 break
     head = getattr(timer, "head_us", None)
-    return [Timing(Stats.of(m), Stats.of(s), head) for m, s in zip(ms, synced, strict=True)]
+    return [Timing(Stats.of(m), Stats.of(s), head, tuple(h)) for m, s, h in zip(ms, synced, hosts, strict=True)]
 
 
 _READERS = ("__iter__", "__getitem__", "__len__", "keys", "values", "items")

@@ -179,8 +179,9 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
     if head_start and leaves_work_behind(new_t, ref_t):
         flags.append("extra_stream")
         synced = True
-        notes.append(f"work left running after forward returned ({new_t.gap_ms:.3g} ms): both sides timed up "
-                     "to a device-wide sync")
+        notes.append(f"work left running after forward returned ({new_t.gap_ms:.3g} ms; the reference's "
+                     f"{ref_t.gap_ms:.3g} ms; calls whose host outlasted the {ref_t.head_us or 0:.0f} us head start: "
+                     f"{new_t.late} and {ref_t.late} of {new_t.stats.n}): both sides timed up to a device-wide sync")
     ref_stats, new_stats = (ref_t.synced, new_t.synced) if synced else (ref_t.stats, new_t.stats)
     if ref_t.head_us and ref_t.head_us > HEAD_START_US:
         notes.append(f"launch-bound: timed with a {ref_t.head_us:.0f} us head start (GPU time; launch "
