@@ -132,8 +132,13 @@ class JudgeMemory:
         return CONTEXTS_BYTES + torch.cuda.memory_reserved() + shared_bytes() + self.worker_held()
 
     def room(self) -> int | None:
-        """What the budget leaves now beside what is held (None without a budget)."""
-        return max(0, self.budget - self._held()) if self.budget else None
+        """What the budget leaves now beside what is held (None without a budget). Cached blocks are not held: they
+        go back to the device first (the confirmation's batch is made of shared buffers, outside torch's
+        allocator, which could not reuse them; a forward's workspaces can leave GBs cached)."""
+        if not self.budget:
+            return None
+        give_back_cached()
+        return max(0, self.budget - self._held())
 
     def room_for_shared(self, nbytes: int) -> None:
         """torch.OutOfMemoryError where ``nbytes`` more of shared buffers would not fit in the budget (they are made
