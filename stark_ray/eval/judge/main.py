@@ -21,13 +21,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from stark_ray.eval.backends import get_backend
+# only what starting the worker needs, here: torch and the judge's own modules are imported once the worker's start
+# is under way (``main``), so that the two processes' imports overlap (about a second each)
 from stark_ray.eval.build.builder import serve_build
-from stark_ray.eval.judge.judge import Judge
-from stark_ray.eval.judge.sol import device_peaks
-from stark_ray.eval.proc.garbage import collect
 from stark_ray.eval.proc.launch import WorkerSpec
 from stark_ray.eval.proc.lifetime import become_subreaper, die_with_parent
 from stark_ray.eval.proc.runner import WorkerProcess
@@ -89,6 +85,14 @@ def main(argv: list[str] | None = None) -> None:
     starter = threading.Thread(target=start_worker, name="stark-worker-start", daemon=True)
     starter.start()
     try:
+        import torch
+
+        from stark_ray.eval.backends import get_backend
+        from stark_ray.eval.judge.judge import Judge
+        from stark_ray.eval.judge.sol import device_peaks
+        from stark_ray.eval.proc.garbage import collect
+
+        lap("judge_imports_s")
         backend = get_backend(args.backend)
         backend.prepare_judge(args.threads)
         torch.set_grad_enabled(False)
