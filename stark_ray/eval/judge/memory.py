@@ -143,13 +143,10 @@ class JudgeMemory:
     def room_for_shared(self, nbytes: int) -> None:
         """torch.OutOfMemoryError where ``nbytes`` more of shared buffers would not fit in the budget (they are made
         outside torch's allocator, which the caps hold)."""
-        if not self.budget:
-            return
-        give_back_cached()  # cached blocks are not held: a forward's workspaces (cuDNN's) can leave GBs cached
-        held = self._held()
-        if held + nbytes > self.budget:
+        room = self.room()
+        if room is not None and nbytes > room:
             raise torch.OutOfMemoryError(f"the trial's shared buffers ({nbytes / GB:.2f} GB) do not fit in the memory "
-                                         f"budget of {self.budget / GB:.1f} GB ({held / GB:.2f} GB held)")
+                                         f"budget of {self.budget / GB:.1f} GB ({room / GB:.2f} GB left)")
 
     def fields(self, op: str) -> dict[str, Any]:
         """What a step tells the worker of memory: its cap (the budget less the judge's memory, cached blocks given
