@@ -32,6 +32,7 @@ from stark_ray.eval.measure.timing import (
     Stats,
     Timing,
     TimingMismatch,
+    gap_over_reference,
     leaves_work_behind,
     make_input_sets,
     median_error,
@@ -258,15 +259,45 @@ def test_timing_rechecks_cheaply_but_not_a_buffer_that_stopped_changing() -> Non
         time_interleaved([lambda x: x * 2, lazy], sets, CpuTimer(), warmup=0, trials=12, check=check)
 
 
+def _gapped(ms: list[float], gaps: list[float], hosts: tuple[float, ...] = (), head_us: float | None = None) -> Timing:
+    return Timing(Stats.of(ms), Stats.of([m + g for m, g in zip(ms, gaps, strict=True)]), head_us, hosts)
+
+
 def test_leaves_work_behind_compares_the_gap_with_the_reference() -> None:
-    ref = Timing(Stats.of([1.0, 1.0]), Stats.of([1.01, 1.01]))
-    tight = Timing(Stats.of([0.5, 0.5]), Stats.of([0.51, 0.51]))
-    behind = Timing(Stats.of([0.1, 0.1]), Stats.of([0.9, 0.9]))
+    ref = _gapped([1.0, 1.0], [0.01, 0.01])
+    tight = _gapped([0.5, 0.5], [0.01, 0.01])
+    behind = _gapped([0.1, 0.1], [0.8, 0.8])
     assert not leaves_work_behind(tight, ref) and leaves_work_behind(behind, ref)
-    # a busy host waking late from most syncs (seen on an H200: a median gap of 0.022 ms for a kernel on the
-    # current stream) is not work left behind: one tight gap shows the call had none
-    late = Timing(Stats.of([0.5, 0.5, 0.5]), Stats.of([0.51, 0.6, 0.6]))
-    assert not leaves_work_behind(late, ref)
+
+
+def test_a_stretch_of_a_busy_host_lengthening_both_sides_gaps_is_not_work_left_behind() -> None:
+    """Seen on an H100 (a one-kernel candidate against its launch-bound reference, one stream each, a noisy run):
+    the candidate's shortest gap 0.0237 ms against the reference's 0.0186 ms. Round by round the two sides' gaps move
+    together (their calls run back to back); the shortest of each fell in different rounds."""
+    ref_gaps = [0.0186] + [0.026] * 19 + [0.045] * 20
+    cand_gaps = [0.027] + [0.0237] * 19 + [0.044] * 20
+    ref, cand = _gapped([0.125] * 40, ref_gaps), _gapped([0.062] * 40, cand_gaps)
+    assert cand.gap_ms - ref.gap_ms > 0.004  # what the shortest gaps said
+    assert abs(gap_over_reference(cand, ref)) < 0.004 and not leaves_work_behind(cand, ref)
+
+
+def test_work_left_behind_by_all_calls_but_one_is_found() -> None:
+    """One clean call made the shortest gaps equal; the rounds say the other 39 calls left 0.03 ms running."""
+    ref = _gapped([0.125] * 40, [0.02] * 40)
+    cand = _gapped([0.03] * 40, [0.02] + [0.05] * 39)
+    assert cand.gap_ms == pytest.approx(ref.gap_ms)
+    assert leaves_work_behind(cand, ref)
+    assert gap_over_reference(cand, ref) == pytest.approx(0.03)
+
+
+def test_rounds_where_a_host_outlasted_the_head_start_are_left_out_of_the_gaps() -> None:
+    """A call whose host launched past the head start finds the device idle at its sync (no wake in its gap): its
+    round does not compare like with like. A reference late in most rounds made the candidate look slow to idle."""
+    ref = _gapped([0.125] * 10, [0.001] * 6 + [0.02] * 4, hosts=(0.9,) * 6 + (0.2,) * 4, head_us=600.0)
+    cand = _gapped([0.03] * 10, [0.02] * 10, hosts=(0.02,) * 10, head_us=600.0)
+    assert ref.late == 6
+    assert not leaves_work_behind(cand, ref)
+    assert leaves_work_behind(cand, _gapped([0.125] * 10, [0.001] * 6 + [0.02] * 4))  # the same, hosts unknown
 
 
 def test_a_timing_keeps_each_timed_calls_host_time_and_counts_those_past_the_head_start() -> None:

@@ -30,6 +30,7 @@ from stark_ray.eval.measure.timing import (
     OddOutput,
     Stats,
     TimingMismatch,
+    gap_over_reference,
     leaves_work_behind,
     time_interleaved,
 )
@@ -179,9 +180,11 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
     if head_start and leaves_work_behind(new_t, ref_t):
         flags.append("extra_stream")
         synced = True
-        notes.append(f"work left running after forward returned ({new_t.gap_ms:.3g} ms; the reference's "
-                     f"{ref_t.gap_ms:.3g} ms; calls whose host outlasted the {ref_t.head_us or 0:.0f} us head start: "
-                     f"{new_t.late} and {ref_t.late} of {new_t.stats.n}): both sides timed up to a device-wide sync")
+        notes.append(f"work left running after forward returned ({1e3 * gap_over_reference(new_t, ref_t):.3g} us "
+                     f"longer to the device idle than the reference's calls, round by round (median); shortest gaps "
+                     f"{new_t.gap_ms:.3g} and {ref_t.gap_ms:.3g} ms; calls whose host outlasted the "
+                     f"{ref_t.head_us or 0:.0f} us head start: {new_t.late} and {ref_t.late} of {new_t.stats.n}): "
+                     "both sides timed up to a device-wide sync")
     ref_stats, new_stats = (ref_t.synced, new_t.synced) if synced else (ref_t.stats, new_t.stats)
     if ref_t.head_us and ref_t.head_us > HEAD_START_US:
         notes.append(f"launch-bound: timed with a {ref_t.head_us:.0f} us head start (GPU time; launch "
