@@ -19,7 +19,9 @@
 #   sweep-all   kernelbench_sweep.py --budget default, every task, resumable
 #   confirm-rep kernelbench_sweep.py --confirm (every candidate through the judge's confirmation, the path a fast
 #               kernel takes), the representative subset, default budget and 40 GB (issue 41, part 1)
+#   confirm-again confirm-rep once more for the rows that were not ok (unconfirmed, out of memory), then the rest
 #   confirm-all the same, every task, default, 40 and 80 GB, resumable
+#   sync-gap    sync_gap.py --busy 8: the extra_stream check's gaps for one-stream functions and a side stream
 #   l2          l2_persisting.py: a persisting-L2 set-aside against the flush, with and without the reset
 #   lost        attempts_lost.py on the GPU demo's cassette: its recorded search replayed quiet and beside 16 busy
 #               processes; the attempts whose verdict the load changed (issue 42's goal: none on the GPU)
@@ -81,6 +83,9 @@ for s in "$@"; do
         sweep-all) sweep sweep-all --budget default ;;
         confirm-rep) CSV=benchmarks/results/kernelbench_confirm.csv sweep confirm-rep --subset representative \
             --budget default 40 --confirm ;;
+        confirm-again) CSV=benchmarks/results/kernelbench_confirm.csv sweep confirm-again --subset representative \
+            --budget default 40 --confirm --retry-failed ;;
+        sync-gap) step sync-gap python3 benchmarks/sync_gap.py --busy 8 ;;
         confirm-all) CSV=benchmarks/results/kernelbench_confirm.csv sweep confirm-all --budget default 40 80 \
             --confirm ;;
         l2) step l2 python3 benchmarks/l2_persisting.py --json "$OUT/l2.json" ;;
@@ -94,7 +99,7 @@ for s in "$@"; do
         cassette) step cassette python3 examples/cassettes/record_demo.py --backend cuda
             cp examples/cassettes/2_FusedSwishScaleClamp_cuda.jsonl "$OUT/" ;;
         *) echo "unknown step: $s (tests-a, tests-a2, tests-b, probes, sweep-rep, sweep-80, sweep-all, confirm-rep," \
-            "confirm-all, l2, lost, confirm-cost, first-minutes, cassette)" >&2; exit 2 ;;
+            "confirm-again, confirm-all, sync-gap, l2, lost, confirm-cost, first-minutes, cassette)" >&2; exit 2 ;;
     esac
 done
 cat "$OUT/steps.txt"

@@ -360,7 +360,7 @@ def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_
     judgement = types.SimpleNamespace(
         task=types.SimpleNamespace(device="cpu"), cfg=EvalConfig(), tol=None, round_trip_s=0.0,
         judge=types.SimpleNamespace(memory=types.SimpleNamespace(room=lambda: 16 << 30)),
-        clock=types.SimpleNamespace(deadline=float("inf")))
+        clock=types.SimpleNamespace(deadline=float("inf")), make_room=lambda: 16 << 30)
     c = judge_module.Judgement.confirmed(judgement, 7.9, 0.3)  # type: ignore[arg-type]
     assert c.confirmed and rooms == [16 << 30, 4 << 30, 1 << 30]
     def never_fits(*args, **kw):  # type: ignore[no-untyped-def]

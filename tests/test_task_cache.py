@@ -15,7 +15,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.backends import get_backend
 from stark_ray.eval.proc import garbage
 from stark_ray.eval.proc.garbage import collect
-from stark_ray.eval.wire.protocol import OP_END, OP_LOAD, OP_REFERENCE
+from stark_ray.eval.wire.protocol import OP_END, OP_LOAD, OP_REFERENCE, OP_RELEASE
 from stark_ray.eval.worker import host
 from stark_ray.eval.worker.guards import Fingerprint
 from stark_ray.eval.worker.host import CandidateHost
@@ -127,3 +127,25 @@ def test_a_task_it_stops_keeping_goes_though_its_state_was_frozen(judge: Candida
         if was_enabled:
             gc.enable()
         gc.unfreeze()
+
+
+def test_room_for_a_confirmation_batch_takes_the_candidates_timing_sets_and_the_other_tasks_not_its_own(
+        judge: CandidateHost) -> None:
+    """The judge's ``release`` with ``sets`` (room for a confirmation batch that did not fit): the states of the other
+    tasks go and the current candidate's timing sets too (made again where it is timed once more); its task's state
+    stays, and the candidate with it."""
+    judge.fingerprint = Fingerprint()
+    for name in NAMES:
+        reference(judge, name)
+    cfg = EvalConfig(backend="cpu_cpp", timing_trials=2, warmup=1)
+    source = (EXAMPLES / f"{NAMES[0]}.py").read_text()
+    answer = judge.handle({"op": OP_LOAD, "task_name": NAMES[0], "task_source": source, "cfg": asdict(cfg),
+                           "candidate_source": CACHING}, lambda _: None)
+    assert "loaded" in answer and judge.current is not None, answer
+    state = judge.current.state
+    assert state.input_sets is not None
+    answer = judge.handle({"op": OP_RELEASE, "keep": 0, "sets": True}, lambda _: None)
+    assert answer["tampered"] == [] and answer["healthy"], answer
+    assert kept(judge) == [NAMES[0]] and judge.current is not None and judge.current.state is state
+    assert state.input_sets is None and state.held_bytes() == 0
+    assert len(state.timing_sets(2)) == 2  # made again for a later timing

@@ -1,9 +1,11 @@
 """A confirmation batch's K input sets and output slots, packed one after another on shared buffers
-(:meth:`Outbox.pack`): the judge's views of them, and the private staging of the inputs that a round writes in one
-copy per buffer once its clock runs (:mod:`stark_ray.eval.judge.confirmation`)."""
+(:meth:`Outbox.pack`): the judge's views of them, and the private staging of the inputs that a round fills with
+fresh values before its clock runs and writes in one copy per buffer once it does
+(:mod:`stark_ray.eval.judge.confirmation`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,21 +40,30 @@ class PackedSets:
         self.sets = [_rebuilt(template, [view for _, view in placed[i * n:(i + 1) * n]]) for i in range(k)]
         self.staged = [[_on(self.pairs[spec.buffer][1], spec) for spec in specs] for specs in self.specs]
 
-    def load(self, sets: list[list[Any]]) -> None:
-        """The fresh values into the staging (outside the clock)."""
-        for views, values in zip(self.staged, sets, strict=True):
+    def fill(self, make: Callable[[], list[Any]]) -> None:
+        """A round's fresh values into the staging (outside the clock), one set at a time: ``make()`` gives a set,
+        copied and dropped, so that a round holds one set beside the staging, not K (a 6 GB task's batch of one set
+        held four copies of its inputs, and did not fit the budget)."""
+        for views in self.staged:
+            values = make()
             for view, value in zip(views, _tensors(values), strict=True):
                 view.copy_(value)
+            del values
 
     def write(self) -> None:
         """The staged values into the buffers (inside the clock)."""
         for shared, staging in self.pairs.values():
             shared.data.copy_(staging)
 
-    def changed(self, sets: list[list[Any]]) -> bool:
-        """Whether a set in the buffers differs from the values written (a candidate modified its inputs)."""
-        return not all(same_values(v, t) for views, values in zip(self.sets, sets, strict=True)
-                       for v, t in zip(_tensors(views), _tensors(values), strict=True))
+    def changed(self) -> bool:
+        """Whether a set in the buffers differs from the staged values written (a candidate modified its inputs)."""
+        return not all(same_values(v, t) for views, staged in zip(self.sets, self.staged, strict=True)
+                       for v, t in zip(_tensors(views), staged, strict=True))
+
+    def shares_staging(self, other: PackedSets) -> bool:
+        """Whether these sets write from ``other``'s staging (filled once for both sides)."""
+        return all(mine.data_ptr() == theirs.data_ptr()
+                   for (_, mine), (_, theirs) in zip(self.pairs.values(), other.pairs.values(), strict=True))
 
 
 def _on(data: torch.Tensor, spec: TensorSpec) -> torch.Tensor:

@@ -56,6 +56,7 @@ from stark_ray.eval.judge.batch_sets import PackedSets, packed_slots
 from stark_ray.eval.judge.trials import JudgeTask, synchronize
 from stark_ray.eval.measure.compare import compare_outputs, flatten_outputs, rebuild_outputs
 from stark_ray.eval.measure.inputs import clone_all, make_inputs, nbytes_of
+from stark_ray.eval.measure.memory import GB
 from stark_ray.eval.measure.timing import capture_graph
 from stark_ray.eval.measure.tolerance import Tolerances
 from stark_ray.eval.wire.exchange import digests, touch
@@ -136,34 +137,52 @@ class CandidateSide(Protocol):
         captured one."""
         ...
 
-    def run(self, sets: list[list[Any]], seed: int | None = None) -> tuple[float, list[Any], str | None]:
-        """Start the clock, write ``sets`` into the shared inputs, run the batch: (seconds, the outputs per set
-        (copies), a problem with them or with the inputs)."""
+    def run(self, seed: int | None = None) -> tuple[float, list[Any], str | None]:
+        """Start the clock, write the staged values (the reference side's staging, filled for the round) into the
+        shared inputs, run the batch: (seconds, the outputs per set (copies), a problem with them or with the
+        inputs)."""
         ...
 
 
 def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out: Any, make_s: float = 0.0,
               room: int | None = None, speedup: float = 1.0) -> int:
-    """Input sets per batch: the candidate's claimed time times this is about BATCH_TARGET_MS, and at least MIN_SETS
-    where a round of both sides (the reference's calls ``speedup`` times the claim) stays within MIN_ROUND_MS;
-    within the memory budget (``room``: what the evaluation's budget leaves; else a share of the device), and few
-    enough that making a round's fresh sets (``make_s`` each) takes at most MAKE_BUDGET_S (but not fewer than the
-    least, unless making those takes longer than MAKE_CAP_S)."""
+    """Input sets per batch: :func:`wanted_sets`, within :func:`sets_in` the memory budget (0: not one fits)."""
+    return max(0, min(MAX_SETS, wanted_sets(claimed_ms, make_s, speedup), sets_in(task, sample, sample_out, room)))
+
+
+def wanted_sets(claimed_ms: float, make_s: float = 0.0, speedup: float = 1.0) -> int:
+    """Input sets per batch by time: the candidate's claimed time times this is about BATCH_TARGET_MS, and at least
+    MIN_SETS where a round of both sides (the reference's calls ``speedup`` times the claim) stays within
+    MIN_ROUND_MS; few enough that making a round's fresh sets (``make_s`` each) takes at most MAKE_BUDGET_S (but not
+    fewer than the least, unless making those takes longer than MAKE_CAP_S)."""
     least = min(MIN_SETS, int(MIN_ROUND_MS / max(claimed_ms * (1.0 + max(speedup, 0.0)), 1e-3)))
     wanted = max(least, math.ceil(BATCH_TARGET_MS / max(claimed_ms, 1e-3)))
     if make_s > 0:
         floor = min(least, max(1, int(MAKE_CAP_S / make_s)))
         wanted = min(wanted, max(floor, int(MAKE_BUDGET_S / make_s)))
-    # inputs: the fresh set, each side's buffers, the staging; outputs: the reference side's buffers, the slots and
-    # the copy of them read back (the reference's are compared where they are)
-    per_set = 4 * sum(nbytes_of(sample)) + 3 * sum(nbytes_of(sample_out))
-    if room is not None:  # less what the batch holds beside its sets (the template, an output of each side)
-        budget = room - 2 * (sum(nbytes_of(sample)) + sum(nbytes_of(sample_out)))
+    return min(MAX_SETS, wanted)
+
+
+def set_bytes(sample: list[Any], sample_out: Any) -> tuple[int, int]:
+    """(bytes of one batch set, bytes the batch holds beside its sets). A set: its inputs three times (each side's
+    buffers and the staging, which the round's fresh values go into one set at a time) and its outputs three times
+    (the reference side's buffers, the slots and the copy of them read back; the reference's are compared where
+    they are). Beside the sets: the template and the set being made, an output of each side (the forward's own)."""
+    i, o = sum(nbytes_of(sample)), sum(nbytes_of(sample_out))
+    return 3 * i + 3 * o, 2 * (i + o)
+
+
+def sets_in(task: JudgeTask, sample: list[Any], sample_out: Any, room: int | None) -> int:
+    """How many batch sets the memory holds: ``room``, what the evaluation's budget leaves (else a share of the
+    device, or CPU_BUDGET_BYTES)."""
+    per_set, fixed = set_bytes(sample, sample_out)
+    if room is not None:
+        budget = room - fixed
     elif task.device == "cuda":
         budget = int(CUDA_BUDGET_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     else:
         budget = CPU_BUDGET_BYTES
-    return max(0, min(MAX_SETS, wanted, budget // max(per_set, 1)))  # 0: not one set fits
+    return max(0, budget // max(per_set, 1))
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
@@ -204,10 +223,9 @@ class ReferenceSide:
     def _sums(self) -> None:
         digests(self.box.slot_buffers)
 
-    def run(self, sets: list[list[Any]], seed: int | None = None) -> tuple[float, list[Any]]:
+    def run(self, seed: int | None = None) -> tuple[float, list[Any]]:
         """(wall seconds, the outputs per set: views of this side's own buffers, valid until its next run or
-        :meth:`overhead`); ``seed``: set i's call after seed + i."""
-        self.packed.load(sets)
+        :meth:`overhead`), on the staged values; ``seed``: set i's call after seed + i."""
         synchronize(self.task)
         started = time.perf_counter()
         self.packed.write()
@@ -219,10 +237,9 @@ class ReferenceSide:
         wall = time.perf_counter() - started
         return wall, [self._outputs(i) for i in range(len(self.outputs))]
 
-    def overhead(self, sets: list[list[Any]]) -> float:
+    def overhead(self) -> float:
         """What writing the inputs, copying the outputs into their buffers and summing them cost without the calls
         (seconds): the same on both sides, the slots being the same kind of memory as these buffers."""
-        self.packed.load(sets)
         synchronize(self.task)
         started = time.perf_counter()
         self.packed.write()
@@ -241,13 +258,17 @@ class ReferenceSide:
 
 def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speedup: float, claimed_ms: float,
             tol: Tolerances, candidate: CandidateSide, room: int | None = None,
-            earlier: Walls | None = None, strict: bool = False, above: bool = True) -> Confirmation:
+            earlier: Walls | None = None, strict: bool = False, above: bool = True,
+            make_room: Callable[[], int | None] | None = None) -> Confirmation:
     """Measure the candidate's speedup with the judge's own clock (see the module's docstring): the batch's sets
     filled first with ``make_template()``'s values; ``room``: the bytes the memory budget leaves it (None: a share
-    of the device); ``earlier``: the rounds of a confirmation that did not bear the claim out, pooled with these
-    (the same batch size; the readings over all the rounds count); ``strict``: the claim is in doubt, ``above``:
-    it is above what stands unmeasured, :func:`unmeasured_bound` (see :func:`verdict`)."""
+    of the device); ``make_room``: gives back what the evaluation keeps only to go faster and says the room then,
+    asked where fewer than the sets wanted (or MIN_SETS) fit; ``earlier``: the rounds of a confirmation that did
+    not bear the claim out, pooled with these (the same batch size; the readings over all the rounds count);
+    ``strict``: the claim is in doubt, ``above``: it is above what stands unmeasured, :func:`unmeasured_bound`
+    (see :func:`verdict`)."""
     template = make_template()
+    made_room = ""
     if earlier is not None:
         k = earlier.k
     else:
@@ -260,18 +281,31 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
             make_s = min(make_s, time.perf_counter() - started)
             if time.perf_counter() - began > MAKE_BUDGET_S:
                 break
-        k = set_count(task, claimed_ms, template, task.run(template, task.seed), make_s, room, event_speedup)
+        sample_out = task.run(template, task.seed)
+        wanted = wanted_sets(claimed_ms, make_s, event_speedup)
+        fits = sets_in(task, template, sample_out, room)
+        if fits < min(wanted, MIN_SETS) and make_room is not None and room is not None:
+            before, room = room, make_room()
+            if room is not None:
+                fits = sets_in(task, template, sample_out, room)
+                made_room = (f"{(room - before) / GB:.1f} GB given back for the batch (what the evaluation keeps to go "
+                             "faster: the worker's timing sets, kept trials and other tasks)")
+        k = max(0, min(wanted, fits))
         if k == 0:
+            per_set, fixed = set_bytes(template, sample_out)
+            left = "" if room is None else f", {room / GB:.1f} GB left"
             return Confirmation(False, "not confirmed by the judge's wall clock: not one batch set of this task fits "
-                                       "the memory the budget leaves (a larger --memory-budget measures it)",
-                                unfit=True)
+                                       f"the memory the budget leaves ({(per_set + fixed) / GB:.1f} GB for one"
+                                       f"{left}; a larger --memory-budget measures it)", unfit=True)
+        del sample_out
     # a reference that draws random numbers: call by call, each after its own seed on both sides, and compared
     ref = ReferenceSide(task, template, k, want_graph=not task.draws_random)
     del template  # the sets hold its values: not a copy more through the rounds
     try:
-        return _rounds(task, event_speedup, tol, candidate, ref, k, earlier, strict, above)
+        found = _rounds(task, event_speedup, tol, candidate, ref, k, earlier, strict, above)
     finally:
         ref.release()
+    return replace(found, note=f"{found.note}; {made_room}") if made_room else found
 
 
 def _compare_round(outs: list[Any], refs: list[Any], tol: Tolerances) -> Confirmation | None:
@@ -292,22 +326,22 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
     cand_walls: list[float] = [*earlier.cand] if earlier else []
     overheads: list[float] = [*earlier.overheads] if earlier else []
     for r in range(ROUNDS):
-        sets = [make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device) for _ in range(k)]
+        ref.packed.fill(lambda: make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device))
         seed = secrets.randbits(30) if task.draws_random else None  # told to the worker with go, on its clock
         # first in the round (it writes the reference side's output buffers, which its run below writes again);
         # the first round's comes before any call of the candidate's, and the least of the three counts: work a
         # worker leaves running after an answer can only slow a later sample
         with candidate.stopped():  # the judge's own side: nothing of the worker's runs beside it
-            overheads.append(ref.overhead(sets))
+            overheads.append(ref.overhead())
         refs: list[Any] = []
         outs: list[Any] = []
         for side in ("ref", "cand") if r % 2 == 0 else ("cand", "ref"):
             if side == "ref":
                 with candidate.stopped():
-                    wall, refs = ref.run(sets, seed)
+                    wall, refs = ref.run(seed)
                 ref_walls.append(wall)
             else:
-                wall, outs, problem = candidate.run(sets, seed)
+                wall, outs, problem = candidate.run(seed)
                 if problem:
                     problem = f"confirmation batch: {problem}"
                     return Confirmation(False, problem, problem=problem)
@@ -315,7 +349,7 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
         failed = _compare_round(outs, refs, tol)
         if failed is not None:
             return failed
-        del sets, refs, outs  # before the next round's sets are made (set_count counts one round's)
+        del refs, outs
     walls = Walls(ref_walls, cand_walls, overheads, k)
     trip = max(0.0, candidate.round_trip_s)  # only the candidate's rounds carry a message to the worker and back
     reading = read_walls(walls, trip)

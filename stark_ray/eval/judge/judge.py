@@ -231,6 +231,13 @@ class Judge:
             limit = int(KEPT_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         self._drop_oldest(limit, keep)
 
+    def drop_others(self, keep: str | None) -> None:
+        """Every task's state but ``keep``'s, and its memory back to the device."""
+        for key in [k for k in self.tasks if k != keep]:
+            del self.tasks[key]
+        collect_all()
+        release_cached(self.backend.device)
+
     def _drop_oldest(self, limit: int, keep: str | None) -> None:
         """Forget the least recently used tasks beyond KEPT_TASKS or ``limit`` bytes held, never ``keep``."""
         while self.tasks:
@@ -754,7 +761,8 @@ class Judgement:
                 confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
                                        new_ms, self.tol, batch, None if room is None else room // share,
                                        earlier.walls if earlier is not None else None, strict,
-                                       above=speedup > unmeasured_bound(self.cfg.confirm_above))
+                                       above=speedup > unmeasured_bound(self.cfg.confirm_above),
+                                       make_room=self.make_room if share == 1 else None)
             except (torch.OutOfMemoryError, ExchangeError) as e:  # the judge's own batch: never the candidate's fault
                 if isinstance(e, ExchangeError) and "OUT_OF_MEMORY" not in str(e):
                     raise
@@ -779,6 +787,18 @@ class Judgement:
             if self.clock.deadline - time.monotonic() < 2 * (time.monotonic() - started):
                 return replace(confirmation, note=f"{confirmation.note}; no time left to measure it again")
             earlier = confirmation
+
+    def make_room(self) -> int | None:
+        """Room for a confirmation batch that would not otherwise hold enough sets: what is kept only to go faster
+        goes — the worker's timing sets (made again where it times once more) and the other tasks it keeps, the
+        judge's kept trials and other tasks — and the room the budget leaves then. A 6 GB task's batch found none
+        for one set with the worker holding its two timing sets (13 GB) and the judge its trials."""
+        self.step(OP_RELEASE, {"keep": 0, "sets": True}, label="making room for the confirmation batch")
+        self.task.cache.clear()
+        key = next((k for k, t in self.judge.tasks.items() if t is self.task), None)
+        self.judge.drop_others(key)
+        self.judge.memory.cap_self()
+        return self.judge.memory.room()
 
     # -- the precision contract (eval/judge/precision.py) ---------------------------------------------------
     def precision(self) -> tuple[float | None, str]:

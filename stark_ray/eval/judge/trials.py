@@ -102,6 +102,11 @@ class TrialCache:
             self.entries.clear()
             self.used = 0
 
+    def clear(self) -> None:
+        """Everything kept goes (the limit stays)."""
+        self.entries.clear()
+        self.used = 0
+
     def holds(self, trial: Trial) -> bool:
         return any(kept is trial for kept in self.entries.values())
 

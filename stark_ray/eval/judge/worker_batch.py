@@ -59,6 +59,7 @@ class WorkerBatch:
         self.round_trip_s = conversation.round_trip_s
         self.box = Outbox()
         self.packed: PackedSets | None = None  # the shared input sets (the judge's views, and its staging)
+        self.source: PackedSets | None = None  # the reference side's sets, whose staging a round fills
         self.slots: list[dict[str, torch.Tensor]] = []
         self.like: Any = None
 
@@ -69,6 +70,7 @@ class WorkerBatch:
         self.like = like  # the structure of the outputs
         template = sets.sets[0]
         self.packed = packed = PackedSets(self.box, template, k, staging=sets)
+        self.source = sets
         trees = [encode_tree(template, _spec_feeder(specs), prefix="input") for specs in packed.specs]
         groups: list[list[dict[str, Any]]] = []
         for slots in packed_slots(self.box, self.like, k):
@@ -81,12 +83,15 @@ class WorkerBatch:
             raise Decided(protocol_broken("the batch was not staged"), recycle=True)
         return bool(staged.get("graph"))
 
-    def run(self, sets: list[list[Any]], seed: int | None = None) -> tuple[float, list[Any], str | None]:
-        task, packed = self.talk.task, self.packed
-        assert packed is not None
+    def run(self, seed: int | None = None) -> tuple[float, list[Any], str | None]:
+        task, packed, source = self.talk.task, self.packed, self.source
+        assert packed is not None and source is not None
         self.round_trip_s = min(self.round_trip_s, self.talk.ping())
         self.box.poison_slots()
-        packed.load(sets)  # into the judge's private staging: the worker sees the values only once the clock runs
+        if not packed.shares_staging(source):  # the judge's private staging: the worker sees the values only once
+            for mine, theirs in zip(packed.staged, source.staged, strict=True):  # the clock runs
+                for view, value in zip(mine, theirs, strict=True):
+                    view.copy_(value)
         synchronize(task)
         started = time.perf_counter()
         packed.write()
@@ -101,7 +106,7 @@ class WorkerBatch:
             raise Decided(EvalResult(compiled=True, passed_checks=True, stage=STAGE_OK, flags=["suspicious"],
                                      error="suspicious: the worker answered before its outputs were final"),
                           recycle=True)
-        if packed.changed(sets):
+        if packed.changed():
             return wall, [], "the candidate modified its inputs"
         outs = [rebuild_outputs(self.like, {p: t.clone() for p, t in slots.items()}) for slots in self.slots]
         return wall, outs, None

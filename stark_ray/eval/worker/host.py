@@ -365,8 +365,15 @@ class CandidateHost:
 
     def release(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         """Before the judge makes a new task's first trial: the states of the tasks kept here down to ``keep`` bytes
-        (least recently used first), and what they held back to the device."""
-        dropped = self.evict(None, int(msg.get("keep", 0)))
+        (least recently used first), and what they held back to the device. With ``sets`` (room for a confirmation
+        batch): the current candidate's task is kept, its timing sets go (made again where it is timed once more)."""
+        cur = self.current
+        if msg.get("sets") and cur is not None:
+            cur.state.release_sets()
+            name = next((n for n, t in self.tasks.items() if t is cur.state), None)
+            dropped = self.evict(name, int(msg.get("keep", 0)))
+        else:
+            dropped = self.evict(None, int(msg.get("keep", 0)))
         if self.backend.device == "cuda":
             torch.cuda.empty_cache()
         return {"released": dropped}
