@@ -194,7 +194,8 @@ def one_task(service: Any, ref: Any, budget: str, cfg: Any, smi: SmiSampler) -> 
     else:
         expected = result.passed_checks and "no_kernel" in result.flags
     status = "ok" if expected else (result.stage if not result.passed_checks else "not_flagged")
-    return row | {"status": status, "error": one_line(result.error or "", 800) if not expected else "",
+    why = result.error or next((line for line in (result.log or "").splitlines() if "judge's wall clock" in line), "")
+    return row | {"status": status, "error": one_line(why, 800) if not expected else "",
                   "candidate_s": round(wall, 3), "judge_s": result.eval_s and round(result.eval_s, 3),
                   "build_s": phases.get("build/import"), "confirm_s": phases.get("confirmation"),
                   "checks_s": phases.get("checks"), "timing_s": phases.get("timing"), "timed_calls": calls,

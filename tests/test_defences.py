@@ -371,6 +371,91 @@ def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_
     assert never.unfit and not never.confirmed and "did not fit in the device's memory" in never.note
 
 
+def test_a_batch_wrong_only_as_cuda_graphs_is_measured_again_call_by_call_before_it_is_the_candidates(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capture is the judge's choice: a batch whose outputs were wrong as CUDA graphs (level3/33_VanillaRNN, the
+    reference's own forward, at 40 GB on an H100: "set 8: values differ") is measured again call by call, and only
+    a batch wrong that way too is the candidate's failure."""
+    import types
+
+    from stark_ray.eval.judge import judge as judge_module
+
+    asked: list[bool] = []
+    wrong = "confirmation batch, set 8: output: values differ"
+
+    def graphs_wrong(task, make, speedup, new_ms, tol, batch, room, *rest, graphs=True, **kw):  # type: ignore[no-untyped-def]
+        asked.append(graphs)
+        if graphs:
+            return Confirmation(False, wrong, problem=wrong, graph=True)
+        return Confirmation(True, "speedup confirmed by the judge's wall clock: 3.1x", wall_speedup=3.1, claim=3.2)
+
+    monkeypatch.setattr(judge_module, "confirm", graphs_wrong)
+    judgement = types.SimpleNamespace(
+        task=types.SimpleNamespace(device="cuda"), cfg=EvalConfig(), tol=None, round_trip_s=0.0,
+        judge=types.SimpleNamespace(memory=types.SimpleNamespace(room=lambda: 16 << 30)),
+        clock=types.SimpleNamespace(deadline=float("inf")), make_room=lambda: 16 << 30)
+    c = judge_module.Judgement.confirmed(judgement, 3.2, 0.3)  # type: ignore[arg-type]
+    assert asked == [True, False] and c.confirmed and c.problem is None
+    assert "as CUDA graphs the batch was wrong" in c.note and "set 8" in c.note
+
+    def always_wrong(*args, graphs=True, **kw):  # type: ignore[no-untyped-def]
+        asked.append(graphs)
+        return Confirmation(False, wrong, problem=wrong, graph=graphs)
+
+    asked.clear()
+    monkeypatch.setattr(judge_module, "confirm", always_wrong)
+    c = judge_module.Judgement.confirmed(judgement, 3.2, 0.3)  # type: ignore[arg-type]
+    assert asked == [True, False] and c.problem == wrong and not c.confirmed
+
+
+def test_a_forward_that_rebinds_its_state_is_never_captured_by_the_judge() -> None:
+    """A recurrent cell that rebinds its hidden state in forward would replay, as a graph, on the memory of the
+    tensor it let go at its capture (which later allocations reuse); one that keeps its tensors is captured."""
+    import torch
+
+    from stark_ray.eval.judge.confirmation import same_binding, tensor_attributes
+
+    class Cell(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden = torch.zeros(2, 4)
+            self.lin = torch.nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.hidden = torch.tanh(self.lin(torch.cat((x, self.hidden), dim=1)))
+            return self.hidden * 2
+
+    cell, lin = Cell(), torch.nn.Linear(4, 4)
+    before = tensor_attributes(cell)
+    cell(torch.rand(2, 4))
+    assert not same_binding(before, tensor_attributes(cell))
+    before = tensor_attributes(lin)
+    lin(torch.rand(2, 4))
+    assert same_binding(before, tensor_attributes(lin))
+
+
+def test_the_device_running_out_of_memory_on_the_workers_side_of_the_batch_is_the_batchs_size() -> None:
+    """The worker says what it raised was the device's memory (level3/5_AlexNet at 40 GB: "confirmation batch:
+    OutOfMemoryError", recorded as the candidate's runtime failure): in a trial that is decided as any raise, in the
+    confirmation batch it is torch.OutOfMemoryError, which makes the batch smaller (or the claim unconfirmed)."""
+    import torch
+
+    from stark_ray.eval.judge.verdicts import Decided, DeviceMemory, checked_answer
+    from stark_ray.eval.judge.worker_batch import _batch_memory
+
+    answer = {"seq": 3, "tampered": [], "healthy": True,
+              "raised": {"error": "OutOfMemoryError: CUDA out of memory", "device_memory": True}}
+    with pytest.raises(DeviceMemory) as raised:
+        checked_answer(answer, "confirmation batch", 3)
+    assert isinstance(raised.value, Decided) and not raised.value.recycle
+    with pytest.raises(torch.OutOfMemoryError, match="the worker's side"), _batch_memory():
+        checked_answer(answer, "confirmation batch", 3)
+    other = {**answer, "raised": {"error": "RuntimeError: boom"}}
+    with pytest.raises(Decided) as raised, _batch_memory():
+        checked_answer(other, "confirmation batch", 3)
+    assert not isinstance(raised.value, DeviceMemory)
+
+
 def test_the_judges_own_lines_on_its_measurement_are_told_and_the_workers_are_not() -> None:
     # the agents were never told that a speedup was timed again, confirmed, or measured beside a slowed reference
     ctx = Judging(drifted=Drift(0.8, "the reference ran at 1.0 ms beside this candidate, 1.25x its 0.8 ms alone"),

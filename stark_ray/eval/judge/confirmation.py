@@ -113,6 +113,7 @@ class Confirmation:
     # stopped: where its batch ran call by call, calls long enough to tell; what a claim in doubt is held to
     # (claim.held_to_the_reference_now)
     ref_call_ms: float | None = None
+    graph: bool = False  # the batch ran as CUDA graphs
 
     @property
     def settled(self) -> bool:
@@ -189,6 +190,25 @@ def tensor_leaves(value: Any) -> list[torch.Tensor]:
     return [t for _, t in flatten_outputs(value) if isinstance(t, torch.Tensor)]
 
 
+def tensor_attributes(model: Any) -> dict[tuple[int, str], torch.Tensor]:
+    """The tensor each tensor attribute of ``model`` and its submodules is bound to (parameters and buffers
+    included): what a forward that rebinds its state changes (:func:`same_binding`)."""
+    if not isinstance(model, torch.nn.Module):
+        return {}
+    found: dict[tuple[int, str], torch.Tensor] = {}
+    for i, m in enumerate(model.modules()):
+        for where in (vars(m), m._parameters, m._buffers):
+            for name, value in where.items():
+                if isinstance(value, torch.Tensor):
+                    found[(i, name)] = value
+    return found
+
+
+def same_binding(a: dict[tuple[int, str], torch.Tensor], b: dict[tuple[int, str], torch.Tensor]) -> bool:
+    """The same attributes bound to the same tensor objects (held by ``a``: none freed and its address reused)."""
+    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+
+
 class ReferenceSide:
     """The reference's half of the batch, in the judge: its own input and output buffers, and a graph of it."""
 
@@ -199,8 +219,13 @@ class ReferenceSide:
         self.box = Outbox()
         self.packed = PackedSets(self.box, template, k)
         self.inputs = self.packed.sets
+        before = tensor_attributes(task.model)
         with torch.no_grad():
             self.like = task.model(*clone_all(template))
+        # a forward that rebinds a tensor of its module (a recurrent cell's state: level3/33_VanillaRNN) replays, as
+        # a graph, on the memory of the tensor it let go at its capture, which the judge's next allocations reuse
+        want_graph = want_graph and same_binding(before, tensor_attributes(task.model))
+        del before
         self.outputs = [[view for _, _, view in slots] for slots in packed_slots(self.box, self.like, k)]
         for b in self.box.buffers:
             touch(b.data)
@@ -259,14 +284,14 @@ class ReferenceSide:
 def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speedup: float, claimed_ms: float,
             tol: Tolerances, candidate: CandidateSide, room: int | None = None,
             earlier: Walls | None = None, strict: bool = False, above: bool = True,
-            make_room: Callable[[], int | None] | None = None) -> Confirmation:
+            make_room: Callable[[], int | None] | None = None, graphs: bool = True) -> Confirmation:
     """Measure the candidate's speedup with the judge's own clock (see the module's docstring): the batch's sets
     filled first with ``make_template()``'s values; ``room``: the bytes the memory budget leaves it (None: a share
     of the device); ``make_room``: gives back what the evaluation keeps only to go faster and says the room then,
     asked where fewer than the sets wanted (or MIN_SETS) fit; ``earlier``: the rounds of a confirmation that did
     not bear the claim out, pooled with these (the same batch size; the readings over all the rounds count);
     ``strict``: the claim is in doubt, ``above``: it is above what stands unmeasured, :func:`unmeasured_bound`
-    (see :func:`verdict`)."""
+    (see :func:`verdict`); ``graphs``: False runs the batch call by call whatever the sides could capture."""
     template = make_template()
     made_room = ""
     if earlier is not None:
@@ -299,7 +324,7 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
                                        f"{left}; a larger --memory-budget measures it)", unfit=True)
         del sample_out
     # a reference that draws random numbers: call by call, each after its own seed on both sides, and compared
-    ref = ReferenceSide(task, template, k, want_graph=not task.draws_random)
+    ref = ReferenceSide(task, template, k, want_graph=graphs and not task.draws_random)
     del template  # the sets hold its values: not a copy more through the rounds
     try:
         found = _rounds(task, event_speedup, tol, candidate, ref, k, earlier, strict, above)
@@ -344,11 +369,11 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
                 wall, outs, problem = candidate.run(seed)
                 if problem:
                     problem = f"confirmation batch: {problem}"
-                    return Confirmation(False, problem, problem=problem)
+                    return Confirmation(False, problem, problem=problem, graph=graph)
                 cand_walls.append(wall)
         failed = _compare_round(outs, refs, tol)
         if failed is not None:
-            return failed
+            return replace(failed, graph=graph)
         del refs, outs
     walls = Walls(ref_walls, cand_walls, overheads, k)
     trip = max(0.0, candidate.round_trip_s)  # only the candidate's rounds carry a message to the worker and back
@@ -364,6 +389,7 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
                     upper=reading.upper)
     # call by call, as the worker times each call (a graph's replay runs the calls back to back, without the gaps
     # and the flushed caches of the worker's calls: a time a call of another kind)
+    found = replace(found, graph=graph)
     return replace(found, ref_call_ms=1e3 * reading.ref_median_s / k) if precise and not graph else found
 
 

@@ -753,6 +753,8 @@ class Judgement:
         the lower of two readings is never above either."""
         earlier: Confirmation | None = None
         share = 1  # of the room the budget leaves: a batch that did not fit the device is made smaller
+        graphs = True
+        graphs_wrong = ""  # what the batch's outputs were as CUDA graphs, where they were wrong only so
         while True:
             started = time.monotonic()
             batch = WorkerBatch(self)
@@ -762,7 +764,7 @@ class Judgement:
                                        new_ms, self.tol, batch, None if room is None else room // share,
                                        earlier.walls if earlier is not None else None, strict,
                                        above=speedup > unmeasured_bound(self.cfg.confirm_above),
-                                       make_room=self.make_room if share == 1 else None)
+                                       make_room=self.make_room if share == 1 else None, graphs=graphs)
             except (torch.OutOfMemoryError, ExchangeError) as e:  # the judge's own batch: never the candidate's fault
                 if isinstance(e, ExchangeError) and "OUT_OF_MEMORY" not in str(e):
                     raise
@@ -778,6 +780,14 @@ class Judgement:
                 continue
             finally:
                 batch.release()
+            if confirmation.problem is not None and confirmation.graph and earlier is None:
+                # a capture is the judge's choice, and a forward that rebinds its own tensors (a recurrent cell's
+                # state) can replay on memory it let go: measured again call by call before it is the candidate's
+                graphs, graphs_wrong = False, confirmation.problem
+                continue
+            if graphs_wrong:
+                confirmation = replace(confirmation, note=f"{confirmation.note} (as CUDA graphs the batch was wrong: "
+                                                          f"{graphs_wrong[:160]}; call by call)")
             if earlier is not None:
                 first = earlier.wall_speedup or 0.0
                 return replace(confirmation, note=f"measured again, its rounds pooled with the first's: "

@@ -18,6 +18,12 @@ class Decided(Exception):
         self.recycle = recycle
 
 
+class DeviceMemory(Decided):
+    """What the candidate's process raised was the device running out of memory (the worker's word on the
+    exception's type): decided as any raise, except where the judge sized what ran out (a confirmation batch),
+    which makes the batch smaller instead."""
+
+
 def tampered(names: list[str]) -> EvalResult:
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return EvalResult(compiled=True, stage=STAGE_CORRECTNESS, flags=["tampered"],
@@ -49,7 +55,8 @@ def checked_answer(msg: dict[str, Any], label: str, seq: int) -> dict[str, Any]:
         memory = raised.get("host_memory") is True  # the worker's word on the exception's type: a failure either way
         if memory:
             error = f"out of memory on the host (the candidate's process is held to worker_memory_gb): {error}"
-        raise Decided(EvalResult(compiled=True, stage=STAGE_RUNTIME, error=error[:300],
-                                 log=excerpt(str(raised.get("log", ""))), flags=["out_of_memory"] if memory else []),
-                      recycle=not msg.get("healthy") or memory)
+        kind = DeviceMemory if raised.get("device_memory") is True else Decided
+        raise kind(EvalResult(compiled=True, stage=STAGE_RUNTIME, error=error[:300],
+                              log=excerpt(str(raised.get("log", ""))), flags=["out_of_memory"] if memory else []),
+                   recycle=not msg.get("healthy") or memory)
     return msg

@@ -4,8 +4,9 @@ input sets and output slots shared with the worker, its ``stage`` and ``go`` ste
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -14,7 +15,7 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.judge.batch_sets import PackedSets, packed_slots
 from stark_ray.eval.judge.trials import JudgeTask, synchronize
-from stark_ray.eval.judge.verdicts import Decided, protocol_broken
+from stark_ray.eval.judge.verdicts import Decided, DeviceMemory, protocol_broken
 from stark_ray.eval.measure.compare import rebuild_outputs
 from stark_ray.eval.wire.exchange import TensorSpec, digests
 from stark_ray.eval.wire.outbox import Outbox
@@ -77,8 +78,9 @@ class WorkerBatch:
             self.slots.append({path: view for path, _, view in slots})
             groups.append([{"path": path, **spec.to_json()} for path, spec, _ in slots])
         fds = self.box.fds()
-        staged = self.talk.step(OP_STAGE, {"sets": trees, "slots": groups, "fds": len(fds), "graph": graph}, fds,
-                                LABEL)
+        with _batch_memory():
+            staged = self.talk.step(OP_STAGE, {"sets": trees, "slots": groups, "fds": len(fds), "graph": graph},
+                                    fds, LABEL)
         if staged.get("staged") != k:
             raise Decided(protocol_broken("the batch was not staged"), recycle=True)
         return bool(staged.get("graph"))
@@ -98,7 +100,8 @@ class WorkerBatch:
         synchronize(task)
         check = self.talk.go(seed)
         wall = time.perf_counter() - started
-        done = check().get("done")
+        with _batch_memory():
+            done = check().get("done")
         if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
             raise Decided(protocol_broken("no answer to go"), recycle=True)
         synchronize(task)
@@ -113,6 +116,18 @@ class WorkerBatch:
 
     def release(self) -> None:
         self.box.release()
+
+
+@contextlib.contextmanager
+def _batch_memory() -> Iterator[None]:
+    """The device running out of memory on the worker's side of the batch is the batch's size, which the judge chose
+    (its room counts an output of the worker's forward, not all its work: level3/5_AlexNet's batch at 40 GB, with
+    the worker capped at 6.9 GB): torch.OutOfMemoryError, as on the judge's side (a smaller batch, or unconfirmed),
+    never the candidate's failure."""
+    try:
+        yield
+    except DeviceMemory as e:
+        raise torch.OutOfMemoryError(f"the worker's side: {e.result.error}") from None
 
 
 def _spec_feeder(specs: list[TensorSpec]) -> Callable[[torch.Tensor, str], dict[str, Any]]:

@@ -204,7 +204,8 @@ class CandidateHost:
             answer = {"failed": asdict(_task_failure(str(e)))}
         except BaseException as e:  # anything a candidate raised out of a step: its own failure
             answer = {"raised": {"error": describe_exception(e) + candidate_frame(e.__traceback__),
-                                 "log": excerpt(traceback.format_exc()), "host_memory": out_of_host_memory(e)}}
+                                 "log": excerpt(traceback.format_exc()), "host_memory": out_of_host_memory(e),
+                                 "device_memory": isinstance(e, torch.OutOfMemoryError)}}
         if op == OP_GO:  # the judge's clock runs until this answer: the checks come with the next step's
             answer["tampered"] = []
             answer["healthy"] = True
