@@ -850,6 +850,7 @@ def test_a_confirmation_batch_without_room_asks_for_what_is_kept_to_go_faster_th
     task.get_inputs = lambda: [torch.randn(64)]  # type: ignore[method-assign]
     per_set, fixed = set_bytes([torch.ones(64)], torch.ones(64))
     assert (per_set, fixed) == (6 * 256, 3 * 256)
+    assert set_bytes([torch.ones(64)], torch.ones(64), work=1000) == (6 * 256, 256 + 2 * 1000)  # each side's forward
     asked: list[int] = []
 
     def make_room() -> int:
