@@ -351,7 +351,7 @@ def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_
     rooms: list[int | None] = []
 
     def full(task, make, speedup, new_ms, tol, batch, room, *rest, **kw):  # type: ignore[no-untyped-def]
-        rooms.append(room)
+        rooms.append(room())
         if len(rooms) < 3:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return Confirmation(True, "speedup confirmed by the judge's wall clock: 7.8x")
@@ -360,7 +360,8 @@ def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_
     judgement = types.SimpleNamespace(
         task=types.SimpleNamespace(device="cpu"), cfg=EvalConfig(), tol=None, round_trip_s=0.0,
         judge=types.SimpleNamespace(memory=types.SimpleNamespace(room=lambda: 16 << 30)),
-        clock=types.SimpleNamespace(deadline=float("inf")), make_room=lambda: 16 << 30)
+        clock=types.SimpleNamespace(deadline=float("inf")), make_room=lambda: 16 << 30,
+        _room_share=lambda share: lambda: (16 << 30) // share)
     c = judge_module.Judgement.confirmed(judgement, 7.9, 0.3)  # type: ignore[arg-type]
     assert c.confirmed and rooms == [16 << 30, 4 << 30, 1 << 30]
     def never_fits(*args, **kw):  # type: ignore[no-untyped-def]
@@ -371,11 +372,12 @@ def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_
     assert never.unfit and not never.confirmed and "did not fit in the device's memory" in never.note
 
 
-def test_a_batch_wrong_only_as_cuda_graphs_is_measured_again_call_by_call_before_it_is_the_candidates(
+def test_a_batch_wrong_by_the_judges_own_graph_is_measured_again_call_by_call_before_it_is_the_candidates(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The capture is the judge's choice: a batch whose outputs were wrong as CUDA graphs (level3/33_VanillaRNN, the
-    reference's own forward, at 40 GB on an H100: "set 8: values differ") is measured again call by call, and only
-    a batch wrong that way too is the candidate's failure."""
+    """The capture is the judge's choice: a batch whose reference graph gave other outputs than the reference's
+    forward on the same inputs (level3/33_VanillaRNN, the reference's own forward, at 40 GB on an H100: "set 8:
+    values differ") is measured again call by call; a candidate's wrong output against a sound graph is its own
+    failure, with no second batch."""
     import types
 
     from stark_ray.eval.judge import judge as judge_module
@@ -386,26 +388,54 @@ def test_a_batch_wrong_only_as_cuda_graphs_is_measured_again_call_by_call_before
     def graphs_wrong(task, make, speedup, new_ms, tol, batch, room, *rest, graphs=True, **kw):  # type: ignore[no-untyped-def]
         asked.append(graphs)
         if graphs:
-            return Confirmation(False, wrong, problem=wrong, graph=True)
+            return Confirmation(False, wrong, problem=wrong, graph_wrong="set 8: output: values differ")
         return Confirmation(True, "speedup confirmed by the judge's wall clock: 3.1x", wall_speedup=3.1, claim=3.2)
 
     monkeypatch.setattr(judge_module, "confirm", graphs_wrong)
     judgement = types.SimpleNamespace(
         task=types.SimpleNamespace(device="cuda"), cfg=EvalConfig(), tol=None, round_trip_s=0.0,
         judge=types.SimpleNamespace(memory=types.SimpleNamespace(room=lambda: 16 << 30)),
-        clock=types.SimpleNamespace(deadline=float("inf")), make_room=lambda: 16 << 30)
+        clock=types.SimpleNamespace(deadline=float("inf")), make_room=lambda: 16 << 30,
+        _room_share=lambda share: lambda: (16 << 30) // share)
     c = judge_module.Judgement.confirmed(judgement, 3.2, 0.3)  # type: ignore[arg-type]
     assert asked == [True, False] and c.confirmed and c.problem is None
-    assert "as CUDA graphs the batch was wrong" in c.note and "set 8" in c.note
+    assert "the judge's CUDA graph of the reference was wrong" in c.note and "set 8" in c.note
 
-    def always_wrong(*args, graphs=True, **kw):  # type: ignore[no-untyped-def]
+    def candidate_wrong(*args, graphs=True, **kw):  # type: ignore[no-untyped-def]
         asked.append(graphs)
-        return Confirmation(False, wrong, problem=wrong, graph=graphs)
+        return Confirmation(False, wrong, problem=wrong)  # the judge's graph bore its reference out
 
     asked.clear()
-    monkeypatch.setattr(judge_module, "confirm", always_wrong)
+    monkeypatch.setattr(judge_module, "confirm", candidate_wrong)
     c = judge_module.Judgement.confirmed(judgement, 3.2, 0.3)  # type: ignore[arg-type]
-    assert asked == [True, False] and c.problem == wrong and not c.confirmed
+    assert asked == [True] and c.problem == wrong and not c.confirmed
+
+
+def test_the_reference_side_tells_its_own_wrong_output_from_a_right_one() -> None:
+    """What decides whether a batch wrong as CUDA graphs is the judge's doing: the reference's forward once more on
+    the staged values of the set, against what the batch gave for it."""
+    import torch
+
+    from stark_ray.eval.judge.confirmation import ReferenceSide
+    from stark_ray.eval.judge.trials import JudgeTask
+    from stark_ray.eval.measure.tolerance import Tolerances
+
+    class Scale(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2.0
+
+    task = JudgeTask("t", None, Scale(), [], "cpu", 0)
+    side = ReferenceSide(task, [torch.randn(16)], 2, want_graph=False)
+    try:
+        values = [torch.randn(16), torch.randn(16)]
+        made = iter([[v] for v in values])
+        side.packed.fill(lambda: next(made))
+        _, outs = side.run()
+        tol = Tolerances.of(EvalConfig())
+        assert side.graph_wrong(1, outs[1], tol) is None
+        assert "set 2" in (side.graph_wrong(1, outs[1] + 1.0, tol) or "")
+    finally:
+        side.release()
 
 
 def test_a_forward_that_rebinds_its_state_is_never_captured_by_the_judge() -> None:

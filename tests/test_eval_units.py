@@ -298,8 +298,17 @@ def test_rounds_where_a_host_outlasted_the_head_start_are_left_out_of_the_gaps()
     ref = _gapped([0.125] * 10, [0.001] * 6 + [0.02] * 4, hosts=(0.9,) * 6 + (0.2,) * 4, head_us=600.0)
     cand = _gapped([0.03] * 10, [0.02] * 10, hosts=(0.02,) * 10, head_us=600.0)
     assert ref.late == 6
+    assert leaves_work_behind(cand, ref)  # fewer than half the rounds would be left: all of them count
+    ref = _gapped([0.125] * 10, [0.001] * 4 + [0.02] * 6, hosts=(0.9,) * 4 + (0.2,) * 6, head_us=600.0)
     assert not leaves_work_behind(cand, ref)
-    assert leaves_work_behind(cand, _gapped([0.125] * 10, [0.001] * 6 + [0.02] * 4))  # the same, hosts unknown
+
+
+def test_a_candidate_late_on_purpose_keeps_its_rounds_in_the_gaps() -> None:
+    """A host spinning past the head start in every call but one (so that only one clean round would be judged),
+    leaving 10 ms of work behind in each: its own late rounds are kept, and the work is found."""
+    ref = _gapped([0.125] * 40, [0.02] * 40, hosts=(0.2,) * 40, head_us=600.0)
+    cand = _gapped([0.03] * 40, [0.02] + [10.0] * 39, hosts=(0.02,) + (0.9,) * 39, head_us=600.0)
+    assert cand.late == 39 and leaves_work_behind(cand, ref)
 
 
 def test_a_timing_keeps_each_timed_calls_host_time_and_counts_those_past_the_head_start() -> None:
@@ -858,15 +867,15 @@ def test_a_confirmation_batch_without_room_asks_for_what_is_kept_to_go_faster_th
         return fixed + 100 * per_set
 
     tol = Tolerances.of(EvalConfig())
-    found = confirm(task, lambda: [torch.randn(64)], 1.0, 5.5, tol, _HonestSide(task.model), room=fixed,
+    found = confirm(task, lambda: [torch.randn(64)], 1.0, 5.5, tol, _HonestSide(task.model), room=lambda: fixed,
                     make_room=make_room)
     assert asked == [1] and not found.unfit and found.walls is not None and found.walls.k == MIN_SETS
     assert "GB given back for the batch" in found.note
     asked.clear()
     found = confirm(task, lambda: [torch.randn(64)], 1.0, 5.5, tol, _HonestSide(task.model),
-                    room=fixed + 100 * per_set, make_room=make_room)
+                    room=lambda: fixed + 100 * per_set, make_room=make_room)
     assert not asked and found.walls is not None and found.walls.k == MIN_SETS  # room enough: nothing asked
-    none_left = confirm(task, lambda: [torch.randn(64)], 1.0, 5.5, tol, _HonestSide(task.model), room=fixed,
+    none_left = confirm(task, lambda: [torch.randn(64)], 1.0, 5.5, tol, _HonestSide(task.model), room=lambda: fixed,
                         make_room=lambda: fixed + per_set - 1)
     assert none_left.unfit and "GB for one" in none_left.note and "GB left" in none_left.note
 

@@ -50,6 +50,10 @@ class PackedSets:
                 view.copy_(value)
             del values
 
+    def staged_set(self, i: int) -> list[Any]:
+        """Set ``i`` as staged (a copy: the caller may hand it to a forward that writes its inputs)."""
+        return _rebuilt(self.sets[i], [t.clone() for t in self.staged[i]])
+
     def write(self) -> None:
         """The staged values into the buffers (inside the clock)."""
         for shared, staging in self.pairs.values():

@@ -15,7 +15,10 @@ candidate, which can patch them, hide work on other streams or answer from a cac
 - on a GPU, both sides capture the whole batch (every set once, each output copied into its buffer) as a CUDA
   graph, where both can: a replay runs the kernels back to back, so the host's time per call (Python, launches),
   which the worker's timing leaves out by design, stays out of this figure too. Where either side cannot be
-  captured, both run the batch call by call;
+  captured, both run the batch call by call; a reference whose forward rebinds a tensor its module holds is never
+  captured (its replay would write memory it let go), and a batch wrong as graphs where the judge's own graph
+  disagrees with its reference called once more is measured again call by call (the judge's doing, not the
+  candidate's);
 - then three rounds, each with fresh input sets (seeds no one knew), the two sides taking turns to go first. The
   fresh values go first into a private staging copy of the buffers (one for both sides: their buffers have the
   same layout); a round starts the judge's clock, copies the staging into the input buffers (one copy per buffer;
@@ -113,7 +116,9 @@ class Confirmation:
     # stopped: where its batch ran call by call, calls long enough to tell; what a claim in doubt is held to
     # (claim.held_to_the_reference_now)
     ref_call_ms: float | None = None
-    graph: bool = False  # the batch ran as CUDA graphs
+    # the judge's own CUDA graph of the reference gave another output than its forward called once more on the same
+    # inputs (the machine's doing, not the candidate's: measured again call by call)
+    graph_wrong: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -148,7 +153,8 @@ class CandidateSide(Protocol):
 def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out: Any, make_s: float = 0.0,
               room: int | None = None, speedup: float = 1.0) -> int:
     """Input sets per batch: :func:`wanted_sets`, within :func:`sets_in` the memory budget (0: not one fits)."""
-    return max(0, min(MAX_SETS, wanted_sets(claimed_ms, make_s, speedup), sets_in(task, sample, sample_out, room)))
+    per_set, fixed = set_bytes(sample, sample_out, _work(task))
+    return max(0, min(MAX_SETS, wanted_sets(claimed_ms, make_s, speedup), sets_in(task, per_set, fixed, room)))
 
 
 def wanted_sets(claimed_ms: float, make_s: float = 0.0, speedup: float = 1.0) -> int:
@@ -168,8 +174,9 @@ def set_bytes(sample: list[Any], sample_out: Any, work: int = 0) -> tuple[int, i
     """(bytes of one batch set, bytes the batch holds beside its sets). A set: its inputs three times (each side's
     buffers and the staging, which the round's fresh values go into one set at a time) and its outputs three times
     (the reference side's buffers, the slots and the copy of them read back; the reference's are compared where
-    they are). Beside the sets: one set of inputs (the template, then the set being made: never both at once) and
-    a forward on each side, its ``work`` (the reference's, measured on its first trial: outputs and intermediates)
+    they are). Beside the sets (the template held already, and counted as such): one set of inputs more (the
+    template's copy for the forward that shapes the outputs, then the set being made: never both at once) and a
+    forward on each side, its ``work`` (the reference's, measured on its first trial: outputs and intermediates)
     or at least its outputs (the outputs' structure is kept without their memory). With each forward counted by
     its outputs only, `level3/5_AlexNet`'s worker was left 6.9 GB beside its batch at 40 GB and ran out (1.1 GB
     asked, 5.8 GB allocated)."""
@@ -182,10 +189,9 @@ def _work(task: JudgeTask) -> int:
     return footprint.work if footprint is not None else 0
 
 
-def sets_in(task: JudgeTask, sample: list[Any], sample_out: Any, room: int | None) -> int:
-    """How many batch sets the memory holds: ``room``, what the evaluation's budget leaves (else a share of the
-    device, or CPU_BUDGET_BYTES)."""
-    per_set, fixed = set_bytes(sample, sample_out, _work(task))
+def sets_in(task: JudgeTask, per_set: int, fixed: int, room: int | None) -> int:
+    """How many batch sets of ``per_set`` bytes, beside ``fixed`` (:func:`set_bytes`), the memory holds: ``room``,
+    what the evaluation's budget leaves (else a share of the device, or CPU_BUDGET_BYTES)."""
     if room is not None:
         budget = room - fixed
     elif task.device == "cuda":
@@ -210,6 +216,11 @@ def tensor_attributes(model: Any) -> dict[tuple[int, str], torch.Tensor]:
             for name, value in where.items():
                 if isinstance(value, torch.Tensor):
                     found[(i, name)] = value
+                elif isinstance(value, list | tuple | dict) and not isinstance(value, torch.nn.Module):
+                    items = value.items() if isinstance(value, dict) else enumerate(value)
+                    for key, item in items:  # a state kept in a list or a dict of tensors, one level down
+                        if isinstance(item, torch.Tensor):
+                            found[(i, f"{name}[{key!r}]")] = item
     return found
 
 
@@ -261,6 +272,16 @@ class ReferenceSide:
     def _sums(self) -> None:
         digests(self.box.slot_buffers)
 
+    def graph_wrong(self, i: int, replayed: Any, tol: Tolerances) -> str | None:
+        """Whether this side's graph gave set ``i`` other outputs (``replayed``) than the reference's forward called
+        once more on the set's values as staged (private to the judge): what differs, or None. Only then is a batch
+        wrong as CUDA graphs the judge's doing; a candidate's output that differs from a graph borne out so is its
+        own."""
+        with torch.no_grad():
+            again = self.task.model(*self.packed.staged_set(i))
+        c = compare_outputs(again, replayed, tol)
+        return None if c.ok else f"set {i + 1}: {c.problem}"
+
     def run(self, seed: int | None = None) -> tuple[float, list[Any]]:
         """(wall seconds, the outputs per set: views of this side's own buffers, valid until its next run or
         :meth:`overhead`), on the staged values; ``seed``: set i's call after seed + i."""
@@ -278,7 +299,8 @@ class ReferenceSide:
     def overhead(self) -> float:
         """What writing the inputs, copying the outputs into their buffers and summing them cost without the calls
         (seconds): the same on both sides, the slots being the same kind of memory as these buffers."""
-        sources = [torch.empty_like(buf) for buf in self.outputs[0]]  # as a forward's outputs: made before the clock
+        sources = [torch.zeros_like(buf) for buf in self.outputs[0]]  # as a forward's outputs: made (and their pages
+        # touched) before the clock
         synchronize(self.task)
         started = time.perf_counter()
         self.packed.write()
@@ -298,13 +320,14 @@ class ReferenceSide:
 
 
 def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speedup: float, claimed_ms: float,
-            tol: Tolerances, candidate: CandidateSide, room: int | None = None,
+            tol: Tolerances, candidate: CandidateSide, room: Callable[[], int | None] | None = None,
             earlier: Walls | None = None, strict: bool = False, above: bool = True,
             make_room: Callable[[], int | None] | None = None, graphs: bool = True) -> Confirmation:
     """Measure the candidate's speedup with the judge's own clock (see the module's docstring): the batch's sets
-    filled first with ``make_template()``'s values; ``room``: the bytes the memory budget leaves it (None: a share
-    of the device); ``make_room``: gives back what the evaluation keeps only to go faster and says the room then,
-    asked where fewer than the sets wanted (or MIN_SETS) fit; ``earlier``: the rounds of a confirmation that did
+    filled first with ``make_template()``'s values; ``room()``: the bytes the memory budget leaves now (None: no
+    budget, a share of the device), asked once the template is made (held, so not counted again); ``make_room``:
+    gives back what the evaluation keeps only to go faster and says the room then, asked where fewer than the sets
+    wanted (or MIN_SETS) fit; ``earlier``: the rounds of a confirmation that did
     not bear the claim out, pooled with these (the same batch size; the readings over all the rounds count);
     ``strict``: the claim is in doubt, ``above``: it is above what stands unmeasured, :func:`unmeasured_bound`
     (see :func:`verdict`); ``graphs``: False runs the batch call by call whatever the sides could capture."""
@@ -322,23 +345,22 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
             make_s = min(make_s, time.perf_counter() - started)
             if time.perf_counter() - began > MAKE_BUDGET_S:
                 break
-        sample_out = task.run(template, task.seed)
+        per_set, fixed = set_bytes(template, task.run(template, task.seed), _work(task))
         wanted = wanted_sets(claimed_ms, make_s, event_speedup)
-        fits = sets_in(task, template, sample_out, room)
-        if fits < min(wanted, MIN_SETS) and make_room is not None and room is not None:
-            before, room = room, make_room()
-            if room is not None:
-                fits = sets_in(task, template, sample_out, room)
-                made_room = (f"{(room - before) / GB:.1f} GB given back for the batch (what the evaluation keeps to go "
-                             "faster: the worker's timing sets, kept trials and other tasks)")
+        left = room() if room is not None else None  # the template held (the output made above given back)
+        fits = sets_in(task, per_set, fixed, left)
+        if fits < min(wanted, MIN_SETS) and make_room is not None and left is not None:
+            before, left = left, make_room()
+            if left is not None:
+                fits = sets_in(task, per_set, fixed, left)
+                made_room = (f"{max(0, left - before) / GB:.1f} GB given back for the batch (what the evaluation "
+                             "keeps to go faster: the worker's timing sets, kept trials and other tasks)")
         k = max(0, min(wanted, fits))
         if k == 0:
-            per_set, fixed = set_bytes(template, sample_out, _work(task))
-            left = "" if room is None else f", {room / GB:.1f} GB left"
+            shown = "" if left is None else f", {left / GB:.1f} GB left"
             return Confirmation(False, "not confirmed by the judge's wall clock: not one batch set of this task fits "
                                        f"the memory the budget leaves ({(per_set + fixed) / GB:.1f} GB for one"
-                                       f"{left}; a larger --memory-budget measures it)", unfit=True)
-        del sample_out
+                                       f"{shown}; a larger --memory-budget measures it)", unfit=True)
     # a reference that draws random numbers: call by call, each after its own seed on both sides, and compared
     ref = ReferenceSide(task, template, k, want_graph=graphs and not task.draws_random)
     del template  # the sets hold its values: not a copy more through the rounds
@@ -349,18 +371,20 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     return replace(found, note=f"{found.note}; {made_room}") if made_room else found
 
 
-def _compare_round(outs: list[Any], refs: list[Any], tol: Tolerances) -> Confirmation | None:
+def _compare_round(outs: list[Any], refs: list[Any], tol: Tolerances) -> tuple[int, Confirmation] | None:
+    """The first set whose outputs differ, and the failed confirmation it makes."""
     for i, (out, expected) in enumerate(zip(outs, refs, strict=True)):
         c = compare_outputs(out, expected, tol)
         if not c.ok:
             problem = f"confirmation batch, set {i + 1}: {c.problem}"
-            return Confirmation(False, problem, problem=problem)
+            return i, Confirmation(False, problem, problem=problem)
     return None
 
 
 def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: CandidateSide, ref: ReferenceSide,
             k: int, earlier: Walls | None = None, strict: bool = False, above: bool = True) -> Confirmation:
-    graph = candidate.stage(ref.packed, ref.like, k, graph=ref.graph is not None)
+    # a graph only where the judge captured the reference (the worker's word alone is not enough)
+    graph = bool(candidate.stage(ref.packed, ref.like, k, graph=ref.graph is not None)) and ref.graph is not None
     if ref.graph is not None and not graph:  # the same way on both sides
         ref.graph = None
     ref_walls: list[float] = [*earlier.ref] if earlier else []
@@ -385,11 +409,13 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
                 wall, outs, problem = candidate.run(seed)
                 if problem:
                     problem = f"confirmation batch: {problem}"
-                    return Confirmation(False, problem, problem=problem, graph=graph)
+                    return Confirmation(False, problem, problem=problem)
                 cand_walls.append(wall)
         failed = _compare_round(outs, refs, tol)
         if failed is not None:
-            return replace(failed, graph=graph)
+            i, found = failed
+            wrong = ref.graph_wrong(i, refs[i], tol) if graph else None
+            return replace(found, graph_wrong=wrong) if wrong is not None else found
         del refs, outs
     walls = Walls(ref_walls, cand_walls, overheads, k)
     trip = max(0.0, candidate.round_trip_s)  # only the candidate's rounds carry a message to the worker and back
@@ -405,7 +431,6 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
                     upper=reading.upper)
     # call by call, as the worker times each call (a graph's replay runs the calls back to back, without the gaps
     # and the flushed caches of the worker's calls: a time a call of another kind)
-    found = replace(found, graph=graph)
     return replace(found, ref_call_ms=1e3 * reading.ref_median_s / k) if precise and not graph else found
 
 

@@ -754,14 +754,14 @@ class Judgement:
         earlier: Confirmation | None = None
         share = 1  # of the room the budget leaves: a batch that did not fit the device is made smaller
         graphs = True
-        graphs_wrong = ""  # what the batch's outputs were as CUDA graphs, where they were wrong only so
+        graphs_wrong = ""  # where the judge's own graph of the reference was wrong: how
         while True:
             started = time.monotonic()
             batch = WorkerBatch(self)
             room = self.judge.memory.room()
             try:
                 confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
-                                       new_ms, self.tol, batch, None if room is None else room // share,
+                                       new_ms, self.tol, batch, None if room is None else self._room_share(share),
                                        earlier.walls if earlier is not None else None, strict,
                                        above=speedup > unmeasured_bound(self.cfg.confirm_above),
                                        make_room=self.make_room if share == 1 else None, graphs=graphs)
@@ -780,14 +780,19 @@ class Judgement:
                 continue
             finally:
                 batch.release()
-            if confirmation.problem is not None and confirmation.graph and earlier is None:
-                # a capture is the judge's choice, and a forward that rebinds its own tensors (a recurrent cell's
-                # state) can replay on memory it let go: measured again call by call before it is the candidate's
-                graphs, graphs_wrong = False, confirmation.problem
+            if confirmation.graph_wrong is not None and graphs:
+                # the judge's own graph of the reference disagreed with its forward on the same inputs (a forward
+                # that rebinds tensors its module holds replays on memory it let go): the machine's doing, measured
+                # again call by call; never for an output of the candidate's that a sound graph bore out
+                graphs, graphs_wrong = False, confirmation.graph_wrong
+                if self.clock.deadline - time.monotonic() < 2 * (time.monotonic() - started):
+                    return Confirmation(False, "not confirmed by the judge's wall clock: its CUDA graph of the "
+                                               f"reference was wrong ({graphs_wrong[:160]}), and no time was left to "
+                                               "measure it call by call", unfit=True)
                 continue
             if graphs_wrong:
-                confirmation = replace(confirmation, note=f"{confirmation.note} (as CUDA graphs the batch was wrong: "
-                                                          f"{graphs_wrong[:160]}; call by call)")
+                confirmation = replace(confirmation, note=f"{confirmation.note} (the judge's CUDA graph of the "
+                                                          f"reference was wrong: {graphs_wrong[:160]}; call by call)")
             if earlier is not None:
                 first = earlier.wall_speedup or 0.0
                 return replace(confirmation, note=f"measured again, its rounds pooled with the first's: "
@@ -797,6 +802,13 @@ class Judgement:
             if self.clock.deadline - time.monotonic() < 2 * (time.monotonic() - started):
                 return replace(confirmation, note=f"{confirmation.note}; no time left to measure it again")
             earlier = confirmation
+
+    def _room_share(self, share: int) -> Callable[[], int | None]:
+        """What the budget leaves now, or ``1 / share`` of it (a batch that did not fit is made smaller)."""
+        def now() -> int | None:
+            left = self.judge.memory.room()
+            return None if left is None else left // share
+        return now
 
     def make_room(self) -> int | None:
         """Room for a confirmation batch that would not otherwise hold enough sets: what is kept only to go faster

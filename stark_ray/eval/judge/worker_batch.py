@@ -127,6 +127,8 @@ def _batch_memory() -> Iterator[None]:
     try:
         yield
     except DeviceMemory as e:
+        if e.recycle:  # the worker said it is unhealthy (or it ran out of the host's memory): it is gone
+            raise
         raise torch.OutOfMemoryError(f"the worker's side: {e.result.error}") from None
 
 

@@ -26,6 +26,8 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """Apply ``fn`` to every tensor in a (nested) list/tuple/dict; other values are kept as they are."""
     if isinstance(value, torch.Tensor):
         return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple: its fields by position
+        return type(value)(*(map_tensors(v, fn) for v in value))
     if isinstance(value, list | tuple):
         return type(value)(map_tensors(v, fn) for v in value)
     if isinstance(value, dict):

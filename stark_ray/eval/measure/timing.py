@@ -448,8 +448,11 @@ def gap_over_reference(candidate: Timing, reference: Timing) -> float:
     stretch of a busy host, which makes the host wake late from the sync and lengthens both sides' gaps, cancels
     out, while work left running on another stream lengthens every call it is left by. (The shortest gaps, compared
     before, differed by 5 us on an H100 between a one-kernel candidate and its reference in a noisy run, one stream
-    each; a candidate leaving work behind on all calls but one passed them.) Rounds where either side's host
-    outlasted the head start are left out where others remain: that call's gap holds no wake from the sync."""
+    each; a candidate leaving work behind on all calls but one passed them.) Rounds where the reference's host
+    outlasted the head start are left out while at least half the rounds remain: that call found the device idle at
+    its sync, so its gap holds no wake from it and would lengthen the difference. The candidate's own late rounds
+    are kept: they only shorten its gaps, and it decides them (a host spinning past the head start in every call
+    but one would otherwise leave one round to judge)."""
     gaps = [[s - m for s, m in zip(t.synced.samples, t.stats.samples, strict=True)] for t in (candidate, reference)]
     rounds = range(min(map(len, gaps)))
     if not rounds:
@@ -458,5 +461,7 @@ def gap_over_reference(candidate: Timing, reference: Timing) -> float:
     def late(t: Timing, k: int) -> bool:
         return bool(t.head_us) and k < len(t.hosts) and t.hosts[k] * 1e3 > (t.head_us or 0.0)
 
-    kept = [k for k in rounds if not late(candidate, k) and not late(reference, k)] or list(rounds)
+    kept = [k for k in rounds if not late(reference, k)]
+    if 2 * len(kept) < len(rounds):
+        kept = list(rounds)
     return statistics.median(gaps[0][k] - gaps[1][k] for k in kept)

@@ -13,6 +13,7 @@ step: a change ends the worker after its answer."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
@@ -22,7 +23,7 @@ import tempfile
 import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -334,15 +335,31 @@ class CandidateHost:
         bufs = map_buffers(fds, [TensorSpec.from_json(s) for group in msg["slots"] for s in group] +
                          specs_of(msg["sets"]))
         cur.buffers = list(bufs.values())
-        cur.slot_buffers = [bufs[i] for i in sorted({int(s["buffer"]) for group in msg["slots"] for s in group})]
-        for buf in cur.buffers:  # page faults now, not inside the judge's clock
-            touch(buf.data)
-        for tree, slot_specs in zip(msg["sets"], msg["slots"], strict=True):
-            cur.staged.append((inputs_on(tree, bufs), slots_on(slot_specs, bufs)))
-        if msg.get("graph") and cur.state.device == "cuda":
-            cur.graph = capture_graph(lambda: self._batch(cur))
-        self.backend.synchronize()
+        with self._unstaged_on_raise(cur):
+            cur.slot_buffers = [bufs[i] for i in sorted({int(s["buffer"]) for group in msg["slots"] for s in group})]
+            for buf in cur.buffers:  # page faults now, not inside the judge's clock
+                touch(buf.data)
+            for tree, slot_specs in zip(msg["sets"], msg["slots"], strict=True):
+                cur.staged.append((inputs_on(tree, bufs), slots_on(slot_specs, bufs)))
+            if msg.get("graph") and cur.state.device == "cuda":
+                cur.graph = capture_graph(lambda: self._batch(cur))
+            self.backend.synchronize()
         return {"staged": len(cur.staged), "graph": cur.graph is not None}
+
+    @contextlib.contextmanager
+    def _unstaged_on_raise(self, cur: Loaded) -> Iterator[None]:
+        """A batch step that raised (the device out of memory, say) lets its batch go at once: the judge makes a
+        smaller one next, and the mappings of this one would hold the device's memory until then."""
+        try:
+            yield
+        except BaseException:
+            cur.graph = None
+            cur.staged, cur.slot_buffers = [], []
+            self._release(cur.buffers)
+            cur.buffers = []
+            if self.backend.device == "cuda":
+                torch.cuda.empty_cache()
+            raise
 
     @staticmethod
     def _batch(cur: Loaded, seed: int | None = None) -> None:
@@ -357,12 +374,14 @@ class CandidateHost:
         checks them against its slots: the answer cannot come before the outputs exist)."""
         cur = self.current
         assert cur is not None
-        self.backend.synchronize()
-        if cur.graph is not None:
-            cur.graph.replay()
-        else:  # with the judge's seed where its reference draws random numbers
-            self._batch(cur, seed if isinstance(seed := msg.get("seed"), int) and not isinstance(seed, bool) else None)
-        return {"done": {"digests": digests(cur.slot_buffers)}}
+        with self._unstaged_on_raise(cur):
+            self.backend.synchronize()
+            if cur.graph is not None:
+                cur.graph.replay()
+            else:  # with the judge's seed where its reference draws random numbers
+                self._batch(cur, seed if isinstance(seed := msg.get("seed"), int) and not isinstance(seed, bool)
+                            else None)
+            return {"done": {"digests": digests(cur.slot_buffers)}}
 
     def release(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         """Before the judge makes a new task's first trial: the states of the tasks kept here down to ``keep`` bytes
