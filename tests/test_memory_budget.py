@@ -147,3 +147,29 @@ def test_the_judges_own_device_memory_running_out_is_evaluated_again_before_it_i
         assert "evaluated 2 times: each time the judge's own allocation ran out of device memory" in hog.log, hog.log
         honest = service.evaluate(task, task.source + CANDIDATE)
         assert honest.passed_checks and "no_kernel" in honest.flags, honest.error
+
+
+@pytest.mark.gpu
+def test_a_6_gb_tasks_claim_is_measured_by_the_judge_at_the_default_budget() -> None:
+    """Every claim through the judge's confirmation (the path a fast kernel takes: ``own_kernel`` off so that the
+    reference's own forward reaches it), on a task with 6.4 GB in and 6.4 GB out: at the default budget of an 80 GB
+    card one batch set fits (issue 41: `23_Softmax`, `26_GELU_` of that size were `unconfirmed` on an H100, 64.4 GB
+    needed for one set where 60.9 GB were left; a fast kernel's gain would have counted for 2x at most); at 40 GB it
+    does not, and says so in one line, never failing the candidate."""
+    import torch
+
+    from stark_ray.eval.service import EvalService
+
+    if torch.cuda.get_device_properties(0).total_memory < 75e9:
+        pytest.skip("needs an 80 GB card")
+    task = _relu_task()
+    confirm_all = EvalConfig(backend="cuda", confirm_above=0.0, defences_off=("own_kernel",))
+    with EvalService(confirm_all) as service:
+        assert service.reference(task).accepted
+        result = service.evaluate(task, task.source + CANDIDATE)
+        assert result.passed_checks and "unconfirmed" not in result.flags, (result.flags, result.log)
+        assert "judge's wall clock" in result.log, result.log
+        tight = EvalConfig(backend="cuda", confirm_above=0.0, defences_off=("own_kernel",), memory_budget_gb=40)
+        capped = service.evaluate(task, task.source + CANDIDATE, tight)
+        assert capped.passed_checks and "unconfirmed" in capped.flags, (capped.flags, capped.error)
+        assert "GB for one" in capped.log and "GB left" in capped.log, capped.log
