@@ -38,7 +38,7 @@ class PackedSets:
         n = len(leaves)
         self.specs = [[spec for spec, _ in placed[i * n:(i + 1) * n]] for i in range(k)]
         self.sets = [_rebuilt(template, [view for _, view in placed[i * n:(i + 1) * n]]) for i in range(k)]
-        self.staged = [[_on(self.pairs[spec.buffer][1], spec) for spec in specs] for specs in self.specs]
+        self.staged = [[on_buffer(self.pairs[spec.buffer][1], spec) for spec in specs] for specs in self.specs]
 
     def fill(self, make: Callable[[], list[Any]]) -> None:
         """A round's fresh values into the staging (outside the clock), one set at a time: ``make()`` gives a set,
@@ -70,7 +70,8 @@ class PackedSets:
                    for (_, mine), (_, theirs) in zip(self.pairs.values(), other.pairs.values(), strict=True))
 
 
-def _on(data: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+def on_buffer(data: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+    """The tensor ``spec`` places on a buffer's bytes ``data`` (the buffer itself, or a copy of it)."""
     return data.view(dtype_of(spec.dtype)).as_strided(spec.shape, spec.stride, spec.offset)
 
 

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 import torch
 
 from stark_ray.config import EvalConfig
-from stark_ray.eval.judge.batch_sets import PackedSets, packed_slots
+from stark_ray.eval.judge.batch_sets import PackedSets, on_buffer, packed_slots
 from stark_ray.eval.judge.trials import JudgeTask, synchronize
 from stark_ray.eval.judge.verdicts import Decided, DeviceMemory, protocol_broken
 from stark_ray.eval.measure.compare import rebuild_outputs
-from stark_ray.eval.wire.exchange import TensorSpec, digests
+from stark_ray.eval.wire.exchange import TensorSpec, byte_sum
 from stark_ray.eval.wire.outbox import Outbox
 from stark_ray.eval.wire.protocol import OP_STAGE
 from stark_ray.eval.wire.trees import encode_tree
@@ -61,7 +61,7 @@ class WorkerBatch:
         self.box = Outbox()
         self.packed: PackedSets | None = None  # the shared input sets (the judge's views, and its staging)
         self.source: PackedSets | None = None  # the reference side's sets, whose staging a round fills
-        self.slots: list[dict[str, torch.Tensor]] = []
+        self.slots: list[dict[str, TensorSpec]] = []  # each set's slots: where each output goes
         self.like: Any = None
 
     def stopped(self) -> AbstractContextManager[None]:
@@ -75,7 +75,7 @@ class WorkerBatch:
         trees = [encode_tree(template, _spec_feeder(specs), prefix="input") for specs in packed.specs]
         groups: list[list[dict[str, Any]]] = []
         for slots in packed_slots(self.box, self.like, k):
-            self.slots.append({path: view for path, _, view in slots})
+            self.slots.append({path: spec for path, spec, _ in slots})
             groups.append([{"path": path, **spec.to_json()} for path, spec, _ in slots])
         fds = self.box.fds()
         with _batch_memory():
@@ -105,13 +105,20 @@ class WorkerBatch:
         if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
             raise Decided(protocol_broken("no answer to go"), recycle=True)
         synchronize(task)
-        if digests(self.box.slot_buffers) != done["digests"]:
+        # one copy of the slots, and its byte sums against the answer's: the outputs compared are those the worker
+        # answered for, whatever its GPU work writes into the shared slots afterwards (a kernel left running could
+        # put right outputs there after the answer, for the judge's reading of them)
+        number = {id(b): n for n, b in enumerate(self.box.buffers)}
+        copies = {number[id(b)]: b.data.clone() for b in self.box.slot_buffers}
+        sums = torch.stack([byte_sum(c) for c in copies.values()]).tolist() if copies else []
+        if sums != done["digests"]:
             raise Decided(EvalResult(compiled=True, passed_checks=True, stage=STAGE_OK, flags=["suspicious"],
                                      error="suspicious: the worker answered before its outputs were final"),
                           recycle=True)
         if packed.changed():
             return wall, [], "the candidate modified its inputs"
-        outs = [rebuild_outputs(self.like, {p: t.clone() for p, t in slots.items()}) for slots in self.slots]
+        outs = [rebuild_outputs(self.like, {p: on_buffer(copies[spec.buffer], spec) for p, spec in specs.items()})
+                for specs in self.slots]
         return wall, outs, None
 
     def release(self) -> None:
@@ -121,9 +128,8 @@ class WorkerBatch:
 @contextlib.contextmanager
 def _batch_memory() -> Iterator[None]:
     """The device running out of memory on the worker's side of the batch is the batch's size, which the judge chose
-    (its room counts an output of the worker's forward, not all its work: level3/5_AlexNet's batch at 40 GB, with
-    the worker capped at 6.9 GB): torch.OutOfMemoryError, as on the judge's side (a smaller batch, or unconfirmed),
-    never the candidate's failure."""
+    (level3/5_AlexNet's batch at 40 GB left the worker 6.9 GB, and it ran out): torch.OutOfMemoryError, as on the
+    judge's side (a smaller batch, or unconfirmed), never the candidate's failure."""
     try:
         yield
     except DeviceMemory as e:
