@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from stark_ray.eval.diagnostics import (
     forward_location,
 )
 from stark_ray.eval.evaluator import precheck
+from stark_ray.eval.judge.batch_sets import on_buffer
 from stark_ray.eval.measure.compare import Tolerance, Tolerances, compare_outputs
 from stark_ray.eval.measure.inputs import make_inputs, same_values, scale_floats, trial_scale
 from stark_ray.eval.measure.timing import (
@@ -1171,3 +1173,79 @@ def test_a_builds_limit_follows_the_hosts_pace_within_bounds() -> None:
     assert build_limit(300.0, [174.0, 244.0, 12.0], 2.0) == 488.0  # twice the slowest recent build
     assert build_limit(300.0, [900.0], 2.0) == 1200.0  # at most four times the configured limit
     assert build_limit(300.0, [244.0], 0.0) == 300.0  # switched off
+
+
+class _InProcessWorker:
+    """The worker's side of a confirmation batch played in this process on the judge's own views of the shared
+    buffers (a double of the worker's process, not of the judge's code under test): ``late`` answers with the byte
+    sums of unfinished outputs, then writes the right ones into the slots before the judge reads them."""
+
+    round_trip_s = 0.0
+
+    def __init__(self, model: Any, late: bool = False) -> None:
+        self.model, self.late = model, late
+        self.batch: Any = None
+        self.seq = 0
+
+    def step(self, op: str, payload: dict[str, Any], fds: list[int] | None = None, label: str = "") -> dict[str, Any]:
+        for fd in fds or ():
+            os.close(fd)
+        return {"staged": len(payload["sets"]), "graph": False}
+
+    def ping(self) -> float:
+        return 0.0
+
+    def stopped(self) -> Any:
+        return contextlib.nullcontext()
+
+    def go(self, seed: int | None = None) -> Callable[[], dict[str, Any]]:
+        from stark_ray.eval.wire.exchange import digests
+
+        batch = self.batch
+        assert batch.packed is not None
+        views = [[on_buffer(batch.box.buffers[spec.buffer].data, spec) for spec in specs.values()]
+                 for specs in batch.slots]
+        for inputs, outs in zip(batch.packed.sets, views, strict=True):
+            right = self.model(*inputs)
+            outs[0].copy_(right * 3.0 if self.late else right)  # unfinished: wrong values
+        sums = digests(batch.box.slot_buffers)
+        if self.late:  # after the answer's sums, the right outputs (a thread or a kernel left running)
+            for inputs, outs in zip(batch.packed.sets, views, strict=True):
+                outs[0].copy_(self.model(*inputs))
+        return lambda: {"done": {"digests": sums}}
+
+
+def test_the_judge_compares_the_outputs_the_worker_answered_for_not_those_written_after() -> None:
+    """The judge copies the slots once after the answer and checks that copy's byte sums against the answer's: an
+    answer for unfinished outputs, the right ones written into the shared slots after it, is `suspicious`; the
+    honest side's outputs are those compared."""
+    from stark_ray.eval.judge.confirmation import ReferenceSide
+    from stark_ray.eval.judge.trials import JudgeTask
+    from stark_ray.eval.judge.verdicts import Decided
+    from stark_ray.eval.judge.worker_batch import WorkerBatch
+
+    class Scale(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2.0
+
+    task = JudgeTask("t", None, Scale(), [], "cpu", 0)
+    for late in (False, True):
+        side = ReferenceSide(task, [torch.randn(64)], 3, want_graph=False)
+        worker = _InProcessWorker(task.model, late=late)
+        worker.task, worker.cfg = task, EvalConfig()  # type: ignore[attr-defined]
+        batch = WorkerBatch(worker)  # type: ignore[arg-type]
+        worker.batch = batch
+        try:
+            batch.stage(side.packed, side.like, 3, graph=False)
+            side.packed.fill(lambda: [torch.randn(64)])
+            if late:
+                with pytest.raises(Decided, match="answered before its outputs were final"):
+                    batch.run()
+                continue
+            _, outs, problem = batch.run()
+            _, refs = side.run()
+            assert problem is None and len(outs) == 3
+            assert all(torch.equal(o, r) for o, r in zip(outs, refs, strict=True))
+        finally:
+            batch.release()
+            side.release()
