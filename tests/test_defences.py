@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -338,11 +339,21 @@ def test_library_compute_is_the_workers_informational_flag_with_its_line() -> No
     assert "library_compute" in c.flags and c.explained["library_compute"] == line and not c.rejected
 
 
+def _stub_judgement(device: str) -> Any:
+    """What Judgement.confirmed reads of itself: 16 GB of room, no deadline."""
+    import types
+
+    return types.SimpleNamespace(
+        task=types.SimpleNamespace(device=device), cfg=EvalConfig(), tol=None, round_trip_s=0.0,
+        judge=types.SimpleNamespace(memory=types.SimpleNamespace(room=lambda: 16 << 30)),
+        clock=types.SimpleNamespace(deadline=float("inf")), make_room=lambda: 16 << 30,
+        _room_share=lambda share: lambda: (16 << 30) // share)
+
+
 def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_unconfirmed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The judge's own batch running out of device memory is never the candidate's failure: it is made again with
     a quarter of the room, and where that does not fit either, the claim is unconfirmed (capped), not failed."""
-    import types
 
     import torch
 
@@ -357,11 +368,7 @@ def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_
         return Confirmation(True, "speedup confirmed by the judge's wall clock: 7.8x")
 
     monkeypatch.setattr(judge_module, "confirm", full)
-    judgement = types.SimpleNamespace(
-        task=types.SimpleNamespace(device="cpu"), cfg=EvalConfig(), tol=None, round_trip_s=0.0,
-        judge=types.SimpleNamespace(memory=types.SimpleNamespace(room=lambda: 16 << 30)),
-        clock=types.SimpleNamespace(deadline=float("inf")), make_room=lambda: 16 << 30,
-        _room_share=lambda share: lambda: (16 << 30) // share)
+    judgement = _stub_judgement("cpu")
     c = judge_module.Judgement.confirmed(judgement, 7.9, 0.3)  # type: ignore[arg-type]
     assert c.confirmed and rooms == [16 << 30, 4 << 30, 1 << 30]
     def never_fits(*args, **kw):  # type: ignore[no-untyped-def]
@@ -378,7 +385,6 @@ def test_a_batch_wrong_by_the_judges_own_graph_is_measured_again_call_by_call_be
     forward on the same inputs (level3/33_VanillaRNN, the reference's own forward, at 40 GB on an H100: "set 8:
     values differ") is measured again call by call; a candidate's wrong output against a sound graph is its own
     failure, with no second batch."""
-    import types
 
     from stark_ray.eval.judge import judge as judge_module
 
@@ -392,11 +398,7 @@ def test_a_batch_wrong_by_the_judges_own_graph_is_measured_again_call_by_call_be
         return Confirmation(True, "speedup confirmed by the judge's wall clock: 3.1x", wall_speedup=3.1, claim=3.2)
 
     monkeypatch.setattr(judge_module, "confirm", graphs_wrong)
-    judgement = types.SimpleNamespace(
-        task=types.SimpleNamespace(device="cuda"), cfg=EvalConfig(), tol=None, round_trip_s=0.0,
-        judge=types.SimpleNamespace(memory=types.SimpleNamespace(room=lambda: 16 << 30)),
-        clock=types.SimpleNamespace(deadline=float("inf")), make_room=lambda: 16 << 30,
-        _room_share=lambda share: lambda: (16 << 30) // share)
+    judgement = _stub_judgement("cuda")
     c = judge_module.Judgement.confirmed(judgement, 3.2, 0.3)  # type: ignore[arg-type]
     assert asked == [True, False] and c.confirmed and c.problem is None
     assert "the judge's CUDA graph of the reference was wrong" in c.note and "set 8" in c.note

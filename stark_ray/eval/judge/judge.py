@@ -131,10 +131,10 @@ class Judge:
         self.build_times: deque[float] = deque(maxlen=BUILDS_KEPT)  # its worker's latest builds (imports), seconds
         self.seq = 0  # steps sent to the worker so far
 
-    def release_others(self, allowance: int, clock: PhaseClock | None) -> None:
+    def release_others(self, allowance: int, clock: PhaseClock | None, keep: str | None = None) -> None:
         """Before a new task's first trial: the other tasks' states down to ``allowance`` bytes, here and in the
-        worker, and their memory back to the device."""
-        self._drop_oldest(allowance, None)
+        worker (without ``clock``: here only), and their memory back to the device; never ``keep``'s."""
+        self._drop_oldest(allowance, keep)
         release_cached(self.backend.device)
         if clock is not None and self.worker.alive:
             try:
@@ -230,13 +230,6 @@ class Judge:
         else:
             limit = int(KEPT_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         self._drop_oldest(limit, keep)
-
-    def drop_others(self, keep: str | None) -> None:
-        """Every task's state but ``keep``'s, and its memory back to the device."""
-        for key in [k for k in self.tasks if k != keep]:
-            del self.tasks[key]
-        collect_all()
-        release_cached(self.backend.device)
 
     def _drop_oldest(self, limit: int, keep: str | None) -> None:
         """Forget the least recently used tasks beyond KEPT_TASKS or ``limit`` bytes held, never ``keep``."""
@@ -818,7 +811,7 @@ class Judgement:
         self.step(OP_RELEASE, {"keep": 0, "sets": True}, label="making room for the confirmation batch")
         self.task.cache.clear()
         key = next((k for k, t in self.judge.tasks.items() if t is self.task), None)
-        self.judge.drop_others(key)
+        self.judge.release_others(0, None, keep=key)  # here only: the worker was asked above
         self.judge.memory.cap_self()
         return self.judge.memory.room()
 

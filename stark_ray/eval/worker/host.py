@@ -329,8 +329,7 @@ class CandidateHost:
         the batch as a CUDA graph (None where it cannot be: the batch then runs call by call)."""
         cur = self.current
         assert cur is not None
-        self._release(cur.buffers)
-        cur.buffers, cur.staged, cur.slot_buffers, cur.graph = [], [], [], None
+        self._unstage(cur)
         fds = recv_fds(self._channel(), int(msg["fds"]))
         bufs = map_buffers(fds, [TensorSpec.from_json(s) for group in msg["slots"] for s in group] +
                          specs_of(msg["sets"]))
@@ -346,6 +345,11 @@ class CandidateHost:
             self.backend.synchronize()
         return {"staged": len(cur.staged), "graph": cur.graph is not None}
 
+    def _unstage(self, cur: Loaded) -> None:
+        """The confirmation batch's graph, views and mappings let go."""
+        self._release(cur.buffers)
+        cur.buffers, cur.staged, cur.slot_buffers, cur.graph = [], [], [], None
+
     @contextlib.contextmanager
     def _unstaged_on_raise(self, cur: Loaded) -> Iterator[None]:
         """A batch step that raised (the device out of memory, say) lets its batch go at once: the judge makes a
@@ -353,10 +357,7 @@ class CandidateHost:
         try:
             yield
         except BaseException:
-            cur.graph = None
-            cur.staged, cur.slot_buffers = [], []
-            self._release(cur.buffers)
-            cur.buffers = []
+            self._unstage(cur)
             if self.backend.device == "cuda":
                 torch.cuda.empty_cache()
             raise
