@@ -877,8 +877,10 @@ def test_a_confirmation_batch_without_room_asks_for_what_is_kept_to_go_faster_th
     found = confirm(task, lambda: [torch.randn(64)], 1.0, 5.5, tol, _HonestSide(task.model),
                     room=lambda: fixed + 100 * per_set, make_room=make_room)
     assert not asked and found.walls is not None and found.walls.k == MIN_SETS  # room enough: nothing asked
+    lean_set, _ = set_bytes([torch.ones(64)], torch.ones(64), lean=True)
+    assert lean_set == 4 * 256  # the lean batch: the staging is the reference's input, the slots its output
     none_left = confirm(task, lambda: [torch.randn(64)], 1.0, 5.5, tol, _HonestSide(task.model), room=lambda: fixed,
-                        make_room=lambda: fixed + per_set - 1)
+                        make_room=lambda: fixed + lean_set - 1)
     assert none_left.unfit and "GB for one" in none_left.note and "GB left" in none_left.note
 
 
@@ -1249,3 +1251,80 @@ def test_the_judge_compares_the_outputs_the_worker_answered_for_not_those_writte
         finally:
             batch.release()
             side.release()
+
+
+class _PeekingWorker(_InProcessWorker):
+    """An in-process worker that looks at the shared buffers whenever it could outside its clock (each time the judge
+    lets it go on after stopping it, and at the ping before each of its rounds), as a kernel left running would, and
+    at ``go`` checks whether it saw this round's inputs, or the reference's outputs on them, before."""
+
+    def __init__(self, model: Any, wrong: bool = False) -> None:
+        super().__init__(model)
+        self.wrong = wrong
+        self.seen: list[torch.Tensor] = []
+        self.leaked = 0
+
+    def _look(self) -> None:
+        if self.batch is not None and self.batch.packed is not None:
+            self.seen += [t.clone() for t in self.batch.packed.sets[0]]
+            self.seen += [t.clone() for t in self.batch.views[0]]
+
+    @contextlib.contextmanager
+    def stopped(self) -> Any:
+        yield
+        self._look()
+
+    def ping(self) -> float:
+        self._look()
+        return 0.0
+
+    def go(self, seed: int | None = None) -> Callable[[], dict[str, Any]]:
+        from stark_ray.eval.wire.exchange import digests
+
+        batch = self.batch
+        (x,), (slot,) = batch.packed.sets[0], batch.views[0]
+        right = self.model(x)
+        self.leaked += sum(1 for t in self.seen if t.shape == x.shape and (torch.equal(t, x) or torch.equal(t, right)))
+        slot.copy_(right + 1.0 if self.wrong else right)
+        sums = digests(batch.box.slot_buffers)
+        return lambda: {"done": {"digests": sums}}
+
+
+def test_a_batch_set_too_large_for_the_batch_is_measured_in_a_lean_batch_that_shows_the_worker_nothing_early() -> None:
+    """`36_RMSNorm_` (7.5 GB in, 7.5 GB out) needed 75 GB for one batch set on an H100 with 59 GB left, so a fast
+    kernel's claim counted for 2x at most. Where not one set fits, a lean batch of one set measures it: the reference
+    side has no buffers of its own (its staging is its input; its rounds write into the worker's shared inputs and
+    slots, the same bytes as the candidate's round), so it is timed on a draw of its own and its outputs on the
+    candidate's draw are computed after the answer. The worker, looking at the shared memory whenever it could
+    outside its clock, never sees its round's inputs or the right outputs before; a wrong output is still caught."""
+    from stark_ray.eval.judge.confirmation import confirm, set_bytes
+    from stark_ray.eval.judge.trials import JudgeTask
+    from stark_ray.eval.judge.worker_batch import WorkerBatch
+
+    class Scale(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2.0
+
+    task = JudgeTask("t", None, Scale(), [], "cpu", 0)
+    task.get_inputs = lambda: [torch.randn(4096)]  # type: ignore[method-assign]
+    per_set, fixed = set_bytes([torch.ones(4096)], torch.ones(4096))
+    lean_set, _ = set_bytes([torch.ones(4096)], torch.ones(4096), lean=True)
+    tol = Tolerances.of(EvalConfig())
+    for wrong in (False, True):
+        worker = _PeekingWorker(task.model, wrong=wrong)
+        worker.task, worker.cfg = task, EvalConfig()  # type: ignore[attr-defined]
+        batch = WorkerBatch(worker)  # type: ignore[arg-type]
+        worker.batch = batch
+        try:
+            found = confirm(task, lambda: [torch.randn(4096)], 1.0, 5.5, tol, batch,
+                            room=lambda: fixed + per_set - 1)
+        finally:
+            batch.release()
+        if wrong:
+            assert found.problem is not None and "values differ" in found.problem, found
+            continue
+        assert found.problem is None and not found.unfit and found.walls is not None, found
+        assert found.walls.lean and found.walls.k == 1 and len(found.walls.cand) == len(found.walls.ref) == 3
+        assert "lean batch of one set" in found.note, found.note
+        assert worker.seen and worker.leaked == 0
+    assert per_set > lean_set  # the normal batch did not fit, the lean one did

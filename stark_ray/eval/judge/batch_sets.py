@@ -21,9 +21,11 @@ class PackedSets:
     layout: a round's fresh values go into the staging before the clock starts (where no other process can see
     them), and into the buffers by one copy per buffer inside it, the same few copies on both sides."""
 
-    def __init__(self, box: Outbox, template: list[Any], k: int, staging: PackedSets | None = None) -> None:
+    def __init__(self, box: Outbox, template: list[Any], k: int, staging: PackedSets | None = None,
+                 direct: bool = False) -> None:
         """``staging``: the other side's sets of the same layout, whose private staging these share (both sides
-        are given the same fresh values each round: one staging copy of the batch's inputs, not two)."""
+        are given the same fresh values each round: one staging copy of the batch's inputs, not two); ``direct``:
+        the buffers are the staging (private to the judge: the lean batch's reference side, which runs on it)."""
         leaves = _tensors(template)
         placed = box.pack([t for _ in range(k) for t in leaves])
         # buffer number -> (the shared buffer, a private staging of its bytes)
@@ -34,7 +36,8 @@ class PackedSets:
             data = box.buffers[i].data
             same = j < len(theirs) and theirs[j].shape == data.shape and theirs[j].device == data.device
             # zeros: the gaps between packed tensors reach the worker's buffers too, never the judge's old memory
-            self.pairs[i] = (box.buffers[i], theirs[j] if same else torch.zeros_like(data))
+            self.pairs[i] = (box.buffers[i], data if direct else theirs[j] if same else torch.zeros_like(data))
+        self.direct = direct
         n = len(leaves)
         self.specs = [[spec for spec, _ in placed[i * n:(i + 1) * n]] for i in range(k)]
         self.sets = [_rebuilt(template, [view for _, view in placed[i * n:(i + 1) * n]]) for i in range(k)]
@@ -56,6 +59,8 @@ class PackedSets:
 
     def write(self) -> None:
         """The staged values into the buffers (inside the clock)."""
+        if self.direct:
+            return
         for shared, staging in self.pairs.values():
             shared.data.copy_(staging)
 

@@ -100,6 +100,7 @@ class Walls:
     cand: list[float]
     overheads: list[float]
     k: int
+    lean: bool = False  # the lean batch of one set (:func:`confirm`): a second confirmation takes the same
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,21 @@ class CandidateSide(Protocol):
         inputs)."""
         ...
 
+    def lend(self) -> Lent:
+        """The staged batch's shared buffers, for the reference side of a lean batch to do the same writes on."""
+        ...
+
+
+@dataclass(frozen=True)
+class Lent:
+    """What the worker's side of a lean batch lends the reference's side (:func:`confirm`), so that each side's round
+    writes the same bytes into the same memory: the shared input sets (written from the reference side's staging),
+    the judge's views of the output slots, and the byte sums over the slots' buffers."""
+
+    sets: PackedSets
+    slots: list[list[torch.Tensor]]
+    sums: Callable[[], None]
+
 
 def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out: Any, make_s: float = 0.0,
               room: int | None = None, speedup: float = 1.0) -> int:
@@ -170,18 +186,21 @@ def wanted_sets(claimed_ms: float, make_s: float = 0.0, speedup: float = 1.0) ->
     return min(MAX_SETS, wanted)
 
 
-def set_bytes(sample: list[Any], sample_out: Any, work: int = 0) -> tuple[int, int]:
+def set_bytes(sample: list[Any], sample_out: Any, work: int = 0, lean: bool = False) -> tuple[int, int]:
     """(bytes of one batch set, bytes the batch holds beside its sets). A set: its inputs three times (each side's
     buffers and the staging, which the round's fresh values go into one set at a time) and its outputs three times
     (the reference side's buffers, the slots and the copy of them read back; the reference's are compared where
-    they are). Beside the sets (the template held already, and counted as such): one set of inputs more (the
-    template's copy for the forward that shapes the outputs, then the set being made: never both at once) and a
-    forward on each side, its ``work`` (the reference's, measured on its first trial: outputs and intermediates)
-    or at least its outputs (the outputs' structure is kept without their memory). With each forward counted by
-    its outputs only, `level3/5_AlexNet`'s worker was left 6.9 GB beside its batch at 40 GB and ran out (1.1 GB
-    asked, 5.8 GB allocated)."""
+    they are); in a ``lean`` batch (:func:`confirm`) its inputs twice (the staging, which the reference runs on, and
+    the shared buffers) and its outputs twice (the slots and their copy). Beside the sets (the template held
+    already, and counted as such): one set of inputs more (the template's copy for the forward that shapes the
+    outputs, then the set being made: never both at once) and a forward on each side, its ``work`` (the
+    reference's, measured on its first trial: outputs and intermediates) or at least its outputs (the outputs'
+    structure is kept without their memory; a lean batch's reference outputs are its forward's own, compared where
+    they are). With each forward counted by its outputs only, `level3/5_AlexNet`'s worker was left 6.9 GB beside
+    its batch at 40 GB and ran out (1.1 GB asked, 5.8 GB allocated)."""
     i, o = sum(nbytes_of(sample)), sum(nbytes_of(sample_out))
-    return 3 * i + 3 * o, i + 2 * max(o, work)
+    copies = 2 if lean else 3
+    return copies * i + copies * o, i + 2 * max(o, work)
 
 
 def _work(task: JudgeTask) -> int:
@@ -230,14 +249,20 @@ def same_binding(a: dict[tuple[int, str], torch.Tensor], b: dict[tuple[int, str]
 
 
 class ReferenceSide:
-    """The reference's half of the batch, in the judge: its own input and output buffers, and a graph of it."""
+    """The reference's half of the batch, in the judge: its own input and output buffers, and a graph of it. In a
+    ``lean`` batch (:func:`confirm`) its input buffers are the staging itself and it has no output buffers: each of
+    its rounds writes its staging into the worker's shared inputs and its outputs into the worker's slots (the same
+    bytes into the same memory as the candidate's round, so the fixed costs stay alike), lent by the worker's side
+    (:attr:`lent`) once staged; never as a graph."""
 
-    def __init__(self, task: JudgeTask, template: list[Any], k: int, want_graph: bool) -> None:
+    def __init__(self, task: JudgeTask, template: list[Any], k: int, want_graph: bool, lean: bool = False) -> None:
         self.task = task
+        self.lean = lean
+        self.lent: Lent | None = None
         # the same kind of memory as the worker's (a memfd, the driver's VMM): on the CPU, pages of shared memory
         # are not those of a private heap, and a streaming kernel notices
         self.box = Outbox()
-        self.packed = PackedSets(self.box, template, k)
+        self.packed = PackedSets(self.box, template, k, direct=lean)
         self.inputs = self.packed.sets
         before = tensor_attributes(task.model)
         with torch.no_grad():
@@ -248,9 +273,10 @@ class ReferenceSide:
         del out
         # a forward that rebinds a tensor of its module (a recurrent cell's state: level3/33_VanillaRNN) replays, as
         # a graph, on the memory of the tensor it let go at its capture, which the judge's next allocations reuse
-        want_graph = want_graph and same_binding(before, tensor_attributes(task.model))
+        want_graph = want_graph and same_binding(before, tensor_attributes(task.model)) and not lean
         del before
-        self.outputs = [[view for _, _, view in slots] for slots in packed_slots(self.box, self.like, k)]
+        self.outputs = [] if lean else [[view for _, _, view in slots]
+                                        for slots in packed_slots(self.box, self.like, k)]
         for b in self.box.buffers:
             touch(b.data)
         # the judge's own batch: its memory sampler's thread may read the device meanwhile (judge_memory.py)
@@ -258,19 +284,48 @@ class ReferenceSide:
 
     def release(self) -> None:
         self.graph = None
-        self.inputs, self.outputs = [], []
+        self.inputs, self.outputs, self.lent = [], [], None
         self.box.release()
+
+    def _targets(self) -> list[list[torch.Tensor]]:
+        """Where each set's outputs are copied: this side's buffers, or in a lean batch the worker's slots."""
+        if not self.lean:
+            return self.outputs
+        assert self.lent is not None, "a lean batch's reference side runs once the worker's side is staged"
+        return self.lent.slots
+
+    def _write(self) -> None:
+        if self.lean:
+            assert self.lent is not None
+            self.lent.sets.write()  # this side's staging into the worker's shared inputs, as the candidate's round
+        else:
+            self.packed.write()
 
     def _body(self, seed: int | None = None) -> None:
         with torch.no_grad():
-            for i, (inputs, outs) in enumerate(zip(self.inputs, self.outputs, strict=True)):
+            for i, (inputs, outs) in enumerate(zip(self.inputs, self._targets(), strict=True)):
                 if seed is not None:  # a reference that draws random numbers: set i's call after seed + i
                     torch.manual_seed(seed + i)
                 for buf, t in zip(outs, tensor_leaves(self.task.model(*inputs)), strict=True):
                     buf.copy_(t)
 
     def _sums(self) -> None:
-        digests(self.box.slot_buffers)
+        if self.lean:
+            assert self.lent is not None
+            self.lent.sums()
+        else:
+            digests(self.box.slot_buffers)
+
+    def expected(self, seed: int | None = None) -> list[Any]:
+        """The reference's outputs on the values staged now, one per set, outside any clock (a lean batch's
+        comparison: the candidate's round had this draw, the reference's timed round one of its own)."""
+        found = []
+        with torch.no_grad():
+            for i, inputs in enumerate(self.inputs):
+                if seed is not None:
+                    torch.manual_seed(seed + i)
+                found.append(self.task.model(*inputs))
+        return found
 
     def graph_wrong(self, i: int, replayed: Any, tol: Tolerances) -> str | None:
         """Whether this side's graph gave set ``i`` other outputs (``replayed``) than the reference's forward called
@@ -290,24 +345,27 @@ class ReferenceSide:
         :meth:`overhead`), on the staged values; ``seed``: set i's call after seed + i."""
         synchronize(self.task)
         started = time.perf_counter()
-        self.packed.write()
+        self._write()
         if self.graph is not None:
             self.graph.replay()
         else:
             self._body(seed)
         self._sums()
         wall = time.perf_counter() - started
+        if self.lean:  # its outputs went into the worker's slots: the comparison's are :meth:`expected`'s
+            return wall, []
         return wall, [self._outputs(i) for i in range(len(self.outputs))]
 
     def overhead(self) -> float:
         """What writing the inputs, copying the outputs into their buffers and summing them cost without the calls
         (seconds): the same on both sides, the slots being the same kind of memory as these buffers."""
-        sources = [torch.zeros_like(buf) for buf in self.outputs[0]]  # as a forward's outputs: made (and their pages
+        targets = self._targets()
+        sources = [torch.zeros_like(buf) for buf in targets[0]]  # as a forward's outputs: made (and their pages
         # touched) before the clock
         synchronize(self.task)
         started = time.perf_counter()
-        self.packed.write()
-        for outs in self.outputs:
+        self._write()
+        for outs in targets:
             for buf, t in zip(outs, sources, strict=True):
                 buf.copy_(t)
         self._sums()
@@ -336,8 +394,9 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     (see :func:`verdict`); ``graphs``: False runs the batch call by call whatever the sides could capture."""
     template = make_template()
     made_room = ""
+    lean = False
     if earlier is not None:
-        k = earlier.k
+        k, lean = earlier.k, earlier.lean
     else:
         make_s = math.inf
         began = time.perf_counter()
@@ -348,7 +407,10 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
             make_s = min(make_s, time.perf_counter() - started)
             if time.perf_counter() - began > MAKE_BUDGET_S:
                 break
-        per_set, fixed = set_bytes(template, task.run(template, task.seed), _work(task))
+        out = task.run(template, task.seed)
+        per_set, fixed = set_bytes(template, out, _work(task))
+        lean_set, _ = set_bytes(template, out, _work(task), lean=True)
+        del out
         wanted = wanted_sets(claimed_ms, make_s, event_speedup)
         left = room() if room is not None else None  # the template held (the output made above given back)
         fits = sets_in(task, per_set, fixed, left)
@@ -359,16 +421,20 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
                 made_room = (f"{max(0, left - before) / GB:.1f} GB given back for the batch (what the evaluation "
                              "keeps to go faster: the worker's timing sets, kept trials and other tasks)")
         k = max(0, min(wanted, fits))
-        if k == 0:
-            shown = "" if left is None else f", {left / GB:.1f} GB left"
-            return Confirmation(False, "not confirmed by the judge's wall clock: not one batch set of this task fits "
-                                       f"the memory the budget leaves ({(per_set + fixed) / GB:.1f} GB for one"
-                                       f"{shown}; a larger --memory-budget measures it)", unfit=True)
+        if k == 0:  # the lean batch: one set, a copy less of its inputs and of its outputs
+            k = min(1, sets_in(task, lean_set, fixed, left))
+            lean = k == 1
+            if k == 0:
+                shown = "" if left is None else f", {left / GB:.1f} GB left"
+                return Confirmation(False, "not confirmed by the judge's wall clock: not one batch set of this task "
+                                           f"fits the memory the budget leaves ({(lean_set + fixed) / GB:.1f} GB for "
+                                           f"one{shown}; a larger --memory-budget measures it)", unfit=True)
     # a reference that draws random numbers: call by call, each after its own seed on both sides, and compared
-    ref = ReferenceSide(task, template, k, want_graph=graphs and not task.draws_random)
+    ref = ReferenceSide(task, template, k, want_graph=graphs and not task.draws_random, lean=lean)
     del template  # the sets hold its values: not a copy more through the rounds
     try:
-        found = _rounds(task, event_speedup, tol, candidate, ref, k, earlier, strict, above)
+        found = (_lean_rounds if lean else _rounds)(task, event_speedup, tol, candidate, ref, k, earlier, strict,
+                                                    above)
     finally:
         ref.release()
     return replace(found, note=f"{found.note}; {made_room}") if made_room else found
@@ -420,10 +486,61 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
             wrong = ref.graph_wrong(i, refs[i], tol) if graph else None
             return replace(found, graph_wrong=wrong) if wrong is not None else found
         del refs, outs
-    walls = Walls(ref_walls, cand_walls, overheads, k)
+    return _decide(task, event_speedup, candidate, Walls(ref_walls, cand_walls, overheads, k), graph, strict, above)
+
+
+def _lean_rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: CandidateSide,
+                 ref: ReferenceSide, k: int, earlier: Walls | None = None, strict: bool = False,
+                 above: bool = True) -> Confirmation:
+    """The rounds of a lean batch (one set, call by call; :func:`confirm`). The reference side has no buffers of its
+    own to write into: its round writes into the worker's shared inputs and slots, which the worker can read, so it
+    runs on a fresh draw of its own, never the one the candidate's round is then given (which the worker would have
+    seen before its clock); the reference's outputs on the candidate's draw are computed after the candidate's
+    answer, outside both clocks, and compared. A reference whose time depends on its values is timed on values of
+    the same kind, not the same values."""
+    candidate.stage(ref.packed, ref.like, k, graph=False)
+    ref.lent = candidate.lend()
+    ref_walls: list[float] = [*earlier.ref] if earlier else []
+    cand_walls: list[float] = [*earlier.cand] if earlier else []
+    overheads: list[float] = [*earlier.overheads] if earlier else []
+
+    def fresh() -> int | None:
+        ref.packed.fill(lambda: make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device))
+        return secrets.randbits(30) if task.draws_random else None
+
+    for r in range(ROUNDS):
+        with candidate.stopped():  # the staging holds a draw already used (or the template, which the worker has)
+            overheads.append(ref.overhead())
+        for side in ("ref", "cand") if r % 2 == 0 else ("cand", "ref"):
+            seed = fresh()
+            if side == "ref":
+                with candidate.stopped():
+                    wall, _ = ref.run(seed)
+                ref_walls.append(wall)
+                continue
+            wall, outs, problem = candidate.run(seed)
+            if problem:
+                problem = f"confirmation batch: {problem}"
+                return Confirmation(False, problem, problem=problem)
+            cand_walls.append(wall)
+            failed = _compare_round(outs, ref.expected(seed), tol)
+            if failed is not None:
+                return failed[1]
+            del outs
+    walls = Walls(ref_walls, cand_walls, overheads, k, lean=True)
+    return _decide(task, event_speedup, candidate, walls, False, strict, above)
+
+
+def _decide(task: JudgeTask, event_speedup: float, candidate: CandidateSide, walls: Walls, graph: bool,
+            strict: bool, above: bool) -> Confirmation:
+    """The verdict on a batch's rounds (:func:`verdict`), with the line that says how they were measured."""
+    k, ref_walls, cand_walls = walls.k, walls.ref, walls.cand
     trip = max(0.0, candidate.round_trip_s)  # only the candidate's rounds carry a message to the worker and back
     reading = read_walls(walls, trip)
     how = "as CUDA graphs" if graph else "call by call"
+    if walls.lean:
+        how += (" (a lean batch of one set, without buffers of the reference's own: the reference timed on fresh "
+                "inputs of its own, compared on the candidate's)")
     calls = (f"{len(cand_walls)}x{k} call(s) {how} on fresh inputs, {1e3 * reading.cand_s / k:.3g} ms per call; "
              f"fastest rounds {1e3 * min(ref_walls):.3g} ms (reference) and {1e3 * min(cand_walls):.3g} ms (of which "
              f"{1e3 * reading.overhead:.3g} ms writing, copying and summing and {1e3 * trip:.2g} ms the message round "

@@ -14,10 +14,11 @@ import torch
 
 from stark_ray.config import EvalConfig
 from stark_ray.eval.judge.batch_sets import PackedSets, on_buffer, packed_slots
+from stark_ray.eval.judge.confirmation import Lent
 from stark_ray.eval.judge.trials import JudgeTask, synchronize
 from stark_ray.eval.judge.verdicts import Decided, DeviceMemory, protocol_broken
 from stark_ray.eval.measure.compare import rebuild_outputs
-from stark_ray.eval.wire.exchange import TensorSpec, byte_sum
+from stark_ray.eval.wire.exchange import TensorSpec, byte_sum, digests
 from stark_ray.eval.wire.outbox import Outbox
 from stark_ray.eval.wire.protocol import OP_STAGE
 from stark_ray.eval.wire.trees import encode_tree
@@ -62,6 +63,7 @@ class WorkerBatch:
         self.packed: PackedSets | None = None  # the shared input sets (the judge's views, and its staging)
         self.source: PackedSets | None = None  # the reference side's sets, whose staging a round fills
         self.slots: list[dict[str, TensorSpec]] = []  # each set's slots: where each output goes
+        self.views: list[list[torch.Tensor]] = []  # the judge's views of each set's slots
         self.like: Any = None
 
     def stopped(self) -> AbstractContextManager[None]:
@@ -76,6 +78,7 @@ class WorkerBatch:
         groups: list[list[dict[str, Any]]] = []
         for slots in packed_slots(self.box, self.like, k):
             self.slots.append({path: spec for path, spec, _ in slots})
+            self.views.append([view for _, _, view in slots])
             groups.append([{"path": path, **spec.to_json()} for path, spec, _ in slots])
         fds = self.box.fds()
         with _batch_memory():
@@ -121,7 +124,12 @@ class WorkerBatch:
                 for specs in self.slots]
         return wall, outs, None
 
+    def lend(self) -> Lent:
+        assert self.packed is not None, "staged first"
+        return Lent(self.packed, self.views, lambda: digests(self.box.slot_buffers))
+
     def release(self) -> None:
+        self.views = []
         self.box.release()
 
 
