@@ -103,3 +103,45 @@ def test_a_dropout_candidates_confirmation_batch_is_compared_call_by_call(servic
     cheat = service.evaluate(task, EMPTY_IN_BATCH)
     assert not cheat.accepted, (cheat.speedup, cheat.log)
     assert "confirmation batch" in (cheat.error or ""), cheat.error
+
+
+# 192 MB in and 192 MB out: without a memory budget the CPU's batch may hold 1 GB (confirmation.CPU_BUDGET_BYTES),
+# one set of the usual batch counts 6 x 192 MB, so the lean batch of one set (4 x 192 MB) measures it
+LARGE_TASK = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+
+
+def get_inputs():
+    return [torch.randn(48 * 1024 * 1024)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+LARGE_HONEST = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+'''
+
+def test_a_task_too_large_for_a_batch_set_is_confirmed_in_the_lean_batch(service: EvalService,
+                                                                        tmp_path: Path) -> None:
+    """Through the real worker: an honest candidate's claim measured by the lean batch (the reference side writing
+    into the worker's shared inputs and slots between the worker's rounds). Its wrong outputs, and a worker looking
+    at the shared memory between its rounds: test_eval_units.py."""
+    path = tmp_path / "large_scale.py"
+    path.write_text(LARGE_TASK)
+    honest = service.evaluate(load_task(path), LARGE_HONEST)
+    assert honest.accepted, (honest.error, honest.log)
+    assert "lean batch of one set" in honest.log, honest.log
