@@ -105,8 +105,8 @@ def test_a_dropout_candidates_confirmation_batch_is_compared_call_by_call(servic
     assert "confirmation batch" in (cheat.error or ""), cheat.error
 
 
-# 192 MB in and 192 MB out: without a memory budget the CPU's batch may hold 1 GB (confirmation.CPU_BUDGET_BYTES),
-# one set of the usual batch counts 6 x 192 MB, so the lean batch of one set (4 x 192 MB) measures it
+# 128 MB in and 128 MB out: without a memory budget the CPU's batch may hold 1 GB (confirmation.CPU_BUDGET_BYTES),
+# one set of the usual batch counts 6 x 128 MB beside 3 x 128 MB, so the lean batch of one set (4 x 128 MB) measures it
 LARGE_TASK = '''
 import torch
 import torch.nn as nn
@@ -118,7 +118,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(48 * 1024 * 1024)]
+    return [torch.randn(32 * 1024 * 1024)]
 
 
 def get_init_inputs():

@@ -1256,23 +1256,29 @@ def test_the_judge_compares_the_outputs_the_worker_answered_for_not_those_writte
 class _PeekingWorker(_InProcessWorker):
     """An in-process worker that looks at the shared buffers whenever it could outside its clock (each time the judge
     lets it go on after stopping it, and at the ping before each of its rounds), as a kernel left running would, and
-    at ``go`` checks whether it saw this round's inputs, or the reference's outputs on them, before."""
+    at ``go`` checks whether it saw this round's inputs, or the reference's outputs on them, before. It also counts
+    the stops after which the shared inputs held values it had not seen and the slots their outputs: the
+    reference's rounds of a lean batch, writing what the candidate's rounds write."""
 
     def __init__(self, model: Any, wrong: bool = False) -> None:
         super().__init__(model)
         self.wrong = wrong
         self.seen: list[torch.Tensor] = []
         self.leaked = 0
+        self.written = 0
 
-    def _look(self) -> None:
-        if self.batch is not None and self.batch.packed is not None:
-            self.seen += [t.clone() for t in self.batch.packed.sets[0]]
-            self.seen += [t.clone() for t in self.batch.views[0]]
+    def _look(self, stop: bool = False) -> None:
+        if self.batch is None or self.batch.packed is None:
+            return
+        (x,), (slot,) = self.batch.packed.sets[0], self.batch.views[0]
+        if stop and not any(torch.equal(t, x) for t in self.seen):
+            self.written += torch.equal(slot, self.model(x))
+        self.seen += [x.clone(), slot.clone()]
 
     @contextlib.contextmanager
     def stopped(self) -> Any:
         yield
-        self._look()
+        self._look(stop=True)
 
     def ping(self) -> float:
         self._look()
@@ -1283,6 +1289,8 @@ class _PeekingWorker(_InProcessWorker):
 
         batch = self.batch
         (x,), (slot,) = batch.packed.sets[0], batch.views[0]
+        if seed is not None:  # set i's call after seed + i, as the worker does
+            torch.manual_seed(seed)
         right = self.model(x)
         self.leaked += sum(1 for t in self.seen if t.shape == x.shape and (torch.equal(t, x) or torch.equal(t, right)))
         slot.copy_(right + 1.0 if self.wrong else right)
@@ -1296,7 +1304,8 @@ def test_a_batch_set_too_large_for_the_batch_is_measured_in_a_lean_batch_that_sh
     side has no buffers of its own (its staging is its input; its rounds write into the worker's shared inputs and
     slots, the same bytes as the candidate's round), so it is timed on a draw of its own and its outputs on the
     candidate's draw are computed after the answer. The worker, looking at the shared memory whenever it could
-    outside its clock, never sees its round's inputs or the right outputs before; a wrong output is still caught."""
+    outside its clock, never sees its round's inputs or the right outputs before; a wrong output is still caught;
+    a reference that draws random numbers is compared after the candidate's own seed."""
     from stark_ray.eval.judge.confirmation import confirm, set_bytes
     from stark_ray.eval.judge.trials import JudgeTask
     from stark_ray.eval.judge.worker_batch import WorkerBatch
@@ -1305,19 +1314,24 @@ def test_a_batch_set_too_large_for_the_batch_is_measured_in_a_lean_batch_that_sh
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x * 2.0
 
-    task = JudgeTask("t", None, Scale(), [], "cpu", 0)
-    task.get_inputs = lambda: [torch.randn(4096)]  # type: ignore[method-assign]
+    class Dropout(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.dropout(x, 0.5, training=True)
+
     per_set, fixed = set_bytes([torch.ones(4096)], torch.ones(4096))
     lean_set, _ = set_bytes([torch.ones(4096)], torch.ones(4096), lean=True)
+    assert lean_set < per_set
     tol = Tolerances.of(EvalConfig())
-    for wrong in (False, True):
-        worker = _PeekingWorker(task.model, wrong=wrong)
+    for model, wrong in ((Scale(), False), (Scale(), True), (Dropout(), False)):
+        task = JudgeTask("t", None, model, [], "cpu", 0)
+        task.get_inputs = lambda: [torch.randn(4096)]  # type: ignore[method-assign]
+        task.draws_random = isinstance(model, Dropout)
+        worker = _PeekingWorker(model, wrong=wrong)
         worker.task, worker.cfg = task, EvalConfig()  # type: ignore[attr-defined]
         batch = WorkerBatch(worker)  # type: ignore[arg-type]
         worker.batch = batch
         try:
-            found = confirm(task, lambda: [torch.randn(4096)], 1.0, 5.5, tol, batch,
-                            room=lambda: fixed + per_set - 1)
+            found = confirm(task, lambda: [torch.randn(4096)], 1.0, 5.5, tol, batch, room=lambda: fixed + per_set - 1)
         finally:
             batch.release()
         if wrong:
@@ -1327,4 +1341,5 @@ def test_a_batch_set_too_large_for_the_batch_is_measured_in_a_lean_batch_that_sh
         assert found.walls.lean and found.walls.k == 1 and len(found.walls.cand) == len(found.walls.ref) == 3
         assert "lean batch of one set" in found.note, found.note
         assert worker.seen and worker.leaked == 0
-    assert per_set > lean_set  # the normal batch did not fit, the lean one did
+        if not task.draws_random:  # each reference round wrote its draw and its outputs where the candidate's do
+            assert worker.written == 3, worker.written

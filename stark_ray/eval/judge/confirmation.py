@@ -40,6 +40,14 @@ candidate, which can patch them, hide work on other streams or answer from a cac
   rounds pooled (both readings over all six), not on a second draw. Where only the lower reading falls short, the
   lower is the figure of record (a busy host parts the two); a claim neither bears out is flagged ``suspicious``
   and kept off the leaderboard, except one of 2x or less, which gets the judge's figure (:func:`verdict`).
+
+A set too large for this batch (not one set fits the memory left: `36_RMSNorm_`, 7.5 GB in and out, on an 80 GB
+card) is measured in a lean batch of one set, call by call, holding two copies of its inputs and two of its outputs
+instead of three: the reference side has no buffers of its own (it runs on the staging, and its rounds write the
+staging into the worker's shared inputs and its outputs into the worker's slots, the same bytes into the same
+memory as the candidate's round, faulted in first with the worker stopped); since the worker can read what those
+writes leave there, the reference is timed on a fresh draw of its own, never the one the candidate's next round is
+given, and its outputs on the candidate's draw are computed after the candidate's answer, outside both clocks.
 """
 
 from __future__ import annotations
@@ -164,6 +172,7 @@ class Lent:
     sets: PackedSets
     slots: list[list[torch.Tensor]]
     sums: Callable[[], None]
+    buffers: list[torch.Tensor]  # every shared buffer's bytes (the inputs' and the slots')
 
 
 def set_count(task: JudgeTask, claimed_ms: float, sample: list[Any], sample_out: Any, make_s: float = 0.0,
@@ -212,12 +221,12 @@ def sets_in(task: JudgeTask, per_set: int, fixed: int, room: int | None) -> int:
     """How many batch sets of ``per_set`` bytes, beside ``fixed`` (:func:`set_bytes`), the memory holds: ``room``,
     what the evaluation's budget leaves (else a share of the device, or CPU_BUDGET_BYTES)."""
     if room is not None:
-        budget = room - fixed
+        budget = room
     elif task.device == "cuda":
         budget = int(CUDA_BUDGET_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     else:
         budget = CPU_BUDGET_BYTES
-    return max(0, budget // max(per_set, 1))
+    return max(0, (budget - fixed) // max(per_set, 1))
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
@@ -294,6 +303,16 @@ class ReferenceSide:
         assert self.lent is not None, "a lean batch's reference side runs once the worker's side is staged"
         return self.lent.slots
 
+    def _fault_in(self) -> None:
+        """A lean batch's shared buffers faulted in before this side's clock, the worker stopped: the worker holds
+        their file descriptors and could drop their pages between its rounds (``MADV_REMOVE`` on a memfd), so that
+        the judge's writes fault inside the reference's clock and its fixed costs (64 MB: 22 ms resident, 142 ms
+        dropped, on the dev CPU)."""
+        if self.lean:
+            assert self.lent is not None
+            for data in self.lent.buffers:
+                touch(data)
+
     def _write(self) -> None:
         if self.lean:
             assert self.lent is not None
@@ -343,6 +362,7 @@ class ReferenceSide:
     def run(self, seed: int | None = None) -> tuple[float, list[Any]]:
         """(wall seconds, the outputs per set: views of this side's own buffers, valid until its next run or
         :meth:`overhead`), on the staged values; ``seed``: set i's call after seed + i."""
+        self._fault_in()
         synchronize(self.task)
         started = time.perf_counter()
         self._write()
@@ -362,6 +382,7 @@ class ReferenceSide:
         targets = self._targets()
         sources = [torch.zeros_like(buf) for buf in targets[0]]  # as a forward's outputs: made (and their pages
         # touched) before the clock
+        self._fault_in()
         synchronize(self.task)
         started = time.perf_counter()
         self._write()
@@ -500,6 +521,8 @@ def _lean_rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candida
     the same kind, not the same values."""
     candidate.stage(ref.packed, ref.like, k, graph=False)
     ref.lent = candidate.lend()
+    # both sides' rounds write from one staging (a staging of the worker side's own would be a copy uncounted)
+    assert ref.lent.sets.shares_staging(ref.packed), "a lean batch's sides share the reference side's staging"
     ref_walls: list[float] = [*earlier.ref] if earlier else []
     cand_walls: list[float] = [*earlier.cand] if earlier else []
     overheads: list[float] = [*earlier.overheads] if earlier else []

@@ -126,7 +126,8 @@ class WorkerBatch:
 
     def lend(self) -> Lent:
         assert self.packed is not None, "staged first"
-        return Lent(self.packed, self.views, lambda: digests(self.box.slot_buffers))
+        return Lent(self.packed, self.views, lambda: digests(self.box.slot_buffers),
+                    [b.data for b in self.box.buffers])
 
     def release(self) -> None:
         self.views = []
