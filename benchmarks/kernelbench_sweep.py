@@ -36,6 +36,7 @@ confirmed within the budget, neither ``unconfirmed`` for want of memory nor ``su
 ``sol_ms``, ``sol_bound``: the task's speed of light on the device and which floor sets it (eval/judge/sol.py; empty
 where it cannot be told, and in rows from before it existed); ``ref_sol_fraction``: speed of light / the reference's
 runtime (how close PyTorch already comes); ``ref_kernels``: the reference's kernels in one call (its GPU profile);
+``device``: the GPU's name (empty in rows from before it was recorded: an H100 or an H200, by the date);
 ``ref_laps``: where ``reference_s`` went by the judge's log (the task's set-up in the judge, its paces before and
 after, the timing in the worker, ``start/spare`` or ``ahead/spare`` where a worker started first: a spare that
 waited ready; ``/unready``: one still importing; ``/fresh``: none) and the worker's (its set-up of the task, making
@@ -61,8 +62,15 @@ DEFAULT_CSV = ROOT / "benchmarks" / "results" / "kernelbench_sweep.csv"
 COLUMNS = ["level", "id", "name", "budget", "status", "error", "reference_s", "ref_ms", "ref_compile_ms",
            "candidate_s", "build_s", "checks_s", "timing_s", "timed_calls", "overhead_s", "runtime_ms", "flags",
            "peak_gb", "smi_peak_gb", "recorded", "smi_apps_gb", "judge_s", "task_s", "confirm_s", "needs_gb",
-           "sol_ms", "sol_bound", "ref_sol_fraction", "ref_kernels", "ref_laps"]
+           "sol_ms", "sol_bound", "ref_sol_fraction", "ref_kernels", "ref_laps", "device"]
 CANDIDATE = "\n\nclass ModelNew(Model):  # the reference's own forward: correct, and no kernel of its own\n    pass\n"
+
+
+def device_name() -> str:
+    """The GPU the row was measured on (an H100 and an H200 leave different room at the default budget)."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
 class SmiSampler:
@@ -245,6 +253,7 @@ def sweep(args: argparse.Namespace) -> None:
                     row = one_task(service, ref, budget, cfg, smi)
                     row["task_s"] = round(time.perf_counter() - began, 3)
                     row["recorded"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+                    row["device"] = device_name()
                     writer.writerow(row)
                     f.flush()
                     print(f"{ref.qualified:60s} {budget:>7s} {row['status']:16s} cand {row.get('candidate_s')} s "
