@@ -1343,3 +1343,40 @@ def test_a_batch_set_too_large_for_the_batch_is_measured_in_a_lean_batch_that_sh
         assert worker.seen and worker.leaked == 0
         if not task.draws_random:  # each reference round wrote its draw and its outputs where the candidate's do
             assert worker.written == 3, worker.written
+
+
+def test_room_for_a_large_tasks_batch_is_asked_for_before_its_template_is_made() -> None:
+    """`48_Mean_reduction_over_a_dimension` (8.6 GB in) reached 44.4 GB of a 40 GB budget on an H100: the batch's
+    template (a copy of a trial kept for the next candidate), a set made to time the making and the sample output were
+    made beside the worker's timing sets, and only then was room asked for. Where the task's footprint says fewer
+    than MIN_SETS sets fit now, the room is asked for first (once); a small task's batch asks nothing."""
+    from types import SimpleNamespace
+
+    from stark_ray.eval.judge.confirmation import confirm, set_bytes
+    from stark_ray.eval.judge.trials import JudgeTask
+
+    class Scale(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2.0
+
+    per_set, fixed = set_bytes([torch.ones(64)], torch.ones(64))
+    tol = Tolerances.of(EvalConfig())
+    for room, first in ((fixed + 256 + 2 * per_set, True), (fixed + 256 + 100 * per_set, False)):
+        task = JudgeTask("t", None, Scale(), [], "cpu", 0)
+        task.get_inputs = lambda: [torch.randn(64)]  # type: ignore[method-assign]
+        task.footprint = SimpleNamespace(inputs=256, outputs=256, work=256, params=0)  # type: ignore[attr-defined]
+        order: list[str] = []
+
+        def template(order: list[str] = order) -> list[torch.Tensor]:
+            order.append("template")
+            return [torch.randn(64)]
+
+        def make_room(room: int = room, order: list[str] = order) -> int:
+            order.append("room")
+            return room + 100 * per_set
+
+        found = confirm(task, template, 1.0, 5.5, tol, _HonestSide(task.model), room=lambda room=room: room,
+                        make_room=make_room)
+        assert found.walls is not None and not found.unfit, found
+        assert order == (["room", "template"] if first else ["template"]), order
+        assert ("GB given back for the batch" in found.note) == first

@@ -413,8 +413,14 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     not bear the claim out, pooled with these (the same batch size; the readings over all the rounds count);
     ``strict``: the claim is in doubt, ``above``: it is above what stands unmeasured, :func:`unmeasured_bound`
     (see :func:`verdict`); ``graphs``: False runs the batch call by call whatever the sides could capture."""
-    template = make_template()
     made_room = ""
+    before = _room_early(task, room) if earlier is None and make_room is not None and room is not None else None
+    if before is not None and make_room is not None:
+        left = make_room()
+        make_room = None  # asked once
+        if left is not None:
+            made_room = _given_back(before, left)
+    template = make_template()
     lean = False
     if earlier is not None:
         k, lean = earlier.k, earlier.lean
@@ -439,8 +445,7 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
             before, left = left, make_room()
             if left is not None:
                 fits = sets_in(task, per_set, fixed, left)
-                made_room = (f"{max(0, left - before) / GB:.1f} GB given back for the batch (what the evaluation "
-                             "keeps to go faster: the worker's timing sets, kept trials and other tasks)")
+                made_room = _given_back(before, left)
         k = max(0, min(wanted, fits))
         if k == 0:  # the lean batch: one set, a copy less of its inputs and of its outputs
             k = min(1, sets_in(task, lean_set, fixed, left))
@@ -459,6 +464,28 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     finally:
         ref.release()
     return replace(found, note=f"{found.note}; {made_room}") if made_room else found
+
+
+def _room_early(task: JudgeTask, room: Callable[[], int | None]) -> int | None:
+    """Whether to ask for room before the batch's template is made: where the task's footprint (measured with its
+    reference) says fewer than MIN_SETS sets would fit beside it now. Making the template, sampling how long a set
+    takes and shaping the outputs hold a trial kept for the next candidate, its copy and a transient set beside
+    the worker's timing sets: `48_Mean_reduction_over_a_dimension` (8.6 GB in) went to 44.4 GB of a 40 GB budget
+    that way before the room was asked for. The room now where it should be asked first, else None."""
+    footprint = getattr(task, "footprint", None)
+    if footprint is None:
+        return None
+    left = room()
+    if left is None:
+        return None
+    i, o = footprint.inputs, footprint.outputs
+    per_set, fixed = 3 * i + 3 * o, i + 2 * max(o, footprint.work)
+    return left if sets_in(task, per_set, fixed + i, left) < MIN_SETS else None  # + i: the template
+
+
+def _given_back(before: int, left: int) -> str:
+    return (f"{max(0, left - before) / GB:.1f} GB given back for the batch (what the evaluation keeps to go faster: "
+            "the worker's timing sets, kept trials and other tasks)")
 
 
 def _compare_round(outs: list[Any], refs: list[Any], tol: Tolerances) -> tuple[int, Confirmation] | None:
