@@ -52,6 +52,7 @@ from stark_ray.eval.judge.trials import (
     Trial,
     after_timing_trial,
     all_trials,
+    standard_inputs,
     standard_trial,
     synchronize,
     trial_label,
@@ -753,7 +754,7 @@ class Judgement:
             batch = WorkerBatch(self)
             room = self.judge.memory.room()
             try:
-                confirmation = confirm(self.task, lambda: standard_trial(self.task, self.cfg, 0).inputs, speedup,
+                confirmation = confirm(self.task, lambda: standard_inputs(self.task, self.cfg, 0), speedup,
                                        new_ms, self.tol, batch, None if room is None else self._room_share(share),
                                        earlier.walls if earlier is not None else None, strict,
                                        above=speedup > unmeasured_bound(self.cfg.confirm_above),

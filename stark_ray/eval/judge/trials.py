@@ -194,6 +194,15 @@ def standard_trial(task: JudgeTask, cfg: EvalConfig, trial: int) -> Trial:
     return task.cache.get((cfg.seed, trial, cfg.trials), build)
 
 
+def standard_inputs(task: JudgeTask, cfg: EvalConfig, trial: int) -> Inputs:
+    """A standard trial's inputs: a copy of those the task keeps, or made afresh (nothing run, nothing kept: the
+    confirmation batch's template, made where memory is short)."""
+    found = task.cache.entries.get((cfg.seed, trial, cfg.trials))
+    if found is not None:
+        return found.inputs
+    return _maker(task, trial_seed(task.input_key, cfg.seed, trial), trial_scale(trial, cfg.trials))()
+
+
 AFTER_TIMING = 1 << 20  # the trial after the timing: a standard trial's index no evaluation reaches (its own seed)
 AFTER_TIMING_LABEL = "trial after the timing (fresh inputs)"
 
