@@ -22,6 +22,8 @@
 #   confirm-again confirm-rep once more for the rows that were not ok (unconfirmed, out of memory), then the rest
 #   confirm-all the same, every task, default, 40 and 80 GB, resumable
 #   sync-gap    sync_gap.py --busy 8: the extra_stream check's gaps for one-stream functions and a side stream
+#   timeline    memory_timeline.py: 48_Mean_reduction at 40 GB with --confirm, each process's device memory over its
+#               evaluation (session 41: 44.4 GB of a 40 GB budget before the room was asked for first)
 #   l2          l2_persisting.py: a persisting-L2 set-aside against the flush, with and without the reset
 #   lost        attempts_lost.py on the GPU demo's cassette: its recorded search replayed quiet and beside 16 busy
 #               processes; the attempts whose verdict the load changed (issue 42's goal: none on the GPU)
@@ -86,6 +88,8 @@ for s in "$@"; do
         confirm-again) CSV=benchmarks/results/kernelbench_confirm.csv sweep confirm-again --subset representative \
             --budget default 40 --confirm --retry-failed ;;
         sync-gap) step sync-gap python3 benchmarks/sync_gap.py --busy 8 ;;
+        timeline) step timeline python3 benchmarks/memory_timeline.py level1/48_Mean_reduction_over_a_dimension \
+            --kernelbench "$KB" --budget 40 --confirm ;;
         confirm-all) CSV=benchmarks/results/kernelbench_confirm.csv sweep confirm-all --budget default 40 80 \
             --confirm ;;
         l2) step l2 python3 benchmarks/l2_persisting.py --json "$OUT/l2.json" ;;
@@ -99,7 +103,7 @@ for s in "$@"; do
         cassette) step cassette python3 examples/cassettes/record_demo.py --backend cuda
             cp examples/cassettes/2_FusedSwishScaleClamp_cuda.jsonl "$OUT/" ;;
         *) echo "unknown step: $s (tests-a, tests-a2, tests-b, probes, sweep-rep, sweep-80, sweep-all, confirm-rep," \
-            "confirm-again, confirm-all, sync-gap, l2, lost, confirm-cost, first-minutes, cassette)" >&2; exit 2 ;;
+            "confirm-again, confirm-all, sync-gap, timeline, l2, lost, confirm-cost, first-minutes, cassette)" >&2; exit 2 ;;
     esac
 done
 cat "$OUT/steps.txt"
