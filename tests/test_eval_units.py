@@ -1352,7 +1352,7 @@ def test_room_for_a_large_tasks_batch_is_asked_for_before_its_template_is_made()
     than MIN_SETS sets fit now, the room is asked for first (once); a small task's batch asks nothing."""
     from types import SimpleNamespace
 
-    from stark_ray.eval.judge.confirmation import confirm, set_bytes
+    from stark_ray.eval.judge.confirmation import MIN_SETS, confirm, set_bytes
     from stark_ray.eval.judge.trials import JudgeTask
 
     class Scale(torch.nn.Module):
@@ -1361,7 +1361,8 @@ def test_room_for_a_large_tasks_batch_is_asked_for_before_its_template_is_made()
 
     per_set, fixed = set_bytes([torch.ones(64)], torch.ones(64))
     tol = Tolerances.of(EvalConfig())
-    for room, first in ((fixed + 256 + 2 * per_set, True), (fixed + 256 + 100 * per_set, False)):
+    eight = fixed + 256 + MIN_SETS * per_set  # the template (256 bytes) held beside the batch
+    for room, first in ((eight - 1, True), (eight, False), (fixed + 256 + 2 * per_set, True)):
         task = JudgeTask("t", None, Scale(), [], "cpu", 0)
         task.get_inputs = lambda: [torch.randn(64)]  # type: ignore[method-assign]
         task.footprint = SimpleNamespace(inputs=256, outputs=256, work=256, params=0)  # type: ignore[attr-defined]
@@ -1380,3 +1381,35 @@ def test_room_for_a_large_tasks_batch_is_asked_for_before_its_template_is_made()
         assert found.walls is not None and not found.unfit, found
         assert order == (["room", "template"] if first else ["template"]), order
         assert ("GB given back for the batch" in found.note) == first
+
+
+def test_the_batchs_template_is_a_standard_trials_inputs_made_without_running_or_keeping_a_trial() -> None:
+    """The confirmation's template: trial 0's inputs, the same values as the trial's, a copy of a kept trial's (the
+    caller's own), and where none is kept made afresh with nothing run and nothing kept (a kept trial holds its inputs
+    beside the batch: `48_Mean_reduction_over_a_dimension` at 40 GB)."""
+    from stark_ray.eval.judge.trials import JudgeTask, standard_inputs, standard_trial
+
+    class Scale(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2.0
+
+    ran: list[int] = []
+
+    class Counted(Scale):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            ran.append(1)
+            return super().forward(x)
+
+    cfg = EvalConfig()
+    task = JudgeTask("t", None, Counted(), [], "cpu", 0)
+    task.get_inputs = lambda: [torch.randn(64)]  # type: ignore[method-assign]
+    (fresh,) = standard_inputs(task, cfg, 0)
+    assert not ran and not task.cache.entries  # nothing run, nothing kept
+    (made,) = standard_trial(task, cfg, 0).inputs
+    assert torch.equal(fresh, made)
+    assert task.cache.entries, "the trial is kept where it fits (the cache's own rule)"
+    (copy,) = standard_inputs(task, cfg, 0)
+    assert torch.equal(copy, made)
+    copy.add_(1.0)  # the caller's own: the kept inputs stay as they were
+    (again,) = standard_inputs(task, cfg, 0)
+    assert torch.equal(again, made) and not ran[1:]  # the trial's one run, when it was built

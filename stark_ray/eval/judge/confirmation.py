@@ -414,7 +414,8 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     ``strict``: the claim is in doubt, ``above``: it is above what stands unmeasured, :func:`unmeasured_bound`
     (see :func:`verdict`); ``graphs``: False runs the batch call by call whatever the sides could capture."""
     made_room = ""
-    before = _room_early(task, room) if earlier is None and make_room is not None and room is not None else None
+    before = (_room_early(task, room, claimed_ms, event_speedup)
+              if earlier is None and make_room is not None and room is not None else None)
     if before is not None and make_room is not None:
         left = make_room()
         make_room = None  # asked once
@@ -466,12 +467,14 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     return replace(found, note=f"{found.note}; {made_room}") if made_room else found
 
 
-def _room_early(task: JudgeTask, room: Callable[[], int | None]) -> int | None:
+def _room_early(task: JudgeTask, room: Callable[[], int | None], claimed_ms: float, speedup: float) -> int | None:
     """Whether to ask for room before the batch's template is made: where the task's footprint (measured with its
     reference) says fewer than MIN_SETS sets would fit beside it now. Making the template, sampling how long a set
     takes and shaping the outputs hold a trial kept for the next candidate, its copy and a transient set beside
     the worker's timing sets: `48_Mean_reduction_over_a_dimension` (8.6 GB in) went to 44.4 GB of a 40 GB budget
-    that way before the room was asked for. The room now where it should be asked first, else None."""
+    that way before the room was asked for. The room now where it should be asked first, else None; asked where the
+    later check would ask (fewer than the sets wanted, at most MIN_SETS: the time to make a set, not known yet, only
+    lowers what is wanted)."""
     footprint = getattr(task, "footprint", None)
     if footprint is None:
         return None
@@ -480,7 +483,8 @@ def _room_early(task: JudgeTask, room: Callable[[], int | None]) -> int | None:
         return None
     i, o = footprint.inputs, footprint.outputs
     per_set, fixed = 3 * i + 3 * o, i + 2 * max(o, footprint.work)
-    return left if sets_in(task, per_set, fixed + i, left) < MIN_SETS else None  # + i: the template
+    least = min(wanted_sets(claimed_ms, 0.0, speedup), MIN_SETS)
+    return left if sets_in(task, per_set, fixed + i, left) < least else None  # + i: the template
 
 
 def _given_back(before: int, left: int) -> str:
