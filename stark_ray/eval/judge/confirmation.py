@@ -207,9 +207,13 @@ def set_bytes(sample: list[Any], sample_out: Any, work: int = 0, lean: bool = Fa
     structure is kept without their memory; a lean batch's reference outputs are its forward's own, compared where
     they are). With each forward counted by its outputs only, `level3/5_AlexNet`'s worker was left 6.9 GB beside
     its batch at 40 GB and ran out (1.1 GB asked, 5.8 GB allocated)."""
-    i, o = sum(nbytes_of(sample)), sum(nbytes_of(sample_out))
+    return batch_bytes(sum(nbytes_of(sample)), sum(nbytes_of(sample_out)), work, lean)
+
+
+def batch_bytes(inputs: int, outputs: int, work: int = 0, lean: bool = False) -> tuple[int, int]:
+    """:func:`set_bytes` of a set of ``inputs`` bytes whose outputs take ``outputs`` bytes."""
     copies = 2 if lean else 3
-    return copies * i + copies * o, i + 2 * max(o, work)
+    return copies * (inputs + outputs), inputs + 2 * max(outputs, work)
 
 
 def _work(task: JudgeTask) -> int:
@@ -409,8 +413,9 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     filled first with ``make_template()``'s values; ``room()``: the bytes the memory budget leaves now (None: no
     budget, a share of the device), asked once the template is made (held, so not counted again); ``make_room``:
     gives back what the evaluation keeps only to go faster and says the room then, asked where fewer than the sets
-    wanted (or MIN_SETS) fit; ``earlier``: the rounds of a confirmation that did
-    not bear the claim out, pooled with these (the same batch size; the readings over all the rounds count);
+    wanted (or MIN_SETS) fit (before the template is made, where the task's footprint tells so:
+    :func:`_room_early`); ``earlier``: the rounds of a confirmation that did not bear the claim out, pooled with
+    these (the same batch size; the readings over all the rounds count);
     ``strict``: the claim is in doubt, ``above``: it is above what stands unmeasured, :func:`unmeasured_bound`
     (see :func:`verdict`); ``graphs``: False runs the batch call by call whatever the sides could capture."""
     made_room = ""
@@ -436,9 +441,10 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
             if time.perf_counter() - began > MAKE_BUDGET_S:
                 break
         out = task.run(template, task.seed)
-        per_set, fixed = set_bytes(template, out, _work(task))
-        lean_set, _ = set_bytes(template, out, _work(task), lean=True)
+        i, o = sum(nbytes_of(template)), sum(nbytes_of(out))
         del out
+        per_set, fixed = batch_bytes(i, o, _work(task))
+        lean_set, _ = batch_bytes(i, o, _work(task), lean=True)
         wanted = wanted_sets(claimed_ms, make_s, event_speedup)
         left = room() if room is not None else None  # the template held (the output made above given back)
         fits = sets_in(task, per_set, fixed, left)
@@ -481,10 +487,9 @@ def _room_early(task: JudgeTask, room: Callable[[], int | None], claimed_ms: flo
     left = room()
     if left is None:
         return None
-    i, o = footprint.inputs, footprint.outputs
-    per_set, fixed = 3 * i + 3 * o, i + 2 * max(o, footprint.work)
+    per_set, fixed = batch_bytes(footprint.inputs, footprint.outputs, footprint.work)
     least = min(wanted_sets(claimed_ms, 0.0, speedup), MIN_SETS)
-    return left if sets_in(task, per_set, fixed + i, left) < least else None  # + i: the template
+    return left if sets_in(task, per_set, fixed + footprint.inputs, left) < least else None  # + the template
 
 
 def _given_back(before: int, left: int) -> str:
