@@ -33,7 +33,9 @@ from stark_ray.eval.measure.timing import (
     gap_over_reference,
     leaves_work_behind,
     time_interleaved,
+    timed_with_second_look,
 )
+from stark_ray.eval.measure.timing import Timing as Measured  # one function's timing (this module's Timing: a how)
 from stark_ray.eval.measure.tolerance import Tolerances
 from stark_ray.eval.tasks import TaskError
 from stark_ray.eval.worker.kernel_sources import library_compute, own_kernel_names
@@ -161,9 +163,13 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
         return None if c.ok else c.problem
 
     clean = how.state.fresh() if how.state is not None else None  # the reference's calls: as the worker started
+    first_gap: float | None = None  # a first timing's gap over the reference's, where it was timed again
     try:
-        timings = time_interleaved(fns, how.sets, how.backend.timer(head_start), cfg.warmup, how.trials, check,
-                                   _warmup_ms(state), cfg.timing_precision, [clean])
+        def timed() -> list[Measured]:
+            return time_interleaved(fns, how.sets, how.backend.timer(head_start), cfg.warmup, how.trials, check,
+                                    _warmup_ms(state), cfg.timing_precision, [clean])
+
+        timings, first_gap = timed_with_second_look(timed) if head_start else (timed(), None)
         compiled_ms = None
         if cfg.baseline == "compile":  # checked once when compiled; timed beside the eager reference
             compiled = time_interleaved([state.model, state.baseline_compiled()], how.sets,
@@ -184,7 +190,12 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
                      f"longer to the device idle than the reference's calls, round by round (median); shortest gaps "
                      f"{new_t.gap_ms:.3g} and {ref_t.gap_ms:.3g} ms; calls whose host outlasted the "
                      f"{ref_t.head_us or 0:.0f} us head start: {new_t.late} and {ref_t.late} of {new_t.stats.n}): "
-                     "both sides timed up to a device-wide sync")
+                     "both sides timed up to a device-wide sync"
+                     + (f" (so in a second timing too: the first's {1e3 * first_gap:.3g} us)" if first_gap is not None
+                        else ""))
+    elif first_gap is not None:
+        notes.append(f"timed again: the first timing's calls were {1e3 * first_gap:.3g} us longer to the device idle "
+                     "than the reference's (round by round, median), the second's not: the second's times stand")
     ref_stats, new_stats = (ref_t.synced, new_t.synced) if synced else (ref_t.stats, new_t.stats)
     if ref_t.head_us and ref_t.head_us > HEAD_START_US:
         notes.append(f"launch-bound: timed with a {ref_t.head_us:.0f} us head start (GPU time; launch "
