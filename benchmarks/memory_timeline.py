@@ -4,7 +4,9 @@ The task's reference, then the sweep's candidate (the reference's own forward as
 sent to the judge's confirmation where ``--confirm`` (as ``kernelbench_sweep.py --confirm``), under a memory budget;
 ``nvidia-smi`` samples each process's device memory every 50 ms meanwhile. Prints the result's log, the evaluator's
 peak, and the timeline: a line each time a process's memory moved by half a GB or more (seconds since the
-evaluation began), the device's total beside it. For a row of the sweep whose peak went past its budget.
+evaluation began), the device's total beside it, and between them the judge's steps (``STARK_MEMORY_TRACE``: what
+the judge did then, its own memory, and what the worker said it held). For a row of the sweep whose peak went past
+its budget.
 
     python benchmarks/memory_timeline.py --kernelbench .kb level1/48_Mean_reduction_over_a_dimension --budget 40 \
         --confirm
@@ -13,9 +15,13 @@ evaluation began), the device's total beside it. For a row of the sweep whose pe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import subprocess
+import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from kernelbench_sweep import CANDIDATE
@@ -43,18 +49,24 @@ class Timeline:
             except ValueError:
                 continue
 
-    def lines(self, since: float) -> list[str]:
-        """A line each time a process moved by 0.5 GB or more (after ``since``), with every process's last."""
+    def lines(self, since: float, marks: Sequence[tuple[float, str]] = ()) -> list[str]:
+        """A line each time a process moved by 0.5 GB or more (after ``since``), with every process's last; the
+        judge's ``marks`` ((seconds, what)) between them, indented."""
         last: dict[str, float] = {}
         shown: dict[str, float] = {}
         out = []
+        pending = sorted(m for m in marks if m[0] >= since)
         for at, pid, mib in self.samples:
+            while pending and pending[0][0] <= at:
+                when, what = pending.pop(0)
+                out.append(f"{when - since:8.2f} s      judge: {what}")
             last[pid] = mib
             if at < since or abs(mib - shown.get(pid, 0.0)) * 2**20 < 0.5 * GB:
                 continue
             shown[pid] = mib
             now = ", ".join(f"{p} {m * 2**20 / GB:.1f}" for p, m in sorted(last.items()))
             out.append(f"{at - since:8.2f} s  {now} GB")
+        out += [f"{when - since:8.2f} s      judge: {what}" for when, what in pending]
         return out
 
     def stop(self) -> None:
@@ -70,6 +82,7 @@ def main() -> None:
     args = p.parse_args()
 
     from stark_ray.config import EvalConfig
+    from stark_ray.eval.measure.memory import TRACE_ENV
     from stark_ray.eval.service import EvalService
     from stark_ray.eval.tasks import load_task
 
@@ -80,6 +93,8 @@ def main() -> None:
     cfg = EvalConfig(backend="cuda", memory_budget_gb=None if args.budget == "default" else float(args.budget),
                      confirm_above=0.0 if args.confirm else EvalConfig.confirm_above,
                      defences_off=("own_kernel",) if args.confirm else ())
+    trace = Path(tempfile.mkdtemp()) / "judge_steps.tsv"
+    os.environ[TRACE_ENV] = str(trace)  # the judge's process inherits it
     try:
         timeline = Timeline()
     except OSError:
@@ -97,7 +112,13 @@ def main() -> None:
           f"error {result.error}")
     print(result.log)
     print("timeline (seconds since the candidate's evaluation began; GB per process id):")
-    print("\n".join(timeline.lines(began)))
+    marks = []
+    if trace.exists():
+        for line in trace.read_text().splitlines():
+            when, _, rest = line.partition("\t")
+            with contextlib.suppress(ValueError):
+                marks.append((float(when) - timeline.start, rest.replace("\t", ": ")))
+    print("\n".join(timeline.lines(began, marks)))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from stark_ray.eval.build.cache import cache_root, open_to_readers
 from stark_ray.eval.build.pool import CompilePool
 from stark_ray.eval.defences import check_off
 from stark_ray.eval.hardware import host_memory_cap, usable_cpus
-from stark_ray.eval.measure.memory import OverBudget
+from stark_ray.eval.measure.memory import TRACE_ENV, OverBudget
 from stark_ray.eval.ncu import profile as ncu_profile
 from stark_ray.eval.proc.isolation import IsolationUnavailable, hidden_paths, resolve_isolation
 from stark_ray.eval.proc.launch import WorkerSpec, visible_device
@@ -203,6 +203,8 @@ class EvalService:
         # OpenMP threads wait passively in the judge and in its worker: a process spinning after its last operation
         # takes the cores the other's batch runs on (on the CPU backend a candidate's batch ran at half speed)
         policy = (("OMP_WAIT_POLICY", "PASSIVE"),)
+        if trace := os.environ.get(TRACE_ENV):  # the judge's steps traced (benchmarks/memory_timeline.py)
+            policy += ((TRACE_ENV, trace),)
         self.judge = WorkerProcess(WorkerSpec(self.cfg.backend, str(self.build_dir), self.threads, device=device,
                                               module="stark_ray.eval.judge.main", extra=tuple(extra), env=policy))
         self.worker_starts = 0  # the judge's word: worker processes started so far, and restarts by the spare

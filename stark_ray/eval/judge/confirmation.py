@@ -64,6 +64,7 @@ from typing import Any, Protocol
 import torch
 
 from stark_ray.eval.judge.batch_sets import PackedSets, packed_slots
+from stark_ray.eval.judge.memory import mark
 from stark_ray.eval.judge.trials import JudgeTask, synchronize
 from stark_ray.eval.measure.compare import compare_outputs, flatten_outputs, rebuild_outputs
 from stark_ray.eval.measure.inputs import clone_all, make_inputs, map_tensors, nbytes_of
@@ -370,6 +371,10 @@ class ReferenceSide:
         synchronize(self.task)
         started = time.perf_counter()
         self._write()
+        # the inputs written before the first launch, as on the candidate's side (written, then the worker told to
+        # go): queued behind the write, this side's launches were hidden by it and the worker's were not, which read
+        # the sweep's candidate (the reference's own forward) at 0.80x where a round had one 3 ms call
+        synchronize(self.task)
         if self.graph is not None:
             self.graph.replay()
         else:
@@ -426,7 +431,9 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
         make_room = None  # asked once
         if left is not None:
             made_room = _given_back(before, left)
+    mark("confirmation: the room asked first" if made_room else "confirmation: the template next")
     template = make_template()
+    mark("confirmation: the template made")
     lean = False
     if earlier is not None:
         k, lean = earlier.k, earlier.lean
@@ -440,9 +447,11 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
             make_s = min(make_s, time.perf_counter() - started)
             if time.perf_counter() - began > MAKE_BUDGET_S:
                 break
+        mark("confirmation: a set's making timed")
         out = task.run(template, task.seed)
         i, o = sum(nbytes_of(template)), sum(nbytes_of(out))
         del out
+        mark("confirmation: the outputs shaped")
         per_set, fixed = batch_bytes(i, o, _work(task))
         lean_set, _ = batch_bytes(i, o, _work(task), lean=True)
         wanted = wanted_sets(claimed_ms, make_s, event_speedup)
@@ -465,6 +474,7 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
     # a reference that draws random numbers: call by call, each after its own seed on both sides, and compared
     ref = ReferenceSide(task, template, k, want_graph=graphs and not task.draws_random, lean=lean)
     del template  # the sets hold its values: not a copy more through the rounds
+    mark(f"confirmation: the reference side made ({k} set(s){', lean' if lean else ''})")
     try:
         found = (_lean_rounds if lean else _rounds)(task, event_speedup, tol, candidate, ref, k, earlier, strict,
                                                     above)
@@ -511,6 +521,7 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
             k: int, earlier: Walls | None = None, strict: bool = False, above: bool = True) -> Confirmation:
     # a graph only where the judge captured the reference (the worker's word alone is not enough)
     graph = bool(candidate.stage(ref.packed, ref.like, k, graph=ref.graph is not None)) and ref.graph is not None
+    mark("confirmation: the worker side staged")
     if ref.graph is not None and not graph:  # the same way on both sides
         ref.graph = None
     ref_walls: list[float] = [*earlier.ref] if earlier else []
@@ -518,6 +529,7 @@ def _rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candidate: C
     overheads: list[float] = [*earlier.overheads] if earlier else []
     for r in range(ROUNDS):
         ref.packed.fill(lambda: make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device))
+        mark("confirmation: a fresh draw staged")
         seed = secrets.randbits(30) if task.draws_random else None  # told to the worker with go, on its clock
         # first in the round (it writes the reference side's output buffers, which its run below writes again);
         # the first round's comes before any call of the candidate's, and the least of the three counts: work a
@@ -557,6 +569,7 @@ def _lean_rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candida
     the same kind, not the same values."""
     candidate.stage(ref.packed, ref.like, k, graph=False)
     ref.lent = candidate.lend()
+    mark("confirmation: the worker side staged")
     # both sides' rounds write from one staging (a staging of the worker side's own would be a copy uncounted)
     assert ref.lent.sets.shares_staging(ref.packed), "a lean batch's sides share the reference side's staging"
     ref_walls: list[float] = [*earlier.ref] if earlier else []
@@ -565,6 +578,7 @@ def _lean_rounds(task: JudgeTask, event_speedup: float, tol: Tolerances, candida
 
     def fresh() -> int | None:
         ref.packed.fill(lambda: make_inputs(task.get_inputs, secrets.randbits(31), 1.0, task.device))
+        mark("confirmation: a fresh draw staged")
         return secrets.randbits(30) if task.draws_random else None
 
     for r in range(ROUNDS):

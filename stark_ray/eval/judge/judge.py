@@ -42,7 +42,7 @@ from stark_ray.eval.diagnostics import describe_exception
 from stark_ray.eval.judge.claim import WORKER_FLAGS, Claim, Failed, judge_claim
 from stark_ray.eval.judge.confirmation import Confirmation, confirm, unmeasured_bound
 from stark_ray.eval.judge.drift import Drift, DriftCheck, pace, reading, slower
-from stark_ray.eval.judge.memory import JudgeMemory
+from stark_ray.eval.judge.memory import JudgeMemory, mark
 from stark_ray.eval.judge.precision import Floor, float64_need, float64_too_slow, measure_floor, reduced
 from stark_ray.eval.judge.reference_checks import check_determinism, check_outputs
 from stark_ray.eval.judge.sol import Peaks, SpeedOfLight, stamp, task_sol
@@ -486,6 +486,7 @@ class Judge:
         fields = self.memory.fields(op)
         if op != OP_PING:  # a ping measures the bare round trip
             self.memory.close_interval()
+            mark(f"step {op}" + (f" ({label})" if label else ""))
         seq = self.next_seq()
         reply = self.worker.converse({"op": op, "seq": seq, **payload, **fields}, clock, fds or ())
         for fd in fds or ():
@@ -549,6 +550,7 @@ class Judgement:
         """The confirmation batch's ``go`` (see :class:`worker_batch.Conversation`)."""
         worker = self.judge.worker
         seq = self.judge.next_seq()
+        mark(f"step {OP_GO}")
         # a worker that died meanwhile: the reply says how
         worker.send({"op": OP_GO, "seq": seq} | ({"seed": seed} if seed is not None else {}))
         reply = worker.await_reply(self.clock)

@@ -16,6 +16,7 @@ budget on a 6 GB task, while nvidia-smi saw 35 GB): the figure a result records 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from typing import Any
@@ -26,6 +27,7 @@ from stark_ray.config import EvalConfig
 from stark_ray.eval.measure.memory import (
     CONTEXTS_BYTES,
     GB,
+    TRACE_ENV,
     apply_cap,
     give_back_cached,
     resolve_budget,
@@ -37,6 +39,19 @@ from stark_ray.eval.wire.protocol import OP_LOAD, OP_REFERENCE, OP_RUN, OP_STAGE
 
 CAPPED_STEPS = (OP_LOAD, OP_RUN, OP_TIME, OP_REFERENCE, OP_STAGE)  # the steps in which the worker allocates
 SAMPLE_S = 0.005  # the device's memory in use is read this often during a request
+
+
+def mark(what: str) -> None:
+    """Where ``STARK_MEMORY_TRACE`` names a file: a line of what the judge does now, the moment (``time.monotonic``,
+    one clock for every process of the host) and the judge's device memory (its allocator's, the shared buffers'):
+    beside nvidia-smi's samples of each process (``benchmarks/memory_timeline.py``), what held the memory when."""
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    held = (f"allocated {torch.cuda.memory_allocated() / GB:.2f} GB, reserved {torch.cuda.memory_reserved() / GB:.2f}"
+            f" GB, shared {shared_bytes() / GB:.2f} GB") if torch.cuda.is_initialized() else "no device"
+    with contextlib.suppress(OSError), open(path, "a") as f:
+        f.write(f"{time.monotonic():.4f}\t{what}\t{held}\n")
 
 
 class DeviceSampler:
@@ -167,6 +182,8 @@ class JudgeMemory:
             self.worker_reserved = min(max(0, int(mem.get("reserved", 0))), total)
             self.reported_by = self.worker.starts
             self.peak = max(self.peak, self.judge_then + min(max(0, int(mem.get("peak", 0))), total))
+            mark(f"the worker says: reserved {self.worker_reserved / GB:.2f} GB, at its peak in the step "
+                 f"{min(max(0, int(mem.get('peak', 0))), total) / GB:.2f} GB")
         self.cap_self()  # the judge's turn again: its cap follows what the worker holds now
 
     def close_interval(self) -> None:

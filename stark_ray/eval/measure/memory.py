@@ -21,6 +21,7 @@ from typing import Any
 from stark_ray.eval.tasks import TaskError
 
 GB = 1e9
+TRACE_ENV = "STARK_MEMORY_TRACE"  # a file: the judge's steps, each with its moment and memory (memory_timeline.py)
 DEFAULT_SHARE = 0.9  # of the device's free memory when the judge starts
 CONTEXTS_BYTES = int(1.5e9)  # the judge's and the worker's CUDA contexts and libraries, outside either allocator
 TRANSIENT_BYTES = int(1e9)  # comparisons in chunks, the L2 flush buffer, library workspaces: beside any phase
