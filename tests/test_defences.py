@@ -379,6 +379,47 @@ def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_
     assert never.unfit and not never.confirmed and "did not fit in the device's memory" in never.note
 
 
+def test_the_workers_mappings_of_a_batch_go_before_the_next_batch_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared buffer's device memory goes back once every process that maps it has let it go. The worker unmapped
+    a batch at its next ``stage``, after the judge had made the next batch's buffers: a claim measured again on
+    `48_Mean_reduction_over_a_dimension` (a lean batch of 8.6 GB inputs) held both for a moment, 44.4 GB of a 40 GB
+    budget on an H100 (session 42's trace). Each batch is now let go on both sides before anything more is made."""
+    from stark_ray.eval.judge import judge as judge_module
+    from stark_ray.eval.wire.protocol import OP_RELEASE
+
+    events: list[str] = []
+
+    class Recorded(judge_module.WorkerBatch):
+        def __init__(self, talk: Any) -> None:
+            super().__init__(talk)
+            events.append("made")
+
+        def release(self) -> None:
+            events.append("released")
+            super().release()
+
+        def unstage(self) -> None:
+            events.append("unstaged")
+            super().unstage()
+
+    steps: list[tuple[str, dict[str, Any]]] = []
+    judgement = _stub_judgement("cpu")
+    judgement.step = lambda op, payload, fds=None, label="": steps.append((op, payload)) or {}
+
+    def staged_then_not_borne_out(task, make, speedup, new_ms, tol, batch, *rest, **kw):  # type: ignore[no-untyped-def]
+        batch.packed = object()  # staged (its worker maps the buffers)
+        return Confirmation(False, "not borne out", wall_speedup=1.0, claim=speedup, record=1.0)
+
+    monkeypatch.setattr(judge_module, "WorkerBatch", Recorded)
+    monkeypatch.setattr(judge_module, "confirm", staged_then_not_borne_out)
+    judge_module.Judgement.confirmed(judgement, 3.0, 0.3)  # type: ignore[arg-type]
+    assert events == ["made", "released", "unstaged", "made", "released", "unstaged"], events
+    assert steps == [(OP_RELEASE, {"batch": True})] * 2
+    batch = Recorded(judgement)
+    batch.unstage()  # never staged: nothing to ask of the worker
+    assert len(steps) == 2
+
+
 def test_a_batch_wrong_by_the_judges_own_graph_is_measured_again_call_by_call_before_it_is_the_candidates(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The capture is the judge's choice: a batch whose reference graph gave other outputs than the reference's

@@ -1377,10 +1377,10 @@ def test_a_batch_set_too_large_for_the_batch_is_measured_in_a_lean_batch_that_sh
 
 
 def test_room_for_a_large_tasks_batch_is_asked_for_before_its_template_is_made() -> None:
-    """`48_Mean_reduction_over_a_dimension` (8.6 GB in) reached 44.4 GB of a 40 GB budget on an H100: the batch's
-    template (a copy of a trial kept for the next candidate), a set made to time the making and the sample output were
-    made beside the worker's timing sets, and only then was room asked for. Where the task's footprint says fewer
-    than MIN_SETS sets fit now, the room is asked for first (once); a small task's batch asks nothing."""
+    """The batch's template, a set made to time the making and the sample output were made beside what the
+    evaluation keeps to go faster (the worker's timing sets, kept trials), and only then was room asked for. Where
+    the task's footprint says fewer than MIN_SETS sets fit now, the room is asked for first (once: session 42's trace
+    of `48_Mean_reduction_over_a_dimension` at 40 GB on an H100 shows it so); a small task's batch asks nothing."""
     from types import SimpleNamespace
 
     from stark_ray.eval.judge.confirmation import MIN_SETS, confirm, set_bytes

@@ -149,3 +149,32 @@ def test_room_for_a_confirmation_batch_takes_the_candidates_timing_sets_and_the_
     assert kept(judge) == [NAMES[0]] and judge.current is not None and judge.current.state is state
     assert state.input_sets is None and state.held_bytes() == 0
     assert len(state.timing_sets(2)) == 2  # made again for a later timing
+
+
+def test_the_judges_release_of_a_batch_lets_the_workers_mappings_go_and_nothing_else(judge: CandidateHost) -> None:
+    """The judge's ``release`` with ``batch``, once a confirmation's rounds are over: the batch's mapped buffers go
+    (their device memory goes back only once this process has let them go too), and nothing the worker keeps to go
+    faster (the other tasks, the candidate's timing sets)."""
+    judge.fingerprint = Fingerprint()
+    for name in NAMES:
+        reference(judge, name)
+    cfg = EvalConfig(backend="cpu_cpp", timing_trials=2, warmup=1)
+    source = (EXAMPLES / f"{NAMES[0]}.py").read_text()
+    answer = judge.handle({"op": OP_LOAD, "task_name": NAMES[0], "task_source": source, "cfg": asdict(cfg),
+                           "candidate_source": CACHING}, lambda _: None)
+    assert "loaded" in answer and judge.current is not None, answer
+    state = judge.current.state
+    sets = state.input_sets
+
+    class Mapped:
+        released = 0
+
+        def release(self) -> None:
+            Mapped.released += 1
+
+    judge.current.buffers = [Mapped(), Mapped()]  # type: ignore[list-item]  # as a staged batch maps them
+    judge.current.staged = [([torch.ones(4)], {})]
+    answer = judge.handle({"op": OP_RELEASE, "batch": True}, lambda _: None)
+    assert answer["tampered"] == [] and answer["healthy"], answer
+    assert Mapped.released == 2 and judge.current.buffers == [] and judge.current.staged == []
+    assert sorted(kept(judge)) == sorted(NAMES) and state.input_sets is sets

@@ -371,10 +371,6 @@ class ReferenceSide:
         synchronize(self.task)
         started = time.perf_counter()
         self._write()
-        # the inputs written before the first launch, as on the candidate's side (written, then the worker told to
-        # go): queued behind the write, this side's launches were hidden by it and the worker's were not, which read
-        # the sweep's candidate (the reference's own forward) at 0.80x where a round had one 3 ms call
-        synchronize(self.task)
         if self.graph is not None:
             self.graph.replay()
         else:
@@ -486,11 +482,12 @@ def confirm(task: JudgeTask, make_template: Callable[[], list[Any]], event_speed
 def _room_early(task: JudgeTask, room: Callable[[], int | None], claimed_ms: float, speedup: float) -> int | None:
     """Whether to ask for room before the batch's template is made: where the task's footprint (measured with its
     reference) says fewer than MIN_SETS sets would fit beside it now. Making the template, sampling how long a set
-    takes and shaping the outputs hold a trial kept for the next candidate, its copy and a transient set beside
-    the worker's timing sets: `48_Mean_reduction_over_a_dimension` (8.6 GB in) went to 44.4 GB of a 40 GB budget
-    that way before the room was asked for. The room now where it should be asked first, else None; asked where the
-    later check would ask (fewer than the sets wanted, at most MIN_SETS: the time to make a set, not known yet, only
-    lowers what is wanted)."""
+    takes and shaping the outputs hold the template, a transient set and a copy beside what the evaluation keeps to
+    go faster (the worker's timing sets, kept trials), which the room gives back. The room now where it should be
+    asked first, else None; asked where the later check would ask (fewer than the sets wanted, at most MIN_SETS: the
+    time to make a set, not known yet, only lowers what is wanted). (`48_Mean_reduction_over_a_dimension`'s 44.4 GB
+    of a 40 GB budget, which this was first written for, came from elsewhere: the worker still mapping the first
+    batch when a second was made, :meth:`worker_batch.WorkerBatch.unstage`.)"""
     footprint = getattr(task, "footprint", None)
     if footprint is None:
         return None

@@ -765,6 +765,7 @@ class Judgement:
                 if isinstance(e, ExchangeError) and "OUT_OF_MEMORY" not in str(e):
                     raise
                 batch.release()
+                batch.unstage()
                 release_cached(self.task.device)
                 why = f"the judge's batch did not fit in the device's memory ({describe_exception(e)[:160]})"
                 if earlier is not None:  # its second measurement: the first's stands
@@ -776,6 +777,7 @@ class Judgement:
                 continue
             finally:
                 batch.release()
+            batch.unstage()  # before anything more is made: the next batch, or what comes after the confirmation
             if confirmation.graph_wrong is not None and graphs:
                 # the judge's own graph of the reference disagreed with its forward on the same inputs (a forward
                 # that rebinds tensors its module holds replays on memory it let go): the machine's doing, measured

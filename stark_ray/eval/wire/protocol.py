@@ -47,7 +47,7 @@ OP_TIME = "time"  # time the candidate against the reference, interleaved, on th
 OP_STAGE = "stage"  # map the input sets and slots of a confirmation batch
 OP_GO = "go"  # run the staged batch: every set once, outputs into their slots, then one sync; digests back
 OP_END = "end"  # forget the candidate; report what its fingerprint saw
-OP_RELEASE = "release"  # drop other tasks' states down to a number of bytes; cached blocks back to the device
+OP_RELEASE = "release"  # other tasks' states down to a number of bytes (or the batch's mappings); cached blocks back
 OP_PING = "ping"  # answer at once: the judge's measure of a message's round trip, before any candidate is loaded
 FD_BATCH = 200  # file descriptors per sendmsg (the kernel's SCM_MAX_FD is 253)
 

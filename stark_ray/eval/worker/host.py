@@ -387,8 +387,16 @@ class CandidateHost:
     def release(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         """Before the judge makes a new task's first trial: the states of the tasks kept here down to ``keep`` bytes
         (least recently used first), and what they held back to the device. With ``sets`` (room for a confirmation
-        batch): the current candidate's task is kept, its timing sets go (made again where it is timed once more)."""
+        batch): the current candidate's task is kept, its timing sets go (made again where it is timed once more).
+        With ``batch``: only the confirmation batch's mappings go (the judge has let the buffers go; their memory
+        goes back to the device once both processes have)."""
         cur = self.current
+        if msg.get("batch"):  # the confirmation batch's mappings only: the judge has let its buffers go
+            if cur is not None:
+                self._unstage(cur)
+            if self.backend.device == "cuda":
+                torch.cuda.empty_cache()
+            return {"released": []}
         if msg.get("sets") and cur is not None:
             cur.state.release_sets()
             name = next((n for n, t in self.tasks.items() if t is cur.state), None)
