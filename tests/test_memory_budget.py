@@ -92,6 +92,28 @@ def _relu_task():  # type: ignore[no-untyped-def]
 CANDIDATE = "\n\nclass ModelNew(Model):\n    pass\n"
 
 
+def test_the_judges_steps_are_traced_with_its_memory_only_where_asked(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``STARK_MEMORY_TRACE`` (benchmarks/memory_timeline.py): a line per mark, its moment on the host's monotonic
+    clock (nvidia-smi's samples are read against it) and what the judge holds; nothing written where it is unset."""
+    import time
+
+    from stark_ray.eval.judge.memory import mark
+    from stark_ray.eval.measure.memory import TRACE_ENV
+
+    trace = tmp_path / "steps.tsv"
+    monkeypatch.delenv(TRACE_ENV, raising=False)
+    mark("not traced")
+    assert not trace.exists()
+    monkeypatch.setenv(TRACE_ENV, str(trace))
+    before = time.monotonic()
+    mark("step run (trial 1/5)")
+    mark("confirmation: the template made")
+    rows = [line.split("\t") for line in trace.read_text().splitlines()]
+    assert [r[1] for r in rows] == ["step run (trial 1/5)", "confirmation: the template made"]
+    assert all(before <= float(r[0]) <= time.monotonic() and len(r) == 3 for r in rows)
+
+
 @pytest.mark.gpu
 def test_a_6_gb_task_evaluates_within_40_gb_and_says_what_it_needs_under_20() -> None:
     from stark_ray.eval.service import EvalService
