@@ -377,6 +377,7 @@ class ReferenceSide:
             self._body(seed)
         self._sums()
         wall = time.perf_counter() - started
+        mark(f"the reference's round: {1e3 * wall:.3f} ms")
         if self.lean:  # its outputs went into the worker's slots: the comparison's are :meth:`expected`'s
             return wall, []
         return wall, [self._outputs(i) for i in range(len(self.outputs))]
@@ -397,6 +398,7 @@ class ReferenceSide:
         self._sums()
         spent = time.perf_counter() - started
         del sources
+        mark(f"the fixed costs: {1e3 * spent:.3f} ms")
         return spent
 
     def _outputs(self, i: int) -> Any:

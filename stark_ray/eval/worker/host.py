@@ -376,13 +376,20 @@ class CandidateHost:
         cur = self.current
         assert cur is not None
         with self._unstaged_on_raise(cur):
+            began = time.perf_counter()
             self.backend.synchronize()
+            synced = time.perf_counter()
             if cur.graph is not None:
                 cur.graph.replay()
             else:  # with the judge's seed where its reference draws random numbers
                 self._batch(cur, seed if isinstance(seed := msg.get("seed"), int) and not isinstance(seed, bool)
                             else None)
-            return {"done": {"digests": digests(cur.slot_buffers)}}
+            launched = time.perf_counter()
+            sums = digests(cur.slot_buffers)
+            # where the worker's side of a round went, in its own words (host seconds: the sync before, the calls
+            # until launched, the sums until the outputs were final): the judge only traces them, never counts them
+            spent = [synced - began, launched - synced, time.perf_counter() - launched]
+            return {"done": {"digests": sums, "spent": spent}}
 
     def release(self, msg: dict[str, Any], send: Send) -> dict[str, Any]:
         """Before the judge makes a new task's first trial: the states of the tasks kept here down to ``keep`` bytes
