@@ -23,7 +23,8 @@
 #   confirm-all the same, every task, default, 40 and 80 GB, resumable
 #   sync-gap    sync_gap.py --busy 8: the extra_stream check's gaps for one-stream functions and a side stream
 #   timeline    memory_timeline.py: 48_Mean_reduction at 40 GB with --confirm, each process's device memory over its
-#               evaluation (session 41: 44.4 GB of a 40 GB budget before the room was asked for first)
+#               evaluation and the judge's steps between them (STARK_MEMORY_TRACE; session 42: 44.4 GB of a 40 GB
+#               budget, the worker still mapping the first batch when the judge made the second)
 #   l2          l2_persisting.py: a persisting-L2 set-aside against the flush, with and without the reset
 #   lost        attempts_lost.py on the GPU demo's cassette: its recorded search replayed quiet and beside 16 busy
 #               processes; the attempts whose verdict the load changed (issue 42's goal: none on the GPU)
