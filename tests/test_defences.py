@@ -343,11 +343,16 @@ def _stub_judgement(device: str) -> Any:
     """What Judgement.confirmed reads of itself: 16 GB of room, no deadline."""
     import types
 
-    return types.SimpleNamespace(
+    from stark_ray.eval.judge.judge import Judgement
+
+    stub = types.SimpleNamespace(
         task=types.SimpleNamespace(device=device), cfg=EvalConfig(), tol=None, round_trip_s=0.0,
-        judge=types.SimpleNamespace(memory=types.SimpleNamespace(room=lambda: 16 << 30)),
+        judge=types.SimpleNamespace(memory=types.SimpleNamespace(room=lambda: 16 << 30),
+                                    worker=types.SimpleNamespace(alive=True)),
         clock=types.SimpleNamespace(deadline=float("inf")), make_room=lambda: 16 << 30,
         _room_share=lambda share: lambda: (16 << 30) // share)
+    stub._let_go = lambda batch: Judgement._let_go(stub, batch)  # type: ignore[arg-type]
+    return stub
 
 
 def test_a_confirmation_batch_that_does_not_fit_the_device_is_made_smaller_then_unconfirmed(
@@ -418,6 +423,19 @@ def test_the_workers_mappings_of_a_batch_go_before_the_next_batch_is_made(monkey
     batch = Recorded(judgement)
     batch.unstage()  # never staged: nothing to ask of the worker
     assert len(steps) == 2
+
+    def staged_then_the_judges_failure(task, make, speedup, new_ms, tol, batch, *rest, **kw):  # type: ignore[no-untyped-def]
+        batch.packed = object()
+        raise RuntimeError("the judge's reference failed")
+
+    monkeypatch.setattr(judge_module, "confirm", staged_then_the_judges_failure)
+    with pytest.raises(RuntimeError):
+        judge_module.Judgement.confirmed(judgement, 3.0, 0.3)  # type: ignore[arg-type]
+    assert len(steps) == 3 and steps[-1] == (OP_RELEASE, {"batch": True})
+    judgement.judge.worker.alive = False  # a step to a process gone would start another
+    monkeypatch.setattr(judge_module, "confirm", staged_then_not_borne_out)
+    judge_module.Judgement.confirmed(judgement, 3.0, 0.3)  # type: ignore[arg-type]
+    assert len(steps) == 3
 
 
 def test_a_batch_wrong_by_the_judges_own_graph_is_measured_again_call_by_call_before_it_is_the_candidates(

@@ -550,7 +550,6 @@ class Judgement:
         """The confirmation batch's ``go`` (see :class:`worker_batch.Conversation`)."""
         worker = self.judge.worker
         seq = self.judge.next_seq()
-        mark(f"step {OP_GO}")
         # a worker that died meanwhile: the reply says how
         worker.send({"op": OP_GO, "seq": seq} | ({"seed": seed} if seed is not None else {}))
         reply = worker.await_reply(self.clock)
@@ -765,7 +764,7 @@ class Judgement:
                 if isinstance(e, ExchangeError) and "OUT_OF_MEMORY" not in str(e):
                     raise
                 batch.release()
-                batch.unstage()
+                self._let_go(batch)
                 release_cached(self.task.device)
                 why = f"the judge's batch did not fit in the device's memory ({describe_exception(e)[:160]})"
                 if earlier is not None:  # its second measurement: the first's stands
@@ -775,9 +774,16 @@ class Judgement:
                     return Confirmation(False, f"not confirmed by the judge's wall clock: {why}", unfit=True)
                 share *= OOM_SHRINK  # fewer sets, the same measurement
                 continue
+            except Decided:  # the worker's doing (died, timed out, broke the protocol): nothing more asked of it
+                raise
+            except Exception:  # the judge's own (its reference failed, say): the worker's mappings go all the same
+                batch.release()
+                with contextlib.suppress(Decided):
+                    self._let_go(batch)
+                raise
             finally:
                 batch.release()
-            batch.unstage()  # before anything more is made: the next batch, or what comes after the confirmation
+            self._let_go(batch)  # before anything more is made: the next batch, or what comes after the confirmation
             if confirmation.graph_wrong is not None and graphs:
                 # the judge's own graph of the reference disagreed with its forward on the same inputs (a forward
                 # that rebinds tensors its module holds replays on memory it let go): the machine's doing, measured
@@ -800,6 +806,14 @@ class Judgement:
             if self.clock.deadline - time.monotonic() < 2 * (time.monotonic() - started):
                 return replace(confirmation, note=f"{confirmation.note}; no time left to measure it again")
             earlier = confirmation
+
+    def _let_go(self, batch: WorkerBatch) -> None:
+        """The worker's mappings of ``batch``'s buffers let go (:meth:`WorkerBatch.unstage`), where its process is
+        still there (a step to a process gone would start another)."""
+        if self.judge.worker.alive:
+            batch.unstage()
+        else:
+            batch.packed = None
 
     def _room_share(self, share: int) -> Callable[[], int | None]:
         """What the budget leaves now, or ``1 / share`` of it (a batch that did not fit is made smaller)."""

@@ -41,6 +41,11 @@ CAPPED_STEPS = (OP_LOAD, OP_RUN, OP_TIME, OP_REFERENCE, OP_STAGE)  # the steps i
 SAMPLE_S = 0.005  # the device's memory in use is read this often during a request
 
 
+def tracing() -> bool:
+    """Whether the judge's steps are traced (:func:`mark`): a line that costs something to make is made only then."""
+    return bool(os.environ.get(TRACE_ENV))
+
+
 def mark(what: str) -> None:
     """Where ``STARK_MEMORY_TRACE`` names a file: a line of what the judge does now, the moment (``time.monotonic``,
     one clock for every process of the host) and the judge's device memory (its allocator's, the shared buffers'):

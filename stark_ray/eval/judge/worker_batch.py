@@ -5,6 +5,7 @@ input sets and output slots shared with the worker, its ``stage`` and ``go`` ste
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -15,7 +16,7 @@ import torch
 from stark_ray.config import EvalConfig
 from stark_ray.eval.judge.batch_sets import PackedSets, on_buffer, packed_slots
 from stark_ray.eval.judge.confirmation import Lent
-from stark_ray.eval.judge.memory import mark
+from stark_ray.eval.judge.memory import mark, tracing
 from stark_ray.eval.judge.trials import JudgeTask, synchronize
 from stark_ray.eval.judge.verdicts import Decided, DeviceMemory, protocol_broken
 from stark_ray.eval.measure.compare import rebuild_outputs
@@ -54,11 +55,23 @@ class Conversation(Protocol):
 
 
 def _spent(spent: Any) -> str:
-    """The worker's own account of its side of a round (``go``'s ``spent``), for the trace only: its word."""
-    if not (isinstance(spent, list) and len(spent) == 3 and all(isinstance(x, int | float) for x in spent)):
+    """The worker's own account of its side of a round (``go``'s ``spent``), for the trace only: its word, read as
+    three finite numbers or not at all (never an error of the judge's)."""
+    if not (isinstance(spent, list) and len(spent) == 3):
         return "none"
-    return ", ".join(f"{what} {1e3 * float(x):.3f} ms" for what, x in zip(("sync", "calls launched", "sums"), spent,
-                                                                          strict=True))
+    seconds = []
+    for x in spent:
+        if isinstance(x, bool) or not isinstance(x, int | float):
+            return "none"
+        try:
+            value = float(x)
+        except (OverflowError, ValueError):
+            return "none"
+        if not math.isfinite(value):
+            return "none"
+        seconds.append(value)
+    return ", ".join(f"{what} {1e3 * x:.3f} ms" for what, x in zip(("sync", "calls launched", "sums"), seconds,
+                                                                   strict=True))
 
 
 class WorkerBatch:
@@ -116,7 +129,8 @@ class WorkerBatch:
             done = check().get("done")
         if not isinstance(done, dict) or not isinstance(done.get("digests"), list):
             raise Decided(protocol_broken("no answer to go"), recycle=True)
-        mark(f"go answered after {1e3 * wall:.3f} ms; the worker's word: " + _spent(done.get("spent")))
+        if tracing():  # outside the clock (the step itself is not marked: a mark inside would slow this side only)
+            mark(f"go answered after {1e3 * wall:.3f} ms; the worker's word: {_spent(done.get('spent'))}")
         synchronize(task)
         # one copy of the slots, and its byte sums against the answer's: the outputs compared are those the worker
         # answered for, whatever its GPU work writes into the shared slots afterwards (a kernel left running could

@@ -442,20 +442,39 @@ def leaves_work_behind(candidate: Timing, reference: Timing) -> bool:
     return gap_over_reference(candidate, reference) > max(0.004, 0.02 * candidate.stats.median)
 
 
-def timed_with_second_look(timed: Callable[[], list[Timing]]) -> tuple[list[Timing], float | None]:
+@dataclass(frozen=True)
+class Looked:
+    """A candidate's timing against the reference's, looked at twice where its gaps said work was left running
+    (:func:`timed_with_second_look`): the timings whose times are taken (the last), the rounds the gap rule reads
+    (both timings' pooled where it was timed twice) and the first timing's own gap (ms; None: timed once)."""
+
+    taken: list[Timing]
+    judged: list[Timing]
+    first_gap: float | None = None
+
+
+def timed_with_second_look(timed: Callable[[], list[Timing]]) -> Looked:
     """``timed()`` (the reference first, the candidate second), and once more where its gaps said work was left
-    running (:func:`leaves_work_behind`): the timings to take, and the first one's gap over the reference's (ms)
-    where it was timed again, else None. The gap's noise is the host's wake from the sync and what else the device
+    running (:func:`leaves_work_behind`). The gap's noise is the host's wake from the sync and what else the device
     runs meanwhile (another process's context): an honest one-kernel candidate's first timing was 4.77 us over the
     reference's beside the test suite's other processes on an H100 (the rule's margin 4 us), where quiet runs of it
-    and a busy host's stayed within -3.9..+0.1 us (``benchmarks/sync_gap.py``). Work a candidate leaves behind is
-    there in every timing; the verdict is taken on the second, a timing whose calls are all observed alike: a
-    candidate that leaves work behind only in the first is timed on the second as it then ran."""
-    timings = timed()
-    if not leaves_work_behind(timings[1], timings[0]):
-        return timings, None
-    first = gap_over_reference(timings[1], timings[0])
-    return timed(), first
+    and a busy host's stayed within -3.9..+0.1 us (``benchmarks/sync_gap.py``). The second timing's times are taken;
+    the rule reads the rounds of both, pooled: a gap of the host's in one timing is diluted by the other's rounds,
+    work a candidate leaves behind is in both, and a second timing is never a second draw at the flag (left behind
+    in the first timing only, half the pooled rounds are over the margin and the median is too)."""
+    first = timed()
+    if not leaves_work_behind(first[1], first[0]):
+        return Looked(first, first)
+    second = timed()
+    return Looked(second, [pooled(a, b) for a, b in zip(first, second, strict=True)],
+                  gap_over_reference(first[1], first[0]))
+
+
+def pooled(a: Timing, b: Timing) -> Timing:
+    """Two timings of one function as one: their rounds in order, the longer head start (fewer rounds counted late)."""
+    heads = [h for h in (a.head_us, b.head_us) if h is not None]
+    return Timing(Stats.of([*a.stats.samples, *b.stats.samples]), Stats.of([*a.synced.samples, *b.synced.samples]),
+                  max(heads) if heads else None, (*a.hosts, *b.hosts))
 
 
 def gap_over_reference(candidate: Timing, reference: Timing) -> float:

@@ -27,6 +27,7 @@ from stark_ray.eval.measure.process_state import ProcessState
 from stark_ray.eval.measure.timing import (
     GPU_WARMUP_MS,
     HEAD_START_US,
+    Looked,
     OddOutput,
     Stats,
     TimingMismatch,
@@ -163,13 +164,16 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
         return None if c.ok else c.problem
 
     clean = how.state.fresh() if how.state is not None else None  # the reference's calls: as the worker started
-    first_gap: float | None = None  # a first timing's gap over the reference's, where it was timed again
     try:
         def timed() -> list[Measured]:
             return time_interleaved(fns, how.sets, how.backend.timer(head_start), cfg.warmup, how.trials, check,
                                     _warmup_ms(state), cfg.timing_precision, [clean])
 
-        timings, first_gap = timed_with_second_look(timed) if head_start else (timed(), None)
+        if head_start:
+            looked = timed_with_second_look(timed)
+        else:  # timed up to a device-wide sync already: no gap to read
+            once = timed()
+            looked = Looked(once, once)
         compiled_ms = None
         if cfg.baseline == "compile":  # checked once when compiled; timed beside the eager reference
             compiled = time_interleaved([state.model, state.baseline_compiled()], how.sets,
@@ -179,23 +183,25 @@ def time_candidate(model: Any, state: WarmReference, defined: Callable[[], set[s
             notes.append(f"torch.compile baseline: {compiled.stats.describe()}")
     except TimingMismatch as e:
         return {"mismatch": str(e) if isinstance(e, OddOutput) else f"{e} (memoised or racy output?)"}
-    ref_t, new_t = timings
+    ref_t, new_t = looked.taken
+    ref_j, new_j = looked.judged  # the rounds the gap rule reads: both timings', where it was timed twice
+    first_gap = looked.first_gap
     if clean is not None and (changed := clean.note()):
         notes.append(changed)
     synced = not head_start
-    if head_start and leaves_work_behind(new_t, ref_t):
+    twice = " over both timings' rounds" if first_gap is not None else ""
+    if head_start and leaves_work_behind(new_j, ref_j):
         flags.append("extra_stream")
         synced = True
-        notes.append(f"work left running after forward returned ({1e3 * gap_over_reference(new_t, ref_t):.3g} us "
-                     f"longer to the device idle than the reference's calls, round by round (median); shortest gaps "
-                     f"{new_t.gap_ms:.3g} and {ref_t.gap_ms:.3g} ms; calls whose host outlasted the "
-                     f"{ref_t.head_us or 0:.0f} us head start: {new_t.late} and {ref_t.late} of {new_t.stats.n}): "
-                     "both sides timed up to a device-wide sync"
-                     + (f" (so in a second timing too: the first's {1e3 * first_gap:.3g} us)" if first_gap is not None
-                        else ""))
+        notes.append(f"work left running after forward returned ({1e3 * gap_over_reference(new_j, ref_j):.3g} us "
+                     f"longer to the device idle than the reference's calls, round by round (median{twice}); "
+                     f"shortest gaps {new_j.gap_ms:.3g} and {ref_j.gap_ms:.3g} ms; calls whose host outlasted the "
+                     f"{ref_j.head_us or 0:.0f} us head start: {new_j.late} and {ref_j.late} of {new_j.stats.n}): "
+                     "both sides timed up to a device-wide sync")
     elif first_gap is not None:
         notes.append(f"timed again: the first timing's calls were {1e3 * first_gap:.3g} us longer to the device idle "
-                     "than the reference's (round by round, median), the second's not: the second's times stand")
+                     f"than the reference's (round by round, median), both timings' rounds "
+                     f"{1e3 * gap_over_reference(new_j, ref_j):.3g} us: the second timing's times stand")
     ref_stats, new_stats = (ref_t.synced, new_t.synced) if synced else (ref_t.stats, new_t.stats)
     if ref_t.head_us and ref_t.head_us > HEAD_START_US:
         notes.append(f"launch-bound: timed with a {ref_t.head_us:.0f} us head start (GPU time; launch "
