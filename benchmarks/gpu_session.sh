@@ -13,6 +13,8 @@
 #   tests-a     pytest -m gpu, tests/test_gpu.py, the cuda candidates              (their builds: most of a call)
 #   tests-a2    pytest -m gpu, tests/test_gpu.py, the cuda_nvrtc and triton ones    (~5.5 min on an H100)
 #   tests-b     pytest -m gpu, the other files (exchange, memory budget, Ray, read-only world)
+#   tests-b1    the same, half: Ray (the GPU demo's replay ~80 s) and the read-only world (tests-b outran a call once)
+#   tests-b2    the same, the other half: exchange and memory budget (~90 s: fits beside tests-a2)
 #   probes      worker_turnover.py --backend cuda --spares 1 3, bandwidth_probe.py, sol_fractions.py on KernelBench
 #   sweep-rep   kernelbench_sweep.py: the representative subset, default budget and 40 GB (issue 20's SOL, issue 15)
 #   sweep-80    kernelbench_sweep.py --budget 80, levels 2 and 3, resumable
@@ -77,6 +79,10 @@ for s in "$@"; do
             tests/test_gpu.py ;;
         tests-b) step tests-b python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_exchange.py \
             tests/test_memory_budget.py tests/test_ray_gpu.py tests/test_read_only_world.py ;;
+        tests-b1) step tests-b1 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ray_gpu.py \
+            tests/test_read_only_world.py ;;
+        tests-b2) step tests-b2 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_exchange.py \
+            tests/test_memory_budget.py ;;
         probes)
             step turnover python3 benchmarks/worker_turnover.py --backend cuda --spares 1 3
             step bandwidth python3 benchmarks/bandwidth_probe.py
@@ -103,7 +109,7 @@ for s in "$@"; do
         first-minutes) step first-minutes python3 benchmarks/first_minutes.py --executor local ray --busy 0 ;;
         cassette) step cassette python3 examples/cassettes/record_demo.py --backend cuda
             cp examples/cassettes/2_FusedSwishScaleClamp_cuda.jsonl "$OUT/" ;;
-        *) echo "unknown step: $s (tests-a, tests-a2, tests-b, probes, sweep-rep, sweep-80, sweep-all, confirm-rep," \
+        *) echo "unknown step: $s (tests-a, tests-a2, tests-b, tests-b1, tests-b2, probes, sweep-rep, sweep-80, sweep-all, confirm-rep," \
             "confirm-again, confirm-all, sync-gap, timeline, l2, lost, confirm-cost, first-minutes, cassette)" >&2; exit 2 ;;
     esac
 done
