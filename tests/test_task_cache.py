@@ -7,6 +7,7 @@ import gc
 import weakref
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -129,11 +130,8 @@ def test_a_task_it_stops_keeping_goes_though_its_state_was_frozen(judge: Candida
         gc.unfreeze()
 
 
-def test_room_for_a_confirmation_batch_takes_the_candidates_timing_sets_and_the_other_tasks_not_its_own(
-        judge: CandidateHost) -> None:
-    """The judge's ``release`` with ``sets`` (room for a confirmation batch that did not fit): the states of the other
-    tasks go and the current candidate's timing sets too (made again where it is timed once more); its task's state
-    stays, and the candidate with it."""
+def serving_all_then_loaded(judge: CandidateHost) -> Any:
+    """Every task's reference served, then a candidate of the first loaded: its task's state."""
     judge.fingerprint = Fingerprint()
     for name in NAMES:
         reference(judge, name)
@@ -142,7 +140,15 @@ def test_room_for_a_confirmation_batch_takes_the_candidates_timing_sets_and_the_
     answer = judge.handle({"op": OP_LOAD, "task_name": NAMES[0], "task_source": source, "cfg": asdict(cfg),
                            "candidate_source": CACHING}, lambda _: None)
     assert "loaded" in answer and judge.current is not None, answer
-    state = judge.current.state
+    return judge.current.state
+
+
+def test_room_for_a_confirmation_batch_takes_the_candidates_timing_sets_and_the_other_tasks_not_its_own(
+        judge: CandidateHost) -> None:
+    """The judge's ``release`` with ``sets`` (room for a confirmation batch that did not fit): the states of the other
+    tasks go and the current candidate's timing sets too (made again where it is timed once more); its task's state
+    stays, and the candidate with it."""
+    state = serving_all_then_loaded(judge)
     assert state.input_sets is not None
     answer = judge.handle({"op": OP_RELEASE, "keep": 0, "sets": True}, lambda _: None)
     assert answer["tampered"] == [] and answer["healthy"], answer
@@ -155,15 +161,7 @@ def test_the_judges_release_of_a_batch_lets_the_workers_mappings_go_and_nothing_
     """The judge's ``release`` with ``batch``, once a confirmation's rounds are over: the batch's mapped buffers go
     (their device memory goes back only once this process has let them go too), and nothing the worker keeps to go
     faster (the other tasks, the candidate's timing sets)."""
-    judge.fingerprint = Fingerprint()
-    for name in NAMES:
-        reference(judge, name)
-    cfg = EvalConfig(backend="cpu_cpp", timing_trials=2, warmup=1)
-    source = (EXAMPLES / f"{NAMES[0]}.py").read_text()
-    answer = judge.handle({"op": OP_LOAD, "task_name": NAMES[0], "task_source": source, "cfg": asdict(cfg),
-                           "candidate_source": CACHING}, lambda _: None)
-    assert "loaded" in answer and judge.current is not None, answer
-    state = judge.current.state
+    state = serving_all_then_loaded(judge)
     sets = state.input_sets
 
     class Mapped:

@@ -777,7 +777,6 @@ class Judgement:
             except Decided:  # the worker's doing (died, timed out, broke the protocol): nothing more asked of it
                 raise
             except Exception:  # the judge's own (its reference failed, say): the worker's mappings go all the same
-                batch.release()
                 with contextlib.suppress(Decided):
                     self._let_go(batch)
                 raise
@@ -812,8 +811,6 @@ class Judgement:
         still there (a step to a process gone would start another)."""
         if self.judge.worker.alive:
             batch.unstage()
-        else:
-            batch.packed = None
 
     def _room_share(self, share: int) -> Callable[[], int | None]:
         """What the budget leaves now, or ``1 / share`` of it (a batch that did not fit is made smaller)."""

@@ -186,9 +186,10 @@ class JudgeMemory:
         with contextlib.suppress(TypeError, ValueError, OverflowError):  # the worker's word: only numbers count
             self.worker_reserved = min(max(0, int(mem.get("reserved", 0))), total)
             self.reported_by = self.worker.starts
-            self.peak = max(self.peak, self.judge_then + min(max(0, int(mem.get("peak", 0))), total))
+            peak = min(max(0, int(mem.get("peak", 0))), total)
+            self.peak = max(self.peak, self.judge_then + peak)
             mark(f"the worker says: reserved {self.worker_reserved / GB:.2f} GB, at its peak in the step "
-                 f"{min(max(0, int(mem.get('peak', 0))), total) / GB:.2f} GB")
+                 f"{peak / GB:.2f} GB")
         self.cap_self()  # the judge's turn again: its cap follows what the worker holds now
 
     def close_interval(self) -> None:
