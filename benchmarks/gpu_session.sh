@@ -27,6 +27,8 @@
 #   timeline    memory_timeline.py: 48_Mean_reduction at 40 GB with --confirm, each process's device memory over its
 #               evaluation and the judge's steps between them (STARK_MEMORY_TRACE; session 42: 44.4 GB of a 40 GB
 #               budget, the worker still mapping the first batch when the judge made the second)
+#   round-gap   round_gap.py: the judge's round and the worker's side by side in a two-process replica, each suspect of
+#               the judge's low reading of honest candidates taken away in turn (session 43: judge/worker 0.72-0.86)
 #   l2          l2_persisting.py: a persisting-L2 set-aside against the flush, with and without the reset
 #   lost        attempts_lost.py on the GPU demo's cassette: its recorded search replayed quiet and beside 16 busy
 #               processes; the attempts whose verdict the load changed (issue 42's goal: none on the GPU)
@@ -99,6 +101,7 @@ for s in "$@"; do
             --kernelbench "$KB" --budget 40 --confirm ;;
         confirm-all) CSV=benchmarks/results/kernelbench_confirm.csv sweep confirm-all --budget default 40 80 \
             --confirm ;;
+        round-gap) step round-gap python3 benchmarks/round_gap.py --json "$OUT/round_gap.json" ;;
         l2) step l2 python3 benchmarks/l2_persisting.py --json "$OUT/l2.json" ;;
         lost) step lost python3 benchmarks/attempts_lost.py --backend cuda --busy 0 16 \
             --cassette examples/cassettes/2_FusedSwishScaleClamp_cuda.jsonl ;;
@@ -110,7 +113,7 @@ for s in "$@"; do
         cassette) step cassette python3 examples/cassettes/record_demo.py --backend cuda
             cp examples/cassettes/2_FusedSwishScaleClamp_cuda.jsonl "$OUT/" ;;
         *) echo "unknown step: $s (tests-a, tests-a2, tests-b, tests-b1, tests-b2, probes, sweep-rep, sweep-80, sweep-all, confirm-rep," \
-            "confirm-again, confirm-all, sync-gap, timeline, l2, lost, confirm-cost, first-minutes, cassette)" >&2; exit 2 ;;
+            "confirm-again, confirm-all, sync-gap, timeline, round-gap, l2, lost, confirm-cost, first-minutes, cassette)" >&2; exit 2 ;;
     esac
 done
 cat "$OUT/steps.txt"
