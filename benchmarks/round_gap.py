@@ -19,6 +19,9 @@ worker") sharing the buffers through CUDA IPC as the real ones do, with variants
                  stops the worker during the reference's rounds and its fixed costs
   worker+spin    the child polls its pipe without sleeping (no wake-up of a sleeping process)
   worker+nowrite no write before ``go`` (the child's calls do not follow another context's work)
+  other-worker   the worker's round sent to a second child that runs the same calls (a remedy to weigh: the
+                 reference's calls in a trusted process of their own, so that both sides' rounds cross alike; it
+                 works where this reads as ``worker`` does)
 
 Every round of a worker variant is counted less the least message round trip measured before it (as the judge
 does). Rounds of all variants are interleaved, so drift hits them alike. The child reports its own spans (its sync,
@@ -46,7 +49,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-VARIANTS = ("judge", "judge+sync", "judge+hop", "worker", "worker+stopped", "worker+spin", "worker+nowrite")
+VARIANTS = ("judge", "judge+sync", "judge+hop", "worker", "worker+stopped", "worker+spin", "worker+nowrite",
+            "other-worker")
 GRAPH_CALLS = 64
 
 
@@ -154,14 +158,18 @@ def _load(kind: str, mb: int, rounds: int, device: str) -> dict[str, Any]:
     mine, theirs = ctx.Pipe()
     child = ctx.Process(target=_child, args=(theirs, kind, x, y, device), daemon=True)
     child.start()
+    mine2, theirs2 = ctx.Pipe()
+    other = ctx.Process(target=_child, args=(theirs2, kind, x, y, device), daemon=True)
+    other.start()
     work = Work(kind, x, y, device)
     walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    spans: dict[str, list[list[float]]] = {v: [] for v in VARIANTS if v.startswith("worker")}
+    spans: dict[str, list[list[float]]] = {v: [] for v in VARIANTS if not v.startswith("judge")}
     trips: list[float] = []
     try:
-        for _ in range(3):  # warm both sides (the child's first calls, the IPC mappings)
-            mine.send(("go",))
-            mine.recv()
+        for _ in range(3):  # warm every side (the children's first calls, the IPC mappings)
+            for conn in (mine, mine2):
+                conn.send(("go",))
+                conn.recv()
             work()
             work.sums()
         stopped = False
@@ -174,7 +182,8 @@ def _load(kind: str, mb: int, rounds: int, device: str) -> dict[str, Any]:
                 if v == "worker+spin":
                     mine.send(("spin", True))
                     mine.recv()
-                trip = min(_ping(mine) for _ in range(3))
+                conn = mine2 if v == "other-worker" else mine
+                trip = min(_ping(conn) for _ in range(3))
                 trips.append(trip)
                 _sync(device)
                 started = time.perf_counter()
@@ -191,8 +200,8 @@ def _load(kind: str, mb: int, rounds: int, device: str) -> dict[str, Any]:
                     walls[v].append(time.perf_counter() - started)
                     continue
                 _sync(device)
-                mine.send(("go",))
-                answer = mine.recv()
+                conn.send(("go",))
+                answer = conn.recv()
                 walls[v].append(time.perf_counter() - started - trip)
                 spans[v].append(list(answer[1]))
                 if v == "worker+spin":
@@ -203,11 +212,13 @@ def _load(kind: str, mb: int, rounds: int, device: str) -> dict[str, Any]:
                     stopped = True
         if stopped:
             os.kill(child.pid, signal.SIGCONT)
-        mine.send(("end",))
-        child.join(timeout=30)
+        for conn, proc in ((mine, child), (mine2, other)):
+            conn.send(("end",))
+            proc.join(timeout=30)
     finally:
-        if child.is_alive():
-            child.kill()
+        for proc in (child, other):
+            if proc.is_alive():
+                proc.kill()
     report: dict[str, Any] = {"trip_ms": 1e3 * min(trips), "variants": {}}
     base = statistics.median(walls["judge+sync"])
     print(f"\n{kind} {mb} MB on {device}: {rounds} rounds a variant; least round trip {1e3 * min(trips):.3f} ms")
