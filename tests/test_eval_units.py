@@ -522,6 +522,66 @@ def test_output_guards_reject_aliases_subclasses_and_wrong_devices() -> None:
     assert "is on meta" in (output_problem(torch.empty(2, device="meta"), [x], "cpu") or "")
 
 
+# A worker's start as CandidateHost makes it (the host's hooks, then the fingerprint), in a fresh interpreter: torch's
+# own patches are taken as its own however late a candidate's torch.compile comes, and nothing else is.
+LATE_DYNAMO = """
+import importlib.abc, sys
+import torch
+import torch.nn.functional as F
+from stark_ray.eval.worker.guards import Fingerprint, settle_torch
+
+fp = None
+settle_torch(lambda: fp)
+fp = Fingerprint()
+assert "torch._dynamo" not in sys.modules, "a worker's start imports torch._dynamo"
+assert fp.changed() == [], fp.changed()
+gelu = F.gelu
+F.gelu = lambda x, approximate="none": x  # the candidate's, before torch patches itself
+F.gelu = gelu  # and put back: a change once made is said
+
+
+class Finder(importlib.abc.MetaPathFinder):  # the candidate's code, run inside dynamo's import
+    def find_spec(self, name, path, target=None):
+        if name == "torch._dynamo.utils":
+            F.gelu = lambda x, approximate="none": x
+            torch.Tensor.sigmoid = lambda self: self
+        return None
+
+
+F.gelu = lambda x, approximate="none": x
+said = fp.changed()
+F.gelu = gelu
+sys.meta_path.insert(0, Finder())
+assert torch.compile(lambda x: x * 2 + 1)(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
+assert "torch._dynamo" in sys.modules
+found = fp.changed()
+torch.Tensor.sigmoid = torch._C.TensorBase.sigmoid
+del torch.Tensor.sigmoid
+mul = torch.Tensor.__mul__
+torch.Tensor.__mul__ = lambda a, b: a  # after: seen as ever
+later = fp.changed()
+print(said, found, later, sep="\\n")
+"""
+
+
+def test_torch_patching_itself_late_is_not_tampering_and_a_candidates_change_still_is(tmp_path: Path) -> None:
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", LATE_DYNAMO], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import ast
+
+    said, found, later = (set(ast.literal_eval(line)) for line in proc.stdout.strip().splitlines()[-3:])
+    assert said == {"torch.nn.functional.gelu"}
+    # torch.compile's own patches (torch.manual_seed, nn.Module.__init__'s tag) are not said; the candidate's
+    # before the import, and what its finder did during it, are
+    assert found == {"torch.Tensor.sigmoid", "torch.nn.functional.gelu"}, found
+    assert later == {"torch.Tensor.__mul__", "torch.Tensor.sigmoid", "torch.nn.functional.gelu"}, later
+
+
 def test_poison_leaves_nothing_allocated_and_accepts_empty_sizes() -> None:
     poison([], "cpu")
     poison([1 << 20, 4096], "cpu")  # allocates, fills 0xFF, frees: no error, nothing kept
@@ -532,7 +592,8 @@ def test_fingerprint_sees_a_replaced_torch_function_and_nothing_else() -> None:
 
     from stark_ray.eval.worker.guards import settle_torch
 
-    settle_torch()  # as in the worker, before the fingerprint
+    fp: Fingerprint | None = None
+    settle_torch(lambda: fp)  # as in the worker, before the fingerprint (here torch._dynamo may be loaded already)
 
     fp = Fingerprint()
     assert fp.changed() == []

@@ -12,16 +12,21 @@ harder to fool and say when a worker must not serve another candidate.
   the inputs.
 - :func:`poison`: fills memory the allocator will hand out next with 0xFF bytes (NaN in every float format),
   so outputs that a kernel leaves partly unwritten fail the comparison.
-- :func:`settle_torch` (and :func:`preload`, a spare's share of it): the patches torch makes to itself, made
-  before the fingerprint is taken.
+- :func:`settle_torch`: the patches torch makes to itself (``torch._dynamo``'s, on its import and on the first
+  ``torch.compile``), told from a candidate's: made before the fingerprint where dynamo is loaded already, else
+  watched for (:class:`SettlesOnImport`): dynamo is imported only by a candidate that uses it (its import doubled a
+  worker's start: 1.6-1.8 s of CPU for the host's imports, 3.4-3.8 s with it, on the dev box), and what its import
+  changes, and only that, becomes the fingerprint's.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import inspect
 import sys
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -67,11 +72,27 @@ def _watched_modules() -> dict[str, ModuleType]:
 class Fingerprint:
     """The identity of what candidates could monkeypatch. Taken once; compared after each step of a candidate.
 
-    Take it after ``import torch._dynamo``: importing it (torch.compile does) replaces ``torch.manual_seed``; and
-    after the worker's own hooks (the build cache, :mod:`stark_ray.eval.worker.kernel_sources`) are installed.
+    Take it after the worker's own hooks (the build cache, :mod:`stark_ray.eval.worker.kernel_sources`) are
+    installed, and after torch's own patches (:func:`settle_torch`); where torch patches itself later (a candidate's
+    first ``torch.compile`` imports ``torch._dynamo``, which replaces ``torch.manual_seed``), :meth:`settled` takes it
+    again.
     """
 
     def __init__(self) -> None:
+        self.carried: list[str] = []  # what had changed when it was taken again (:meth:`settled`): still said
+        self._take()
+
+    def settled(self, before: list[str]) -> None:
+        """Torch has just patched itself (``torch._dynamo`` imported after the fingerprint was taken): taken again,
+        so that what its import changed is torch's own; ``before``, what :meth:`changed` said as that import began
+        (a candidate's own changes), is still said, and so is any change since whose new object is not torch's
+        (code of the candidate's that ran during the import: a finder of its own ahead of the worker's)."""
+        now = {name: _read(owner, attr, how) for name, owner, attr, how, _ in self.entries}
+        foreign = [n for n in self.changed() if n not in before and not _torchs(now.get(n, _MISSING))]
+        self.carried = sorted(set(self.carried) | set(before) | set(foreign))
+        self._take()
+
+    def _take(self) -> None:
         self.modules = _watched_modules()
         # (name, owner, attribute, how to read it, the object): the object itself, held and compared by identity (an
         # id could be reused by a replacement once the original is freed)
@@ -122,10 +143,17 @@ class Fingerprint:
                     if _hook_ids(getattr(module, attr, None)) != ids]
         changed = [name for name, owner, attr, how, seen in self.entries
                    if (now := _read(owner, attr, how)) is not _MISSING and now is not seen]
-        return swapped + sorted(changed)
+        found = swapped + sorted(changed)
+        return [n for n in self.carried if n not in found] + found
 
 
 _MISSING = object()
+
+
+def _torchs(obj: Any) -> bool:
+    """Whether ``obj`` is defined by torch (by its module's name: what dynamo's import puts in place)."""
+    module = getattr(obj, "__module__", None)
+    return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
 
 
 def _functions(name: str, obj: Any) -> Iterator[tuple[str, types.FunctionType]]:
@@ -287,20 +315,88 @@ def poison(nbytes: Iterable[int], device: str) -> None:
     del blocks
 
 
-def preload() -> None:
-    """The imports a device worker needs, done ahead (no device work): a spare does them while it waits."""
-    import torch._dynamo  # noqa: F401
+DYNAMO = "torch._dynamo"
 
 
-def settle_torch() -> None:
-    """Let torch make the patches it makes to itself (dynamo replaces torch.manual_seed on import, and tags
-    nn.Module.__init__ on the first torch.compile) before the fingerprint, so that a candidate using
-    torch.compile is not taken for one that tampers with torch."""
-    import torch._dynamo  # noqa: F401
-
+def _tag_module_inits() -> None:
+    """What torch.compile's first use does to ``nn.Module.__init__`` (tags it), done now."""
     try:
         from torch._dynamo.mutation_guard import install_generation_tagging_init
 
         install_generation_tagging_init()
     except Exception:  # another torch version: a false alarm there shows as "tampered" in a test, not silently
         pass
+
+
+def settle_torch(fingerprint: Callable[[], Fingerprint | None]) -> SettlesOnImport | None:
+    """Let torch's patches to itself not be taken for a candidate's. Where ``torch._dynamo`` is loaded already, its
+    patches are made now (before the fingerprint is taken); else a :class:`SettlesOnImport` is installed (and
+    returned) that has ``fingerprint()`` taken again once a candidate's import of it is done."""
+    if DYNAMO in sys.modules:
+        _tag_module_inits()
+        return None
+    watcher = SettlesOnImport(fingerprint)
+    sys.meta_path.insert(0, watcher)
+    return watcher
+
+
+class SettlesOnImport(importlib.abc.MetaPathFinder):
+    """Watches for the first import of ``torch._dynamo`` (a candidate's ``torch.compile``, or the candidate itself),
+    and around that import's own execution, no later: what the fingerprint says as it begins stays said
+    (:meth:`Fingerprint.settled`); what that import and the tagging torch.compile does then change is torch's own.
+    A candidate's change made after it, or before it, is seen as ever. (In the candidate's own process, as the
+    fingerprint is: a backstop, the verdicts are the judge's.)"""
+
+    def __init__(self, fingerprint: Callable[[], Fingerprint | None]) -> None:
+        self.fingerprint = fingerprint
+        self.finding = False
+        self.settled = False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != DYNAMO or self.finding or self.settled:
+            return None
+        self.finding = True
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        finally:
+            self.finding = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _SettlingLoader(spec.loader, self)
+        return spec
+
+    def around(self, run: Callable[[], None]) -> None:
+        fp = self.fingerprint()
+        before = fp.changed() if fp is not None else []
+        try:
+            run()
+            _tag_module_inits()
+        finally:
+            self.settled = True
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            if fp is not None:
+                fp.settled(before)
+
+
+class _SettlingLoader(importlib.abc.Loader):
+    """``torch._dynamo``'s own loader, its execution watched (:class:`SettlesOnImport`); anything else it is asked
+    goes to that loader."""
+
+    def __init__(self, loader: Any, watcher: SettlesOnImport) -> None:
+        self.loader = loader
+        self.watcher = watcher
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__loader__ = self.loader  # as the module would have it
+        try:
+            self.watcher.around(lambda: self.loader.exec_module(module))
+        finally:
+            if module.__spec__ is not None:
+                module.__spec__.loader = self.loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)

@@ -109,7 +109,8 @@ class CandidateHost:
         self.sources = KernelSources()
         self.sources.install()
         backend.record_kernels(self.sources)
-        settle_torch()
+        self.fingerprint: Fingerprint | None = None
+        self.settles = settle_torch(lambda: self.fingerprint)  # torch's own patches: now, or as a candidate imports
         if backend.device == "cuda":
             warm_profiler()
         self.fingerprint = Fingerprint()  # after our own hooks and torch's own patches

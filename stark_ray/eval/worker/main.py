@@ -50,10 +50,7 @@ SPARE_NICE = 10  # a spare's imports yield the CPU to the worker that times (as 
 
 def _spare_imports() -> None:
     from stark_ray.eval.backends import get_backend  # noqa: F401
-    from stark_ray.eval.worker.guards import preload
     from stark_ray.eval.worker.host import CandidateHost  # noqa: F401
-
-    preload()
 
 
 def _niced(work: Callable[[], None]) -> None:
@@ -125,13 +122,12 @@ def main(argv: list[str] | None = None) -> None:
         def lap(name: str) -> None:
             laps[name] = round(time.perf_counter() - started - sum(laps.values()), 3)
 
-        if args.spare and not args.compile_only:  # what it imports and preloads, ahead and niced
+        if args.spare and not args.compile_only:  # what it imports, ahead and niced
             _niced(_spare_imports)
         from stark_ray.eval.backends import get_backend
         from stark_ray.eval.build.cache import set_requester
         from stark_ray.eval.proc.garbage import collect
         from stark_ray.eval.worker.builds import build_extension, build_only
-        from stark_ray.eval.worker.guards import preload
         from stark_ray.eval.worker.host import CandidateHost
 
         backend = get_backend(args.backend)
@@ -140,9 +136,6 @@ def main(argv: list[str] | None = None) -> None:
             set_requester(_asking(send))
         lap("imports_s")
         if args.spare:  # a hot spare: nothing on the device until the parent promotes it (its timings go on)
-            if not args.compile_only:  # a compile process never hosts a candidate's run
-                preload()  # CPU only: what the host imports (torch._dynamo: seconds); done by _spare_imports
-            lap("preload_s")
             send({"waiting": True})
             if sys.stdin.readline().strip() != "go":
                 os._exit(0)  # the parent closed it unused
