@@ -1,7 +1,7 @@
 """What a fresh worker per candidate costs back to back, by the number of hot spares (EvalConfig.worker_spares).
 
 Each candidate runs in a worker process of its own (``worker_candidates`` 1, a GPU's default). A restart costs a
-whole interpreter start (torch and dynamo imported: 2 s on this 2-core box, 7-9 s on the GPU machine) unless a
+whole interpreter start (torch imported, and dynamo on a GPU: 2 s on this 2-core box, 7-9 s on the GPU machine) unless a
 spare waits ready. The KernelBench sweep asks back to back — a task's reference, then one candidate, then the next
 task's — and with one spare each start waited for it: the reference's step went from 1.2 s to 7.2 s (H200, session
 27). Here, side by side in one run, for each setting of ``worker_spares``: the example tasks twice over, each a

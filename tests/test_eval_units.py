@@ -528,6 +528,7 @@ LATE_DYNAMO = """
 import importlib.abc, sys
 import torch
 import torch.nn.functional as F
+import stark_ray.eval.worker.timing as timing
 from stark_ray.eval.worker.guards import Fingerprint, settle_torch
 
 fp = None
@@ -551,6 +552,7 @@ class Finder(importlib.abc.MetaPathFinder):  # the candidate's code, run inside 
 F.gelu = lambda x, approximate="none": x
 said = fp.changed()
 F.gelu = gelu
+del timing.HEAD_START_US  # gone before the import: what is put back after it is still a change
 sys.meta_path.insert(0, Finder())
 assert torch.compile(lambda x: x * 2 + 1)(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
 assert "torch._dynamo" in sys.modules
@@ -559,6 +561,7 @@ torch.Tensor.sigmoid = torch._C.TensorBase.sigmoid
 del torch.Tensor.sigmoid
 mul = torch.Tensor.__mul__
 torch.Tensor.__mul__ = lambda a, b: a  # after: seen as ever
+timing.HEAD_START_US = 0
 later = fp.changed()
 print(said, found, later, sep="\\n")
 """
@@ -579,7 +582,8 @@ def test_torch_patching_itself_late_is_not_tampering_and_a_candidates_change_sti
     # torch.compile's own patches (torch.manual_seed, nn.Module.__init__'s tag) are not said; the candidate's
     # before the import, and what its finder did during it, are
     assert found == {"torch.Tensor.sigmoid", "torch.nn.functional.gelu"}, found
-    assert later == {"torch.Tensor.__mul__", "torch.Tensor.sigmoid", "torch.nn.functional.gelu"}, later
+    assert later == {"torch.Tensor.__mul__", "torch.nn.functional.gelu",
+                     "stark_ray.eval.worker.timing.HEAD_START_US"}, later
 
 
 def test_poison_leaves_nothing_allocated_and_accepts_empty_sizes() -> None:

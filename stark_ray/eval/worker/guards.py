@@ -14,9 +14,9 @@ harder to fool and say when a worker must not serve another candidate.
   so outputs that a kernel leaves partly unwritten fail the comparison.
 - :func:`settle_torch`: the patches torch makes to itself (``torch._dynamo``'s, on its import and on the first
   ``torch.compile``), told from a candidate's: made before the fingerprint where dynamo is loaded already, else
-  watched for (:class:`SettlesOnImport`): dynamo is imported only by a candidate that uses it (its import doubled a
-  worker's start: 1.6-1.8 s of CPU for the host's imports, 3.4-3.8 s with it, on the dev box), and what its import
-  changes, and only that, becomes the fingerprint's.
+  watched for (:class:`SettlesOnImport`; on the CPU): dynamo is imported only by a candidate that uses it (its import
+  doubled a worker's start: 1.6-1.8 s of CPU for the host's imports, 3.4-3.8 s with it, on the dev box), and what
+  its import changes to functions of torch's own files becomes the fingerprint's.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import inspect
+import os
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -83,14 +84,21 @@ class Fingerprint:
         self._take()
 
     def settled(self, before: list[str]) -> None:
-        """Torch has just patched itself (``torch._dynamo`` imported after the fingerprint was taken): taken again,
-        so that what its import changed is torch's own; ``before``, what :meth:`changed` said as that import began
-        (a candidate's own changes), is still said, and so is any change since whose new object is not torch's
-        (code of the candidate's that ran during the import: a finder of its own ahead of the worker's)."""
-        now = {name: _read(owner, attr, how) for name, owner, attr, how, _ in self.entries}
-        foreign = [n for n in self.changed() if n not in before and not _torchs(now.get(n, _MISSING))]
-        self.carried = sorted(set(self.carried) | set(before) | set(foreign))
-        self._take()
+        """Torch has just patched itself (``torch._dynamo`` imported after the fingerprint was taken): each name whose
+        object changed since is taken to be torch's own where its new object is a function of torch's own files
+        (:func:`_torchs`), and only those; ``before``, what :meth:`changed` said as that import began (a candidate's
+        own changes), is still said, and so is every other change (code of the candidate's that ran meanwhile: a
+        finder of its own, a thread). A name deleted stays watched: an object put back under it is a change."""
+        taken: set[str] = set()
+        for i, (name, owner, attr, how, seen) in enumerate(self.entries):
+            now = _read(owner, attr, how)
+            if name not in before and now is not _MISSING and now is not seen and _torchs(now):
+                self.entries[i] = (name, owner, attr, how, now)
+                taken.add(name)
+        self.codes = [c for c in self.codes if not any(c[0] == n or c[0].startswith(n + ".") for n in taken)] + [
+            (label, fn, fn.__code__, _defaults(fn), _closure(fn, label))
+            for name, _, _, _, seen in self.entries if name in taken for label, fn in _functions(name, seen)]
+        self.carried = sorted(set(self.carried) | set(before))
 
     def _take(self) -> None:
         self.modules = _watched_modules()
@@ -148,12 +156,16 @@ class Fingerprint:
 
 
 _MISSING = object()
+_TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 
 
 def _torchs(obj: Any) -> bool:
-    """Whether ``obj`` is defined by torch (by its module's name: what dynamo's import puts in place)."""
-    module = getattr(obj, "__module__", None)
-    return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
+    """Whether ``obj`` is a function of torch's own files (what dynamo's import puts in place: ``torch.manual_seed``
+    wrapped, ``nn.Module.__init__`` tagged), read from its code, not from a name it could be given."""
+    fn = getattr(obj, "__func__", obj)
+    code = getattr(fn, "__code__", None) if isinstance(fn, types.FunctionType) else None
+    filename = getattr(code, "co_filename", None)
+    return isinstance(filename, str) and os.path.realpath(filename).startswith(_TORCH_DIR)
 
 
 def _functions(name: str, obj: Any) -> Iterator[tuple[str, types.FunctionType]]:
@@ -328,10 +340,13 @@ def _tag_module_inits() -> None:
         pass
 
 
-def settle_torch(fingerprint: Callable[[], Fingerprint | None]) -> SettlesOnImport | None:
-    """Let torch's patches to itself not be taken for a candidate's. Where ``torch._dynamo`` is loaded already, its
-    patches are made now (before the fingerprint is taken); else a :class:`SettlesOnImport` is installed (and
-    returned) that has ``fingerprint()`` taken again once a candidate's import of it is done."""
+def settle_torch(fingerprint: Callable[[], Fingerprint | None], ahead: bool = False) -> SettlesOnImport | None:
+    """Let torch's patches to itself not be taken for a candidate's. Where ``torch._dynamo`` is loaded already (or
+    ``ahead``: imported now; a GPU worker's spares hide its seconds, and a GPU candidate's load would pay them), its
+    patches are made now, before the fingerprint is taken; else a :class:`SettlesOnImport` is installed (and
+    returned) that has ``fingerprint()`` settled once a candidate's import of it is done."""
+    if ahead:
+        import torch._dynamo  # noqa: F401
     if DYNAMO in sys.modules:
         _tag_module_inits()
         return None
@@ -372,11 +387,12 @@ class SettlesOnImport(importlib.abc.MetaPathFinder):
             run()
             _tag_module_inits()
         finally:
-            self.settled = True
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            if fp is not None:
-                fp.settled(before)
+            if DYNAMO in sys.modules:  # an import that failed leaves the watch on for the next try
+                self.settled = True
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                if fp is not None:
+                    fp.settled(before)
 
 
 class _SettlingLoader(importlib.abc.Loader):
@@ -399,4 +415,6 @@ class _SettlingLoader(importlib.abc.Loader):
                 module.__spec__.loader = self.loader
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("loader", "watcher"):  # not set yet (a copy): never asked of itself
+            raise AttributeError(name)
         return getattr(self.loader, name)

@@ -110,7 +110,8 @@ class CandidateHost:
         self.sources.install()
         backend.record_kernels(self.sources)
         self.fingerprint: Fingerprint | None = None
-        self.settles = settle_torch(lambda: self.fingerprint)  # torch's own patches: now, or as a candidate imports
+        # torch's own patches: now, or as a candidate imports them (on a GPU ahead, as its spares import them)
+        self.settles = settle_torch(lambda: self.fingerprint, ahead=backend.device == "cuda")
         if backend.device == "cuda":
             warm_profiler()
         self.fingerprint = Fingerprint()  # after our own hooks and torch's own patches

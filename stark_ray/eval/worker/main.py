@@ -48,9 +48,12 @@ def _control_channel() -> TextIO:
 SPARE_NICE = 10  # a spare's imports yield the CPU to the worker that times (as the compile processes' builds do)
 
 
-def _spare_imports() -> None:
-    from stark_ray.eval.backends import get_backend  # noqa: F401
+def _spare_imports(backend: str) -> None:
+    from stark_ray.eval.backends import get_backend
     from stark_ray.eval.worker.host import CandidateHost  # noqa: F401
+
+    if get_backend(backend).device == "cuda":  # the host imports it ahead there (worker/guards.py: settle_torch)
+        import torch._dynamo  # noqa: F401
 
 
 def _niced(work: Callable[[], None]) -> None:
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             laps[name] = round(time.perf_counter() - started - sum(laps.values()), 3)
 
         if args.spare and not args.compile_only:  # what it imports, ahead and niced
-            _niced(_spare_imports)
+            _niced(lambda: _spare_imports(args.backend))
         from stark_ray.eval.backends import get_backend
         from stark_ray.eval.build.cache import set_requester
         from stark_ray.eval.proc.garbage import collect
