@@ -1,7 +1,7 @@
 """A worker's hot spares: processes started ahead that have done their imports and wait to be told to go on.
 
 A fresh worker for each candidate (``EvalConfig.worker_candidates`` 1, a GPU's default) costs a whole interpreter
-start — torch imported (torch._dynamo too on a GPU), 7-9 s on the GPU machine — unless a spare waits ready; then a
+start — torch imported (torch._dynamo too on a GPU), 7-9 s on the GPU machine — unless a spare waits ready; then it
 costs a CUDA context. One spare keeps up only where requests come slower than a spare gets ready. Back to back on small
 tasks (a reference and a candidate every 3 s in the KernelBench sweep) each start found the one spare still
 importing and waited for the rest of its start: the reference's step went from 1.2 s, when a worker served many
