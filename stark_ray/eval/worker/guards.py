@@ -75,13 +75,21 @@ class Fingerprint:
 
     Take it after the worker's own hooks (the build cache, :mod:`stark_ray.eval.worker.kernel_sources`) are
     installed, and after torch's own patches (:func:`settle_torch`); where torch patches itself later (a candidate's
-    first ``torch.compile`` imports ``torch._dynamo``, which replaces ``torch.manual_seed``), :meth:`settled` takes it
-    again.
+    first ``torch.compile`` imports ``torch._dynamo``, which replaces ``torch.manual_seed``), :meth:`settled` takes its
+    new functions as torch's.
     """
 
     def __init__(self) -> None:
-        self.carried: list[str] = []  # what had changed when it was taken again (:meth:`settled`): still said
-        self._take()
+        self.carried: list[str] = []  # what had changed as torch settled itself later (:meth:`settled`): still said
+        self.modules = _watched_modules()
+        # (name, owner, attribute, how to read it, the object): the object itself, held and compared by identity (an
+        # id could be reused by a replacement once the original is freed)
+        self.entries = self._entries(self.modules)
+        # a Python function's code can be swapped in place (``f.__code__ = ...``: the function, and its id, stay),
+        # and so can what it runs with: its defaults, and (the evaluator's own) the values its closure holds
+        self.codes = [(label, fn, fn.__code__, _defaults(fn), _closure(fn, label))
+                      for name, _, _, _, seen in self.entries for label, fn in _functions(name, seen)]
+        self.hooks = {attr: _hook_ids(table) for attr, table in _global_hooks()}  # torch's hooks on every module
 
     def settled(self, before: list[str]) -> None:
         """Torch has just patched itself (``torch._dynamo`` imported after the fingerprint was taken): each name whose
@@ -99,17 +107,6 @@ class Fingerprint:
             (label, fn, fn.__code__, _defaults(fn), _closure(fn, label))
             for name, _, _, _, seen in self.entries if name in taken for label, fn in _functions(name, seen)]
         self.carried = sorted(set(self.carried) | set(before))
-
-    def _take(self) -> None:
-        self.modules = _watched_modules()
-        # (name, owner, attribute, how to read it, the object): the object itself, held and compared by identity (an
-        # id could be reused by a replacement once the original is freed)
-        self.entries = self._entries(self.modules)
-        # a Python function's code can be swapped in place (``f.__code__ = ...``: the function, and its id, stay),
-        # and so can what it runs with: its defaults, and (the evaluator's own) the values its closure holds
-        self.codes = [(label, fn, fn.__code__, _defaults(fn), _closure(fn, label))
-                      for name, _, _, _, seen in self.entries for label, fn in _functions(name, seen)]
-        self.hooks = {attr: _hook_ids(table) for attr, table in _global_hooks()}  # torch's hooks on every module
 
     @staticmethod
     def _entries(modules: dict[str, ModuleType]) -> list[tuple[str, Any, str, str, Any]]:
@@ -340,9 +337,15 @@ def _tag_module_inits() -> None:
         pass
 
 
+def imports_dynamo_ahead(device: str) -> bool:
+    """Whether a worker on ``device`` imports ``torch._dynamo`` before any candidate (its spares while they wait): on a
+    GPU, where the spares hide its seconds and a ``torch.compile`` candidate's load would pay them."""
+    return device == "cuda"
+
+
 def settle_torch(fingerprint: Callable[[], Fingerprint | None], ahead: bool = False) -> SettlesOnImport | None:
     """Let torch's patches to itself not be taken for a candidate's. Where ``torch._dynamo`` is loaded already (or
-    ``ahead``: imported now; a GPU worker's spares hide its seconds, and a GPU candidate's load would pay them), its
+    ``ahead``: imported now, :func:`imports_dynamo_ahead`), its
     patches are made now, before the fingerprint is taken; else a :class:`SettlesOnImport` is installed (and
     returned) that has ``fingerprint()`` settled once a candidate's import of it is done."""
     if ahead:

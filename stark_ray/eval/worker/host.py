@@ -61,6 +61,7 @@ from stark_ray.eval.worker.build_log import LogTail, candidate_frame, compile_fa
 from stark_ray.eval.worker.guards import (
     Fingerprint,
     earlier_problem,
+    imports_dynamo_ahead,
     output_print,
     output_problem,
     poison,
@@ -110,8 +111,8 @@ class CandidateHost:
         self.sources.install()
         backend.record_kernels(self.sources)
         self.fingerprint: Fingerprint | None = None
-        # torch's own patches: now, or as a candidate imports them (on a GPU ahead, as its spares import them)
-        self.settles = settle_torch(lambda: self.fingerprint, ahead=backend.device == "cuda")
+        # torch's own patches: now, or as a candidate imports them
+        settle_torch(lambda: self.fingerprint, ahead=imports_dynamo_ahead(backend.device))
         if backend.device == "cuda":
             warm_profiler()
         self.fingerprint = Fingerprint()  # after our own hooks and torch's own patches

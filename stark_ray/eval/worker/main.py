@@ -50,9 +50,10 @@ SPARE_NICE = 10  # a spare's imports yield the CPU to the worker that times (as 
 
 def _spare_imports(backend: str) -> None:
     from stark_ray.eval.backends import get_backend
+    from stark_ray.eval.worker.guards import imports_dynamo_ahead
     from stark_ray.eval.worker.host import CandidateHost  # noqa: F401
 
-    if get_backend(backend).device == "cuda":  # the host imports it ahead there (worker/guards.py: settle_torch)
+    if imports_dynamo_ahead(get_backend(backend).device):
         import torch._dynamo  # noqa: F401
 
 
