@@ -56,7 +56,7 @@ def mark(what: str) -> None:
     held = (f"allocated {torch.cuda.memory_allocated() / GB:.2f} GB, reserved {torch.cuda.memory_reserved() / GB:.2f}"
             f" GB, shared {shared_bytes() / GB:.2f} GB") if torch.cuda.is_initialized() else "no device"
     with contextlib.suppress(OSError), open(path, "a") as f:
-        f.write(f"{time.monotonic():.4f}\t{what}\t{held}\n")
+        f.write(f"{time.monotonic():.6f}\t{what}\t{held}\n")
 
 
 class DeviceSampler:
