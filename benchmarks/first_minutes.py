@@ -26,26 +26,36 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from llm_server import OPENAI_PATH, FakeLLMServer, ok  # noqa: E402
+from process_census import Census, show  # noqa: E402
 
 TASK = ROOT / "examples" / "tasks" / "1_LeakyReluScale.py"
 LIMIT_S = 600.0
 
 
-def first_call(server: FakeLLMServer, args: list[str], env: dict[str, str]) -> tuple[float, float | None, int]:
+def first_call(server: FakeLLMServer, args: list[str], env: dict[str, str],
+               census: bool = False) -> tuple[float, float | None, int]:
     """Spawn the CLI; seconds to the first chat completion the server receives (and to its provider check), and the
-    exit code once it ends."""
+    exit code once it ends. With ``census``, where the host's CPU went up to that call (process_census.py)."""
     before = len(server.received(OPENAI_PATH))
     checks = len(server.model_checks())
+    processes = Census() if census else None
+    last_read = 0.0
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "stark_ray.cli", *args], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     checked: float | None = None
     while time.monotonic() - started < LIMIT_S:
+        if processes is not None and time.monotonic() - last_read >= 0.1:
+            processes.read()
+            last_read = time.monotonic()
         if checked is None and len(server.model_checks()) > checks:
             checked = time.monotonic() - started
         got = server.received(OPENAI_PATH)[before:]
         if got:
             at = got[0].at - started
+            if processes is not None:
+                processes.read()
+                show(processes.table(), time.monotonic() - processes.started)
             break
         if proc.poll() is not None:
             raise SystemExit(f"first_minutes: the run ended before its first call: {proc.stderr.read()[-2000:]}")
@@ -81,6 +91,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--executor", nargs="+", default=["local", "ray"], choices=["local", "ray"])
     p.add_argument("--busy", type=int, nargs="+", default=[0, 2], help="spinning processes beside the run")
+    p.add_argument("--census", action="store_true",
+                   help="after each first call, the CPU of every process started up to it, by kind")
     args = p.parse_args()
     print(f"imports of the CLI alone: {import_s():.2f} s; host load {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     print(f"{'executor':<9}{'busy':>5}  {'first call':>11}  {'of which: check':>16}  {'reference':>10}  "
@@ -98,11 +110,11 @@ def main() -> int:
                     common = ["--base-url", server.openai_base_url, "--model", "bench", "--executor", executor,
                               "-q", "--build-dir", str(Path(tmp) / "build")]
                     at, checked, _ = first_call(server, ["optimize", str(TASK), "-B", "1", "--out", str(out),
-                                                         *common], env)
+                                                         *common], env, args.census)
                     [run] = [d for d in out.iterdir() if d.is_dir()]
                     ref_s = reference_eval_s(run)
                     again, _, _ = first_call(server, ["optimize", "--resume", str(run), "-B", "2", "-q",
-                                                      "--executor", executor], env)
+                                                      "--executor", executor], env, args.census)
                     check = f"{checked:.2f} s" if checked is not None else "-"
                     ref = f"{ref_s:.2f} s" if ref_s is not None else "-"
                     print(f"{executor:<9}{busy:>5}  {at:>9.2f} s  {check:>16}  {ref:>10}  {again:>13.2f} s",
