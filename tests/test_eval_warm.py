@@ -409,39 +409,6 @@ def until_spare_ready(svc: EvalService, task: Task, limit_s: float = 300.0) -> N
     assert svc.worker_spare_ready
 
 
-def _below(pid: int, flag: str) -> list[int]:
-    """The processes below ``pid`` whose command line carries ``flag``."""
-    from stark_ray.eval.proc.process_tree import descendants
-
-    found = []
-    for child in descendants(pid):
-        try:
-            if flag.encode() in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
-                found.append(child)
-        except OSError:
-            continue
-    return found
-
-
-def test_nothing_is_started_ahead_beside_the_judges_start_and_its_first_request(task: Task,
-                                                                              shared_build_dir: str) -> None:
-    """The judge's first worker starts beside the judge's own imports; a spare for later candidates starts only once
-    the first request is answered (on 2 cores a spare importing beside them slowed both, and the first LLM call
-    waits for the reference), and the compile process with its spare once the reference is timed."""
-    cfg = EvalConfig(build_dir=shared_build_dir, trials=2, warmup=1, timing_trials=3, check_timeout_s=10)
-    with EvalService(cfg, spare=True) as svc:
-        svc.hello()
-        judge = svc.judge._proc
-        assert judge is not None
-        assert _below(judge.pid, "--spare") == []  # the worker serves; nothing waits beside it yet
-        svc.reference(task)
-        deadline = time.monotonic() + 60
-        while not _below(judge.pid, "--spare") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _below(judge.pid, "--spare"), "no spare started after the first request"
-        assert passed(svc.evaluate(task, GOOD))
-
-
 def test_a_hot_spare_takes_over_after_a_crash_and_after_recycling(task: Task, shared_build_dir: str) -> None:
     """A device worker's spare (here on the CPU, switched on by hand) waits with its imports done; a restart
     promotes it instead of starting a process from nothing, and a new spare waits behind it."""

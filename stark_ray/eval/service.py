@@ -303,13 +303,11 @@ class EvalService:
         """Validate the task in the judge (build, forward, comparable outputs, determinism) and time the reference
         alone; TaskError (one line) when it cannot serve as a reference."""
         cfg = cfg or self.cfg
+        if self.backend.precompile:  # the candidates' compile process and its spare start while this runs
+            self._compilers.prestart(self._compile_spec(cfg))
         outcome = self._on_device(self._request(MODE_REFERENCE, task, cfg), cfg)
         result = outcome_to_result(outcome, judge_limits(cfg), "judge")
         result.device = self.device_label
-        if result.accepted and self.backend.precompile:  # the candidates' compile process and its spare start now,
-            # in the background: not while the reference ran (on a CPU, their imports beside its timing; on every
-            # host, beside the evaluator's own start)
-            self._compilers.prestart(self._compile_spec(cfg))
         if not result.accepted:
             error = result.error or "unknown failure"
             if "task_error" not in result.flags:

@@ -6,10 +6,9 @@ interpreter start and torch's import — 4 s of an 8 s evaluation of a KernelBen
 checks. Here the first MAX_SPARES slots keep a spare (:class:`runner.WorkerProcess` with one of ``spares``): a process
 that has done its imports and waits, touching nothing, for the build it will serve. A build promotes its slot's
 spare (a 'go', then its hello: a fraction of a second) and a new spare starts behind it, importing while that build
-and the candidate's checks and timing run. The service starts the first one once its reference is timed
-(:meth:`CompilePool.prestart`), while the first candidate is written. Further slots, used only when builds run side
-by side, start their process on demand, as before: an idle interpreter with torch imported holds ~0.4 GB of host
-memory.
+and the candidate's checks and timing run. The service starts the first one while its reference is timed
+(:meth:`CompilePool.prestart`). Further slots, used only when builds run side by side, start their process on
+demand, as before: an idle interpreter with torch imported holds ~0.4 GB of host memory.
 """
 
 from __future__ import annotations

@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> None:
         worker.on_build = functools.partial(_serve_build, spec)
     started: list[BaseException | None] = []
 
-    def start_worker() -> None:  # beside our own start: torch, the device, its facts; its spares after the first
-        try:  # request (WorkerProcess.start_ahead), not among these imports
-            worker.start(spares=False)
+    def start_worker() -> None:  # beside our own start: torch, the device, its facts
+        try:
+            worker.start()
             started.append(None)
         except BaseException as e:
             started.append(e)

@@ -165,12 +165,9 @@ class WorkerProcess:
         """Whether a spare waits with its imports done (waiting up to ``timeout_s`` for one to say so)."""
         return self.spares.ready(timeout_s)
 
-    def start(self, fresh: bool = False, spares: bool = True) -> dict[str, Any]:
+    def start(self, fresh: bool = False) -> dict[str, Any]:
         """Start a fresh process (a spare, if one waits and not ``fresh``) and wait for its hello (the device's
-        properties); ``last_start`` says how: "spare" (one waited ready), "unready" (one still importing), "fresh".
-        With ``spares`` (and spares kept), the spares are topped up at its hello; without, they wait for
-        :meth:`start_ahead` (the first start, beside the judge's own: a spare importing then slows that start and
-        the first request, and waits for a candidate that may never come)."""
+        properties); ``last_start`` says how: "spare" (one waited ready), "unready" (one still importing), "fresh"."""
         self.close_current()
         child, self.last_start = (None, "fresh") if fresh else self.spares.promote(SEND_TIMEOUT_S)
         promoted = child is not None
@@ -196,7 +193,7 @@ class WorkerProcess:
                         phases["promoted_s"] = round(time.monotonic() - go, 3)  # what a restart waited
                     phases["spare_was_ready"] = self.last_start == "spare"
                 self.promotions += promoted
-                if self.use_spare and spares:
+                if self.use_spare:
                     self.spares.top_up()
                 return self.hello
             if dead or time.monotonic() >= deadline:
@@ -204,7 +201,7 @@ class WorkerProcess:
                 why = "timed out" if not dead else "exited"
                 self.kill()
                 if promoted:  # the spare could not take over: a fresh start (not another spare) says whether
-                    return self.start(fresh=True, spares=spares)  # the host can
+                    return self.start(fresh=True)  # the host can
                 tail = " | ".join(log.strip().splitlines()[-3:]) if log.strip() else "no output"
                 role = "judge" if self.spec.module.endswith("judge") else "worker"
                 raise WorkerStartError(f"the {self.spec.backend} evaluator {role} {why} while starting: {tail}")
@@ -212,8 +209,7 @@ class WorkerProcess:
     def start_ahead(self) -> None:
         """Between requests: where the last one ended its process (a retired candidate's), the next one is started
         now — a spare promoted, its device context made — while the caller builds its next candidate, not once it
-        asks; and the spares topped up. ``ahead`` says how and in how long, until the next step; a failed start is
-        the next request's to say."""
+        asks. ``ahead`` says how and in how long, until the next step; a failed start is the next request's to say."""
         self.ahead = None
         if not self.use_spare:
             return
@@ -223,8 +219,6 @@ class WorkerProcess:
             return
         if lap is not None:
             self.ahead = (lap[0].replace("start/", "ahead/", 1), lap[1])
-        if self.alive:
-            self.spares.top_up()
 
     def start_lap(self) -> tuple[str, float] | None:
         """Start a process where none serves: the lap that says how — ``start/spare`` (one waited ready),
