@@ -586,6 +586,31 @@ def test_torch_patching_itself_late_is_not_tampering_and_a_candidates_change_sti
                      "stark_ray.eval.worker.timing.HEAD_START_US"}, later
 
 
+ONE_WATCH = """
+import sys
+from stark_ray.eval.worker.guards import SettlesOnImport, settle_torch
+assert "torch._dynamo" not in sys.modules
+first, second = object(), object()
+a = settle_torch(lambda: first)
+b = settle_torch(lambda: second)
+watches = [f for f in sys.meta_path if isinstance(f, SettlesOnImport)]
+print(len(watches), a is b, watches[0].fingerprint() is second)
+"""
+
+
+def test_candidate_hosts_made_one_after_another_leave_one_watch_for_torchs_late_patches(tmp_path: Path) -> None:
+    """Each host of a process (tests make several) asked for the watch of ``torch._dynamo``'s import; each left one
+    in ``sys.meta_path``, holding its fingerprint for good. Now the latest takes the one watch over."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", ONE_WATCH], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "True", "True"], proc.stdout
+
+
 def test_poison_leaves_nothing_allocated_and_accepts_empty_sizes() -> None:
     poison([], "cpu")
     poison([1 << 20, 4096], "cpu")  # allocates, fills 0xFF, frees: no error, nothing kept

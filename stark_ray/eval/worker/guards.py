@@ -353,6 +353,10 @@ def settle_torch(fingerprint: Callable[[], Fingerprint | None], ahead: bool = Fa
     if DYNAMO in sys.modules:
         _tag_module_inits()
         return None
+    for finder in sys.meta_path:  # one watch a process: a later host (tests make several) takes it over
+        if isinstance(finder, SettlesOnImport) and not finder.settled:
+            finder.fingerprint = fingerprint
+            return finder
     watcher = SettlesOnImport(fingerprint)
     sys.meta_path.insert(0, watcher)
     return watcher
