@@ -22,6 +22,9 @@ worker") sharing the buffers through CUDA IPC as the real ones do, with variants
   other-worker   the worker's round sent to a second child that runs the same calls (a remedy to weigh: the
                  reference's calls in a trusted process of their own, so that both sides' rounds cross alike; it
                  works where this reads as ``worker`` does)
+  ping-after-write not a round: a ping sent right after the write, less the least round trip before it (where it
+                 holds what ``worker`` has over ``judge+sync``, the extra is the crossing, and a least trip measured
+                 so before the candidate is imported would take it off)
 
 Every round of a worker variant is counted less the least message round trip measured before it (as the judge
 does). Rounds of all variants are interleaved, so drift hits them alike. The child reports its own spans (its sync,
@@ -55,7 +58,7 @@ import torch
 import torch.multiprocessing as mp
 
 VARIANTS = ("judge", "judge+sync", "judge+hop", "worker", "worker+stopped", "worker+spin", "worker+nowrite",
-            "other-worker")
+            "other-worker", "ping-after-write")
 GRAPH_CALLS = 64
 
 
@@ -168,7 +171,7 @@ def _load(kind: str, mb: int, rounds: int, device: str) -> dict[str, Any]:
     other.start()
     work = Work(kind, x, y, device)
     walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    spans: dict[str, list[list[float]]] = {v: [] for v in VARIANTS if not v.startswith("judge")}
+    spans: dict[str, list[list[float]]] = {v: [] for v in VARIANTS if v.startswith(("worker", "other"))}
     trips: list[float] = []
     try:
         for _ in range(3):  # warm every side (the children's first calls, the IPC mappings)
@@ -194,6 +197,10 @@ def _load(kind: str, mb: int, rounds: int, device: str) -> dict[str, Any]:
                 started = time.perf_counter()
                 if v != "worker+nowrite":
                     x.copy_(src)
+                if v == "ping-after-write":  # a bare round trip to a child that slept through the write, less
+                    _sync(device)  # the least: what a worker's round crosses beyond what the judge takes off
+                    walls[v].append(_ping(conn) - trip)
+                    continue
                 if v.startswith("judge"):
                     if v != "judge":
                         _sync(device)
