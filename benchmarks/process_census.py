@@ -40,8 +40,7 @@ def kind(cmdline: str) -> str:
             if name == "ray: actor":
                 return "ray: " + cmdline.split("ray::", 1)[1].split()[0].split(".")[0]
             return name
-    first = cmdline.split("\0" if "\0" in cmdline else " ", 1)[0]
-    return Path(first).name or "?"
+    return Path(cmdline.split(" ", 1)[0]).name or "?"  # its program
 
 
 @dataclass
