@@ -586,6 +586,45 @@ def test_torch_patching_itself_late_is_not_tampering_and_a_candidates_change_sti
                      "stark_ray.eval.worker.timing.HEAD_START_US"}, later
 
 
+LAUNDERED = """
+import importlib.abc, os, sys
+import torch
+import torch.nn.functional as F
+from stark_ray.eval.worker.guards import Fingerprint, settle_torch
+assert "torch._dynamo" not in sys.modules
+fp = None
+settle_torch(lambda: fp)
+fp = Fingerprint()
+claimed = os.path.join(os.path.dirname(torch.__file__), "_dynamo", "eval_frame.py")  # a torch file, by its name
+ns = {}
+exec(compile("def gelu(x, approximate='none'):\\n    return x\\n", claimed, "exec"), ns)
+
+class Sneak(importlib.abc.MetaPathFinder):  # runs during dynamo's own import
+    def find_spec(self, name, path, target=None):
+        if name.startswith("torch._dynamo.") and F.gelu is not ns["gelu"]:
+            F.gelu = ns["gelu"]
+        return None
+
+sys.meta_path.insert(0, Sneak())
+import torch._dynamo  # noqa: F401
+print(fp.changed())
+"""
+
+
+def test_a_candidates_function_that_claims_a_torch_file_is_not_taken_for_torchs_own_patch(tmp_path: Path) -> None:
+    """A code object's file name is the candidate's to choose: a replacement of ``F.gelu`` compiled as if from one of
+    torch's files, put in place while ``torch._dynamo`` imports, is still a change of the candidate's."""
+    import ast
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", LAUNDERED], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.nn.functional.gelu" in ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+
+
 ONE_WATCH = """
 import sys
 from stark_ray.eval.worker.guards import SettlesOnImport, settle_torch

@@ -93,14 +93,16 @@ class Fingerprint:
 
     def settled(self, before: list[str]) -> None:
         """Torch has just patched itself (``torch._dynamo`` imported after the fingerprint was taken): each name whose
-        object changed since is taken to be torch's own where its new object is a function of torch's own files
-        (:func:`_torchs`), and only those; ``before``, what :meth:`changed` said as that import began (a candidate's
-        own changes), is still said, and so is every other change (code of the candidate's that ran meanwhile: a
-        finder of its own, a thread). A name deleted stays watched: an object put back under it is a change."""
+        object changed since is taken to be torch's own where it is one torch patches so (:data:`SELF_PATCHED`) and
+        its new object is a function of torch's own files (:func:`_torchs`), and only those; ``before``, what
+        :meth:`changed` said as that import began (a candidate's own changes), is still said, and so is every other
+        change (code of the candidate's that ran meanwhile: a finder of its own, a thread — even one whose function
+        claims a torch file as its own). A name deleted stays watched: an object put back under it is a change."""
         taken: set[str] = set()
         for i, (name, owner, attr, how, seen) in enumerate(self.entries):
             now = _read(owner, attr, how)
-            if name not in before and now is not _MISSING and now is not seen and _torchs(now):
+            if (name in SELF_PATCHED and name not in before and now is not _MISSING and now is not seen
+                    and _torchs(now)):
                 self.entries[i] = (name, owner, attr, how, now)
                 taken.add(name)
         self.codes = [c for c in self.codes if not any(c[0] == n or c[0].startswith(n + ".") for n in taken)] + [
@@ -153,6 +155,13 @@ class Fingerprint:
 
 
 _MISSING = object()
+# what torch patches in itself as ``torch._dynamo`` is imported and torch.compile first used (torch 2.13, the CPU's:
+# a GPU worker imports dynamo ahead, before the fingerprint). A code object's file name is the candidate's to choose
+# (compile(src, "<torch>/_dynamo/eval_frame.py", ...)): a function "of torch's files" alone laundered a candidate's
+# own torch.nn.functional.gelu, put in place by a finder of its own during that import. A torch that patches more
+# names is said as tampering with them (seen, never silent)
+SELF_PATCHED = frozenset({"torch.manual_seed", "torch.nn.modules.module.Module.__init__",
+                          "torch.nn.modules.module.Module.__setstate__"})
 _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 
 
